@@ -1,0 +1,93 @@
+"""The ``elasticslice`` command line.
+
+Sub-commands live in ``elasticslice.commands.<name>`` modules, each exposing
+``register(group)``. Errors of ours become one clear line (``click.ClickException``); an
+unexpected exception becomes one line too, with the traceback only under ``--debug``.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from typing import Any
+
+import click
+
+from elasticslice import __version__
+from elasticslice.errors import ElasticSliceError
+
+COMMAND_MODULES = ("rspec", "client", "emulator")
+
+log = logging.getLogger("elasticslice")
+
+
+class CliState:
+    """What the group options give every sub-command (``ctx.obj``)."""
+
+    def __init__(self, config: str | None, debug: bool) -> None:
+        self.config_path = config
+        self.debug = debug
+
+
+class FriendlyGroup(click.Group):
+    """A click group that turns our exceptions into one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except ElasticSliceError as err:
+            raise click.ClickException(str(err)) from err
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(130)
+        except Exception as err:  # never a traceback in front of a user
+            if _debug_requested(ctx):
+                raise
+            raise click.ClickException(
+                f"internal error: {type(err).__name__}: {err} (rerun with --debug for details)"
+            ) from err
+
+
+def _debug_requested(ctx: click.Context) -> bool:
+    state = ctx.find_object(CliState)
+    return bool(state and state.debug)
+
+
+def setup_logging(debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@click.group(cls=FriendlyGroup, context_settings={"auto_envvar_prefix": "ELASTICSLICE",
+                                                  "help_option_names": ["-h", "--help"]})
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
+              help="Client config (INI). Default: ~/.protogeni/elasticslice.conf. "
+                   "Env: ELASTICSLICE_CONFIG.")
+@click.option("--debug", "-d", is_flag=True, default=False,
+              help="Verbose logging, and tracebacks for unexpected errors.")
+@click.version_option(__version__, prog_name="elasticslice")
+@click.pass_context
+def cli(ctx: click.Context, config: str | None, debug: bool) -> None:
+    """Elastic CloudLab/ProtoGENI slices that host pilots.
+
+    Build and check RSpecs, talk to CloudLab (or to CloudLab in a box, the emulator that
+    speaks the same protocol over TLS), and run the elastic slice manager.
+    """
+    setup_logging(debug)
+    ctx.obj = CliState(config, debug)
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"elasticslice.commands.{_name}").register(cli)
+
+
+def main() -> None:
+    cli(prog_name="elasticslice")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Sub-command modules of the ``elasticslice`` CLI; each exposes ``register(group)``."""

@@ -1,0 +1,29 @@
+"""Shared fixtures and helpers for the whole suite."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
+             what: str = "condition") -> object:
+    """Poll ``predicate`` until truthy, failing the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO

@@ -1,0 +1,194 @@
+"""Typed descriptions: what the seeds call property bags, as validated dataclasses.
+
+Every API that takes a description takes a dict too (``workload.add_task({"executable":
+"/bin/date"})``; explicitly ``TaskDescription.coerce(d)``), the way the seeds' ``Properties``
+did, but unknown keys and wrong types are refused with ``BadParameter`` naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+from troy.errors import BadParameter
+
+D = TypeVar("D", bound="Description")
+
+
+class Description:
+    """Mixin for description dataclasses: dict coercion and per-field validation."""
+
+    _kind: ClassVar[str] = "description"
+
+    @classmethod
+    def coerce(cls: type[D], value: D | Mapping[str, Any] | None = None, **kwargs: Any) -> D:
+        """Return ``value`` if it already is a ``cls``, else build one from a mapping."""
+        if isinstance(value, cls) and not kwargs:
+            return value
+        data: dict[str, Any] = {}
+        if isinstance(value, Description):
+            data.update(value.to_dict())
+        elif isinstance(value, Mapping):
+            data.update(value)
+        elif value is not None:
+            raise BadParameter(f"{cls._kind}: expected a mapping or {cls.__name__}, "
+                               f"got {type(value).__name__}")
+        data.update(kwargs)
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise BadParameter(f"{cls._kind}: unknown field(s) {', '.join(unknown)}; "
+                               f"known: {', '.join(sorted(names))}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON-friendly except for callables) of every field."""
+        out = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if isinstance(v, list) and v and isinstance(v[0], Description):
+                v = [x.to_dict() for x in v]
+            out[f.name] = v
+        return out
+
+    def replace(self: D, **changes: Any) -> D:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    # -- validation helpers -------------------------------------------------------------
+    def _check_str(self, name: str, optional: bool = True) -> None:
+        v = getattr(self, name)
+        if v is None and optional:
+            return
+        if not isinstance(v, str) or (not optional and not v):
+            raise BadParameter(f"{self._kind}.{name}: expected a string, got {v!r}")
+
+    def _check_int(self, name: str, minimum: int, optional: bool = False) -> None:
+        v = getattr(self, name)
+        if v is None and optional:
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise BadParameter(f"{self._kind}.{name}: expected an integer >= {minimum}, got {v!r}")
+
+    def _check_number(self, name: str, optional: bool = True) -> None:
+        v = getattr(self, name)
+        if v is None and optional:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise BadParameter(f"{self._kind}.{name}: expected a number >= 0, got {v!r}")
+
+    def _check_str_list(self, name: str) -> None:
+        v = getattr(self, name)
+        if isinstance(v, tuple):
+            v = list(v)
+            object.__setattr__(self, name, v)
+        if not isinstance(v, list) or not all(isinstance(x, (str, int, float)) for x in v):
+            raise BadParameter(f"{self._kind}.{name}: expected a list of strings, got {v!r}")
+        object.__setattr__(self, name, [str(x) for x in v])
+
+    def _check_env(self, name: str) -> None:
+        v = getattr(self, name)
+        if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+            raise BadParameter(f"{self._kind}.{name}: expected a mapping of strings, got {v!r}")
+        object.__setattr__(self, name, {k: str(x) for k, x in v.items()})
+
+
+@dataclass
+class _WorkFields(Description):
+    """Fields shared by tasks and compute units: what to run, and with what resources.
+
+    A unit runs either ``executable`` (a real process: ``arguments``, ``environment``,
+    ``working_directory``, ``stdin``/``stdout``/``stderr`` file names) or ``function`` (a
+    Python callable with ``args``/``kwargs``; only frameworks that can ship code run these).
+    ``inputs``/``outputs`` are staging directives ``"src > dst"`` (or just ``"path"``),
+    copied into and out of the working directory. ``cores`` are reserved on the pilot for the
+    unit's lifetime; ``memory`` is in MB; ``walltime`` in seconds kills the unit when exceeded.
+    """
+
+    executable: str | None = None
+    arguments: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+    working_directory: str | None = None
+    stdin: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    cores: int = 1
+    memory: int | None = None
+    walltime: float | None = None
+    tag: str | None = None
+    function: Callable[..., Any] | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("executable", "working_directory", "stdin", "stdout", "stderr", "tag"):
+            self._check_str(name)
+        for name in ("arguments", "inputs", "outputs"):
+            self._check_str_list(name)
+        self._check_env("environment")
+        self._check_int("cores", 1)
+        self._check_int("memory", 0, optional=True)
+        self._check_number("walltime")
+        if self.function is not None and not callable(self.function):
+            raise BadParameter(f"{self._kind}.function: expected a callable, got {self.function!r}")
+        if self.function is not None and self.executable is not None:
+            raise BadParameter(f"{self._kind}: give executable or function, not both")
+        self.args = tuple(self.args)
+
+
+@dataclass
+class TaskDescription(_WorkFields):
+    """A task of a workload (seed 001). ``cardinality`` > 1 makes the planner expand the
+    task into that many tasks, with ``%(cardinal)s`` in string fields replaced by 0..N-1."""
+
+    _kind: ClassVar[str] = "task"
+    cardinality: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_int("cardinality", 1)
+
+
+@dataclass
+class ComputeUnitDescription(_WorkFields):
+    """What a pilot framework runs. ``bundle`` holds member descriptions when translation
+    packed several short tasks into one unit: they run one after another in one unit and
+    each gets its own result. ``name`` names the task(s) the unit came from (for reports)."""
+
+    _kind: ClassVar[str] = "unit"
+    name: str | None = None
+    bundle: list[ComputeUnitDescription] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_str("name")
+        self.bundle = [ComputeUnitDescription.coerce(b) for b in self.bundle]
+        if self.bundle and (self.executable or self.function):
+            raise BadParameter("unit: a bundle unit has members, not its own executable")
+        if not self.bundle and self.executable is None and self.function is None:
+            raise BadParameter("unit: needs an executable, a function, or a bundle")
+
+
+@dataclass
+class PilotDescription(Description):
+    """A pilot: ``size`` cores on some ``resource`` for ``walltime`` seconds (None: until
+    canceled), run by the pilot framework named ``framework`` (a registered kind or the
+    name given to a framework instance; None lets the overlay manager choose)."""
+
+    _kind: ClassVar[str] = "pilot"
+    size: int = 1
+    framework: str | None = None
+    walltime: float | None = None
+    resource: str | None = None
+    memory: int | None = None
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        self._check_int("size", 1)
+        self._check_str("framework")
+        self._check_str("resource")
+        self._check_str("tag")
+        self._check_number("walltime")
+        self._check_int("memory", 0, optional=True)

@@ -1,0 +1,51 @@
+"""Pilot frameworks by name: a registry checked against ``PilotFramework``.
+
+Built-in kinds are ``local`` and ``dask``; third parties add theirs with an entry point in the
+``troy.frameworks`` group (``kind = package.module:Class``) or ``register_framework``.
+"""
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from troy.errors import BadParameter
+from troy.frameworks.base import Pilot, PilotFramework
+
+__all__ = ["Pilot", "PilotFramework", "register_framework", "framework_class", "known_kinds"]
+
+_BUILTIN = {"local": "troy.frameworks.local:LocalFramework",
+            "dask": "troy.frameworks.dask:DaskFramework"}
+_registry: dict[str, type[PilotFramework]] = {}
+
+
+def register_framework(kind: str, cls: type[PilotFramework]) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, PilotFramework)):
+        raise BadParameter(f"framework {kind!r}: {cls!r} is not a PilotFramework subclass")
+    _registry[kind] = cls
+
+
+def _load(spec: str) -> type[PilotFramework]:
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def known_kinds() -> list[str]:
+    kinds = set(_BUILTIN) | set(_registry)
+    kinds |= {ep.name for ep in entry_points(group="troy.frameworks")}
+    return sorted(kinds)
+
+
+def framework_class(kind: str) -> type[PilotFramework]:
+    """The framework class registered as ``kind``; BadParameter naming the known kinds."""
+    if kind not in _registry:
+        spec = _BUILTIN.get(kind)
+        if spec is None:
+            eps = [ep for ep in entry_points(group="troy.frameworks") if ep.name == kind]
+            if not eps:
+                raise BadParameter(f"unknown pilot framework {kind!r}; known: "
+                                   f"{', '.join(known_kinds())}")
+            cls = eps[0].load()
+        else:
+            cls = _load(spec)
+        register_framework(kind, cls)
+    return _registry[kind]

@@ -1,0 +1,203 @@
+"""The pilot framework contract (seed 003): a handful of methods, no more.
+
+A framework owns pilots (resource placeholders of ``size`` cores) and runs compute units on
+them. ``submit_unit(cud)`` without a pilot leaves the binding to the framework (late binding);
+with a pilot it binds early. Application-level schedulers inspect ``list_pilots()`` (state,
+``description.size``, ``free_cores``) and pick a framework through the public API alone.
+
+A subclass must provide: ``kind`` (the registry name), ``start``, ``close``,
+``_launch_pilot``, ``_cancel_pilot``, ``_submit``, ``cancel_unit``. It must push every unit
+state change through ``unit._set_state`` and every pilot change through ``pilot._set_state``.
+Constructors do no I/O; ``start`` does.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from troy.descriptions import ComputeUnitDescription, PilotDescription
+from troy.errors import DoesNotExist, IncorrectState
+from troy.states import FINAL_STATES, State
+from troy.unit import ComputeUnit
+
+log = logging.getLogger(__name__)
+
+PilotCallback = Callable[["Pilot", State], Any]
+_pilot_seq = itertools.count()
+
+
+class Pilot:
+    """A pilot of some framework (seed 000's ``Pilot``).
+
+    ``state``: PENDING (submitted) → RUNNING (accepting units) → DONE / CANCELED / FAILED.
+    ``draining`` pilots run what they have but accept nothing new. ``free_cores`` is
+    ``description.size`` less the cores of the units bound to it and not yet final.
+    """
+
+    def __init__(self, description: PilotDescription, framework: PilotFramework,
+                 uid: str | None = None) -> None:
+        self.id = uid or f"pilot.{next(_pilot_seq):04d}"
+        self.description = description
+        self.framework = framework
+        self.draining = False
+        self.native_id: str | None = None  # e.g. the Dask worker address
+        self._state = State.PENDING
+        self._used = 0
+        self._lock = threading.Lock()
+        self._callbacks: list[PilotCallback] = []
+
+    def __repr__(self) -> str:
+        return (f"<Pilot {self.id} {self._state.value} size={self.description.size} "
+                f"free={self.free_cores}>")
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def size(self) -> int:
+        return self.description.size
+
+    @property
+    def free_cores(self) -> int:
+        if self._state is not State.RUNNING or self.draining:
+            return 0
+        return max(0, self.description.size - self._used)
+
+    def _reserve(self, cores: int) -> None:
+        with self._lock:
+            self._used += cores
+
+    def _release(self, cores: int) -> None:
+        with self._lock:
+            self._used = max(0, self._used - cores)
+
+    def add_callback(self, cb: PilotCallback) -> None:
+        self._callbacks.append(cb)
+
+    def _set_state(self, state: State) -> None:
+        if self._state in FINAL_STATES or self._state is state:
+            return
+        self._state = state
+        for cb in list(self._callbacks):
+            try:
+                cb(self, state)
+            except Exception:
+                log.exception("pilot callback %r on %s failed", cb, self.id)
+
+    def cancel(self) -> None:
+        """Cancel the pilot; its unfinished units are handed back to the framework's queue
+        (or fail, if the framework has nowhere else to put them)."""
+        self.framework.cancel_pilot(self.id)
+
+    def wait_running(self, timeout: float | None = None) -> State:
+        return self.framework.wait_pilot(self, timeout)
+
+
+class PilotFramework(ABC):
+    """Base of every pilot framework (``local``, ``dask``, ...)."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, name: str | None = None, **options: Any) -> None:
+        self.name = name or self.kind
+        self.options = options
+        self._pilots: dict[str, Pilot] = {}
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} pilots={len(self._pilots)}>"
+
+    # -- lifecycle --------------------------------------------------------------------
+    @abstractmethod
+    def start(self) -> None:
+        """Acquire what the framework needs (processes, a scheduler...). Idempotent."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Cancel every pilot and release everything; units not final become CANCELED."""
+
+    # -- pilots -----------------------------------------------------------------------
+    def submit_pilot(self, description: PilotDescription | dict[str, Any]) -> Pilot:
+        """Start a pilot of ``description.size`` cores; returns at once (state PENDING)."""
+        pd = PilotDescription.coerce(description)
+        pilot = Pilot(pd, self)
+        with self._lock:
+            self._pilots[pilot.id] = pilot
+        self._launch_pilot(pilot)
+        return pilot
+
+    def list_pilots(self) -> list[Pilot]:
+        with self._lock:
+            return list(self._pilots.values())
+
+    def get_pilot(self, pilot_id: str) -> Pilot:
+        with self._lock:
+            try:
+                return self._pilots[pilot_id]
+            except KeyError:
+                raise DoesNotExist(f"framework {self.name!r} has no pilot {pilot_id!r}") from None
+
+    def cancel_pilot(self, pilot_id: str) -> None:
+        pilot = self.get_pilot(pilot_id)
+        if pilot.state not in FINAL_STATES:
+            self._cancel_pilot(pilot)
+            pilot._set_state(State.CANCELED)
+
+    def wait_pilot(self, pilot: Pilot, timeout: float | None = None) -> State:
+        """Block until ``pilot`` leaves PENDING (frameworks may override to wait better)."""
+        import time
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pilot.state is State.PENDING:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return pilot.state
+
+    @property
+    def free_cores(self) -> int:
+        return sum(p.free_cores for p in self.list_pilots())
+
+    @property
+    def total_cores(self) -> int:
+        return sum(p.size for p in self.list_pilots() if p.state is State.RUNNING)
+
+    # -- units ------------------------------------------------------------------------
+    def submit_unit(self, unit: ComputeUnit | ComputeUnitDescription | dict[str, Any],
+                    pilot: Pilot | str | None = None) -> ComputeUnit:
+        """Run a unit. ``pilot`` binds it early; None leaves the choice to the framework.
+
+        A unit wider than every pilot of this framework waits until one appears.
+        """
+        if not isinstance(unit, ComputeUnit):
+            unit = ComputeUnit(ComputeUnitDescription.coerce(unit))
+        target = self.get_pilot(pilot) if isinstance(pilot, str) else pilot
+        if target is not None and target.state in FINAL_STATES:
+            raise IncorrectState(f"pilot {target.id} is {target.state.value}")
+        unit.framework = self.name
+        unit._framework_obj = self
+        unit.attempts += 1
+        unit._set_state(State.DISPATCHED)
+        self._submit(unit, target)
+        return unit
+
+    @abstractmethod
+    def cancel_unit(self, unit: ComputeUnit) -> None:
+        """Cancel ``unit``: never starts if queued; killed if running; state CANCELED."""
+
+    # -- for subclasses ---------------------------------------------------------------
+    @abstractmethod
+    def _launch_pilot(self, pilot: Pilot) -> None:
+        """Start the pilot's resources; push RUNNING when it can take units."""
+
+    @abstractmethod
+    def _cancel_pilot(self, pilot: Pilot) -> None:
+        """Stop the pilot's resources and requeue or cancel its unfinished units."""
+
+    @abstractmethod
+    def _submit(self, unit: ComputeUnit, pilot: Pilot | None) -> None:
+        """Queue ``unit`` (bound to ``pilot`` if given); push PENDING/RUNNING/final states."""

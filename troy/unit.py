@@ -1,0 +1,141 @@
+"""ComputeUnit: the live handle of one unit of work submitted to a pilot framework.
+
+State changes are pushed by the framework (``_set_state``), never polled on attribute read.
+Callbacks registered with ``add_callback`` run on every change, in the pushing thread;
+``wait`` blocks until a final state.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from troy.descriptions import ComputeUnitDescription
+from troy.states import FINAL_STATES, State
+
+if TYPE_CHECKING:
+    from troy.frameworks.base import PilotFramework
+
+log = logging.getLogger(__name__)
+
+UnitCallback = Callable[["ComputeUnit", State], Any]
+
+_seq = itertools.count()
+
+
+@dataclass
+class UnitResult:
+    """What running a unit produced. ``members`` holds one result per bundle member."""
+
+    exit_code: int | None = None
+    value: Any = None
+    error: str | None = None
+    start: float | None = None
+    end: float | None = None
+    members: list[UnitResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        if self.members:
+            return all(m.ok for m in self.members)
+        return self.error is None and (self.exit_code in (None, 0))
+
+
+class ComputeUnit:
+    """One unit of work (seed 001's ``ComputeUnit``).
+
+    Attributes the user reads: ``id``, ``description``, ``state``, ``framework`` (name of the
+    framework it went to), ``pilot`` (pilot id once bound), ``result`` (``UnitResult`` once
+    final), ``start``/``end`` (epoch seconds). ``task_ids`` names the tasks it serves.
+    """
+
+    def __init__(self, description: ComputeUnitDescription | dict[str, Any],
+                 uid: str | None = None, task_ids: list[str] | None = None) -> None:
+        self.id = uid or f"unit.{next(_seq):06d}.{uuid.uuid4().hex[:6]}"
+        self.description = ComputeUnitDescription.coerce(description)
+        self.task_ids: list[str] = list(task_ids or [])
+        self.framework: str | None = None
+        self.pilot: str | None = None
+        self.result: UnitResult | None = None
+        self.start: float | None = None
+        self.end: float | None = None
+        self.attempts = 0
+        self._state = State.DESCRIBED
+        self._cond = threading.Condition()
+        self._callbacks: list[UnitCallback] = []
+        self._framework_obj: PilotFramework | None = None
+
+    def __repr__(self) -> str:
+        return f"<ComputeUnit {self.id} {self._state.value} pilot={self.pilot}>"
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def add_callback(self, cb: UnitCallback) -> None:
+        with self._cond:
+            self._callbacks.append(cb)
+
+    def remove_callback(self, cb: UnitCallback) -> None:
+        with self._cond:
+            if cb in self._callbacks:
+                self._callbacks.remove(cb)
+
+    def _set_state(self, state: State, *, pilot: str | None = None,
+                   result: UnitResult | None = None) -> bool:
+        """Move to ``state`` (frameworks call this). A final state is never left, except by
+        ``_requeue``. Returns whether the state changed."""
+        with self._cond:
+            if self._state in FINAL_STATES or self._state is state and pilot is None:
+                return False
+            self._state = state
+            if pilot is not None:
+                self.pilot = pilot
+            if state is State.RUNNING and self.start is None:
+                self.start = time.time()
+            if result is not None:
+                self.result = result
+                self.start = result.start or self.start
+                self.end = result.end
+            if state in FINAL_STATES and self.end is None:
+                self.end = time.time()
+            callbacks = list(self._callbacks)
+            self._cond.notify_all()
+        for cb in callbacks:
+            try:
+                cb(self, state)
+            except Exception:  # a user's callback must not break the framework
+                log.exception("callback %r on %s failed", cb, self.id)
+        return True
+
+    def _requeue(self) -> None:
+        """Forget the binding so the unit can be dispatched again (pilot lost or drained)."""
+        with self._cond:
+            self._state = State.DISPATCHED
+            self.pilot = None
+            self.start = self.end = None
+            self.result = None
+
+    def wait(self, timeout: float | None = None) -> State:
+        """Block until the unit is final (or ``timeout`` seconds pass); return its state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._state not in FINAL_STATES:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return self._state
+
+    def cancel(self) -> None:
+        """Cancel the unit: a queued unit never starts; a running one is killed."""
+        fw = self._framework_obj
+        if fw is not None and self._state not in FINAL_STATES:
+            fw.cancel_unit(self)
+        else:
+            self._set_state(State.CANCELED)
