@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+# A copy of the project's shared/ inputs that tests use (protocol examples, schemas, WfFormat
+# traces), so that a clone runs its tests wherever it lives.
+SHARED = REPO / "tests" / "data" / "shared"
+WORKFLOWS = REPO / "examples" / "workflows"
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
