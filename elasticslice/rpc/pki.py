@@ -1,0 +1,257 @@
+"""A small PKI for ProtoGENI: a CA, user and server certificates, the one-PEM user file.
+
+CloudLab hands each user one PEM file (``cloudlab.pem``): the user certificate, whose
+subjectAltName carries the user URN (``URI:urn:publicid:IDN+<dom>+user+<uid>``) and whose
+authorityInfoAccess points at the user's slice authority, followed by an RSA key encrypted
+with the account password. This module makes such files (for the emulator) and reads the
+URN and SA URL out of them (for the client).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
+
+from elasticslice.errors import CredentialError
+
+URN_PREFIX = "urn:publicid:IDN+"
+KEY_BITS = 2048
+DEFAULT_DAYS = 365
+
+CertLike = x509.Certificate | bytes | str
+
+
+def generate_key() -> rsa.RSAPrivateKey:
+    """A fresh RSA-2048 key (the size CloudLab issues)."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
+
+
+def _key_pem(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM,
+                             serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.NoEncryption())
+
+
+def _load_key(key_pem: bytes | str, password: bytes | str | None = None) -> rsa.RSAPrivateKey:
+    data = key_pem.encode() if isinstance(key_pem, str) else key_pem
+    pwd = password.encode() if isinstance(password, str) else password
+    try:
+        key = serialization.load_pem_private_key(data, password=pwd)
+    except (ValueError, TypeError) as err:
+        raise CredentialError(f"cannot load private key: {err}") from err
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise CredentialError("private key is not RSA")
+    return key
+
+
+def load_private_key(key_pem: bytes | str, password: bytes | str | None = None) -> rsa.RSAPrivateKey:
+    """Load a (possibly encrypted) PEM RSA key; CredentialError on a wrong password."""
+    return _load_key(key_pem, password)
+
+
+def _name(common_name: str, email: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])]
+    if email:
+        attrs.append(x509.NameAttribute(NameOID.EMAIL_ADDRESS, email))
+    return x509.Name(attrs)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def make_ca(common_name: str, *, days: int = 3650) -> tuple[bytes, bytes]:
+    """A self-signed CA certificate and its (unencrypted) key, both PEM."""
+    key = generate_key()
+    name = _name(common_name)
+    now = _now()
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name).issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, key_cert_sign=True, crl_sign=True,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def issue_certificate(
+    ca_cert_pem: bytes | str,
+    ca_key_pem: bytes | str,
+    common_name: str,
+    *,
+    urn: str | None = None,
+    hostnames: Iterable[str] = (),
+    ips: Iterable[str] = (),
+    aia_url: str | None = None,
+    email: str | None = None,
+    days: int = DEFAULT_DAYS,
+    ca_key_password: bytes | str | None = None,
+) -> tuple[bytes, bytes]:
+    """A certificate signed by the CA and its new (unencrypted) key, both PEM.
+
+    ``urn`` becomes a subjectAltName URI (users, slices, authorities); ``hostnames`` and
+    ``ips`` become DNS/IP SANs (servers); ``aia_url`` an authorityInfoAccess caIssuers URI
+    (CloudLab points user certificates at their SA this way).
+    """
+    ca_cert = load_pem_cert(ca_cert_pem)
+    ca_key = _load_key(ca_key_pem, ca_key_password)
+    key = generate_key()
+    now = _now()
+    sans: list[x509.GeneralName] = []
+    if urn:
+        sans.append(x509.UniformResourceIdentifier(urn))
+    sans.extend(x509.DNSName(h) for h in hostnames)
+    sans.extend(x509.IPAddress(ipaddress.ip_address(i)) for i in ips)
+    if email:
+        sans.append(x509.RFC822Name(email))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name, email))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH,
+                                              ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    if aia_url:
+        builder = builder.add_extension(x509.AuthorityInformationAccess([
+            x509.AccessDescription(AuthorityInformationAccessOID.CA_ISSUERS,
+                                   x509.UniformResourceIdentifier(aia_url))]), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def encrypt_key_pem(key_pem: bytes | str, password: bytes | str) -> bytes:
+    """The key re-encoded as a traditional encrypted PEM (``Proc-Type: 4,ENCRYPTED``)."""
+    pwd = password.encode() if isinstance(password, str) else password
+    if not pwd:
+        raise CredentialError("refusing to encrypt a key with an empty password")
+    key = _load_key(key_pem)
+    return key.private_bytes(serialization.Encoding.PEM,
+                             serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.BestAvailableEncryption(pwd))
+
+
+def write_user_pem(path: str | os.PathLike[str], cert_pem: bytes | str, key_pem: bytes | str,
+                   password: bytes | str) -> Path:
+    """Write the one-PEM user file: certificate, then the encrypted RSA key, mode 0600."""
+    cert = cert_pem.encode() if isinstance(cert_pem, str) else cert_pem
+    body = cert.rstrip(b"\n") + b"\n" + encrypt_key_pem(key_pem, password)
+    return write_private_file(path, body)
+
+
+def write_private_file(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` readable by the owner only (created 0600, never wider)."""
+    target = Path(path)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return target
+
+
+def load_pem_cert(data: CertLike) -> x509.Certificate:
+    """A certificate from an x509 object, PEM (the first certificate in it) or DER."""
+    if isinstance(data, x509.Certificate):
+        return data
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        if b"-----BEGIN CERTIFICATE-----" in raw:
+            return x509.load_pem_x509_certificate(raw)
+        return x509.load_der_x509_certificate(raw)
+    except ValueError as err:
+        raise CredentialError(f"cannot read certificate: {err}") from err
+
+
+def load_pem_certs(data: bytes | str) -> list[x509.Certificate]:
+    """Every certificate in a PEM bundle (empty list if none)."""
+    raw = data.encode() if isinstance(data, str) else data
+    if b"-----BEGIN CERTIFICATE-----" not in raw:
+        return []
+    try:
+        return x509.load_pem_x509_certificates(raw)
+    except ValueError as err:
+        raise CredentialError(f"cannot read certificates: {err}") from err
+
+
+def cert_pem(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def urn_from_certificate(cert: CertLike) -> str | None:
+    """The ``urn:publicid:IDN+...`` subjectAltName URI of a certificate, or None."""
+    c = load_pem_cert(cert)
+    try:
+        san = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
+        if uri.startswith(URN_PREFIX):
+            return uri
+    return None
+
+
+def aia_url_from_certificate(cert: CertLike) -> str | None:
+    """The authorityInfoAccess caIssuers URI (a CloudLab user's SA URL), or None."""
+    c = load_pem_cert(cert)
+    try:
+        aia = c.extensions.get_extension_for_class(x509.AuthorityInformationAccess).value
+    except x509.ExtensionNotFound:
+        return None
+    for desc in aia:
+        loc = desc.access_location
+        if isinstance(loc, x509.UniformResourceIdentifier):
+            return loc.value
+    return None
+
+
+def urn_authority(urn: str) -> str:
+    """The authority part of a URN: ``urn:publicid:IDN+emulab.net+user+bob`` → ``emulab.net``."""
+    if not urn.startswith(URN_PREFIX):
+        raise CredentialError(f"not a GENI URN: {urn!r}")
+    parts = urn[len(URN_PREFIX):].split("+")
+    if len(parts) != 3 or not all(parts):
+        raise CredentialError(f"malformed GENI URN: {urn!r}")
+    return parts[0]
+
+
+def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """True if ``issuer`` signed ``cert`` (names match and the signature verifies)."""
+    if cert.issuer != issuer.subject:
+        return False
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
