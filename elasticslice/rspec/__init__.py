@@ -1,1 +1,35 @@
-"""elasticslice.rspec"""
+"""RSpecs: safe parsing, typed records, validation against the packaged GENI v3 schemas,
+builders for requests, manifests and advertisements, and CM v2 ``AddNodes`` arguments.
+
+Public API::
+
+    parse(xml, source=None) -> RSpec
+    validate(xml, source=None, strict=False) -> list[SchemaProblem]
+    build_request(nodes: list[NodeSpec], links: list[LinkSpec] = ()) -> str
+    build_manifest(nodes: list[Node], links: list[Link], expires) -> str
+    build_advertisement(nodes: list[Node], component_manager_id, version="3") -> str
+    add_nodes_args(nodes: list[NodeSpec], lans=()) -> dict
+    nodespecs_from_add_args(nodes: dict) -> list[NodeSpec]
+"""
+from __future__ import annotations
+
+from elasticslice.errors import HostileXMLError, RSpecError
+from elasticslice.rspec.addnodes import (
+    ADD_NODE_KEYS, BadAddNodesArgs, add_nodes_args, nodespecs_from_add_args,
+)
+from elasticslice.rspec.build import build_advertisement, build_manifest, build_request
+from elasticslice.rspec.model import (
+    NS_EMULAB, NS_V2, NS_V3, RAW_PC, Interface, Link, LinkSpec, Login, Node, NodeSpec, RSpec,
+    RSpecType, format_datetime,
+)
+from elasticslice.rspec.parse import parse
+from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
+from elasticslice.rspec.validate import SchemaProblem, validate
+
+__all__ = [
+    "ADD_NODE_KEYS", "BadAddNodesArgs", "DEFAULT_MAX_BYTES", "HostileXMLError", "Interface",
+    "Link", "LinkSpec", "Login", "NS_EMULAB", "NS_V2", "NS_V3", "Node", "NodeSpec", "RAW_PC",
+    "RSpec", "RSpecError", "RSpecType", "SchemaProblem", "add_nodes_args", "build_advertisement",
+    "build_manifest", "build_request", "format_datetime", "nodespecs_from_add_args", "parse",
+    "parse_xml", "validate",
+]

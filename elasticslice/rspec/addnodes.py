@@ -1,0 +1,190 @@
+"""CM v2 ``AddNodes`` arguments from node specifications, and back.
+
+The ``nodes`` struct of ``AddNodes`` maps each new node's client_id to a dict with (all
+optional) ``diskimage`` (URN), ``startup`` (a command string, or ``[command, shell]``),
+``tarballs`` (``[[url, path], ...]``, or bare URLs), ``lans`` (existing link client_ids, or
+``{name, address, netmask, type}`` dicts), ``hardware_type`` and ``node`` (a physical node
+id such as ``pc17``). Values are never ``None``: XML-RPC cannot send it, so unset keys are left
+out.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from elasticslice.errors import RSpecError
+from elasticslice.rspec.model import NodeSpec
+
+#: The keys the CM accepts per node.
+ADD_NODE_KEYS = frozenset({"diskimage", "startup", "tarballs", "lans", "hardware_type", "node"})
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+class BadAddNodesArgs(RSpecError):
+    """``AddNodes`` arguments are malformed; ``key`` names the offending entry, e.g.
+    ``nodes[node-3].startup``. A CM answers these with BADARGS."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+def _node_id(component_id: str) -> str:
+    """``urn:publicid:IDN+emulab.net+node+pc17`` → ``pc17``; a bare id is kept."""
+    if component_id.startswith("urn:publicid:IDN+"):
+        return component_id.rsplit("+", 1)[-1]
+    return component_id
+
+
+def add_nodes_args(nodes: Sequence[NodeSpec],
+                   lans: Sequence[str] | Mapping[str, Sequence[str]] = ()) -> dict[str, dict]:
+    """The ``nodes`` argument of CM v2 ``AddNodes`` for ``nodes``.
+
+    ``lans`` adds LAN memberships: a sequence applies to every node, a mapping gives them
+    per client_id; they come after each node's own ``NodeSpec.lans``. A LAN that pairs with
+    an interface carrying an ip (by position) is sent as ``{name, address, netmask, type}``.
+    At most one execute per node is possible (``startup``); more raise ``BadAddNodesArgs``.
+    """
+    result: dict[str, dict] = {}
+    for spec in nodes:
+        cid = spec.client_id
+        key = f"nodes[{cid}]"
+        if not cid or not _CLIENT_ID.match(cid):
+            raise BadAddNodesArgs("client_id must be 1-64 letters, digits, '-', '_' or '.'",
+                                  key=key)
+        if cid in result:
+            raise BadAddNodesArgs("duplicate client_id", key=key)
+        args: dict[str, Any] = {}
+        if spec.disk_image:
+            args["diskimage"] = spec.disk_image
+        if spec.hardware_type:
+            args["hardware_type"] = spec.hardware_type
+        if spec.component_id:
+            args["node"] = _node_id(spec.component_id)
+        if len(spec.executes) > 1:
+            raise BadAddNodesArgs("AddNodes takes one startup command; got "
+                                  f"{len(spec.executes)} executes", key=f"{key}.startup")
+        if spec.executes:
+            shell, command = spec.executes[0]
+            args["startup"] = [command, shell] if shell else command
+        if spec.installs:
+            args["tarballs"] = [[url, path] for url, path in spec.installs]
+        extra = lans.get(cid, ()) if isinstance(lans, Mapping) else lans
+        names = list(spec.lans) + [name for name in extra if name not in spec.lans]
+        if names:
+            args["lans"] = _lans(names, spec)
+        result[cid] = args
+    return result
+
+
+def _lans(names: list[str], spec: NodeSpec) -> list[str | dict[str, str]]:
+    out: list[str | dict[str, str]] = []
+    for index, name in enumerate(names):
+        iface = spec.interfaces[index] if index < len(spec.interfaces) else None
+        if iface and iface[1]:
+            entry = {"name": name, "address": iface[1], "type": "ipv4"}
+            if iface[2]:
+                entry["netmask"] = iface[2]
+            out.append(entry)
+        else:
+            out.append(name)
+    return out
+
+
+def _str(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise BadAddNodesArgs(f"expected a non-empty string, got {_kind(value)}", key=key)
+    return value
+
+
+def _kind(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def nodespecs_from_add_args(nodes: Any) -> list[NodeSpec]:
+    """Check an ``AddNodes`` ``nodes`` struct and turn it into :class:`NodeSpec` records.
+
+    The inverse of :func:`add_nodes_args`: ``node`` becomes ``component_id`` (as given, a
+    bare id or a URN); LAN dicts become ``lans`` plus an interface ``<client_id>:if<i>``
+    with their address. Raises :class:`BadAddNodesArgs` naming the first bad key.
+    """
+    if not isinstance(nodes, Mapping):
+        raise BadAddNodesArgs(f"expected a struct of client_id -> node, got {_kind(nodes)}",
+                              key="nodes")
+    if not nodes:
+        raise BadAddNodesArgs("no nodes given", key="nodes")
+    specs = []
+    for cid, args in nodes.items():
+        key = f"nodes[{cid}]"
+        if not isinstance(cid, str) or not _CLIENT_ID.match(cid):
+            raise BadAddNodesArgs("client_id must be 1-64 letters, digits, '-', '_' or '.'",
+                                  key=key)
+        if not isinstance(args, Mapping):
+            raise BadAddNodesArgs(f"expected a struct, got {_kind(args)}", key=key)
+        unknown = sorted(set(args) - ADD_NODE_KEYS)
+        if unknown:
+            raise BadAddNodesArgs(f"unknown key (allowed: {', '.join(sorted(ADD_NODE_KEYS))})",
+                                  key=f"{key}.{unknown[0]}")
+        spec = NodeSpec(client_id=cid)
+        if "diskimage" in args:
+            spec.disk_image = _str(args["diskimage"], f"{key}.diskimage")
+        if "hardware_type" in args:
+            spec.hardware_type = _str(args["hardware_type"], f"{key}.hardware_type")
+        if "node" in args:
+            spec.component_id = _str(args["node"], f"{key}.node")
+        if "startup" in args:
+            spec.executes = [_startup(args["startup"], f"{key}.startup")]
+        if "tarballs" in args:
+            spec.installs = _tarballs(args["tarballs"], f"{key}.tarballs")
+        if "lans" in args:
+            _parse_lans(spec, args["lans"], f"{key}.lans")
+        specs.append(spec)
+    return specs
+
+
+def _startup(value: Any, key: str) -> tuple[str, str]:
+    if isinstance(value, str):
+        return ("sh", _str(value, key))
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return (_str(value[1], f"{key}[1]"), _str(value[0], f"{key}[0]"))
+    raise BadAddNodesArgs(f"expected a command string or [command, shell], got {_kind(value)}",
+                          key=key)
+
+
+def _tarballs(value: Any, key: str) -> list[tuple[str, str]]:
+    if not isinstance(value, (list, tuple)):
+        raise BadAddNodesArgs(f"expected a list, got {_kind(value)}", key=key)
+    out = []
+    for index, item in enumerate(value):
+        where = f"{key}[{index}]"
+        if isinstance(item, str):
+            out.append((_str(item, where), "/"))
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            out.append((_str(item[0], f"{where}[0]"), _str(item[1], f"{where}[1]")))
+        else:
+            raise BadAddNodesArgs(f"expected a URL or [url, path], got {_kind(item)}", key=where)
+    return out
+
+
+def _parse_lans(spec: NodeSpec, value: Any, key: str) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise BadAddNodesArgs(f"expected a list, got {_kind(value)}", key=key)
+    for index, item in enumerate(value):
+        where = f"{key}[{index}]"
+        if isinstance(item, str):
+            spec.lans.append(_str(item, where))
+            spec.interfaces.append((f"{spec.client_id}:if{index}", None, None))
+        elif isinstance(item, Mapping):
+            bad = sorted(set(item) - {"name", "address", "netmask", "type"})
+            if bad:
+                raise BadAddNodesArgs("unknown key", key=f"{where}.{bad[0]}")
+            spec.lans.append(_str(item.get("name"), f"{where}.name"))
+            address = item.get("address")
+            netmask = item.get("netmask")
+            spec.interfaces.append((
+                f"{spec.client_id}:if{index}",
+                _str(address, f"{where}.address") if address is not None else None,
+                _str(netmask, f"{where}.netmask") if netmask is not None else None))
+        else:
+            raise BadAddNodesArgs(f"expected a LAN name or struct, got {_kind(item)}", key=where)

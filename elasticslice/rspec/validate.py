@@ -1,0 +1,153 @@
+"""Validate RSpecs against the GENI v3 schemas shipped as package data (never the network).
+
+The schema for a document is chosen by its ``type``: request.xsd, manifest.xsd or ad.xsd,
+each combined with the emulab extension schema (vtop for requests and manifests, ptop for
+advertisements) and, for manifests, the user extension. Extension elements the schemas do
+not declare are checked laxly, as the GENI ``AnyExtension`` group says.
+
+Real CloudLab manifests carry two things the published XSDs lack: ``host@ipv4`` and extra
+attributes on ``emulab:vnode`` (``hardware_type``, ``disk_image``). By default (``strict=False``)
+these are allowed, by patching the in-memory copy of the schema; ``strict=True`` uses the
+XSDs exactly as published.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import logging
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from lxml import etree
+
+from elasticslice.errors import RSpecError
+from elasticslice.rspec.model import NS_EMULAB, NS_V3, RSpecType
+from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
+
+log = logging.getLogger(__name__)
+
+NS_XS = "http://www.w3.org/2001/XMLSchema"
+NS_USER = "http://www.protogeni.net/resources/rspec/ext/user/1"
+
+_MAIN = {RSpecType.REQUEST: "3/request.xsd", RSpecType.MANIFEST: "3/manifest.xsd",
+         RSpecType.ADVERTISEMENT: "3/ad.xsd"}
+_EMULAB = {RSpecType.REQUEST: "ext/emulab/1/vtop_extension.xsd",
+           RSpecType.MANIFEST: "ext/emulab/1/vtop_extension.xsd",
+           RSpecType.ADVERTISEMENT: "ext/emulab/1/ptop_extension.xsd"}
+
+_resources = ExitStack()  # keeps an extracted copy alive if the package is zipped
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaProblem:
+    """One validation error: the line in the document (0 if unknown) and what is wrong."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@functools.cache
+def schema_dir() -> Path:
+    """The directory holding the packaged XSDs (``3/``, ``ext/emulab/1/``, ``ext/user/1/``)."""
+    ref = importlib.resources.files("elasticslice.rspec") / "schemas"
+    return Path(_resources.enter_context(importlib.resources.as_file(ref)))
+
+
+def _local_parser() -> etree.XMLParser:
+    # Schema files are our own package data; still, nothing may reach the network.
+    return etree.XMLParser(no_network=True, resolve_entities=False, load_dtd=False)
+
+
+def _load(relpath: str, strict: bool) -> etree._ElementTree:
+    path = schema_dir() / relpath
+    tree = etree.parse(str(path), _local_parser())
+    if not strict:
+        _allow_real_world(tree, relpath)
+    return tree
+
+
+def _allow_real_world(tree: etree._ElementTree, relpath: str) -> None:
+    """Patch CloudLab's known additions into an in-memory schema (see module docstring)."""
+    xs = f"{{{NS_XS}}}"
+    for element in tree.getroot().iter(f"{xs}element"):
+        name = element.get("name")
+        if relpath == "3/manifest-common.xsd" and name == "host":
+            ctype = element.find(f"{xs}complexType")
+            if ctype is not None:
+                etree.SubElement(ctype, f"{xs}attribute", name="ipv4")
+        elif relpath.endswith("vtop_extension.xsd") and name == "vnode":
+            ctype = element.find(f"{xs}complexType")
+            if ctype is not None:
+                etree.SubElement(ctype, f"{xs}anyAttribute", processContents="skip")
+
+
+class _PackageResolver(etree.Resolver):
+    """Serve ``xs:include`` / ``xs:import`` targets from the (patched) package copies."""
+
+    def __init__(self, strict: bool) -> None:
+        super().__init__()
+        self.strict = strict
+        self.root = schema_dir().resolve()
+
+    def resolve(self, system_url: str, public_id: str, context: object) -> object:
+        path = Path(system_url.removeprefix("file://")).resolve()
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            raise RSpecError(f"schema tried to load {system_url!r} outside the package") from None
+        tree = _load(rel, self.strict)
+        return self.resolve_string(etree.tostring(tree), context, base_url=str(path))
+
+
+@functools.cache
+def schema_for(rtype: RSpecType, strict: bool = False) -> etree.XMLSchema:
+    """The compiled (and cached) schema for an RSpec type."""
+    root = schema_dir().resolve()
+    imports = [(NS_V3, _MAIN[rtype]), (NS_EMULAB, _EMULAB[rtype])]
+    if rtype is RSpecType.MANIFEST:
+        imports.append((NS_USER, "ext/user/1/manifest.xsd"))
+    wrapper = etree.Element(f"{{{NS_XS}}}schema", nsmap={"xs": NS_XS})
+    for namespace, rel in imports:
+        etree.SubElement(wrapper, f"{{{NS_XS}}}import", namespace=namespace,
+                         schemaLocation=str(root / rel))
+    parser = _local_parser()
+    parser.resolvers.add(_PackageResolver(strict))
+    doc = etree.fromstring(etree.tostring(wrapper), parser,
+                           base_url=str(root / "wrapper.xsd"))
+    try:
+        return etree.XMLSchema(doc)
+    except etree.XMLSchemaParseError as err:  # a broken package, not bad input
+        raise RSpecError(f"cannot load the packaged {rtype.value} schema: {err}") from err
+
+
+def validate(xml: str | bytes, source: str | None = None, *, strict: bool = False,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> list[SchemaProblem]:
+    """Validate an RSpec against the GENI v3 schema of its ``type``.
+
+    Returns the problems found (empty when valid). Raises
+    :class:`~elasticslice.errors.HostileXMLError` or :class:`~elasticslice.errors.RSpecError`
+    when the input is hostile or not XML at all.
+    """
+    root = parse_xml(xml, source, max_bytes=max_bytes)
+    return validate_element(root, strict=strict)
+
+
+def validate_element(root: etree._Element, *, strict: bool = False) -> list[SchemaProblem]:
+    """Validate an already (safely) parsed root element."""
+    line = root.sourceline or 0
+    if root.tag != f"{{{NS_V3}}}rspec":
+        return [SchemaProblem(line, f"not a GENI v3 RSpec: root element is {root.tag!r}, "
+                                    f"expected {{{NS_V3}}}rspec")]
+    try:
+        rtype = RSpecType(root.get("type", ""))
+    except ValueError:
+        return [SchemaProblem(line, f"unknown rspec type {root.get('type')!r} "
+                                    "(expected request, manifest or advertisement)")]
+    schema = schema_for(rtype, strict)
+    if schema.validate(root):
+        return []
+    return [SchemaProblem(err.line or 0, err.message) for err in schema.error_log]
