@@ -1,0 +1,122 @@
+"""The INI client configuration and the passphrase sources."""
+from __future__ import annotations
+
+import pytest
+
+from elasticslice.config import ClientConfig, load_config, load_passphrase
+from elasticslice.errors import ConfigError
+
+from .tlsserver import Pki
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def _write(tmp_path, certs, **over):
+    values = {
+        "certificate": str(certs.user),
+        "passphrase_file": str(certs.password_file),
+        "sa_url": "https://127.0.0.1:12369/protogeni/xmlrpc/sa",
+        "cm_urls": "https://a.example:12369/protogeni/xmlrpc/cm,\n"
+                   "  https://b.example:12369/protogeni/xmlrpc/cm https://c.example/cm",
+        "ca_bundle": str(certs.ca),
+        "slice_name": "elastic1",
+        "project": "myproj",
+    }
+    values.update(over)
+    lines = ["[protogeni]"]
+    for key, value in values.items():
+        if value is not None:
+            lines.append(f"{key} = {value}")
+    path = tmp_path / "elasticslice.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_full_config(tmp_path, certs):
+    path = _write(tmp_path, certs, timeout="7.5", retries="2", verify="yes")
+    cfg = load_config(path, env={})
+    assert isinstance(cfg, ClientConfig)
+    assert cfg.cm_urls == ("https://a.example:12369/protogeni/xmlrpc/cm",
+                           "https://b.example:12369/protogeni/xmlrpc/cm",
+                           "https://c.example/cm")
+    assert cfg.certificate == certs.user and cfg.ca_bundle == certs.ca
+    assert (cfg.timeout, cfg.retries, cfg.verify) == (7.5, 2, True)
+    assert cfg.slice_name == "elastic1" and cfg.project == "myproj"
+    assert load_passphrase(cfg, env={}) == certs.PASSWORD
+
+
+def test_relative_paths_are_relative_to_the_file(tmp_path, certs):
+    (tmp_path / "u.pem").write_bytes(certs.user.read_bytes())
+    cfg = load_config(_write(tmp_path, certs, certificate="u.pem"), env={})
+    assert cfg.certificate == tmp_path / "u.pem"
+
+
+def test_missing_file_names_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="nope.conf: config file not found"):
+        load_config(tmp_path / "nope.conf", env={})
+
+
+@pytest.mark.parametrize("key", ["certificate", "cm_urls"])
+def test_missing_required_key_names_key_and_file(tmp_path, certs, key):
+    path = _write(tmp_path, certs, **{key: None})
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert info.value.key == key and info.value.path == str(path)
+    assert f"[{key}]" in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("timeout", "soon", "not a number"),
+    ("retries", "-1", "at least"),
+    ("verify", "maybe", "not a boolean"),
+    ("cm_urls", "http://insecure/cm", "not an https URL"),
+    ("sa_url", "ftp://x", "not an https URL"),
+    ("ca_bundle", "/no/such/ca.pem", "no such file"),
+    ("certificate", "/no/such/user.pem", "no such file"),
+    ("slice_name", "bad name!", "invalid slice name"),
+])
+def test_bad_values_name_the_key(tmp_path, certs, key, value, needle):
+    with pytest.raises(ConfigError, match=needle) as info:
+        load_config(_write(tmp_path, certs, **{key: value}), env={})
+    assert info.value.key == key
+
+
+def test_unknown_key_and_section(tmp_path, certs):
+    path = _write(tmp_path, certs, colour="blue")
+    with pytest.raises(ConfigError, match="unknown key") as info:
+        load_config(path, env={})
+    assert info.value.key == "colour"
+    path.write_text(path.read_text() + "\n[other]\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown section \[other\]"):
+        load_config(path, env={"x": "y"})
+
+
+def test_ca_bundle_required_unless_verification_off(tmp_path, certs):
+    with pytest.raises(ConfigError, match="ca_bundle"):
+        load_config(_write(tmp_path, certs, ca_bundle=None), env={})
+    cfg = load_config(_write(tmp_path, certs, ca_bundle=None, verify="false"), env={})
+    assert cfg.verify is False
+
+
+def test_environment_overrides(tmp_path, certs):
+    path = _write(tmp_path, certs)
+    cfg = load_config(path, env={"ELASTICSLICE_SLICE_NAME": "other",
+                                 "ELASTICSLICE_CM_URLS": "https://x.example/cm"})
+    assert cfg.slice_name == "other" and cfg.cm_urls == ("https://x.example/cm",)
+
+
+def test_passphrase_from_environment_and_none_available(tmp_path, certs):
+    cfg = load_config(_write(tmp_path, certs, passphrase_file=None), env={})
+    assert load_passphrase(cfg, env={"PROTOGENI_PASSPHRASE": "pw"}) == "pw"
+    with pytest.raises(ConfigError, match="no passphrase") as info:
+        load_passphrase(cfg, env={}, interactive=False)
+    assert info.value.key == "passphrase_file"
+
+
+def test_slice_name_required_only_when_used(tmp_path, certs):
+    cfg = load_config(_write(tmp_path, certs, slice_name=None), env={})
+    with pytest.raises(ConfigError, match=r"\[slice_name\] missing"):
+        cfg.require_slice_name()
