@@ -41,7 +41,7 @@ class Login:
     username: str | None = None
     hostname: str | None = None
     port: int | None = None
-    authentication: str | None = None
+    authentication: str | None = "ssh-keys"
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"username": self.username, "hostname": self.hostname, "port": self.port}

@@ -28,6 +28,23 @@ _HOSTILE_PROLOG = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 _local = threading.local()
 
 
+class _ExternalReference(Exception):
+    """Raised by :class:`_RefuseAll` when libxml2 tries to load anything from outside."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.url = url
+
+
+class _RefuseAll(etree.Resolver):
+    """Belt and braces: whatever libxml2 decides to load (external DTD subset, external
+    entity), nothing is opened. Some parser options (``collect_ids=False`` with libxml2 2.14)
+    make libxml2 fetch an external DTD subset even with ``load_dtd=False``."""
+
+    def resolve(self, system_url: str, public_id: str, context: object) -> object:
+        raise _ExternalReference(system_url or public_id or "?")
+
+
 def _parser() -> etree.XMLParser:
     """One hardened parser per thread (lxml parsers must not be shared across threads)."""
     parser = getattr(_local, "parser", None)
@@ -40,9 +57,9 @@ def _parser() -> etree.XMLParser:
             huge_tree=False,
             remove_comments=True,
             remove_pis=True,
-            collect_ids=False,
             strip_cdata=True,
         )
+        parser.resolvers.add(_RefuseAll())
         _local.parser = parser
     return parser
 
@@ -62,6 +79,23 @@ def _to_bytes(xml: str | bytes) -> bytes:
     raise RSpecError(f"expected XML as str or bytes, got {type(xml).__name__}")
 
 
+_WIDE_ENCODINGS = (
+    (b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe\x00\x00", "utf-32-le"),
+    (b"\xfe\xff", "utf-16-be"), (b"\xff\xfe", "utf-16-le"),
+    (b"\x00\x00\x00<", "utf-32-be"), (b"<\x00\x00\x00", "utf-32-le"),
+    (b"\x00<", "utf-16-be"), (b"<\x00", "utf-16-le"),
+)
+
+
+def _prolog_as_utf8(data: bytes) -> bytes:
+    """The start of the document as UTF-8, whatever its (byte-order-marked) encoding."""
+    head = data[:_PROLOG_SCAN * 4]
+    for mark, encoding in _WIDE_ENCODINGS:
+        if head.startswith(mark):
+            return head.decode(encoding, errors="replace").encode("utf-8")[:_PROLOG_SCAN]
+    return head[:_PROLOG_SCAN]
+
+
 def parse_xml(xml: str | bytes, source: str | None = None, *,
               max_bytes: int = DEFAULT_MAX_BYTES) -> etree._Element:
     """Parse ``xml`` and return its root element, refusing anything hostile or broken.
@@ -77,9 +111,10 @@ def parse_xml(xml: str | bytes, source: str | None = None, *,
             source=source)
     if not data.strip():
         raise RSpecError("document is empty", source=source)
-    match = _HOSTILE_PROLOG.search(data, 0, _PROLOG_SCAN)
+    prolog = _prolog_as_utf8(data)
+    match = _HOSTILE_PROLOG.search(prolog)
     if match:
-        line = data.count(b"\n", 0, match.start()) + 1
+        line = prolog.count(b"\n", 0, match.start()) + 1
         what = match.group(1).decode().upper()
         raise HostileXMLError(
             f"refusing XML with a {what} declaration (DTDs and entities are never processed)",
@@ -95,6 +130,9 @@ def parse_xml(xml: str | bytes, source: str | None = None, *,
         if "entity" in lowered or "doctype" in lowered or "dtd" in lowered:
             raise HostileXMLError(f"refusing XML: {message}", source=source, line=line) from err
         raise RSpecError(f"not well-formed XML: {message}", source=source, line=line) from err
+    except _ExternalReference as err:
+        raise HostileXMLError(f"refusing XML that references {err.url!r} (external DTDs and "
+                              "entities are never loaded)", source=source) from None
     except (ValueError, TypeError) as err:
         raise RSpecError(f"not XML: {err}", source=source) from err
     _refuse_dtd_and_entities(root, source)
