@@ -1,11 +1,38 @@
-"""Troy: the P* pilot model. Workloads of tasks, overlays of pilots, pilot frameworks."""
+"""Troy: the P* pilot model. Workloads of tasks, overlays of pilots, pilot frameworks.
+
+The Python contract::
+
+    s = troy.Session()
+    fw = s.add_framework("local", name="big")           # or "dask"
+    p = fw.submit_pilot(troy.PilotDescription(size=32))
+    us = s.unit_service(scheduler="first_fit")
+    u = us.submit_unit(troy.ComputeUnitDescription(executable="/bin/true", cores=32))
+    us.wait_units()                                      # u.state, u.framework, u.pilot
+    s.close()
+
+and ``troy.execute_workload(session, workload, overlay)`` for whole workloads.
+``troy.Pilot`` is the framework pilot ``submit_pilot`` returns; the overlay element of seed
+000 is ``troy.overlay.Pilot`` (also ``troy.OverlayPilot``).
+"""
 from __future__ import annotations
 
 from troy.descriptions import ComputeUnitDescription, PilotDescription, TaskDescription
 from troy.errors import BadParameter, DoesNotExist, IncorrectState, NoSuccess, TroyError
+from troy.execute import execute_workload
+from troy.frameworks.base import Pilot, PilotFramework
+from troy.overlay import Overlay, OverlayManager
+from troy.overlay import Pilot as OverlayPilot
+from troy.planner import Planner
+from troy.schedulers import BaseScheduler, register_scheduler
+from troy.session import Session
 from troy.states import State
 from troy.unit import ComputeUnit, UnitResult
+from troy.unit_service import UnitService
+from troy.workload import Relation, Task, Workload, WorkloadManager
 
 __all__ = ["State", "TaskDescription", "ComputeUnitDescription", "PilotDescription",
            "ComputeUnit", "UnitResult", "TroyError", "BadParameter", "NoSuccess",
-           "IncorrectState", "DoesNotExist"]
+           "IncorrectState", "DoesNotExist", "Session", "UnitService", "PilotFramework",
+           "Pilot", "OverlayPilot", "Overlay", "OverlayManager", "Planner", "Task",
+           "Relation", "Workload", "WorkloadManager", "BaseScheduler", "register_scheduler",
+           "execute_workload"]

@@ -103,6 +103,8 @@ class _WorkFields(Description):
     ``inputs``/``outputs`` are staging directives ``"src > dst"`` (or just ``"path"``),
     copied into and out of the working directory. ``cores`` are reserved on the pilot for the
     unit's lifetime; ``memory`` is in MB; ``walltime`` in seconds kills the unit when exceeded.
+    ``runtime`` is a hint (seconds the work is expected to take; nothing enforces it): the
+    workload manager bundles tasks whose hint is short (see docs/troy.md, "Bundling").
     """
 
     executable: str | None = None
@@ -121,6 +123,7 @@ class _WorkFields(Description):
     function: Callable[..., Any] | None = None
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    runtime: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("executable", "working_directory", "stdin", "stdout", "stderr", "tag"):
@@ -131,6 +134,7 @@ class _WorkFields(Description):
         self._check_int("cores", 1)
         self._check_int("memory", 0, optional=True)
         self._check_number("walltime")
+        self._check_number("runtime")
         if self.function is not None and not callable(self.function):
             raise BadParameter(f"{self._kind}.function: expected a callable, got {self.function!r}")
         if self.function is not None and self.executable is not None:

@@ -120,6 +120,13 @@ class ComputeUnit:
             self.pilot = None
             self.start = self.end = None
             self.result = None
+            callbacks = list(self._callbacks)
+            self._cond.notify_all()
+        for cb in callbacks:  # observers (task state, the store) see the unit go back
+            try:
+                cb(self, State.DISPATCHED)
+            except Exception:
+                log.exception("callback %r on %s failed", cb, self.id)
 
     def wait(self, timeout: float | None = None) -> State:
         """Block until the unit is final (or ``timeout`` seconds pass); return its state."""

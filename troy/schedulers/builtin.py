@@ -1,0 +1,83 @@
+"""The built-in schedulers: ``round_robin``, ``first_fit`` and ``backfill``.
+
+All three return ``pilot=None`` (late binding: the framework picks the pilot) unless the
+UnitService was created with ``early_binding=True``; then they name the pilot they found.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from troy.descriptions import ComputeUnitDescription
+from troy.schedulers.base import BaseScheduler, running_pilots
+
+if TYPE_CHECKING:
+    from troy.frameworks.base import Pilot, PilotFramework
+    from troy.unit_service import UnitService
+
+
+
+class RoundRobinScheduler(BaseScheduler):
+    """Frameworks in turn, among those with a running pilot wide enough for the unit.
+
+    It does not look at free cores: the unit waits in the chosen framework's own queue.
+    This spreads load evenly and hands units to the frameworks fastest (no per-unit wait
+    for free cores in Troy), which suits many small units on homogeneous frameworks.
+    """
+
+    name = "round_robin"
+    monotone = True
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription):
+        candidates = []
+        for fw in unit_service.list_pilot_frameworks():
+            wide = [p for p in running_pilots(fw) if p.description.size >= cud.cores]
+            if wide:
+                candidates.append((fw, wide))
+        if not candidates:
+            return None
+        fw, wide = candidates[next(self._turn) % len(candidates)]
+        if not unit_service.early_binding:
+            return fw, None
+        return fw, max(wide, key=lambda p: p.free_cores)
+
+
+class FirstFitScheduler(BaseScheduler):
+    """The first framework (in the session's order) with a running pilot whose free cores
+    fit the unit. Units are placed first come, first served: while the oldest queued unit
+    waits for room, later ones wait behind it (unless no pilot could ever hold it)."""
+
+    name = "first_fit"
+    in_order = True
+    monotone = True
+
+    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription):
+        for fw in unit_service.list_pilot_frameworks():
+            for p in running_pilots(fw):
+                if p.free_cores >= cud.cores:
+                    return fw, (p if unit_service.early_binding else None)
+        return None
+
+
+class BackfillScheduler(BaseScheduler):
+    """Best fit across every framework: the pilot whose free cores fit the unit most
+    tightly, which keeps wide holes open for wide units. Later, smaller units run in the
+    holes while a wide unit waits (backfilling); nothing waits behind a unit that does not
+    fit."""
+
+    name = "backfill"
+    monotone = True
+
+    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription):
+        best = None
+        for fw in unit_service.list_pilot_frameworks():
+            for p in running_pilots(fw):
+                free = p.free_cores
+                if free >= cud.cores and (best is None or free < best[0]):
+                    best = (free, fw, p)
+        if best is None:
+            return None
+        return best[1], (best[2] if unit_service.early_binding else None)

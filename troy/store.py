@@ -1,0 +1,269 @@
+"""The session store: every unit and workload Troy handles, in SQLite (WAL).
+
+A unit is written when it is submitted (synchronously: once ``submit_unit`` returns, the
+unit survives a crash) and on every state change (asynchronously, by a writer thread that
+batches updates). A restarted session therefore sees every unit; units whose last recorded
+state is not final were in flight and are re-dispatched by ``Session.recover`` (at least
+once: a unit that finished just before the crash may run again).
+
+Python callables cannot be persisted: such units are stored with ``persistable = 0`` and the
+callable's name; recovery marks them FAILED instead of re-running them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from troy.descriptions import ComputeUnitDescription
+from troy.errors import TroyError
+from troy.states import FINAL_STATES, State
+from troy.unit import ComputeUnit
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS units (
+    id TEXT PRIMARY KEY, session TEXT, workload TEXT, task_ids TEXT NOT NULL,
+    description TEXT NOT NULL, persistable INTEGER NOT NULL, state TEXT NOT NULL,
+    framework TEXT, pilot TEXT, start REAL, "end" REAL, exit_code INTEGER, error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS units_state ON units(state);
+CREATE TABLE IF NOT EXISTS workloads (
+    id TEXT PRIMARY KEY, session TEXT, state TEXT NOT NULL, tasks INTEGER NOT NULL,
+    spec TEXT, created REAL NOT NULL, updated REAL NOT NULL);
+"""
+
+
+class StoreError(TroyError):
+    """The session store cannot be opened or written."""
+
+
+@dataclass
+class UnitRecord:
+    """One stored unit, as read back from the store."""
+
+    id: str
+    session: str | None
+    workload: str | None
+    task_ids: list[str]
+    description: dict[str, Any]
+    persistable: bool
+    state: State
+    framework: str | None
+    pilot: str | None
+    start: float | None
+    end: float | None
+    exit_code: int | None
+    error: str | None
+    attempts: int
+
+    def to_description(self) -> ComputeUnitDescription:
+        return ComputeUnitDescription.coerce(self.description)
+
+
+def describe_for_store(cud: ComputeUnitDescription) -> tuple[dict[str, Any], bool]:
+    """A JSON-safe dict of ``cud`` and whether it can be re-run from that dict alone."""
+    persistable = True
+
+    def clean(d: ComputeUnitDescription) -> dict[str, Any]:
+        nonlocal persistable
+        out = d.to_dict()
+        if d.function is not None:
+            persistable = False
+            fn = d.function
+            out["function"] = None
+            out["callable"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+            out["args"], out["kwargs"] = [], {}
+        out["args"] = list(out.get("args") or [])
+        out["bundle"] = [clean(m) for m in d.bundle]
+        return out
+
+    data = clean(cud)
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError):
+        return {"unserialisable": repr(cud)[:500]}, False
+    return data, persistable
+
+
+class Store:
+    """SQLite store of units and workloads; thread-safe; opened lazily."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+        self._updates: queue.Queue[tuple[str, dict[str, Any]] | threading.Event | None] = \
+            queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._closed = False
+
+    # -- connection ---------------------------------------------------------------------
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            if self._closed:
+                raise StoreError(f"store {self.path} is closed")
+            try:
+                conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30,
+                                       isolation_level=None)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+            except sqlite3.Error as err:
+                raise StoreError(f"cannot open store {self.path}: {err}") from err
+            self._conn = conn
+            self._writer = threading.Thread(target=self._write_loop, name="troy-store",
+                                            daemon=True)
+            self._writer.start()
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._conn is not None:
+                self.flush()
+                self._updates.put(None)
+                if self._writer is not None:
+                    self._writer.join(timeout=10)
+                self._conn.close()
+                self._conn = None
+            self._closed = True
+
+    # -- units --------------------------------------------------------------------------
+    def add_units(self, units: Iterable[ComputeUnit], session: str | None = None,
+                  workload: str | None = None) -> None:
+        """Record units synchronously (insert, or refresh a unit submitted again)."""
+        now = time.time()
+        rows = []
+        for u in units:
+            desc, persistable = describe_for_store(u.description)
+            rows.append((u.id, session, workload, json.dumps(u.task_ids), json.dumps(desc),
+                         int(persistable), u.state.value, u.framework, u.pilot,
+                         u.attempts, now, now))
+        if not rows:
+            return
+        with self._lock:
+            db = self._db()
+            try:
+                db.execute("BEGIN")
+                db.executemany(
+                    "INSERT INTO units (id, session, workload, task_ids, description, "
+                    "persistable, state, framework, pilot, attempts, created, updated) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+                    "session=excluded.session, state=excluded.state, "
+                    "attempts=excluded.attempts, updated=excluded.updated", rows)
+                db.execute("COMMIT")
+            except sqlite3.Error as err:
+                db.execute("ROLLBACK")
+                raise StoreError(f"cannot record units in {self.path}: {err}") from err
+
+    def record(self, unit: ComputeUnit, state: State | None = None) -> None:
+        """Queue a snapshot of ``unit`` (a unit callback); written by the writer thread.
+
+        The snapshot reads the unit's current state, not ``state``: callbacks of one unit may
+        run in different threads, and the last snapshot queued must be the newest."""
+        result = unit.result
+        snap = {"state": unit.state.value, "framework": unit.framework,
+                "pilot": unit.pilot, "start": unit.start, "end": unit.end,
+                "exit_code": result.exit_code if result else None,
+                "error": (result.error[:2000] if result and result.error else None),
+                "attempts": unit.attempts, "updated": time.time()}
+        if not self._closed:
+            self._updates.put((unit.id, snap))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Block until every queued update is written."""
+        if self._writer is None or not self._writer.is_alive():
+            return
+        done = threading.Event()
+        self._updates.put(done)
+        done.wait(timeout)
+
+    def _write_loop(self) -> None:
+        stop = False
+        while not stop:
+            item = self._updates.get()
+            batch: dict[str, dict[str, Any]] = {}
+            events: list[threading.Event] = []
+            while True:
+                if item is None:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    events.append(item)
+                else:
+                    batch[item[0]] = item[1]  # the latest snapshot of a unit wins
+                try:
+                    item = self._updates.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._write(batch)
+            for ev in events:
+                ev.set()
+
+    def _write(self, batch: dict[str, dict[str, Any]]) -> None:
+        rows = [(s["state"], s["framework"], s["pilot"], s["start"], s["end"], s["exit_code"],
+                 s["error"], s["attempts"], s["updated"], uid) for uid, s in batch.items()]
+        with self._lock:
+            db = self._conn
+            if db is None:
+                return
+            try:
+                db.execute("BEGIN")
+                db.executemany('UPDATE units SET state=?, framework=?, pilot=?, start=?, '
+                               '"end"=?, exit_code=?, error=?, attempts=?, updated=? '
+                               'WHERE id=?', rows)
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                log.exception("store %s: writing %d unit updates failed", self.path, len(rows))
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+
+    def units(self, states: Iterable[State] | None = None) -> list[UnitRecord]:
+        """Every stored unit (optionally only those in ``states``), oldest first."""
+        sql = ('SELECT id, session, workload, task_ids, description, persistable, state, '
+               'framework, pilot, start, "end", exit_code, error, attempts FROM units')
+        args: list[Any] = []
+        if states is not None:
+            wanted = [State(s).value for s in states]
+            sql += f" WHERE state IN ({','.join('?' * len(wanted))})"
+            args = wanted
+        sql += " ORDER BY created, rowid"
+        with self._lock:
+            rows = self._db().execute(sql, args).fetchall()
+        return [UnitRecord(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[4]), bool(r[5]),
+                           State(r[6]), r[7], r[8], r[9], r[10], r[11], r[12], r[13])
+                for r in rows]
+
+    def unfinished_units(self) -> list[UnitRecord]:
+        return [r for r in self.units() if r.state not in FINAL_STATES]
+
+    # -- workloads ----------------------------------------------------------------------
+    def put_workload(self, wid: str, state: State, tasks: int, session: str | None = None,
+                     spec: dict[str, Any] | None = None) -> None:
+        now = time.time()
+        with self._lock:
+            self._db().execute(
+                "INSERT INTO workloads (id, session, state, tasks, spec, created, updated) "
+                "VALUES (?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET state=excluded.state, "
+                "tasks=excluded.tasks, updated=excluded.updated",
+                (wid, session, state.value, tasks, json.dumps(spec) if spec else None,
+                 now, now))
+
+    def workloads(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db().execute(
+                "SELECT id, session, state, tasks, created, updated FROM workloads "
+                "ORDER BY created").fetchall()
+        return [{"id": r[0], "session": r[1], "state": State(r[2]), "tasks": r[3],
+                 "created": r[4], "updated": r[5]} for r in rows]

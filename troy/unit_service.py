@@ -1,0 +1,229 @@
+"""UnitService: submits compute units across every pilot framework of a session (seed 003).
+
+A scheduler picks the framework for each unit (and a pilot, with ``early_binding=True``);
+otherwise binding is left to the framework (late binding). A unit no framework can take now
+is queued in the service (state PENDING) and tried again whenever a pilot changes state or a
+unit finishes; a service created with ``wait=False`` raises ``NoSuccess`` instead.
+
+Dispatch of queued units happens in one service thread, so framework callbacks (which may
+run in a framework's own threads) never call back into a framework while it is busy.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from troy.descriptions import ComputeUnitDescription
+from troy.errors import DoesNotExist, NoSuccess
+from troy.frameworks.base import Pilot, PilotFramework
+from troy.schedulers import BaseScheduler, could_ever_fit, get_scheduler
+from troy.states import FINAL_STATES, State
+from troy.unit import ComputeUnit
+
+if TYPE_CHECKING:
+    from troy.session import Session
+
+log = logging.getLogger(__name__)
+
+UnitLike = ComputeUnit | ComputeUnitDescription | dict[str, Any]
+
+
+class UnitService:
+    """Units over the frameworks of ``session`` (live: frameworks added later count too)."""
+
+    def __init__(self, session: Session, scheduler: str | type[BaseScheduler] | BaseScheduler
+                 = "round_robin", *, wait: bool = True, early_binding: bool = False) -> None:
+        self.session = session
+        self.scheduler = get_scheduler(scheduler)
+        self.wait = wait
+        self.early_binding = early_binding
+        self._units: dict[str, ComputeUnit] = {}
+        self._queue: list[ComputeUnit] = []
+        self._lock = threading.RLock()
+        self._dispatch_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"<UnitService {self.scheduler.name!r} units={len(self._units)} "
+                f"queued={len(self._queue)}>")
+
+    # -- the public API schedulers use ------------------------------------------------
+    def list_pilot_frameworks(self) -> list[PilotFramework]:
+        """The session's frameworks, in the order they were added."""
+        return list(self.session.frameworks.values())
+
+    def get_framework(self, name: str) -> PilotFramework:
+        try:
+            return self.session.frameworks[name]
+        except KeyError:
+            raise DoesNotExist(f"no pilot framework named {name!r}; known: "
+                               f"{', '.join(self.session.frameworks) or 'none'}") from None
+
+    # -- units --------------------------------------------------------------------------
+    def submit_unit(self, unit: UnitLike, pilot: Pilot | str | None = None) -> ComputeUnit:
+        """Submit one unit; ``pilot`` (a Pilot or pilot id) binds it early, bypassing the
+        scheduler. Returns at once; the unit may still be queued (state PENDING)."""
+        return self.submit_units([unit], pilot=pilot)[0]
+
+    def submit_units(self, units: Iterable[UnitLike], pilot: Pilot | str | None = None,
+                     workload: str | None = None) -> list[ComputeUnit]:
+        """Submit several units (recorded in the store in one transaction)."""
+        if self._closed:
+            raise NoSuccess("the unit service is closed")
+        cus = [u if isinstance(u, ComputeUnit) else ComputeUnit(ComputeUnitDescription.coerce(u))
+               for u in units]
+        target = self._find_pilot(pilot) if pilot is not None else None
+        for u in cus:
+            u._set_state(State.PENDING)
+            u.add_callback(self._on_unit)
+        self.session.store.add_units(cus, session=self.session.id, workload=workload)
+        with self._lock:
+            for u in cus:
+                self._units[u.id] = u
+        if target is not None:
+            for u in cus:
+                target.framework.submit_unit(u, target)
+            return cus
+        with self._lock:
+            self._queue.extend(cus)
+        if not self.wait:
+            self._pass(raise_unplaced=True)
+        else:
+            self._kick()
+        return cus
+
+    def _find_pilot(self, pilot: Pilot | str) -> Pilot:
+        if isinstance(pilot, Pilot):
+            return pilot
+        for fw in self.list_pilot_frameworks():
+            for p in fw.list_pilots():
+                if p.id == pilot:
+                    return p
+        raise DoesNotExist(f"no pilot {pilot!r} in any framework of the session")
+
+    def list_units(self) -> list[ComputeUnit]:
+        with self._lock:
+            return list(self._units.values())
+
+    def get_unit(self, uid: str) -> ComputeUnit:
+        with self._lock:
+            try:
+                return self._units[uid]
+            except KeyError:
+                raise DoesNotExist(f"no unit {uid!r} in this unit service") from None
+
+    def wait_units(self, units: Sequence[ComputeUnit] | None = None,
+                   timeout: float | None = None) -> list[State]:
+        """Block until the units (default: all of this service's) are final, or ``timeout``
+        seconds pass; returns their states (non-final ones if the timeout hit)."""
+        todo = list(units) if units is not None else self.list_units()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for u in todo:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            u.wait(left)
+        return [u.state for u in todo]
+
+    def cancel_units(self, units: Sequence[ComputeUnit] | None = None) -> None:
+        """Cancel the units (default: every unit of this service not yet final)."""
+        todo = list(units) if units is not None else self.list_units()
+        with self._lock:
+            ids = {u.id for u in todo}
+            self._queue = [u for u in self._queue if u.id not in ids]
+        for u in todo:
+            if u.state not in FINAL_STATES:
+                u.cancel()
+
+    def close(self) -> None:
+        """Stop dispatching; units still queued in the service become CANCELED."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            queued, self._queue = self._queue, []
+        self._wake.set()
+        for u in queued:
+            u._set_state(State.CANCELED)
+
+    # -- dispatching --------------------------------------------------------------------
+    def _on_unit(self, unit: ComputeUnit, state: State) -> None:
+        self.session.store.record(unit, state)
+        if state in FINAL_STATES:
+            self._kick()
+
+    def _kick(self) -> None:
+        """Something changed (a pilot, a unit, the queue): try the queue again soon."""
+        if self._closed:
+            return
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                    name=f"troy-units-{self.scheduler.name}")
+                    self._thread.start()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            # events wake us at once; the timeout is only a safety net
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._closed:
+                break
+            try:
+                self._pass()
+            except Exception:  # keep dispatching whatever one pass did
+                log.exception("unit service dispatch pass failed")
+
+    def _pass(self, raise_unplaced: bool = False) -> None:
+        """Offer every queued unit to the scheduler, in order."""
+        with self._dispatch_lock:
+            with self._lock:
+                queue = list(self._queue)
+            if not queue:
+                return
+            sched = self.scheduler
+            done: set[str] = set()
+            unplaced: list[ComputeUnit] = []
+            narrowest_failed: int | None = None
+            for unit in queue:
+                if unit.state in FINAL_STATES:  # canceled while queued
+                    done.add(unit.id)
+                    continue
+                cores = unit.description.cores
+                if sched.monotone and narrowest_failed is not None and cores >= narrowest_failed:
+                    unplaced.append(unit)
+                    continue
+                decision = sched.schedule(self, unit.description)
+                if decision is None:
+                    unplaced.append(unit)
+                    if sched.in_order and not raise_unplaced and could_ever_fit(self, cores):
+                        break
+                    narrowest_failed = cores if narrowest_failed is None \
+                        else min(narrowest_failed, cores)
+                    continue
+                framework, pilot = decision
+                try:
+                    framework.submit_unit(unit, pilot)
+                except Exception:
+                    log.exception("submitting %s to framework %s failed", unit.id,
+                                  framework.name)
+                    unplaced.append(unit)
+                    continue
+                done.add(unit.id)
+            if raise_unplaced and unplaced:
+                ids = {u.id for u in unplaced}
+                with self._lock:
+                    self._queue = [u for u in self._queue if u.id not in done | ids]
+                for u in unplaced:
+                    u._set_state(State.FAILED)
+                widths = sorted({u.description.cores for u in unplaced})
+                raise NoSuccess(f"no suitable pilot found to run {len(unplaced)} unit(s) "
+                                f"of {', '.join(map(str, widths))} core(s) (scheduler "
+                                f"{sched.name!r}, wait=False)")
+            with self._lock:
+                self._queue = [u for u in self._queue if u.id not in done]

@@ -1,0 +1,131 @@
+"""Task: one element of work of a workload (seed 001).
+
+Before dispatch a task's state moves atomically with the workload manager's steps
+(DESCRIBED → TRANSLATED → BOUND → DISPATCHED). After dispatch it is derived from its units'
+states by the seed's table (``troy.states.derive_task_state``), recomputed whenever one of
+its units pushes a change. Two refinements, both in the seed's spirit:
+
+- a unit the workload manager still holds back (its task waits for a relation) counts as
+  DISPATCHED: the workload has accepted it;
+- a unit that bundles several tasks reports, to each task, that task's own outcome: a
+  bundle where one member failed makes only that member's task FAILED.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from troy.descriptions import TaskDescription
+from troy.states import FINAL_STATES, PRE_DISPATCH, State, derive_task_state
+from troy.unit import ComputeUnit
+
+if TYPE_CHECKING:
+    from troy.workload.workload import Workload
+
+log = logging.getLogger(__name__)
+
+TaskCallback = Callable[["Task", State], Any]
+
+
+class Task:
+    """A task: ``id``, ``description``, ``state``, ``units`` (once translated)."""
+
+    def __init__(self, uid: str, description: TaskDescription,
+                 workload: Workload | None = None) -> None:
+        self.id = uid
+        self.description = description
+        self.units: list[ComputeUnit] = []
+        self._workload = workload
+        self._state = State.DESCRIBED
+        self._dispatched = False
+        self._lock = threading.RLock()
+        self._callbacks: list[TaskCallback] = []
+
+    def __repr__(self) -> str:
+        return f"<Task {self.id} {self._state.value} units={len(self.units)}>"
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def get_state(self) -> State:
+        return self._state
+
+    @property
+    def workload(self) -> Workload | None:
+        return self._workload
+
+    def add_callback(self, cb: TaskCallback) -> None:
+        """Call ``cb(task, state)`` on every state change (in the thread that caused it)."""
+        with self._lock:
+            self._callbacks.append(cb)
+
+    def remove_callback(self, cb: TaskCallback) -> None:
+        with self._lock:
+            if cb in self._callbacks:
+                self._callbacks.remove(cb)
+
+    def cancel(self) -> None:
+        """Cancel the task's units (a unit bundling several tasks is canceled as a whole).
+
+        A task not yet dispatched becomes CANCELED at once and is skipped at dispatch."""
+        with self._lock:
+            units = list(self.units)
+            dispatched = self._dispatched
+        if not dispatched:
+            self._set_state(State.CANCELED)
+        for u in units:
+            if u.state not in FINAL_STATES:
+                u.cancel()
+
+    # -- for the managers ---------------------------------------------------------------
+    def _set_state(self, state: State) -> None:
+        with self._lock:
+            old = self._state
+            if old is state or old in FINAL_STATES:
+                return
+            self._state = state
+            if self._workload is not None:
+                self._workload._task_changed(self, old, state)
+            for cb in list(self._callbacks):
+                try:
+                    cb(self, state)
+                except Exception:
+                    log.exception("task callback %r on %s failed", cb, self.id)
+
+    def _attach(self, unit: ComputeUnit) -> None:
+        with self._lock:
+            self.units.append(unit)
+        unit.add_callback(self._on_unit)
+
+    def _mark_dispatched(self) -> None:
+        with self._lock:
+            if self._state in FINAL_STATES:
+                return
+            self._dispatched = True
+            self._set_state(State.DISPATCHED)
+            self._rederive()
+
+    def _on_unit(self, unit: ComputeUnit, state: State) -> None:
+        with self._lock:
+            if self._dispatched:
+                self._rederive()
+
+    def _rederive(self) -> None:
+        self._set_state(derive_task_state(self._unit_view(u) for u in self.units))
+
+    def _unit_view(self, unit: ComputeUnit) -> State:
+        """The state of ``unit`` as far as this task is concerned (see the module doc)."""
+        state = unit.state
+        if state in PRE_DISPATCH:
+            return State.DISPATCHED
+        if state in (State.DONE, State.FAILED) and unit.description.bundle \
+                and unit.result is not None and unit.result.members \
+                and self.id in unit.task_ids:
+            members = unit.result.members
+            i = unit.task_ids.index(self.id)
+            if i < len(members):
+                return State.DONE if members[i].ok else State.FAILED
+        return state
