@@ -12,7 +12,9 @@
     project         = myproject                ; optional: project slices <dom>:<pid>
 
 Optional: ``verify`` (default true), ``timeout`` (seconds, 60), ``retries`` (5),
-``retry_delay`` (first backoff, seconds, 5), ``retry_max_delay`` (60), ``credential_cache_dir``.
+``retry_delay`` (first backoff, seconds, 5), ``retry_max_delay`` (60), ``credential_cache_dir``,
+``dynslice_urls`` (the dynamic-slice servers, one per CM; default: ``.../xmlrpc/dynslice`` on
+each CM's host). Other sections are left to the tools that own them.
 Relative paths are relative to the config file. Environment overrides:
 ``ELASTICSLICE_<KEY>`` for any key (e.g. ``ELASTICSLICE_SLICE_NAME``), and the classic
 ``PROTOGENI_CERTIFICATE``. Every problem is a :class:`ConfigError` naming the key and the file.
@@ -41,7 +43,8 @@ ENV_PREFIX = "ELASTICSLICE_"
 
 REQUIRED = ("certificate", "cm_urls")
 OPTIONAL = ("passphrase_file", "sa_url", "ca_bundle", "slice_name", "project", "verify",
-            "timeout", "retries", "retry_delay", "retry_max_delay", "credential_cache_dir")
+            "timeout", "retries", "retry_delay", "retry_max_delay", "credential_cache_dir",
+            "dynslice_urls")
 KNOWN = REQUIRED + OPTIONAL
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,18}$")
 
@@ -63,6 +66,7 @@ class ClientConfig:
     retry_delay: float = 5.0
     retry_max_delay: float = 60.0
     credential_cache_dir: Path = field(default_factory=lambda: DEFAULT_CACHE_DIR.expanduser())
+    dynslice_urls: tuple[str, ...] = ()
     path: Path | None = None
 
     def require_slice_name(self) -> str:
@@ -95,9 +99,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
         raise ConfigError(f"unreadable config: {err}".splitlines()[0], path=where) from err
     if not parser.has_section(SECTION):
         raise ConfigError(f"no [{SECTION}] section", path=where)
-    for section in parser.sections():
-        if section != SECTION:
-            raise ConfigError(f"unknown section [{section}]", path=where)
+    # Other sections belong to other tools sharing the file (the emulator, the manager).
     values: dict[str, str] = {}
     for key, value in parser.items(SECTION):
         if key not in KNOWN:
@@ -137,6 +139,11 @@ def _build(values: dict[str, str], cfg_path: Path) -> ClientConfig:
     cm_urls = tuple(u for u in re.split(r"[\s,]+", values["cm_urls"]) if u)
     for url in cm_urls:
         _check_url(url, err, "cm_urls")
+    dynslice_urls = tuple(u for u in re.split(r"[\s,]+", values.get("dynslice_urls", "")) if u)
+    for url in dynslice_urls:
+        _check_url(url, err, "dynslice_urls")
+    if dynslice_urls and len(dynslice_urls) != len(cm_urls):
+        raise err("dynslice_urls", "needs one URL per cm_urls entry, in the same order")
     sa_url = values.get("sa_url") or None
     if sa_url:
         _check_url(sa_url, err, "sa_url")
@@ -166,6 +173,7 @@ def _build(values: dict[str, str], cfg_path: Path) -> ClientConfig:
         retry_delay=_number(values, "retry_delay", 5.0, err, minimum=0.0),
         retry_max_delay=_number(values, "retry_max_delay", 60.0, err, minimum=0.0),
         credential_cache_dir=cache,
+        dynslice_urls=dynslice_urls,
         path=cfg_path,
     )
 

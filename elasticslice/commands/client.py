@@ -1,8 +1,257 @@
-"""`elasticslice` sub-commands: client (being built)."""
+"""`elasticslice` client commands: talk to CloudLab (or the emulator) as the configured user.
+
+    elasticslice --config C getversion | create-slice | create-sliver RSPEC
+        | sliver-status [--json] | add-nodes N [--hardware-type T] | delete-nodes CLIENT_ID...
+        | renew --hours H | discover [--available] [--json] | resolve | delete-slice
+"""
 from __future__ import annotations
 
+import datetime as dt
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
 import click
+
+from elasticslice.config import ClientConfig, load_config
+from elasticslice.errors import RSpecError
+from elasticslice.rpc.client import ProtoGeniServer
+from elasticslice.rpc.cm import SliverStatus
+from elasticslice.rspec import NodeSpec, add_nodes_args
+from elasticslice.rspec import parse as parse_rspec
+
+log = logging.getLogger(__name__)
+
+CM_OPTION_HELP = ("Which CM (a substring of its host or URL, or its index in cm_urls). "
+                  "Default: the first.")
+
+
+def _config(ctx: click.Context) -> ClientConfig:
+    return load_config(getattr(ctx.obj, "config_path", None))
+
+
+def _server(ctx: click.Context) -> ProtoGeniServer:
+    server = ProtoGeniServer(_config(ctx))
+    ctx.call_on_close(server.close)
+    return server
+
+
+def _which(cm: str | None) -> int | str | None:
+    return int(cm) if cm is not None and cm.isdigit() else cm
+
+
+def _cm_option(f: Any) -> Any:
+    return click.option("--cm", "cm", default=None, metavar="CM", help=CM_OPTION_HELP)(f)
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def register(group: click.Group) -> None:
     """Attach this module's commands to the top-level group."""
+    for command in (getversion, create_slice, create_sliver, sliver_status, add_nodes,
+                    delete_nodes, renew, discover, resolve, delete_slice):
+        group.add_command(command)
+
+
+@click.command("getversion")
+@_cm_option
+@click.pass_context
+def getversion(ctx: click.Context, cm: str | None) -> None:
+    """Show the SA's and the CM's GetVersion answers (checks TLS and the certificate)."""
+    server = _server(ctx)
+    _emit({"sa": {"url": server.sa_url, "version": server.get_version()},
+           "cm": {"url": server.cm(_which(cm)).url,
+                  "version": server.cm(_which(cm)).get_version()}})
+
+
+@click.command("create-slice")
+@click.option("--hours", type=click.FloatRange(min=0.1), default=None,
+              help="Slice lifetime in hours (default: the SA's).")
+@click.pass_context
+def create_slice(ctx: click.Context, hours: float | None) -> None:
+    """Register the configured slice (slice_name, project) at the SA."""
+    server = _server(ctx)
+    expiration = _now() + dt.timedelta(hours=hours) if hours else None
+    server.register_slice(expiration=expiration)
+    click.echo(f"slice {server.slice_urn()} registered")
+
+
+def _read_rspec(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise RSpecError(f"cannot read: {err}", source=path) from err
+
+
+@click.command("create-sliver")
+@click.argument("rspec", type=click.Path(dir_okay=False, exists=True))
+@_cm_option
+@click.pass_context
+def create_sliver(ctx: click.Context, rspec: str, cm: str | None) -> None:
+    """Allocate the resources of request RSPEC (a file) in the slice at a CM.
+
+    Nodes boot in the background; watch them with `sliver-status`.
+    """
+    text = _read_rspec(rspec)
+    _check_rspec(text, rspec)
+    server = _server(ctx)
+    _, manifest = server.create_sliver(text, cm=_which(cm))
+    nodes = re.findall(r"<(?:\w+:)?node\b", manifest)
+    click.echo(f"sliver created at {server.cm(_which(cm)).host}: {len(nodes)} node(s) "
+               f"booting; see `elasticslice sliver-status`")
+
+
+def _check_rspec(text: str, source: str) -> None:
+    """Refuse an unreadable or hostile RSpec before sending it."""
+    parse_rspec(text, source)
+
+
+def _status_lines(status: SliverStatus) -> list[str]:
+    lines = [f"status: {status.status}  state: {status.state}"
+             + (f"  error: {status.error}" if status.error else "")]
+    for n in status.nodes:
+        extra = ""
+        if n.execute_state:
+            extra = f"  execute: {n.execute_state}"
+            if n.execute_status is not None:
+                extra += f" ({n.execute_status})"
+        if n.error:
+            extra += f"  error: {n.error}"
+        lines.append(f"  {n.client_id:<16} {n.status:<9} {n.state:<8} {n.component_id}{extra}")
+    return lines
+
+
+@click.command("sliver-status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {status, state, nodes: [...]}.")
+@_cm_option
+@click.pass_context
+def sliver_status(ctx: click.Context, as_json: bool, cm: str | None) -> None:
+    """Show the sliver's status and each node's (ready, notready, changing, failed)."""
+    status = _server(ctx).sliver_status(cm=_which(cm))
+    if as_json:
+        _emit(status.to_json())
+    else:
+        click.echo("\n".join(_status_lines(status)))
+
+
+def add_nodes_arguments(client_ids: list[str], hardware_type: str | None,
+                        disk_image: str | None) -> dict[str, dict[str, Any]]:
+    """The AddNodes ``nodes`` struct for new raw nodes (via the RSpec library)."""
+    return add_nodes_args([NodeSpec(client_id=c, hardware_type=hardware_type,
+                                    disk_image=disk_image) for c in client_ids])
+
+
+def _new_client_ids(existing: set[str], count: int, prefix: str) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        name = f"{prefix}{i}"
+        if name not in existing:
+            out.append(name)
+        i += 1
+    return out
+
+
+@click.command("add-nodes")
+@click.argument("count", type=click.IntRange(min=1, max=10000), metavar="N")
+@click.option("--hardware-type", "-t", default=None, metavar="T",
+              help="Hardware type of the new nodes (e.g. m400, m510). Default: the CM's choice.")
+@click.option("--disk-image", default=None, metavar="URN", help="Disk image URN for the nodes.")
+@click.option("--prefix", default="node-", show_default=True,
+              help="client_id prefix; new nodes get the first free <prefix><n>.")
+@_cm_option
+@click.pass_context
+def add_nodes(ctx: click.Context, count: int, hardware_type: str | None,
+              disk_image: str | None, prefix: str, cm: str | None) -> None:
+    """Add N nodes to the running sliver (CM v2 AddNodes); they boot in the background."""
+    server = _server(ctx)
+    existing = {n.client_id for n in server.sliver_status(cm=_which(cm)).nodes}
+    ids = _new_client_ids(existing, count, prefix)
+    server.add_nodes(add_nodes_arguments(ids, hardware_type, disk_image), cm=_which(cm))
+    click.echo(f"added {len(ids)} node(s): {' '.join(ids)}")
+
+
+@click.command("delete-nodes")
+@click.argument("client_ids", nargs=-1, required=True, metavar="CLIENT_ID...")
+@_cm_option
+@click.pass_context
+def delete_nodes(ctx: click.Context, client_ids: tuple[str, ...], cm: str | None) -> None:
+    """Give nodes back (CM v2 DeleteNodes), by client_id."""
+    _server(ctx).delete_nodes(list(client_ids), cm=_which(cm))
+    click.echo(f"deleted {len(client_ids)} node(s): {' '.join(client_ids)}")
+
+
+@click.command("renew")
+@click.option("--hours", type=click.FloatRange(min=0.1), required=True,
+              help="New lifetime from now, in hours.")
+@_cm_option
+@click.pass_context
+def renew(ctx: click.Context, hours: float, cm: str | None) -> None:
+    """Extend the slice at the SA and the sliver at the CM to now + H hours."""
+    server = _server(ctx)
+    answer = server.renew(_now() + dt.timedelta(hours=hours), cm=_which(cm))
+    click.echo(f"renewed until {answer}")
+
+
+@click.command("discover")
+@click.option("--available", is_flag=True, help="Only nodes free right now.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary of the nodes.")
+@_cm_option
+@click.pass_context
+def discover(ctx: click.Context, available: bool, as_json: bool, cm: str | None) -> None:
+    """Show the CM's advertisement RSpec (v3), or a node summary with --json."""
+    ad = _server(ctx).discover_resources(available=available, cm=_which(cm))
+    if not as_json:
+        click.echo(ad)
+        return
+    rspec = parse_rspec(ad, "advertisement")
+    _emit({"available_by_type": dict(rspec.available_by_type),
+           "total_by_type": dict(rspec.total_by_type),
+           "nodes": [_ad_node(n) for n in rspec.nodes]})
+
+
+def _ad_node(node: Any) -> dict[str, Any]:
+    return {"component_id": node.component_id, "component_name": node.component_name,
+            "hardware_types": list(node.hardware_types) or [node.hardware_type],
+            "available": node.available, "exclusive": node.exclusive}
+
+
+@click.command("resolve")
+@click.option("--user", "what", flag_value="user", help="Resolve the user at the SA.")
+@click.option("--slice", "what", flag_value="slice", default=True,
+              help="Resolve the slice at the SA (default).")
+@click.option("--sliver", "what", flag_value="sliver", help="Resolve the slice at the CM.")
+@_cm_option
+@click.pass_context
+def resolve(ctx: click.Context, what: str, cm: str | None) -> None:
+    """Resolve the slice (or --user, or --sliver at the CM) and print JSON."""
+    server = _server(ctx)
+    if what == "user":
+        value = server.resolve_user()
+    elif what == "sliver":
+        value = server.cm(_which(cm)).resolve()
+    else:
+        value = server.resolve_slice()
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in ("gid", "manifest")} | (
+            {"manifest": "(omitted)"} if "manifest" in value else {})
+    _emit(value)
+
+
+@click.command("delete-slice")
+@_cm_option
+@click.pass_context
+def delete_slice(ctx: click.Context, cm: str | None) -> None:
+    """Release every resource of the slice at a CM (the slice itself expires at the SA)."""
+    server = _server(ctx)
+    server.delete_slice(cm=_which(cm))
+    click.echo(f"sliver of {server.slice_urn()} deleted at {server.cm(_which(cm)).host}")
+

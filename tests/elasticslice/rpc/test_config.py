@@ -84,14 +84,20 @@ def test_bad_values_name_the_key(tmp_path, certs, key, value, needle):
     assert info.value.key == key
 
 
-def test_unknown_key_and_section(tmp_path, certs):
+def test_unknown_key_is_refused_other_sections_are_not_ours(tmp_path, certs):
     path = _write(tmp_path, certs, colour="blue")
     with pytest.raises(ConfigError, match="unknown key") as info:
         load_config(path, env={})
     assert info.value.key == "colour"
-    path.write_text(path.read_text() + "\n[other]\nx = 1\n")
-    with pytest.raises(ConfigError, match=r"unknown section \[other\]"):
-        load_config(path, env={"x": "y"})
+    path = _write(tmp_path, certs)
+    path.write_text(path.read_text() + "\n[emulator]\ndynslice_url = https://x/dynslice\n")
+    assert load_config(path, env={}).slice_name == "elastic1"
+
+
+def test_dynslice_urls_pair_with_cms(tmp_path, certs):
+    with pytest.raises(ConfigError, match="one URL per cm_urls") as info:
+        load_config(_write(tmp_path, certs, dynslice_urls="https://x/dynslice"), env={})
+    assert info.value.key == "dynslice_urls"
 
 
 def test_ca_bundle_required_unless_verification_off(tmp_path, certs):

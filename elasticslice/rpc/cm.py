@@ -1,0 +1,230 @@
+"""CM v2 and dynamic-slice calls at one component manager, and the sliver status record.
+
+Every CM call that needs a credential sends ``credentials`` as an ARRAY (a singleton is
+refused by CloudLab) holding the slice credential, or the self credential where no slice
+is involved (DiscoverResources, resolving a node).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from elasticslice.errors import RPCError
+
+if TYPE_CHECKING:
+    from elasticslice.rpc.client import ProtoGeniServer
+
+log = logging.getLogger(__name__)
+
+MAX_ADVERTISEMENT = 256 * 1024 * 1024
+
+
+def default_dynslice_url(cm_url: str) -> str:
+    """``https://h:p/protogeni/xmlrpc/cm[/2.0]`` → ``https://h:p/protogeni/xmlrpc/dynslice``."""
+    parts = urlsplit(cm_url)
+    path = re.sub(r"/cm(/2\.0)?/?$", "", parts.path) + "/dynslice"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+@dataclass
+class NodeStatus:
+    """One node of SliverStatus ``details`` (CloudLab's strings, unchanged)."""
+
+    sliver_urn: str
+    client_id: str
+    status: str
+    state: str
+    component_id: str = ""
+    error: str = ""
+    rawstate: str = ""
+    execute_state: str | None = None
+    execute_status: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+
+@dataclass
+class SliverStatus:
+    """SliverStatus: aggregate ``status`` (ready|notready|changing|failed|mixed), ``state``
+    (started|stopped|mixed), and one :class:`NodeStatus` per node, sorted by client_id."""
+
+    status: str
+    state: str
+    error: str = ""
+    utc: int | None = None
+    nodes: list[NodeStatus] = field(default_factory=list)
+
+    @classmethod
+    def from_value(cls, value: dict[str, Any]) -> SliverStatus:
+        if not isinstance(value, dict):
+            raise RPCError("SliverStatus answered something that is not a struct",
+                           method="SliverStatus")
+        nodes = []
+        details = value.get("details") or {}
+        for sliver_urn, d in (details.items() if isinstance(details, dict) else ()):
+            d = d if isinstance(d, dict) else {}
+            nodes.append(NodeStatus(
+                sliver_urn=str(sliver_urn), client_id=str(d.get("client_id", "")),
+                status=str(d.get("status", "")), state=str(d.get("state", "")),
+                component_id=str(d.get("component_urn", "") or ""),
+                error=str(d.get("error", "") or ""), rawstate=str(d.get("rawstate", "") or ""),
+                execute_state=_opt(d.get("execute_state")),
+                execute_status=_opt(d.get("execute_status"))))
+        nodes.sort(key=lambda n: n.client_id)
+        utc = value.get("utc")
+        return cls(status=str(value.get("status", "")), state=str(value.get("state", "")),
+                   error=str(value.get("error", "") or ""),
+                   utc=utc if isinstance(utc, int) else None, nodes=nodes)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    def node(self, client_id: str) -> NodeStatus | None:
+        return next((n for n in self.nodes if n.client_id == client_id), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def format_expiration(when: dt.datetime) -> str:
+    """ISO-8601 UTC (``YYYY-MM-DDTHH:MM:SSZ``), which SA and CM both accept."""
+    if when.tzinfo is None:
+        raise ValueError("expiration must be timezone-aware")
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ComponentManager:
+    """The calls of one CM (``url``) on behalf of ``server``'s user and slice."""
+
+    def __init__(self, server: ProtoGeniServer, url: str, dynslice_url: str | None = None) -> None:
+        self.server = server
+        self.url = url
+        self.dynslice_url = dynslice_url or default_dynslice_url(url)
+        self.host = urlsplit(url).hostname or url
+
+    def __repr__(self) -> str:
+        return f"ComponentManager({self.url!r})"
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """One raw CM call; the value on SUCCESS, else RPCError."""
+        return self.server.transport.call(self.url, method, params or {})
+
+    def _slice_call(self, method: str, params: dict[str, Any] | None = None,
+                    url: str | None = None) -> Any:
+        slice_urn = self.server.slice_urn()
+        target = url or self.url
+
+        def use(cred: str) -> Any:
+            args = {"slice_urn": slice_urn, "credentials": [cred], **(params or {})}
+            return self.server.transport.call(target, method, args)
+        return self.server.with_slice_credential(use, slice_urn)
+
+    def _self_call(self, method: str, params: dict[str, Any]) -> Any:
+        server = self.server
+        return server.with_credential(
+            server.user_urn, lambda: server.sa_call("GetCredential"),
+            lambda c: self.call(method, {**params, "credentials": [c]}))
+
+    # ---- CM v2
+    def get_version(self) -> dict[str, Any]:
+        return self.call("GetVersion")
+
+    def resolve(self, urn: str | None = None) -> dict[str, Any]:
+        """Resolve a slice (default: ours), sliver or node at this CM."""
+        urn = urn or self.server.slice_urn()
+        if "+node+" in urn:
+            return self._self_call("Resolve", {"urn": urn})
+        return self.server.with_slice_credential(
+            lambda c: self.call("Resolve", {"urn": urn, "credentials": [c]}))
+
+    def discover_resources(self, available: bool = False, compress: bool = True,
+                           rspec_version: str = "3") -> str:
+        """The advertisement RSpec (text); ``compress`` transfers it zlib-compressed."""
+        value = self._self_call("DiscoverResources", {"available": bool(available),
+                                                      "compress": bool(compress),
+                                                      "rspec_version": str(rspec_version)})
+        if isinstance(value, (bytes, bytearray)):
+            inflater = zlib.decompressobj()
+            try:
+                data = inflater.decompress(bytes(value), MAX_ADVERTISEMENT)
+            except zlib.error as err:
+                raise RPCError(f"compressed advertisement is corrupt: {err}",
+                               method="DiscoverResources", server=self.url) from err
+            if inflater.unconsumed_tail:
+                raise RPCError("advertisement too large", method="DiscoverResources",
+                               server=self.url)
+            return data.decode("utf-8")
+        if not isinstance(value, str):
+            raise RPCError("advertisement is neither text nor base64",
+                           method="DiscoverResources", server=self.url)
+        return value
+
+    def create_sliver(self, rspec: str, keys: list[dict[str, Any]] | None = None
+                      ) -> tuple[str, str]:
+        """CreateSliver; returns ``(sliver_credential, manifest)``. ``keys`` default: the
+        user's keys from the SA (GetKeys v2), as CloudLab's own clients do."""
+        if keys is None:
+            keys = [k for k in self.server.get_keys(2) if isinstance(k, dict)]
+        value = self._slice_call("CreateSliver", {"rspec": rspec, "keys": keys})
+        if not (isinstance(value, list) and len(value) == 2):
+            raise RPCError("CreateSliver answered something other than [credential, manifest]",
+                           method="CreateSliver", server=self.url)
+        return str(value[0]), str(value[1])
+
+    def get_sliver(self) -> str:
+        """The sliver credential."""
+        return self._slice_call("GetSliver")
+
+    def sliver_status(self) -> SliverStatus:
+        return SliverStatus.from_value(self._slice_call("SliverStatus"))
+
+    def renew_slice(self, expiration: dt.datetime) -> str:
+        """Extend the sliver (not past the slice's expiry at the SA)."""
+        return str(self._slice_call("RenewSlice", {"expiration": format_expiration(expiration)}))
+
+    def delete_slice(self) -> None:
+        self._slice_call("DeleteSlice")
+
+    def delete_sliver(self, sliver_urn: str) -> None:
+        self.server.with_slice_credential(
+            lambda c: self.call("DeleteSliver", {"sliver_urn": sliver_urn, "credentials": [c]}))
+
+    def add_nodes(self, nodes: dict[str, dict[str, Any]]) -> str:
+        """AddNodes ``{client_id: {diskimage, hardware_type, startup, tarballs, lans, node}}``;
+        returns the updated manifest."""
+        return str(self._slice_call("AddNodes", {"nodes": nodes}))
+
+    def delete_nodes(self, client_ids: list[str]) -> str:
+        """DeleteNodes by client_id; returns the updated manifest."""
+        return str(self._slice_call("DeleteNodes", {"nodes": list(client_ids)}))
+
+    # ---- the dynamic-slice server next to this CM
+    def get_server_defaults(self) -> dict[str, Any]:
+        """``{maxwaittime, policy}``."""
+        return self.server.transport.call(self.dynslice_url, "GetServerDefaults", {})
+
+    def set_slice_client_endpoint(self, url: str, policy: str = "LIFO",
+                                  defwaittime: int = 600) -> Any:
+        """Register our callback endpoint ``url`` for the slice."""
+        return self._slice_call("SetSliceClientEndpoint",
+                                {"url": url, "policy": policy, "defwaittime": int(defwaittime)},
+                                url=self.dynslice_url)
+
+    def remove_slice_client_endpoint(self) -> Any:
+        return self._slice_call("RemoveSliceClientEndpoint", url=self.dynslice_url)
