@@ -1,8 +1,146 @@
-"""`elasticslice` sub-commands: emulator (being built)."""
+"""`elasticslice emulator ...`: CloudLab in a box (init, serve, and admin commands)."""
 from __future__ import annotations
 
+import json
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
 import click
+
+from elasticslice.emulator import EmulatorServer, init_emulator
+from elasticslice.emulator.adminclient import AdminClient
+from elasticslice.emulator.admin import reclamation_report
+from elasticslice.emulator.setup import DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER, load_config
+from elasticslice.emulator.store import Store
+from elasticslice.errors import ElasticSliceError
+
+log = logging.getLogger(__name__)
+
+DIR_OPTION = click.option("--dir", "directory", required=True, envvar="ELASTICSLICE_EMULATOR_DIR",
+                          type=click.Path(file_okay=False, path_type=Path),
+                          help="The emulator directory (env: ELASTICSLICE_EMULATOR_DIR).")
+
+
+@click.group("emulator")
+def emulator() -> None:
+    """CloudLab in a box: SA, CM v2 and dynamic slices over TLS, on 127.0.0.1."""
+
+
+@emulator.command("init")
+@DIR_OPTION
+@click.option("--port", type=click.IntRange(0, 65535), default=12369, show_default=True,
+              help="Port `serve` listens on (0: any free port, chosen at start).")
+@click.option("--user", default=DEFAULT_USER, show_default=True, help="The user's login name.")
+@click.option("--project", default=DEFAULT_PROJECT, show_default=True)
+@click.option("--domain", default=DEFAULT_DOMAIN, show_default=True,
+              help="Authority domain of every URN.")
+@click.option("--force", is_flag=True, help="Start over in an existing emulator directory.")
+def init_cmd(directory: Path, port: int, user: str, project: str, domain: str,
+             force: bool) -> None:
+    """Create the CA, certificates, user.pem, password and elasticslice.conf in DIR."""
+    d = init_emulator(directory, port, user=user, project=project, domain=domain, force=force)
+    click.echo(f"emulator initialised in {d}")
+    click.echo(f"client config: {d / 'elasticslice.conf'}")
+    click.echo(f"next: elasticslice emulator serve --dir {d}")
+
+
+@emulator.command("serve")
+@DIR_OPTION
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Listen port (default: the one given to init).")
+@click.option("--host", default=None, help="Listen address (default 127.0.0.1).")
+@click.option("--inventory", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Node inventory INI (default: the built-in one, as etc/emulator-inventory.ini).")
+@click.option("--boot-delay", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="Seconds from allocation to ready.")
+@click.option("--notify-interval", type=click.FloatRange(0.01), default=10.0,
+              show_default=True, help="Seconds between NotifyDeletePending calls.")
+@click.option("--max-wait", type=click.IntRange(0), default=60, show_default=True,
+              help="Longest wait (s) before a reclaimed node is taken by force.")
+@click.option("--fault-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Fraction of calls answering BUSY, 503 or slowly, and of boots failing.")
+@click.option("--seed", type=int, default=None, help="Seed for faults and the tenant load.")
+@click.option("--tenant-load", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Mean fraction of nodes other tenants want (0: off).")
+@click.option("--allow-remote-endpoints", is_flag=True,
+              help="Accept client endpoints that are not on 127.0.0.1.")
+def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: str | None,
+              boot_delay: float, notify_interval: float, max_wait: int, fault_rate: float,
+              seed: int | None, tenant_load: float, allow_remote_endpoints: bool) -> None:
+    """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM."""
+    server = EmulatorServer(directory, port=port, host=host, inventory=inventory,
+                            boot_delay=boot_delay, notify_interval=notify_interval,
+                            max_wait=max_wait, fault_rate=fault_rate, seed=seed,
+                            tenant_load=tenant_load,
+                            allow_remote_endpoints=allow_remote_endpoints)
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    server.start()
+    try:
+        click.echo(f"emulator serving {server.url}/{{sa,cm,dynslice}}", nl=True)
+        click.echo(f"client config: {server.config_path}")
+        click.echo("stop with Ctrl-C", nl=True)
+        while not done.wait(timeout=0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+        click.echo("emulator stopped")
+
+
+@emulator.command("revoke")
+@DIR_OPTION
+@click.argument("node_ids", nargs=-1, required=True)
+def revoke_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
+    """Take NODE_IDs back: dynamic slices get the NotifyDeletePending countdown."""
+    result = AdminClient(directory).call("Revoke", nodes=list(node_ids))
+    for node_id, what in result.items():
+        click.echo(f"{node_id}: {what}")
+
+
+@emulator.command("load")
+@DIR_OPTION
+@click.option("--busy", type=click.IntRange(0), required=True,
+              help="How many nodes other tenants hold (reclaims from dynamic slices if needed).")
+def load_cmd(directory: Path, busy: int) -> None:
+    """Set how many nodes other tenants hold."""
+    target = AdminClient(directory).call("SetLoad", busy=busy)
+    click.echo(f"other tenants now want {target} nodes")
+
+
+@emulator.command("report")
+@DIR_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def report_cmd(directory: Path, as_json: bool) -> None:
+    """Reclamations: node, slice, notified at, released at, forced or early."""
+    load_config(directory)
+    if not (directory / "state.db").exists():
+        raise ElasticSliceError(f"{directory}: no state yet (the emulator never ran here)")
+    store = Store(directory / "state.db").open()
+    try:
+        events = reclamation_report(store)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps({"reclamations": events}, indent=2))
+        return
+    if not events:
+        click.echo("no reclamations")
+    for e in events:
+        click.echo(f"{e['node_id']:8} {e['client_id'] or '-':12} {e['reason']:7} "
+                   f"notified {e['notified_at']} released {e['released_at'] or '-'} "
+                   f"{e['outcome']} ({e['notifications']} notices)")
 
 
 def register(group: click.Group) -> None:
     """Attach this module's commands to the top-level group."""
+    group.add_command(emulator)

@@ -1,0 +1,197 @@
+"""The emulator's authorities: who it is (domain, URNs), what it signs, and what it trusts.
+
+The SA signs user and slice credentials with its certificate, the CM signs sliver
+credentials with its own; both chain to the emulator's CA, the only root a credential may
+chain to. Every check says why it failed, in CloudLab's words where we know them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+import threading
+import uuid as uuidlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from elasticslice.emulator.geni import GeniFault
+from elasticslice.errors import CredentialError
+from elasticslice.rpc import credential as credlib
+from elasticslice.rpc import pki
+from elasticslice.rpc.codes import GeniCode
+
+SLICE_NAME = re.compile(r"^[a-zA-Z][-a-zA-Z0-9]{0,18}$")
+URN = re.compile(r"^urn:publicid:IDN\+([^+]+)\+([a-z]+)\+(.+)$")
+_CACHE_SIZE = 2048
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def from_epoch(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class Urn:
+    authority: str
+    kind: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> Urn | None:
+        m = URN.match(text or "")
+        return cls(m.group(1), m.group(2), m.group(3)) if m else None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The emulator's names: its domain and the URNs of its authorities and admin."""
+
+    domain: str
+
+    @property
+    def sa_urn(self) -> str:
+        return f"urn:publicid:IDN+{self.domain}+authority+sa"
+
+    @property
+    def cm_urn(self) -> str:
+        return f"urn:publicid:IDN+{self.domain}+authority+cm"
+
+    @property
+    def admin_urn(self) -> str:
+        return f"urn:publicid:IDN+{self.domain}+user+emulator-admin"
+
+    def user_urn(self, uid: str) -> str:
+        return f"urn:publicid:IDN+{self.domain}+user+{uid}"
+
+    def node_urn(self, node_id: str) -> str:
+        return f"urn:publicid:IDN+{self.domain}+node+{node_id}"
+
+    def sliver_urn(self, name: str) -> str:
+        return f"urn:publicid:IDN+{self.domain}+sliver+{name}"
+
+    def image_urn(self, name: str) -> str:
+        return f"urn:publicid:IDN+{self.domain}+image+emulab-ops//{name}"
+
+    def slice_urn_from(self, urn: str | None, hrn: str | None) -> str:
+        """The slice URN a call names, by URN or hrn (a bare hrn gets our domain)."""
+        if urn:
+            parsed = Urn.parse(urn)
+            if parsed is None or parsed.kind != "slice":
+                raise GeniFault(GeniCode.BADARGS, f"Malformed slice urn: {urn}")
+            return urn
+        if not hrn:
+            raise GeniFault(GeniCode.BADARGS, "Must provide a urn or hrn")
+        authority, _, name = hrn.rpartition(".")
+        if authority and not (authority == self.domain or authority.startswith(self.domain + ":")):
+            # hrn like "emulab.test.myslice": authority is everything before the last dot.
+            raise GeniFault(GeniCode.SEARCHFAILED, f"No such slice authority: {authority}")
+        return f"urn:publicid:IDN+{authority or self.domain}+slice+{name}"
+
+    def slice_name(self, slice_urn: str) -> str:
+        parsed = Urn.parse(slice_urn)
+        return parsed.name if parsed else slice_urn
+
+    def check_slice_urn(self, slice_urn: str) -> str:
+        """The slice name, if the URN is ours and the name CloudLab would accept."""
+        parsed = Urn.parse(slice_urn)
+        if parsed is None or parsed.kind != "slice":
+            raise GeniFault(GeniCode.BADARGS, f"Malformed slice urn: {slice_urn}")
+        if not (parsed.authority == self.domain or parsed.authority.startswith(self.domain + ":")):
+            raise GeniFault(GeniCode.FORBIDDEN, f"Not a slice of this authority: {slice_urn}")
+        if not SLICE_NAME.match(parsed.name):
+            raise GeniFault(GeniCode.BADARGS, "Slice name must be a letter followed by at most "
+                                              f"18 letters, digits or hyphens: {parsed.name}")
+        return parsed.name
+
+
+class Authority:
+    """Signs and checks credentials with the keys in the emulator directory."""
+
+    def __init__(self, directory: Path, identity: Identity) -> None:
+        self.directory = directory
+        self.identity = identity
+        self._cache: OrderedDict[str, credlib.Credential] = OrderedDict()
+        self._lock = threading.Lock()
+        self.ca_pem = b""
+
+    def load(self) -> Authority:
+        d = self.directory
+        self.ca_pem = (d / "ca.pem").read_bytes()
+        self.ca_key = (d / "ca-key.pem").read_bytes()
+        self.sa_cert = (d / "sa.pem").read_bytes()
+        self.sa_key = (d / "sa-key.pem").read_bytes()
+        self.cm_cert = (d / "cm.pem").read_bytes()
+        self.cm_key = (d / "cm-key.pem").read_bytes()
+        return self
+
+    # ---- issuing
+    def slice_gid(self, slice_urn: str) -> str:
+        """A certificate naming the slice (its GID); the key is thrown away as no one uses it."""
+        name = self.identity.slice_name(slice_urn)
+        cert, _ = pki.issue_certificate(self.ca_pem, self.ca_key, name, urn=slice_urn, days=30)
+        return cert.decode()
+
+    def credential(self, owner_gid: str, owner_urn: str, target_gid: str, target_urn: str,
+                   expires: dt.datetime, *, by_cm: bool = False) -> str:
+        cred = credlib.Credential(owner_gid=owner_gid, owner_urn=owner_urn,
+                                  target_gid=target_gid, target_urn=target_urn,
+                                  expires=expires.replace(microsecond=0))
+        cert, key = (self.cm_cert, self.cm_key) if by_cm else (self.sa_cert, self.sa_key)
+        return credlib.sign_credential(cred, cert, key)
+
+    # ---- checking
+    def verify(self, xml: str, caller_urn: str) -> credlib.Credential:
+        """A credential that is validly signed, unexpired and the caller's, or FORBIDDEN."""
+        if not isinstance(xml, str) or not xml.strip():
+            raise GeniFault(GeniCode.BADARGS, "Malformed credential")
+        digest = hashlib.sha256(xml.encode("utf-8", "replace")).hexdigest()
+        with self._lock:
+            cred = self._cache.get(digest)
+        if cred is None:
+            try:
+                cred = credlib.verify_credential(xml, [self.ca_pem])
+            except CredentialError as err:
+                raise GeniFault(GeniCode.FORBIDDEN, f"Could not verify credential: {err}") from err
+            with self._lock:
+                self._cache[digest] = cred
+                while len(self._cache) > _CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        if cred.expired(utcnow()):
+            raise GeniFault(GeniCode.FORBIDDEN,
+                            f"Credential expired at {credlib.format_expires(cred.expires)}")
+        if cred.owner_urn != caller_urn:
+            raise GeniFault(GeniCode.FORBIDDEN, "This is not your credential")
+        return cred
+
+    def pick(self, credentials: object, caller_urn: str, targets: set[str] | None
+             ) -> credlib.Credential:
+        """The first of ``credentials`` (an array) that is valid and names one of ``targets``.
+
+        ``targets`` None accepts any valid credential (a user credential will do).
+        """
+        if not isinstance(credentials, list):
+            raise GeniFault(GeniCode.BADARGS, "Malformed argument: credentials (must be an array)")
+        if not credentials:
+            raise GeniFault(GeniCode.BADARGS, "Missing argument: credentials")
+        first_error: GeniFault | None = None
+        for xml in credentials:
+            try:
+                cred = self.verify(xml, caller_urn)
+            except GeniFault as err:
+                first_error = first_error or err
+                continue
+            if targets is None or cred.target_urn in targets:
+                return cred
+            first_error = first_error or GeniFault(
+                GeniCode.FORBIDDEN, f"Credential is for {cred.target_urn}, not "
+                                    f"{' or '.join(sorted(targets))}")
+        assert first_error is not None
+        raise first_error
+
+
+def new_uuid() -> str:
+    return str(uuidlib.uuid4())

@@ -1,0 +1,264 @@
+"""Booting nodes and the execute service.
+
+A node given to a slice is ``notready``; after 30% of the boot delay it is ``changing``;
+then its sandbox ``D/nodes/<node>/`` gets the install tarballs unpacked and the node is
+``ready`` (or ``failed`` when a tarball cannot be installed or fault injection says so);
+then its startup commands run there, in their own process group, with the node's identity
+in the environment. Their exit status is the node's ``execute_status``. Deleting a node
+kills its process group and wipes the sandbox (CloudLab reimages a node it takes back).
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from elasticslice.emulator.context import Context
+from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
+from elasticslice.errors import ElasticSliceError
+
+log = logging.getLogger(__name__)
+
+SHELLS = {"sh": "/bin/sh", "bash": "/bin/bash"}
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+CHANGING_AT = 0.3
+
+
+class InstallError(ElasticSliceError):
+    """A tarball could not be fetched or unpacked into a node's sandbox."""
+
+
+def fetch_tarball(url: str, dest: Path) -> Path:
+    """Download (file:// or loopback http(s)) ``url`` into ``dest``; refuse anything else."""
+    parts = urllib.parse.urlparse(url)
+    if parts.scheme == "file":
+        return Path(urllib.parse.unquote(parts.path))
+    if parts.scheme in ("http", "https") and parts.hostname in LOOPBACK_HOSTS:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=30) as resp, open(dest, "wb") as out:
+                shutil.copyfileobj(resp, out)
+        except OSError as err:
+            raise InstallError(f"cannot fetch {url}: {err}") from err
+        return dest
+    raise InstallError(f"refusing tarball URL {url}: only file:// and loopback http(s)")
+
+
+def install_tarball(url: str, path: str, sandbox: Path) -> None:
+    """Unpack the tarball at ``url`` into ``sandbox``/``path`` (path taken inside the sandbox)."""
+    target = (sandbox / path.lstrip("/")).resolve()
+    if not target.is_relative_to(sandbox.resolve()):
+        raise InstallError(f"install path {path} leaves the node sandbox")
+    target.mkdir(parents=True, exist_ok=True)
+    source = fetch_tarball(url, sandbox / ".download.tar")
+    try:
+        with tarfile.open(source) as tar:
+            tar.extractall(target, filter="data")
+    except (OSError, tarfile.TarError) as err:
+        raise InstallError(f"cannot unpack {url}: {err}") from err
+    finally:
+        (sandbox / ".download.tar").unlink(missing_ok=True)
+
+
+def node_environment(ctx: Context, node: NodeRow, sandbox: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "ELASTICSLICE_NODE_ID": node.node_id,
+        "ELASTICSLICE_CLIENT_ID": node.client_id,
+        "ELASTICSLICE_HOSTNAME": str(node.attrs.get("hostname", "")),
+        "ELASTICSLICE_NODE_IP": "127.0.0.1",
+        "ELASTICSLICE_CORES": str(node.cores),
+        "ELASTICSLICE_MEMORY": str(node.memory),
+        "ELASTICSLICE_HARDWARE_TYPE": node.hardware_type,
+        "ELASTICSLICE_SLICE_URN": node.slice_urn,
+        "ELASTICSLICE_SLIVER_URN": node.sliver_urn,
+        "ELASTICSLICE_NODE_DIR": str(sandbox),
+    })
+    return env
+
+
+class BootRunner:
+    """Moves nodes through their boot states on a timer and runs their startup commands."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._queue: list[tuple[float, str, str]] = []  # (due, node_id, sliver_urn)
+        self._cond = threading.Condition()
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._groups: dict[str, set[int]] = {}
+        self._procs_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # ---- life cycle
+    def start(self) -> None:
+        for node in self.ctx.store.nodes(holder=Holder.SLICE):
+            if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
+                self.schedule(node)
+            elif node.boot_state is BootState.READY and node.attrs.get("executes"):
+                # A restarted emulator is a power cycle: startup commands run again.
+                threading.Thread(target=self._execute, args=(node,), daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="emulator-boot", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._procs_lock:
+            node_ids = list(set(self._procs) | set(self._groups))
+        for node_id in node_ids:
+            self.kill(node_id)
+
+    def schedule(self, node: NodeRow) -> None:
+        with self._cond:
+            heapq.heappush(self._queue, (node.boot_started, node.node_id, node.sliver_urn))
+            self._cond.notify_all()
+
+    # ---- the timer
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                now = self.ctx.clock()
+                if not self._queue:
+                    self._cond.wait(timeout=1.0)
+                    continue
+                started, node_id, sliver_urn = self._queue[0]
+                delay = self.ctx.settings.boot_delay
+                node = self.ctx.store.get_node(node_id)
+                if node is None or node.sliver_urn != sliver_urn or \
+                        node.boot_started != started:
+                    heapq.heappop(self._queue)
+                    continue
+                due = started + (delay if node.boot_state is BootState.CHANGING
+                                 else delay * CHANGING_AT)
+                if due > now:
+                    self._cond.wait(timeout=min(due - now, 1.0))
+                    continue
+                heapq.heappop(self._queue)
+            try:
+                self._advance(node)
+            except Exception:  # one bad node must not stop the others booting
+                log.exception("boot step of %s failed", node_id)
+
+    def _advance(self, node: NodeRow) -> None:
+        store = self.ctx.store
+        if node.boot_state is BootState.NOTREADY:
+            store.update_node(node.node_id, node.sliver_urn, boot_state=BootState.CHANGING)
+            node.boot_state = BootState.CHANGING
+            self.schedule(node)
+            return
+        if self.ctx.faults.boot_fails():
+            store.update_node(node.node_id, node.sliver_urn, boot_state=BootState.FAILED,
+                              attrs={**node.attrs, "error": "boot failed (injected fault)"})
+            log.info("node %s failed to boot (injected fault)", node.node_id)
+            return
+        threading.Thread(target=self._finish_boot, args=(node,), daemon=True,
+                         name=f"boot-{node.node_id}").start()
+
+    def _finish_boot(self, node: NodeRow) -> None:
+        sandbox = self.ctx.node_dir(node.node_id)
+        sandbox.mkdir(parents=True, exist_ok=True)
+        try:
+            for url, path in node.tarballs:
+                install_tarball(url, path, sandbox)
+        except InstallError as err:
+            log.warning("node %s: %s", node.node_id, err)
+            self.ctx.store.update_node(node.node_id, node.sliver_urn,
+                                       boot_state=BootState.FAILED,
+                                       attrs={**node.attrs, "error": str(err)})
+            return
+        executes = node.attrs.get("executes") or []
+        if not self.ctx.store.update_node(
+                node.node_id, node.sliver_urn, boot_state=BootState.READY,
+                execute_state=ExecState.PENDING if executes else ExecState.NONE):
+            return
+        if executes:
+            self._execute(node)
+
+    # ---- the execute service
+    def _execute(self, node: NodeRow) -> None:
+        sandbox = self.ctx.node_dir(node.node_id)
+        sandbox.mkdir(parents=True, exist_ok=True)
+        env = node_environment(self.ctx, node, sandbox)
+        status = 0
+        self.ctx.store.update_node(node.node_id, node.sliver_urn,
+                                   execute_state=ExecState.RUNNING, execute_status=None)
+        with open(sandbox / "startup.log", "ab") as logfile:
+            for shell, command in node.attrs.get("executes") or []:
+                try:
+                    proc = subprocess.Popen([SHELLS.get(shell, "/bin/sh"), "-c", command],
+                                            cwd=sandbox, env=env, stdin=subprocess.DEVNULL,
+                                            stdout=logfile, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+                except OSError as err:
+                    log.warning("node %s: cannot start %r: %s", node.node_id, command, err)
+                    status = 127
+                    break
+                with self._procs_lock:
+                    self._procs[node.node_id] = proc
+                    self._groups.setdefault(node.node_id, set()).add(proc.pid)
+                code = proc.wait()
+                with self._procs_lock:
+                    if self._procs.get(node.node_id) is proc:
+                        del self._procs[node.node_id]
+                status = code if code >= 0 else 128 - code
+                current = self.ctx.store.get_node(node.node_id)
+                if status != 0 or current is None or current.sliver_urn != node.sliver_urn:
+                    break
+        self.ctx.store.update_node(node.node_id, node.sliver_urn,
+                                   execute_state=ExecState.EXITED, execute_status=status)
+        log.info("node %s startup exited with %s", node.node_id, status)
+
+    def kill(self, node_id: str, wipe: bool = False) -> None:
+        """Stop the node's startup processes: every process group it started, daemons too."""
+        with self._procs_lock:
+            proc = self._procs.pop(node_id, None)
+            groups = self._groups.pop(node_id, set())
+        alive = set(groups)
+        for pgid in groups:
+            if not _signal_group(pgid, signal.SIGTERM):
+                alive.discard(pgid)
+        deadline = time.monotonic() + 3.0
+        while alive and time.monotonic() < deadline:
+            alive = {g for g in alive if _signal_group(g, 0)}
+            if alive:
+                time.sleep(0.05)
+        for pgid in alive:
+            _signal_group(pgid, signal.SIGKILL)
+        if proc is not None:
+            try:
+                proc.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                log.warning("node %s: startup process %s would not die", node_id, proc.pid)
+        if wipe:
+            shutil.rmtree(self.ctx.node_dir(node_id), ignore_errors=True)
+
+    def running(self, node_id: str) -> bool:
+        with self._procs_lock:
+            groups = set(self._groups.get(node_id, set()))
+        return any(_signal_group(g, 0) for g in groups)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a process group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True

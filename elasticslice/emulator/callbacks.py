@@ -1,0 +1,83 @@
+"""The emulator's calls to a client endpoint: HTTPS, with the CM's certificate.
+
+The client endpoint's server certificate must chain to the emulator's CA and match the
+URL's host; the emulator presents ``D/cm.pem`` as its client certificate, so the endpoint
+can accept only callers the emulator CA vouches for.
+"""
+from __future__ import annotations
+
+import http.client
+import logging
+import ssl
+import time
+import xmlrpc.client
+from typing import Any
+
+from elasticslice.emulator.context import Context
+from elasticslice.emulator.store import EndpointRow
+
+log = logging.getLogger(__name__)
+
+
+class _Transport(xmlrpc.client.SafeTransport):
+    def __init__(self, context: ssl.SSLContext, timeout: float) -> None:
+        super().__init__(context=context)
+        self._timeout = timeout
+
+    def make_connection(self, host: Any) -> http.client.HTTPConnection:
+        conn = super().make_connection(host)
+        conn.timeout = self._timeout
+        return conn
+
+
+class CallbackClient:
+    """NotifyDeletePending / NotifyDeleteComplete to registered endpoints."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._ssl: ssl.SSLContext | None = None
+        self.failures = 0
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            d = self.ctx.directory
+            ctx = ssl.create_default_context(cafile=str(d / "ca.pem"))
+            ctx.load_cert_chain(str(d / "cm.pem"), str(d / "cm-key.pem"))
+            self._ssl = ctx
+        return self._ssl
+
+    def _call(self, endpoint: EndpointRow, method: str, params: dict[str, Any]) -> Any:
+        transport = _Transport(self._context(), self.ctx.settings.callback_timeout)
+        proxy = xmlrpc.client.ServerProxy(endpoint.url, transport=transport, allow_none=False)
+        started = time.monotonic()
+        try:
+            result = getattr(proxy, method)(params)
+        except (OSError, xmlrpc.client.Error, ssl.SSLError, http.client.HTTPException) as err:
+            self.failures += 1
+            log.warning("%s to %s failed: %s", method, endpoint.url, err)
+            return None
+        finally:
+            transport.close()
+        log.info("%s to %s (%d nodes) in %.0f ms", method, endpoint.url,
+                 len(params.get("nodelist", [])), (time.monotonic() - started) * 1000)
+        return result
+
+    def notify_delete_pending(self, endpoint: EndpointRow, nodelist: list[dict[str, Any]]
+                              ) -> set[str]:
+        """Send the countdown; the node_ids the client says we may take at once."""
+        result = self._call(endpoint, "NotifyDeletePending", {"nodelist": nodelist})
+        if isinstance(result, dict) and "code" in result:
+            if result.get("code") != 0:
+                return set()
+            result = result.get("value")
+        early: set[str] = set()
+        if isinstance(result, list):
+            for item in result:
+                if isinstance(item, dict) and item.get("max_wait_time") == 0 and \
+                        isinstance(item.get("node_id"), str):
+                    early.add(item["node_id"])
+        return early
+
+    def notify_delete_complete(self, endpoint: EndpointRow, nodelist: list[dict[str, Any]]
+                               ) -> None:
+        self._call(endpoint, "NotifyDeleteComplete", {"nodelist": nodelist})

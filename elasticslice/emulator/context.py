@@ -1,0 +1,61 @@
+"""What every part of a running emulator shares: settings, names, keys, state, pool."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from elasticslice.emulator.authority import Authority, Identity
+from elasticslice.emulator.faults import FaultInjector
+from elasticslice.emulator.pool import Inventory
+from elasticslice.emulator.setup import EmulatorConfig
+from elasticslice.emulator.store import Store
+
+if TYPE_CHECKING:
+    from elasticslice.emulator.boot import BootRunner
+
+
+@dataclass
+class Settings:
+    """Tunable behaviour of a running emulator (``serve`` options)."""
+
+    boot_delay: float = 5.0
+    notify_interval: float = 10.0
+    max_wait: int = 60
+    default_slice_hours: float = 16.0
+    max_slice_days: float = 14.0
+    allow_remote_endpoints: bool = False
+    tenant_load: float = 0.0
+    tenant_interval: float = 5.0
+    callback_timeout: float = 10.0
+
+
+@dataclass
+class Context:
+    directory: Path
+    config: EmulatorConfig
+    identity: Identity
+    authority: Authority
+    store: Store
+    inventory: Inventory
+    settings: Settings
+    faults: FaultInjector
+    boot: BootRunner | None = None
+    # serialises CM/SA decisions that read and then change the pool
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    wakeup: threading.Event = field(default_factory=threading.Event)
+
+    def clock(self) -> float:
+        return time.time()
+
+    def next_id(self, name: str) -> int:
+        """A persistent counter (sliver numbers, VLAN tags...)."""
+        with self.store.transaction():
+            value = int(self.store.get_meta(f"counter:{name}", "0") or "0") + 1
+            self.store.set_meta(f"counter:{name}", str(value))
+        return value
+
+    def node_dir(self, node_id: str) -> Path:
+        return self.directory / "nodes" / node_id

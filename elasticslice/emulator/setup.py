@@ -1,0 +1,146 @@
+"""``init_emulator``: the emulator directory, its PKI and a client config that works as is.
+
+Layout of an emulator directory D::
+
+    ca.pem ca-key.pem          the emulator's CA (the only root it trusts)
+    server.pem server-key.pem  TLS server certificate (SANs localhost, 127.0.0.1)
+    sa.pem sa-key.pem          the SA's certificate: signs user and slice credentials
+    cm.pem cm-key.pem          the CM's certificate: signs sliver credentials, and is the
+                               client certificate of the emulator's callbacks
+    admin.pem                  certificate + key of the emulator's admin (admin commands)
+    user.pem password          the user's certificate + encrypted key, like cloudlab.pem
+    elasticslice.conf          the client config ([protogeni] ...), URLs with the real port
+    emulator.json              domain, user, project, port
+    state.db                   SQLite state (slices, slivers, nodes, reclamations)
+    server.json                URL and pid of the running server (while it runs)
+    nodes/<node>/              node sandboxes of the execute service
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+
+from elasticslice.emulator.authority import Identity
+from elasticslice.errors import ConfigError
+from elasticslice.rpc import pki
+
+DEFAULT_DOMAIN = "emulab.test"
+DEFAULT_USER = "elastic"
+DEFAULT_PROJECT = "elasticslice"
+DEFAULT_SLICE = "elastic"
+DEFAULT_PORT = 12369
+
+
+@dataclass
+class EmulatorConfig:
+    """What ``emulator.json`` holds."""
+
+    domain: str = DEFAULT_DOMAIN
+    user: str = DEFAULT_USER
+    project: str = DEFAULT_PROJECT
+    slice_name: str = DEFAULT_SLICE
+    port: int = 0
+    host: str = "127.0.0.1"
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.domain)
+
+
+def load_config(directory: str | Path) -> EmulatorConfig:
+    path = Path(directory) / "emulator.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise ConfigError("not an emulator directory (run `elasticslice emulator init` first)",
+                          path=str(Path(directory))) from err
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"unreadable: {err}", path=str(path)) from err
+    known = {k: v for k, v in data.items() if k in EmulatorConfig.__dataclass_fields__}
+    return EmulatorConfig(**known)
+
+
+def base_url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"https://{shown}:{port}/protogeni/xmlrpc"
+
+
+def write_client_conf(directory: str | Path, host: str, port: int) -> Path:
+    """(Re)write D/elasticslice.conf for a server at host:port."""
+    d = Path(directory).resolve()
+    cfg = load_config(d)
+    url = base_url(host, port)
+    text = (
+        "# Client config for the elasticslice emulator (CloudLab in a box) in this folder.\n"
+        "# Written by `elasticslice emulator init`, rewritten when the server starts.\n"
+        "[protogeni]\n"
+        f"certificate = {d / 'user.pem'}\n"
+        f"passphrase_file = {d / 'password'}\n"
+        f"sa_url = {url}/sa\n"
+        f"cm_urls = {url}/cm\n"
+        f"ca_bundle = {d / 'ca.pem'}\n"
+        f"slice_name = {cfg.slice_name}\n"
+        f"project = {cfg.project}\n"
+        f"dynslice_urls = {url}/dynslice\n"
+        f"credential_cache_dir = {d / 'credentials'}\n"
+        "# The emulator is local: retry BUSY sooner than against the real CloudLab.\n"
+        "retry_delay = 0.5\n"
+        "retry_max_delay = 5\n"
+    )
+    path = d / "elasticslice.conf"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _issue(d: Path, name: str, ca: bytes, ca_key: bytes, cn: str, **kw: object) -> None:
+    cert, key = pki.issue_certificate(ca, ca_key, cn, **kw)  # type: ignore[arg-type]
+    (d / f"{name}.pem").write_bytes(cert)
+    pki.write_private_file(d / f"{name}-key.pem", key)
+
+
+def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT_DOMAIN,
+                  user: str = DEFAULT_USER, project: str = DEFAULT_PROJECT,
+                  slice_name: str = DEFAULT_SLICE, host: str = "127.0.0.1",
+                  hostnames: tuple[str, ...] = (), force: bool = False) -> Path:
+    """Create an emulator directory (CA, certificates, user PEM, password, client config)."""
+    d = Path(directory).resolve()
+    if (d / "ca.pem").exists() and not force:
+        raise ConfigError("already an emulator directory (use --force to start over)",
+                          path=str(d))
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    for stale in ("state.db", "state.db-wal", "state.db-shm", "server.json"):
+        (d / stale).unlink(missing_ok=True)
+    cfg = EmulatorConfig(domain=domain, user=user, project=project, slice_name=slice_name,
+                         port=port, host=host)
+    ident = cfg.identity
+    ca, ca_key = pki.make_ca(f"elasticslice emulator CA ({domain})")
+    (d / "ca.pem").write_bytes(ca)
+    pki.write_private_file(d / "ca-key.pem", ca_key)
+    ips = ["127.0.0.1"] + ([host] if host not in ("127.0.0.1", "localhost") and
+                           host.replace(".", "").isdigit() else [])
+    _issue(d, "server", ca, ca_key, "localhost", urn=ident.cm_urn,
+           hostnames=("localhost",) + tuple(hostnames), ips=ips)
+    _issue(d, "sa", ca, ca_key, f"sa.{domain}", urn=ident.sa_urn)
+    _issue(d, "cm", ca, ca_key, f"cm.{domain}", urn=ident.cm_urn)
+    admin_cert, admin_key = pki.issue_certificate(ca, ca_key, "emulator-admin",
+                                                  urn=ident.admin_urn)
+    pki.write_private_file(d / "admin.pem", admin_cert.rstrip(b"\n") + b"\n" + admin_key)
+    password = secrets.token_urlsafe(18)
+    pki.write_private_file(d / "password", password.encode() + b"\n")
+    user_cert, user_key = pki.issue_certificate(
+        ca, ca_key, user, urn=ident.user_urn(user), email=f"{user}@{domain}",
+        aia_url=f"{base_url(host, port or DEFAULT_PORT)}/sa")
+    pki.write_user_pem(d / "user.pem", user_cert, user_key, password)
+    public = pki.load_private_key(user_key).public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    (d / "user-ssh.pub").write_bytes(public + f" {user}@{domain}\n".encode())
+    (d / "emulator.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n", encoding="utf-8")
+    (d / "nodes").mkdir(exist_ok=True)
+    write_client_conf(d, host, port)
+    return d

@@ -1,0 +1,213 @@
+"""The CM's slivers: map requests to nodes, add and delete nodes, and give nodes back.
+
+Everything that reads the pool and then changes it runs under ``ctx.lock``. Hooks in
+``release_hooks`` hear about every node that leaves a slice (the reclaimer uses them).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from elasticslice.emulator import pool
+from elasticslice.emulator.authority import new_uuid
+from elasticslice.emulator.context import Context
+from elasticslice.emulator.geni import GeniFault
+from elasticslice.emulator.manifest import mac_for
+from elasticslice.emulator.store import BootState, Holder, NodeRow, SliceRow, SliverRow
+from elasticslice.rpc.codes import GeniCode
+from elasticslice.rspec import RSpec, RSpecType
+
+log = logging.getLogger(__name__)
+
+
+def _executes(pairs: list[tuple[str, str]]) -> list[list[str]]:
+    return [[shell or "sh", cmd] for shell, cmd in pairs]
+
+
+class SliverOps:
+    """Sliver life cycle on top of the store and the pool."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.release_hooks: list[Callable[[NodeRow, str], None]] = []
+
+    # ---- creation
+    def create(self, slice_row: SliceRow, owner_urn: str, request: RSpec,
+               keys: list[dict[str, Any]]) -> SliverRow:
+        ctx = self.ctx
+        if request.type is RSpecType.ADVERTISEMENT:
+            raise GeniFault(GeniCode.BADARGS, "An advertisement is not a request rspec")
+        if not request.nodes:
+            raise GeniFault(GeniCode.BADARGS, "The request rspec has no nodes")
+        ids = [n.client_id or "" for n in request.nodes]
+        self._check_client_ids(ids, set())
+        iface_owner = {i.client_id: n.client_id for n in request.nodes for i in n.interfaces}
+        for link in request.links:
+            for ref in link.interfaces:
+                if ref not in iface_owner:
+                    raise GeniFault(GeniCode.BADARGS, f"Link {link.client_id} names unknown "
+                                                      f"interface {ref}")
+        with ctx.lock:
+            if ctx.store.get_sliver(slice_row.urn) is not None:
+                raise GeniFault(GeniCode.REFUSED, "Must delete existing sliver first")
+            wanted = [pool.NodeRequest(n.client_id or "", n.hardware_type, n.component_id)
+                      for n in request.nodes]
+            rows = pool.pick_nodes(ctx.store, ctx.inventory, wanted)
+            now = ctx.clock()
+            sliver = SliverRow(slice_row.urn, ctx.identity.sliver_urn(str(ctx.next_id("sliver"))),
+                               new_uuid(), owner_urn, slice_row.expires, now, [], keys)
+            links = []
+            for link in request.links:
+                lan = ctx.next_id("lan")
+                links.append({"client_id": link.client_id,
+                              "sliver_id": ctx.identity.sliver_urn(str(ctx.next_id("sliver"))),
+                              "interfaces": list(link.interfaces),
+                              "link_type": link.link_type or "lan", "vlantag": str(lan),
+                              "subnet": f"10.{10 + lan // 250}.{lan % 250 + 1}",
+                              "next_host": 1, "vlan_tagging": link.vlan_tagging,
+                              "link_multiplexing": link.link_multiplexing,
+                              "best_effort": link.best_effort})
+            sliver.links = links
+            iface_link = {ref: link for link in links for ref in link["interfaces"]}
+            logins = self._logins(owner_urn, keys)
+            with ctx.store.transaction():
+                for req_node, row in zip(request.nodes, rows):
+                    ifaces = [(i.client_id or "", i.ip, i.netmask) for i in req_node.interfaces]
+                    self._assign(row, sliver, req_node.client_id or "", req_node.sliver_type,
+                                 req_node.disk_image, req_node.installs, req_node.executes,
+                                 ifaces, iface_link, logins, now)
+                    row.attrs["routable_control_ip"] = req_node.routable_control_ip
+                ctx.store.put_sliver(sliver)
+                ctx.store.put_nodes(rows)
+        self._boot(rows)
+        log.info("sliver %s for %s: %d nodes", sliver.sliver_urn, slice_row.urn, len(rows))
+        return sliver
+
+    def add(self, sliver: SliverRow, specs: list[Any]) -> list[NodeRow]:
+        """AddNodes: ``specs`` are :class:`elasticslice.rspec.NodeSpec` records."""
+        ctx = self.ctx
+        with ctx.lock:
+            current = ctx.store.nodes(slice_urn=sliver.slice_urn)
+            self._check_client_ids([s.client_id for s in specs],
+                                   {n.client_id for n in current})
+            by_name = {link["client_id"]: link for link in sliver.links}
+            for spec in specs:
+                for lan in spec.lans:
+                    if lan not in by_name:
+                        raise GeniFault(GeniCode.BADARGS, f"No such lan: {lan} "
+                                                          f"(node {spec.client_id})")
+            wanted = [pool.NodeRequest(s.client_id, s.hardware_type, s.component_id)
+                      for s in specs]
+            rows = pool.pick_nodes(ctx.store, ctx.inventory, wanted)
+            now = ctx.clock()
+            logins = self._logins(sliver.creator_urn, sliver.keys)
+            with ctx.store.transaction():
+                for spec, row in zip(specs, rows):
+                    iface_link = {}
+                    for (cid, _, _), lan in zip(spec.interfaces, spec.lans):
+                        by_name[lan]["interfaces"].append(cid)
+                        iface_link[cid] = by_name[lan]
+                    self._assign(row, sliver, spec.client_id, spec.sliver_type, spec.disk_image,
+                                 spec.installs, spec.executes, spec.interfaces, iface_link,
+                                 logins, now)
+                ctx.store.put_sliver(sliver)
+                ctx.store.put_nodes(rows)
+        self._boot(rows)
+        return rows
+
+    def _check_client_ids(self, new: list[str], existing: set[str]) -> None:
+        seen = set(existing)
+        for cid in new:
+            if not cid:
+                raise GeniFault(GeniCode.BADARGS, "Every node needs a client_id")
+            if cid in seen:
+                raise GeniFault(GeniCode.BADARGS, f"Duplicate client_id: {cid}")
+            seen.add(cid)
+
+    def _logins(self, owner_urn: str, keys: list[dict[str, Any]]) -> list[str]:
+        users = [owner_urn.rsplit("+", 1)[-1]]
+        for entry in keys or []:
+            if isinstance(entry, dict):
+                login = entry.get("login") or str(entry.get("urn", "")).rsplit("+", 1)[-1]
+                if login and login not in users:
+                    users.append(login)
+        return users
+
+    def _assign(self, row: NodeRow, sliver: SliverRow, client_id: str, sliver_type: str | None,
+                disk_image: str | None, installs: list[tuple[str, str]],
+                executes: list[tuple[str, str]], ifaces: list[tuple[str, str | None, str | None]],
+                iface_link: dict[str, dict[str, Any]], logins: list[str], now: float) -> None:
+        ctx = self.ctx
+        ident = ctx.identity
+        slice_name = ident.slice_name(sliver.slice_urn)
+        row.holder = Holder.SLICE
+        row.tenant = ""
+        row.slice_urn = sliver.slice_urn
+        row.client_id = client_id
+        row.sliver_urn = ident.sliver_urn(str(ctx.next_id("sliver")))
+        row.sliver_type = sliver_type or "raw-pc"
+        default_image = ctx.inventory.images[0] if ctx.inventory.images else "UBUNTU22-64-STD"
+        row.disk_image = disk_image or ident.image_urn(default_image)
+        row.boot_state = BootState.NOTREADY
+        row.boot_started = row.allocated_at = now
+        row.tarballs = [[u, p] for u, p in installs]
+        row.attrs = {"hostname": f"{client_id}.{slice_name}.{ctx.config.project}.{ident.domain}",
+                     "executes": _executes(executes), "logins": logins}
+        row.interfaces = []
+        for port, (cid, ip, netmask) in enumerate(ifaces, start=1):
+            link = iface_link.get(cid)
+            if ip is None and link is not None:
+                ip = f"{link['subnet']}.{link['next_host']}"
+                link["next_host"] += 1
+                netmask = netmask or "255.255.255.0"
+            row.interfaces.append({"client_id": cid, "ip": ip, "netmask": netmask,
+                                   "mac": mac_for(row.node_id, cid), "port": f"eth{port}",
+                                   "sliver_id": ident.sliver_urn(str(ctx.next_id("sliver")))})
+        row.value = 1.0
+
+    def _boot(self, rows: list[NodeRow]) -> None:
+        if self.ctx.boot is not None:
+            for row in rows:
+                self.ctx.boot.schedule(row)
+
+    # ---- deletion
+    def delete_nodes(self, sliver: SliverRow, client_ids: list[str], *, reason: str = "client",
+                     allow_all: bool = False) -> list[NodeRow]:
+        ctx = self.ctx
+        with ctx.lock:
+            current = {n.client_id: n for n in ctx.store.nodes(slice_urn=sliver.slice_urn)}
+            for cid in client_ids:
+                if cid not in current:
+                    raise GeniFault(GeniCode.BADARGS, f"No such node in sliver: {cid}")
+            doomed = [current[c] for c in dict.fromkeys(client_ids)]
+            if len(doomed) == len(current) and not allow_all:
+                raise GeniFault(GeniCode.BADARGS, "Not allowed to delete all nodes; "
+                                                  "use DeleteSliver")
+            gone = {i["client_id"] for n in doomed for i in n.interfaces}
+            for link in sliver.links:
+                link["interfaces"] = [i for i in link["interfaces"] if i not in gone]
+            ctx.store.put_sliver(sliver)
+            self.release(doomed, reason)
+        return doomed
+
+    def delete_sliver(self, sliver: SliverRow, reason: str = "client") -> None:
+        with self.ctx.lock:
+            rows = self.ctx.store.nodes(slice_urn=sliver.slice_urn)
+            self.release(rows, reason)
+            self.ctx.store.delete_sliver(sliver.slice_urn)
+        log.info("sliver %s of %s deleted (%s)", sliver.sliver_urn, sliver.slice_urn, reason)
+
+    def release(self, rows: list[NodeRow], reason: str) -> None:
+        """Take nodes out of their slice: stop their processes, wipe them, free them."""
+        ctx = self.ctx
+        for row in rows:
+            if ctx.boot is not None:
+                ctx.boot.kill(row.node_id, wipe=True)
+        with ctx.lock, ctx.store.transaction():
+            for row in rows:
+                old = NodeRow(**{k: getattr(row, k) for k in row.__dataclass_fields__})
+                pool.release(row)
+                ctx.store.put_node(row)
+                for hook in self.release_hooks:
+                    hook(old, reason)

@@ -1,0 +1,147 @@
+"""A plain XML-RPC client over TLS for the emulator tests (stdlib only, like classic clients)."""
+from __future__ import annotations
+
+import datetime as dt
+import http.server
+import socketserver
+import ssl
+import threading
+import xmlrpc.client
+from pathlib import Path
+from typing import Any
+
+from elasticslice.rpc import pki
+
+REQUEST = """<rspec xmlns="http://www.geni.net/resources/rspec/3" type="request">
+  <node client_id="n1" exclusive="true">
+    <sliver_type name="raw-pc"/>
+    <hardware_type name="m510"/>
+    <interface client_id="n1:if0"/>
+  </node>
+  <node client_id="n2" exclusive="true">
+    <sliver_type name="raw-pc"/>
+    <interface client_id="n2:if0"/>
+  </node>
+  <link client_id="lan0">
+    <interface_ref client_id="n1:if0"/>
+    <interface_ref client_id="n2:if0"/>
+  </link>
+</rspec>
+"""
+
+
+def user_context(d: Path, cert: str = "user.pem", password: str | None = None,
+                 ca: str = "ca.pem") -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(d / ca))
+    if cert:
+        pw = password if password is not None else (d / "password").read_text().strip()
+        ctx.load_cert_chain(str(d / cert), password=pw if cert == "user.pem" else None)
+    return ctx
+
+
+def proxy(emu: Any, module: str, ctx: ssl.SSLContext | None = None) -> xmlrpc.client.ServerProxy:
+    return xmlrpc.client.ServerProxy(f"{emu.url}/{module}", context=ctx or user_context(emu.dir))
+
+
+class Session:
+    """A user's view: SA and CM proxies, the user credential, and slices it registered."""
+
+    def __init__(self, emu: Any) -> None:
+        self.emu = emu
+        self.sa = proxy(emu, "sa")
+        self.cm = proxy(emu, "cm")
+        self.dyn = proxy(emu, "dynslice")
+        self.user_cred = ok(self.sa.GetCredential({}))
+
+    def register(self, name: str = "myslice") -> tuple[str, str]:
+        cred = ok(self.sa.Register({"credential": self.user_cred, "type": "Slice", "hrn": name}))
+        return f"urn:publicid:IDN+emulab.test+slice+{name}", cred
+
+    def create(self, name: str = "myslice", rspec: str = REQUEST) -> tuple[str, str, list]:
+        urn, cred = self.register(name)
+        value = ok(self.cm.CreateSliver({"slice_urn": urn, "rspec": rspec,
+                                         "credentials": [cred]}))
+        return urn, cred, value
+
+    def status(self, urn: str, cred: str) -> dict[str, Any]:
+        return ok(self.cm.SliverStatus({"slice_urn": urn, "credentials": [cred]}))
+
+
+def ok(result: dict[str, Any]) -> Any:
+    assert result["code"] == 0, result
+    return result["value"]
+
+
+def sign_with(d: Path, owner_pem: str, owner_urn: str, target_urn: str,
+              expires: dt.datetime, signer: str = "sa") -> str:
+    """A credential signed by one of the emulator's authorities, for crafted cases."""
+    from elasticslice.rpc.credential import Credential, sign_credential
+    cred = Credential(owner_gid=owner_pem, owner_urn=owner_urn, target_gid=owner_pem,
+                      target_urn=target_urn, expires=expires)
+    return sign_credential(cred, (d / f"{signer}.pem").read_bytes(),
+                           (d / f"{signer}-key.pem").read_bytes())
+
+
+def user_cert_pem(d: Path) -> str:
+    text = (d / "user.pem").read_text()
+    return text[: text.index("-----END CERTIFICATE-----") + len("-----END CERTIFICATE-----")] + "\n"
+
+
+class CallbackEndpoint:
+    """A real HTTPS XML-RPC client endpoint (certificate from the emulator CA) that records
+    the calls the emulator makes and answers NotifyDeletePending early or not."""
+
+    def __init__(self, d: Path, tmp: Path, early: bool = True) -> None:
+        self.early = early
+        self.calls: list[tuple[str, dict[str, Any], str | None]] = []
+        ca = (d / "ca.pem").read_bytes()
+        cert, key = pki.issue_certificate(ca, (d / "ca-key.pem").read_bytes(), "endpoint",
+                                          ips=["127.0.0.1"])
+        (tmp / "ep.pem").write_bytes(cert + key)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(tmp / "ep.pem"))
+        ctx.load_verify_locations(str(d / "ca.pem"))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                (params,), method = xmlrpc.client.loads(body)
+                peer = self.connection.getpeercert() or {}
+                urn = next((v for k, v in peer.get("subjectAltName", ()) if k == "URI"), None)
+                outer.calls.append((method, params, urn))
+                value: Any = 0
+                if method == "NotifyDeletePending" and outer.early:
+                    value = [dict(item, max_wait_time=0) for item in params["nodelist"]]
+                reply = xmlrpc.client.dumps(({"code": 0, "value": value, "output": ""},),
+                                            methodresponse=True).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/xml")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+            def get_request(self):  # type: ignore[no-untyped-def]
+                sock, addr = super().get_request()
+                return ctx.wrap_socket(sock, server_side=True), addr
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def methods(self) -> list[str]:
+        return [m for m, _, _ in self.calls]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
