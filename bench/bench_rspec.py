@@ -1,0 +1,104 @@
+"""Benchmark: parse a generated 5,000-node advertisement and a 2,000-node manifest.
+
+Standalone (never part of pytest): ``.venv/bin/python bench/bench_rspec.py [--runs N]``.
+Prints a small table: document size, wall-clock median / min parse time over N runs, the
+median CPU time of the parsing thread (``time.thread_time``: what the parse itself costs,
+less disturbed when other processes share the machine), the peak traced memory of one
+parse (tracemalloc; lxml's C allocations are not traced, so the process's max RSS is
+printed too), and the validation time. Goals: ad < 100 ms, manifest < 50 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+from elasticslice.rspec import (
+    Interface, Link, Login, Node, build_advertisement, build_manifest, parse, validate,
+)
+
+DOMAIN = "utah.cloudlab.us"
+CM = f"urn:publicid:IDN+{DOMAIN}+authority+cm"
+IMAGE = "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD"
+TYPES = ["m400", "m510", "xl170", "d6515", "c6525-25g"]
+
+
+def make_advertisement(count: int) -> str:
+    nodes = [Node(component_id=f"urn:publicid:IDN+{DOMAIN}+node+pc{i}", component_name=f"pc{i}",
+                  component_manager_id=CM, exclusive=True, available=i % 3 != 0,
+                  hardware_types=[TYPES[i % len(TYPES)], "pc"], sliver_type="raw-pc",
+                  disk_image=IMAGE,
+                  interfaces=[Interface(component_id=f"urn:publicid:IDN+{DOMAIN}+interface+pc{i}:eth{j}")
+                              for j in range(2)])
+             for i in range(count)]
+    return build_advertisement(nodes, CM, validate=False)
+
+
+def make_manifest(count: int) -> str:
+    nodes = []
+    for i in range(count):
+        cid = f"node-{i}"
+        nodes.append(Node(
+            client_id=cid, component_id=f"urn:publicid:IDN+{DOMAIN}+node+pc{i}",
+            component_manager_id=CM, component_name=f"pc{i}", exclusive=True,
+            sliver_id=f"urn:publicid:IDN+{DOMAIN}+sliver+{10000 + i}", hardware_type="m510",
+            sliver_type="raw-pc", disk_image=IMAGE, hostname=f"{cid}.es.proj.{DOMAIN}",
+            ipv4=f"128.110.{i // 250}.{i % 250 + 1}",
+            logins=[Login("alice", f"pc{i}.{DOMAIN}", 22)],
+            interfaces=[Interface(f"{cid}:if0", f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
+                                  "255.0.0.0", f"02:00:00:{i // 65536:02x}:{i // 256 % 256:02x}:{i % 256:02x}",
+                                  f"urn:publicid:IDN+{DOMAIN}+sliver+{50000 + i}")],
+            executes=[("bash", "/local/pilot-agent/start.sh")]))
+    links = [Link("lan0", f"urn:publicid:IDN+{DOMAIN}+sliver+99999",
+                  [n.interfaces[0].client_id for n in nodes], "lan", True, True, None, "259")]
+    return build_manifest(nodes, links, datetime.now(timezone.utc) + timedelta(hours=16),
+                          validate=False)
+
+
+def timed(fn: Callable[[], object], runs: int) -> tuple[float, float, float]:
+    """(wall median, wall min, CPU median) in milliseconds."""
+    wall, cpu = [], []
+    for _ in range(runs):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        fn()
+        cpu.append((time.thread_time() - start_cpu) * 1000)
+        wall.append((time.perf_counter() - start) * 1000)
+    return statistics.median(wall), min(wall), statistics.median(cpu)
+
+
+def peak_kib(fn: Callable[[], object]) -> float:
+    tracemalloc.start()
+    fn()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15, help="timed runs per case")
+    args = parser.parse_args()
+    cases = [("advertisement 5000 nodes", make_advertisement(5000), 100.0),
+             ("manifest 2000 nodes", make_manifest(2000), 50.0)]
+    print(f"{'case':<26} {'size KiB':>9} {'median ms':>10} {'min ms':>8} {'cpu ms':>8} "
+          f"{'goal ms':>8} {'peak KiB':>9} {'validate ms':>12}")
+    for name, xml, goal in cases:
+        data = xml.encode()
+        parse(data)  # warm up (imports, parser creation)
+        median, best, cpu = timed(lambda d=data: parse(d), args.runs)
+        validate(data)  # compile the schema outside the timing
+        vmedian, _, _ = timed(lambda d=data: validate(d), max(3, args.runs // 5))
+        print(f"{name:<26} {len(data) / 1024:>9.0f} {median:>10.1f} {best:>8.1f} {cpu:>8.1f} "
+              f"{goal:>8.0f} {peak_kib(lambda d=data: parse(d)):>9.0f} {vmedian:>12.1f}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    load = os.getloadavg()[0]
+    print(f"process max RSS: {rss:.0f} MiB; load average {load:.2f} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()
