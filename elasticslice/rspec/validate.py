@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import logging
+import threading
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ _EMULAB = {RSpecType.REQUEST: "ext/emulab/1/vtop_extension.xsd",
            RSpecType.MANIFEST: "ext/emulab/1/vtop_extension.xsd",
            RSpecType.ADVERTISEMENT: "ext/emulab/1/ptop_extension.xsd"}
 
+_validation_lock = threading.Lock()
 _resources = ExitStack()  # keeps an extracted copy alive if the package is zipped
 
 
@@ -148,6 +150,9 @@ def validate_element(root: etree._Element, *, strict: bool = False) -> list[Sche
         return [SchemaProblem(line, f"unknown rspec type {root.get('type')!r} "
                                     "(expected request, manifest or advertisement)")]
     schema = schema_for(rtype, strict)
-    if schema.validate(root):
-        return []
-    return [SchemaProblem(err.line or 0, err.message) for err in schema.error_log]
+    # A compiled schema keeps its error_log on itself: one validation at a time per process
+    # (the emulator validates from several server threads).
+    with _validation_lock:
+        if schema.validate(root):
+            return []
+        return [SchemaProblem(err.line or 0, err.message) for err in schema.error_log]

@@ -64,3 +64,17 @@ def test_shipped_example_rspecs_validate() -> None:
     assert len(files) >= 2
     for path in files:
         assert validate(path.read_bytes(), source=str(path), strict=True) == [], path
+
+
+def test_concurrent_validations_keep_their_own_verdicts() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    good = f'<rspec xmlns="{V3}" type="request"><node client_id="a"/></rspec>'
+    bad = f'<rspec xmlns="{V3}" type="request">\n<node/></rspec>'
+    docs = [good, bad] * 40
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(validate, docs))
+    for doc, problems in zip(docs, results):
+        assert (problems == []) == (doc is good)
+        if doc is bad:
+            assert [p.line for p in problems] == [2]
