@@ -162,10 +162,11 @@ class ProtoGeniServer:
             except IndexError:
                 raise ConfigError(f"no CM number {which} (have {len(self.cms)})",
                                   key="cm_urls", path=str(self.config.path)) from None
-        matches = [c for c in self.cms if which == c.url or which in c.host]
+        matches = [c for c in self.cms if which == c.url] or [c for c in self.cms
+                                                              if which in c.url]
         if len(matches) != 1:
             raise ConfigError(f"{which!r} matches {len(matches)} of the configured CMs "
-                              f"({', '.join(c.host for c in self.cms)})",
+                              f"({', '.join(c.url for c in self.cms)})",
                               key="cm_urls", path=str(self.config.path))
         return matches[0]
 

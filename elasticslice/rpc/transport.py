@@ -198,7 +198,7 @@ class XmlRpcTransport:
             except ssl.SSLError as err:
                 self._drop(host, port)
                 reason = str(err.reason or err)
-                if "CERTIFICATE" in reason.upper():
+                if any(a in reason.upper() for a in ("CERTIFICATE", "UNKNOWN_CA")):
                     reason = f"the server refused our client certificate ({reason})"
                 raise TransportError(f"TLS failure: {reason}", method=method,
                                      server=label) from err
