@@ -23,6 +23,7 @@ from elasticslice.rspec import (
 )
 
 DOMAIN = "utah.cloudlab.us"
+URN = f"urn:publicid:IDN+{DOMAIN}"
 CM = f"urn:publicid:IDN+{DOMAIN}+authority+cm"
 IMAGE = "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD"
 TYPES = ["m400", "m510", "xl170", "d6515", "c6525-25g"]
@@ -33,7 +34,7 @@ def make_advertisement(count: int) -> str:
                   component_manager_id=CM, exclusive=True, available=i % 3 != 0,
                   hardware_types=[TYPES[i % len(TYPES)], "pc"], sliver_type="raw-pc",
                   disk_image=IMAGE,
-                  interfaces=[Interface(component_id=f"urn:publicid:IDN+{DOMAIN}+interface+pc{i}:eth{j}")
+                  interfaces=[Interface(component_id=f"{URN}+interface+pc{i}:eth{j}")
                               for j in range(2)])
              for i in range(count)]
     return build_advertisement(nodes, CM, validate=False)
@@ -51,7 +52,7 @@ def make_manifest(count: int) -> str:
             ipv4=f"128.110.{i // 250}.{i % 250 + 1}",
             logins=[Login("alice", f"pc{i}.{DOMAIN}", 22)],
             interfaces=[Interface(f"{cid}:if0", f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
-                                  "255.0.0.0", f"02:00:00:{i // 65536:02x}:{i // 256 % 256:02x}:{i % 256:02x}",
+                                  "255.0.0.0", f"02:00:00:00:{i // 256:02x}:{i % 256:02x}",
                                   f"urn:publicid:IDN+{DOMAIN}+sliver+{50000 + i}")],
             executes=[("bash", "/local/pilot-agent/start.sh")]))
     links = [Link("lan0", f"urn:publicid:IDN+{DOMAIN}+sliver+99999",

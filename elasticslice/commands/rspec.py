@@ -35,9 +35,10 @@ def _read(path: str) -> bytes:
 
 
 def _split_tarball(value: str) -> tuple[str, str]:
-    """``URL[:PATH]``: the path is what follows the last ':' if it is absolute."""
+    """``URL[:PATH]``: the path is what follows the last ':' if that is absolute and what
+    precedes it is still a URL (so ``https://host:8080/a.tgz`` keeps its port)."""
     head, sep, tail = value.rpartition(":")
-    if sep and tail.startswith("/") and "://" in head + ":" and head:
+    if sep and tail.startswith("/") and "://" in head:
         return head, tail
     return value, "/"
 
@@ -55,7 +56,8 @@ def rspec_group() -> None:
 @click.option("--hardware-type", "-t", default=None,
               help="Hardware type of every node, e.g. d430, m510, c220g2.")
 @click.option("--image", "-i", default=None,
-              help="Disk image URN, e.g. urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD.")
+              help="Disk image URN, e.g. "
+                   "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD.")
 @click.option("--sliver-type", default="raw-pc", show_default=True,
               help="Sliver type (raw-pc for a whole machine, emulab-xen for a VM).")
 @click.option("--lan", default=None, metavar="NAME",

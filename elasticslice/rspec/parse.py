@@ -19,7 +19,9 @@ from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import (
     NS_EMULAB, NS_V2, NS_V3, SLIVER_TYPE_ALIASES, Interface, Link, Login, Node, RSpec, RSpecType,
 )
-from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, SafeTarget, checked_bytes, parse_events
+from elasticslice.rspec.safexml import (
+    DEFAULT_MAX_BYTES, SafeTarget, checked_bytes, parse_events,
+)
 
 log = logging.getLogger(__name__)
 

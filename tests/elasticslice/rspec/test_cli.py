@@ -55,6 +55,16 @@ def test_build_prints_a_request_with_every_option() -> None:
     assert lan.link_multiplexing is True and lan.vlan_tagging is True
 
 
+@pytest.mark.parametrize("value,install", [
+    ("https://example.org/a.tgz:/local", ("https://example.org/a.tgz", "/local")),
+    ("https://example.org/a.tgz", ("https://example.org/a.tgz", "/")),
+    ("http://example.org:8080/a.tgz", ("http://example.org:8080/a.tgz", "/")),
+    ("http://example.org:8080/a.tgz:/opt/x", ("http://example.org:8080/a.tgz", "/opt/x")),
+])
+def test_build_tarball_url_and_path(value: str, install: tuple[str, str]) -> None:
+    assert parse(run("build", "--tarball", value).output).nodes[0].installs == [install]
+
+
 def test_build_defaults_to_one_plain_node() -> None:
     rspec = parse(run("build").output)
     assert [(n.client_id, n.sliver_type, n.routable_control_ip) for n in rspec.nodes] == \
