@@ -12,7 +12,9 @@ import sys
 import click
 
 from elasticslice.errors import RSpecError
-from elasticslice.rspec import LinkSpec, NodeSpec, RSpec, RSpecType, build_request, parse, validate
+from elasticslice.rspec import (
+    DEFAULT_MAX_BYTES, LinkSpec, NodeSpec, RSpec, RSpecType, build_request, parse, validate,
+)
 
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
@@ -25,11 +27,14 @@ class BadInput(click.ClickException):
 
 
 def _read(path: str) -> bytes:
+    """At most one byte more than the size limit, so an oversize file is refused by the
+    parser without being read whole."""
+    limit = DEFAULT_MAX_BYTES + 1
     if path == "-":
-        return sys.stdin.buffer.read()
+        return sys.stdin.buffer.read(limit)
     try:
         with open(path, "rb") as handle:
-            return handle.read()
+            return handle.read(limit)
     except OSError as err:
         raise BadInput(f"{path}: cannot read: {err.strerror or err}") from err
 

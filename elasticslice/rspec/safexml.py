@@ -124,7 +124,7 @@ def checked_bytes(xml: str | bytes, source: str | None = None, *,
     data = _to_bytes(xml)
     if len(data) > max_bytes:
         raise HostileXMLError(
-            f"document is {len(data)} bytes, larger than the limit of {max_bytes} bytes",
+            f"document is larger than the limit of {max_bytes} bytes (refusing to parse it)",
             source=source)
     if len(data) < 64 and not data.strip():
         raise RSpecError("document is empty", source=source)

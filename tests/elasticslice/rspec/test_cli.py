@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from elasticslice.cli import cli
-from elasticslice.rspec import parse
+from elasticslice.rspec import DEFAULT_MAX_BYTES, parse
 from tests.conftest import SHARED
 
 IMAGE = "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD"
@@ -33,7 +33,14 @@ def files(tmp_path: Path) -> dict[str, Path]:
     broken = tmp_path / "broken.xml"
     broken.write_text(f'<rspec xmlns="{V3}" type="request"><node client_id="a">')
     return {"valid": valid, "invalid": invalid, "hostile": hostile, "broken": broken,
-            "missing": tmp_path / "missing.xml"}
+            "missing": tmp_path / "missing.xml", "oversize": _oversize(tmp_path)}
+
+
+def _oversize(tmp_path: Path) -> Path:
+    path = tmp_path / "oversize.xml"
+    with open(path, "wb") as handle:  # sparse: no 64 MiB written to disk
+        handle.truncate(DEFAULT_MAX_BYTES + 4096)
+    return path
 
 
 def test_build_prints_a_request_with_every_option() -> None:
@@ -83,7 +90,7 @@ def test_validate_exit_codes(files) -> None:
     bad = run("validate", str(files["valid"]), str(files["invalid"]))
     assert bad.exit_code == 1
     assert f"{files['invalid']}:3: " in bad.stderr and "client_id" in bad.stderr
-    for name in ("hostile", "broken", "missing"):
+    for name in ("hostile", "broken", "missing", "oversize"):
         result = run("validate", str(files["valid"]), str(files["invalid"]), str(files[name]))
         assert result.exit_code == 2, name
         assert str(files[name]) in result.stderr
@@ -114,7 +121,8 @@ def test_show_advertisement_counts() -> None:
 
 
 @pytest.mark.parametrize("name,fragment", [("hostile", "DOCTYPE"), ("broken", "not well-formed"),
-                                           ("missing", "cannot read")])
+                                           ("missing", "cannot read"),
+                                           ("oversize", "larger than the limit")])
 def test_show_bad_input_is_one_line(files, name, fragment) -> None:
     result = run("show", str(files[name]))
     assert result.exit_code == 2
