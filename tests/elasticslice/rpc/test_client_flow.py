@@ -138,3 +138,22 @@ def test_credentials_are_cached_on_disk_and_reused(emu):
         assert again.get_slice_credential() == first
         assert again.get_credential() == server.get_credential()
         assert expires_of(first) > dt.datetime.now(dt.timezone.utc)
+
+
+def test_sliver_credential_keys_and_delete_sliver(emu):
+    with emu.client() as server:
+        assert isinstance(server.get_keys(), list)
+        server.register_slice()
+        first, _ = server.create_sliver(genilib_request("a"))
+        sliver_cred = server.cm().get_sliver()
+        sliver_urn = parse_credential(sliver_cred).target_urn
+        assert "+sliver+" in sliver_urn and parse_credential(first).target_urn == sliver_urn
+        # classic clients ask SliverStatus with the sliver credential
+        value = server.cm().call("SliverStatus", {"slice_urn": server.slice_urn(),
+                                                  "credentials": [sliver_cred]})
+        assert value["status"] in ("ready", "notready", "changing")
+        wait_for(lambda: server.sliver_status().ready, timeout=20, what="ready")
+        server.cm().delete_sliver(sliver_urn)
+        with pytest.raises(RPCError) as info:
+            server.sliver_status()
+        assert info.value.code == GeniCode.SEARCHFAILED

@@ -1,0 +1,115 @@
+"""ProtoGENI client throughput against the emulator (CloudLab in a box) over real TLS.
+
+    .venv/bin/python bench/bench_rpc.py [--calls 400] [--nodes 1000]
+
+Measures GetVersion calls per second over one keep-alive connection and with a new TLS
+connection per call, then SliverStatus / AddNodes / DeleteNodes times on a slice of
+``--nodes`` nodes. Prints a table; exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from elasticslice.config import load_config  # noqa: E402
+from elasticslice.emulator import EmulatorServer, init_emulator  # noqa: E402
+from elasticslice.rpc.client import ProtoGeniServer  # noqa: E402
+from elasticslice.rspec import NodeSpec, add_nodes_args, build_request  # noqa: E402
+
+
+def _rate(fn, calls: int) -> tuple[float, float]:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    return calls / elapsed, elapsed / calls * 1000
+
+
+def _timed(fn) -> tuple[object, float]:
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def _wait_ready(server: ProtoGeniServer, count: int, timeout: float) -> float:
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        status = server.sliver_status()
+        if status.ready and len(status.nodes) == count:
+            return time.perf_counter() - start
+        time.sleep(0.5)
+    raise SystemExit(f"sliver did not reach {count} ready nodes within {timeout} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--nodes", type=int, default=1000)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-rpc-") as tmp:
+        root = Path(tmp)
+        inventory = root / "inventory.ini"
+        inventory.write_text("[inventory]\ndefault_hardware_type = bench\n"
+                             "images = UBUNTU22-64-STD\n\n"
+                             f"[bench]\ncount = {args.nodes + 50}\ncores = 8\n"
+                             "memory = 65536\nprefix = bn\n")
+        d = init_emulator(root / "emu")
+        os.environ["ELASTICSLICE_CREDENTIAL_CACHE_DIR"] = str(root / "cache")
+        with EmulatorServer(d, port=0, inventory=inventory, boot_delay=0.5):
+            cfg = load_config(d / "elasticslice.conf")
+            with ProtoGeniServer(cfg) as server:
+                t = server.transport
+                sa = server.sa_url
+                t.call(sa, "GetVersion")  # warm up: TLS context, first connection
+                rate, ms = _rate(lambda: t.call(sa, "GetVersion"), args.calls)
+                rows.append(("GetVersion, one keep-alive connection",
+                             f"{rate:8.0f} calls/s  ({ms:.2f} ms/call)"))
+                n_new = max(50, args.calls // 4)
+                rate, ms = _rate(lambda: t.call(sa, "GetVersion", keep_alive=False), n_new)
+                rows.append(("GetVersion, new TLS connection per call",
+                             f"{rate:8.0f} calls/s  ({ms:.2f} ms/call)"))
+
+                server.register_slice(expiration=dt.datetime.now(dt.timezone.utc)
+                                      + dt.timedelta(hours=2))
+                server.create_sliver(build_request([NodeSpec(client_id="n0")]))
+                _wait_ready(server, 1, 60)
+                more = [NodeSpec(client_id=f"n{i}") for i in range(1, args.nodes)]
+                _, took = _timed(lambda: server.add_nodes(add_nodes_args(more)))
+                rows.append((f"AddNodes, {len(more)} nodes in one call", f"{took:8.2f} s"))
+                boot = _wait_ready(server, args.nodes, 300)
+                rows.append((f"until all {args.nodes} nodes ready (boot delay 0.5 s)",
+                             f"{boot:8.2f} s"))
+                samples = [_timed(server.sliver_status)[1] for _ in range(5)]
+                rows.append((f"SliverStatus, {args.nodes}-node slice (median of 5)",
+                             f"{statistics.median(samples) * 1000:8.0f} ms"))
+                _, took = _timed(lambda: server.add_nodes(add_nodes_args(
+                    [NodeSpec(client_id="extra")])))
+                rows.append((f"AddNodes, 1 node to a {args.nodes}-node slice",
+                             f"{took * 1000:8.0f} ms"))
+                victims = [f"n{i}" for i in range(1, min(101, args.nodes // 2))]
+                _, took = _timed(lambda: server.delete_nodes(victims))
+                rows.append((f"DeleteNodes, {len(victims)} nodes in one call",
+                             f"{took * 1000:8.0f} ms"))
+                _wait_ready(server, args.nodes + 1 - len(victims), 60)
+                server.delete_slice()
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  result")
+    print("-" * (width + 30))
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
