@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from elasticslice.rpc.cm import SliverStatus
 from elasticslice.rspec import NodeSpec, add_nodes_args
 from elasticslice.rspec import parse as parse_rspec
 
-log = logging.getLogger(__name__)
 
 CM_OPTION_HELP = ("Which CM (a substring of its host or URL, or its index in cm_urls). "
                   "Default: the first.")

@@ -155,3 +155,16 @@ def test_logs_never_hold_credentials_or_passphrase(certs, server, caplog):
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "SliverStatus" in text
     assert "SECRET-CRED" not in text and certs.PASSWORD not in text
+
+
+def test_one_keep_alive_connection_per_thread(certs, server):
+    from concurrent.futures import ThreadPoolExecutor
+    with _transport(certs) as t:
+        def work(i):
+            return [t.call(server.url, "GetVersion", {"i": i})["params"][0]["i"]
+                    for _ in range(5)]
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(work, range(4)))
+        assert results == [[i] * 5 for i in range(4)]
+        assert t.connections_opened <= 4
+    assert len(server.calls) == 20
