@@ -1,0 +1,152 @@
+"""What only the Dask framework does: its own scheduler, attaching, worker loss, isolation
+between frameworks on one scheduler, adopted workers, and seed 003's use cases A and B."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import troy
+from troy import ComputeUnitDescription as CUD
+from troy import State
+from troy.frameworks.dask import DaskFramework
+from tests.conftest import wait_for
+from tests.troy.frameworks.conftest import running_pilot
+from tests.troy.test_use_cases import diamond
+
+
+def whoami() -> str:
+    from distributed import get_worker
+    return get_worker().address
+
+
+def test_own_scheduler_on_localhost_and_clean_close(tmp_path):
+    fw = DaskFramework("own", sandbox=str(tmp_path / "sb"))
+    fw.start()
+    try:
+        assert fw.scheduler_address.startswith("tcp://127.0.0.1:")
+        p = running_pilot(fw, 2)
+        assert p.native_id.startswith("tcp://127.0.0.1:")
+        info = fw.client.scheduler_info()["workers"][p.native_id]
+        assert info["resources"]["cores"] == 2
+        worker_pid = fw._workers[p.id].proc.pid
+        u = fw.submit_unit(CUD(function=whoami))
+        assert u.wait(30) is State.DONE and u.result.value == p.native_id
+    finally:
+        fw.close()
+    wait_for(lambda: subprocess.run(["ps", "-p", str(worker_pid)],
+                                    capture_output=True).returncode != 0, 10,
+             what="worker process gone")
+    assert p.state is State.CANCELED
+
+
+def test_attach_with_dask_url(dask_scheduler, tmp_path):
+    url = dask_scheduler.replace("tcp://", "dask://")
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", scheduler_address=url)
+        assert fw.scheduler_address == dask_scheduler
+        running_pilot(fw, 1)
+        u = fw.submit_unit(CUD(executable="/bin/true"))
+        assert u.wait(30) is State.DONE
+
+
+def test_unreachable_scheduler_is_one_clear_error(tmp_path):
+    fw = DaskFramework("nowhere", scheduler_address="dask://127.0.0.1:9", connect_timeout=1,
+                       sandbox=str(tmp_path))
+    with pytest.raises(troy.NoSuccess, match="cannot reach Dask scheduler tcp://127.0.0.1:9"):
+        fw.start()
+
+
+def test_frameworks_sharing_a_scheduler_keep_their_units(dask_scheduler, tmp_path):
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        a = s.add_framework("dask", name="a", scheduler_address=dask_scheduler)
+        b = s.add_framework("dask", name="b", scheduler_address=dask_scheduler)
+        pa, pb = running_pilot(a, 2), running_pilot(b, 2)
+        ua = [a.submit_unit(CUD(function=whoami)) for _ in range(10)]
+        ub = [b.submit_unit(CUD(function=whoami)) for _ in range(10)]
+        for u in ua + ub:
+            assert u.wait(30) is State.DONE
+        assert {u.result.value for u in ua} == {pa.native_id}
+        assert {u.result.value for u in ub} == {pb.native_id}
+
+
+def test_worker_that_dies_fails_its_pilot_and_units_requeue(dask_scheduler, tmp_path):
+    fw = DaskFramework("dies", scheduler_address=dask_scheduler, sandbox=str(tmp_path))
+    fw.start()
+    try:
+        doomed = running_pilot(fw, 1)
+        gate, runs = tmp_path / "gate", tmp_path / "runs"
+        u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"echo run >> {runs}; while [ ! -e {gate} ]; do sleep 0.02; done"]))
+        wait_for(lambda: u.state is State.RUNNING and runs.exists(), 30, what="first run")
+        spare = running_pilot(fw, 1)
+        os.kill(fw._workers[doomed.id].proc.pid, signal.SIGKILL)
+        wait_for(lambda: doomed.state is State.FAILED, 30, what="pilot FAILED")
+        wait_for(lambda: u.state is State.RUNNING and u.pilot == spare.id, 30,
+                 what="unit rerun on the spare pilot")
+        gate.touch()
+        assert u.wait(30) is State.DONE
+    finally:
+        fw.close()
+
+
+def test_adopted_workers_become_pilots(dask_scheduler, tmp_path):
+    """A worker started outside Troy (as on an elastic slice node) with a cores resource."""
+    fw = DaskFramework("adopt", scheduler_address=dask_scheduler, adopt_workers=True,
+                       sandbox=str(tmp_path))
+    fw.start()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", dask_scheduler, "--nthreads", "2",
+         "--resources", "cores=3", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pilots = wait_for(lambda: [p for p in fw.list_pilots() if p.state is State.RUNNING],
+                          30, what="adopted pilot")
+        assert len(pilots) == 1 and pilots[0].size == 3
+        u = fw.submit_unit(CUD(function=whoami))
+        assert u.wait(30) is State.DONE and u.result.value == pilots[0].native_id
+    finally:
+        fw.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_use_case_a_same_workload_on_dask(dask_scheduler, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        s.add_framework("dask", scheduler_address=dask_scheduler)
+        w = diamond(out)
+        overlay = troy.Overlay([{"size": 2, "framework": "dask"}])
+        assert troy.execute_workload(s, w, overlay) is State.DONE
+        overlay.cancel()
+    assert (out / "join").read_text() == "go\n" * 3
+    assert {u.framework for t in w.tasks.values() for u in t.units} == {"dask"}
+
+
+def test_use_case_b_wide_unit_on_big_dask_pilot(dask_scheduler, tmp_path):
+    """Seed 003 (B): 32 one-core local pilots ("small"), one 32-core Dask pilot ("big"),
+    first_fit: the 32-core unit runs on big, the one-core units on the small pilots."""
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        small = s.add_framework("local", name="small", sandbox=str(tmp_path / "small"))
+        big = s.add_framework("dask", name="big", scheduler_address=dask_scheduler,
+                              threads_per_pilot=2, sandbox=str(tmp_path / "big"))
+        for _ in range(32):
+            small.submit_pilot(troy.PilotDescription(size=1))
+        bp = running_pilot(big, 32)
+        us = s.unit_service(scheduler="first_fit")
+        gate = tmp_path / "gate"
+        wide = us.submit_unit(CUD(executable="/bin/sh", cores=32, arguments=[
+            "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"]))
+        wait_for(lambda: wide.state is State.RUNNING, 30, what="wide unit running")
+        narrow = [us.submit_unit(CUD(executable="/bin/true")) for _ in range(8)]
+        for u in narrow:
+            assert u.wait(30) is State.DONE
+        gate.touch()
+        us.wait_units()
+        assert wide.state is State.DONE
+        assert wide.framework == "big" and wide.pilot == bp.id
+        assert {u.framework for u in narrow} == {"small"}

@@ -1,0 +1,697 @@
+"""The ``dask`` pilot framework: a pilot is a Dask worker with a ``cores`` resource.
+
+Layout. ``start()`` starts a Dask scheduler inside this process (its own event-loop thread,
+127.0.0.1, port 0, no dashboard) or attaches to ``scheduler_address`` (``tcp://host:port`` or
+``dask://host:port``). Each pilot is a worker *process* (``python -m troy.frameworks.dask
+worker ...``) with ``resources={"cores": size}``; it reports its address on stdout once it is
+registered with the scheduler (then the pilot is RUNNING, ``native_id`` = worker address) and
+leaves when its stdin closes, so a dying Troy never leaks workers.
+
+Units. ``submit_unit`` queues the unit; a submitter thread hands everything queued so far to
+Dask in one ``client.map`` per (cores, pilot) group, so units submitted in a burst cost one
+scheduler round instead of one each. Each unit is a Dask task (``key`` = unit id + attempt,
+``resources={"cores": cores}``, ``workers=[address]`` when bound early, ``pure=False``).
+Dask's scheduler does the late binding. Inside the worker ``run_unit`` calls
+``troy.execution.execute`` and pushes two events on a topic this framework subscribes to:
+``run`` (the unit really started, with the worker's clock and address: RUNNING is exact, not
+approximated from Dask's ``processing``) and ``end`` (with the ``UnitResult`` when it is small,
+so no gather round trip is needed). Future done-callbacks catch what events cannot: Dask errors,
+cancellations, lost keys. Dask's own states are translated once, in ``_DASK_FINAL``.
+
+Cancelling a running unit kills its process group on the worker (``client.run``); a Python
+callable cannot be interrupted (it runs on to completion in its worker thread, its result is
+dropped; the unit is CANCELED at once). Cancelling a pilot closes its worker: Dask reschedules
+the late-bound units that ran there, Troy requeues the ones bound to it; a pilot whose worker
+vanishes goes FAILED and its units requeue the same way (at-least-once).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from troy.descriptions import ComputeUnitDescription
+from troy.errors import BadParameter, NoSuccess
+from troy.execution import execute, kill
+from troy.frameworks.base import Pilot, PilotFramework
+from troy.states import FINAL_STATES, State
+from troy.unit import ComputeUnit, UnitResult
+
+log = logging.getLogger(__name__)
+
+# Dask future status -> Troy state, for futures that end without our ``end`` event.
+_DASK_FINAL = {"finished": State.DONE, "error": State.FAILED, "cancelled": State.CANCELED,
+               "lost": State.FAILED}
+# Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
+# sharing one scheduler never run each other's units; the amount never limits anything.
+_TAG_AMOUNT = 1_000_000
+_SMALL = 16_384  # results carried inline in the ``end`` event up to about this size
+
+# ---------------------------------------------------------------- worker side -------------
+_procs: dict[str, list[subprocess.Popen]] = {}
+_canceled: set[str] = set()
+_procs_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def _small(result: UnitResult) -> bool:
+    v = result.value
+    if v is None or isinstance(v, (bool, int, float)):
+        return not result.members or all(_small(m) for m in result.members)
+    return isinstance(v, (str, bytes)) and len(v) < _SMALL
+
+
+def _result_to_wire(r: UnitResult) -> list:
+    """Events travel as msgpack: a UnitResult as a plain list (``_small`` results only)."""
+    return [r.exit_code, r.value, r.error, r.start, r.end,
+            [_result_to_wire(m) for m in r.members]]
+
+
+def _result_from_wire(w: list) -> UnitResult:
+    return UnitResult(exit_code=w[0], value=w[1], error=w[2], start=w[3], end=w[4],
+                      members=[_result_from_wire(m) for m in w[5]])
+
+
+def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
+             sandbox: str | None) -> UnitResult | None:
+    """Run one unit inside a Dask worker (the Dask task of every Troy unit)."""
+    from distributed import get_worker
+    worker = get_worker()
+    with _procs_lock:
+        if unit_id in _canceled:
+            return None
+        _procs[unit_id] = []
+
+    def hook(proc: subprocess.Popen) -> None:
+        with _procs_lock:
+            _procs.setdefault(unit_id, []).append(proc)
+            dead = unit_id in _canceled
+        if dead:
+            kill(proc)
+
+    worker.log_event(topic, ["run", unit_id, worker.address, time.time()])
+    try:
+        result = execute(cud, sandbox=sandbox, on_start=hook)
+    finally:
+        with _procs_lock:
+            _procs.pop(unit_id, None)
+    if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
+        raise RuntimeError("pilot stopped while the unit ran")
+    inline = _small(result)
+    worker.log_event(topic, ["end", unit_id, worker.address,
+                             _result_to_wire(result) if inline else None])
+    return None if inline else result
+
+
+def kill_unit(unit_id: str) -> bool:
+    """Kill a unit's processes on this worker (run there by ``client.run``)."""
+    with _procs_lock:
+        _canceled.add(unit_id)
+        procs = list(_procs.get(unit_id, ()))
+    for p in procs:
+        kill(p)
+    return bool(procs)
+
+
+def _kill_all() -> None:
+    _stopping.set()
+    with _procs_lock:
+        procs = [p for ps in _procs.values() for p in ps]
+    for p in procs:
+        kill(p)
+
+
+async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
+                        tag: str) -> None:
+    from distributed import Worker
+    w = await Worker(scheduler, nthreads=nthreads, resources={"cores": cores, tag: _TAG_AMOUNT},
+                     name=name,
+                     host="127.0.0.1", dashboard=False, dashboard_address="127.0.0.1:0",
+                     death_timeout=30)
+    sys.stdout.write(json.dumps({"address": w.address}) + "\n")
+    sys.stdout.flush()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def watch_stdin() -> None:  # EOF: the framework closed us or died
+        sys.stdin.buffer.read()
+        loop.call_soon_threadsafe(stop.set)
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    done = asyncio.ensure_future(w.finished())
+    await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
+                       return_when=asyncio.FIRST_COMPLETED)
+    # Leave the scheduler first (it reschedules what ran here), then kill the units.
+    await w.close(timeout=5, executor_wait=False, reason="troy pilot stopped")
+    _kill_all()
+
+
+async def _serve_scheduler(saturation: float) -> None:
+    import dask
+    from distributed import Scheduler
+    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
+        s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                      dashboard_address="127.0.0.1:0")
+    await s
+    sys.stdout.write(json.dumps({"address": s.address}) + "\n")
+    sys.stdout.flush()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.buffer.read)
+    await s.close()
+
+
+def worker_main(argv: list[str]) -> None:
+    """``python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG`` or
+    ``... scheduler SATURATION``: serve until stdin closes, after printing the address."""
+    logging.basicConfig(level=logging.WARNING)
+    if len(argv) == 2 and argv[0] == "scheduler":
+        asyncio.run(_serve_scheduler(float(argv[1])))
+        return
+    if len(argv) != 6 or argv[0] != "worker":
+        sys.exit("usage: python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG")
+    asyncio.run(_serve_worker(argv[1], argv[2], int(argv[3]), int(argv[4]), argv[5]))
+    os._exit(0)  # unit threads may still be blocked on killed processes
+
+
+# ---------------------------------------------------------------- client side -------------
+@dataclass
+class _Record:
+    unit: ComputeUnit
+    bound: Pilot | None              # early binding
+    reserved: Pilot | None = None    # whose free_cores this unit is counted against
+    key: str = ""
+    future: Any = None
+    addr: str | None = None          # worker it runs on (from the ``run`` event)
+    canceling: bool = False
+
+
+@dataclass
+class _Worker:
+    pilot: Pilot
+    proc: subprocess.Popen | None    # None: adopted, not ours
+    timer: threading.Timer | None = None
+
+
+class DaskFramework(PilotFramework):
+    """Pilots are Dask workers; units are Dask tasks that run ``troy.execution.execute``.
+
+    Options: ``scheduler_address`` (None: start a scheduler in-process on 127.0.0.1),
+    ``worker_saturation`` (for the scheduler we start; ``"inf"`` by default: a worker
+    receives every task it may run at once, which triples throughput for short units),
+    ``threads_per_pilot`` (None: one thread per core; resources, not threads, bound
+    concurrency), ``sandbox`` (default working directory of units; None: a temporary
+    directory removed on ``close``), ``adopt_workers`` (register workers that join the
+    scheduler on their own and carry a ``cores`` resource as RUNNING pilots).
+    """
+
+    kind = "dask"
+
+    def __init__(self, name: str | None = None, *, scheduler_address: str | None = None,
+                 worker_saturation: float | str = "inf", threads_per_pilot: int | None = None,
+                 sandbox: str | None = None, adopt_workers: bool = False,
+                 connect_timeout: float = 15.0, pilot_start_timeout: float = 60.0,
+                 scheduler_process: bool = False,
+                 **options: Any) -> None:
+        super().__init__(name, **options)
+        if scheduler_address and scheduler_address.startswith("dask://"):
+            scheduler_address = "tcp://" + scheduler_address[len("dask://"):]
+        self.scheduler_address = scheduler_address
+        self.worker_saturation = float(worker_saturation)
+        self.threads_per_pilot = threads_per_pilot
+        self.sandbox = sandbox
+        self.adopt_workers = adopt_workers
+        self.connect_timeout = connect_timeout
+        self.pilot_start_timeout = pilot_start_timeout
+        self.scheduler_process = scheduler_process
+        self._scheduler_proc: subprocess.Popen | None = None
+        self.client: Any = None
+        self.topic = ""
+        self._own_sandbox = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._scheduler: Any = None
+        self._records: dict[str, _Record] = {}
+        self._workers: dict[str, _Worker] = {}      # pilot id -> worker
+        self._by_addr: dict[str, Pilot] = {}
+        self._dead_addrs: set[str] = set()
+        self._parked: dict[str, list[_Record]] = {}  # pilot id -> units waiting for it
+        self._submitq: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._attempt = itertools.count(1)
+        self._by_key: dict[str, _Record] = {}
+        self._started = False
+
+    # ------------------------------------------------------------ lifecycle ---------------
+    def start(self) -> None:
+        if self._started:
+            return
+        from distributed import Client
+        if self.sandbox is None:
+            self.sandbox = tempfile.mkdtemp(prefix=f"troy-{self.name}-")
+            self._own_sandbox = True
+        os.makedirs(self.sandbox, exist_ok=True)
+        address = self.scheduler_address or self._start_scheduler()
+        try:
+            self.client = Client(address, set_as_default=False,
+                                 timeout=f"{self.connect_timeout}s")
+        except (OSError, TimeoutError) as err:
+            self._stop_scheduler()
+            raise NoSuccess(f"framework {self.name!r}: cannot reach Dask scheduler "
+                            f"{address}: {err}") from err
+        self.scheduler_address = address
+        self.topic = f"troy-{self.name}-{uuid.uuid4().hex[:8]}"
+        self.client.subscribe_topic(self.topic, lambda ev: self._inbox.put(ev[1]))
+        self.client.subscribe_topic("all", self._on_cluster_event)
+        for target, tname in ((self._submit_loop, "submit"), (self._event_loop, "events")):
+            t = threading.Thread(target=target, name=f"troy-{self.name}-{tname}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self._started = True
+        if self.adopt_workers:
+            for addr, info in self.client.scheduler_info()["workers"].items():
+                self._adopt(addr, info.get("resources", {}))
+
+    def _start_scheduler(self) -> str:
+        if self.scheduler_process:
+            cmd = [sys.executable, "-m", "troy.frameworks.dask", "scheduler",
+                   str(self.worker_saturation)]
+            logf = open(os.path.join(self.sandbox, "scheduler.log"), "ab")
+            with logf:
+                self._scheduler_proc = subprocess.Popen(
+                    cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf,
+                    close_fds=True)
+            line = self._scheduler_proc.stdout.readline()
+            try:
+                return json.loads(line)["address"]
+            except (ValueError, KeyError, TypeError) as err:
+                self._scheduler_proc.kill()
+                raise NoSuccess(f"framework {self.name!r}: the Dask scheduler did not start "
+                                f"(see {logf.name})") from err
+        import dask
+        from distributed import Scheduler
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                             name=f"troy-{self.name}-scheduler")
+        self._loop_thread.start()
+
+        async def make() -> Any:
+            with dask.config.set({"distributed.scheduler.worker-saturation":
+                                  self.worker_saturation}):
+                s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                              dashboard_address="127.0.0.1:0")
+            return await s
+
+        self._scheduler = asyncio.run_coroutine_threadsafe(make(), self._loop).result(30)
+        return self._scheduler.address
+
+    def _stop_scheduler(self) -> None:
+        proc, self._scheduler_proc = self._scheduler_proc, None
+        if proc is not None:
+            try:
+                proc.stdin.close()
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        if self._scheduler is not None and self._loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._scheduler.close(), self._loop).result(10)
+            except Exception:  # closing anyway
+                log.exception("closing the Dask scheduler of %s", self.name)
+            self._scheduler = None
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(5)
+            self._loop.close()
+            self._loop = None
+
+    def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for rec in list(self._records.values()):
+            self._records.pop(rec.unit.id, None)
+            self._unreserve(rec)
+            rec.unit._set_state(State.CANCELED)
+        try:
+            self.client.unsubscribe_topic("all")
+        except Exception:
+            log.debug("unsubscribing from cluster events", exc_info=True)
+        for pilot in self.list_pilots():
+            if pilot.state not in FINAL_STATES:
+                if pilot.native_id:
+                    self._dead_addrs.add(pilot.native_id)
+                self._stop_worker(pilot)
+                pilot._set_state(State.CANCELED)
+        self._submitq.put(None)
+        self._inbox.put(None)
+        for t in self._threads:
+            t.join(10)
+        self._threads.clear()
+        try:
+            self.client.close(timeout=10)
+        except Exception:
+            log.exception("closing the Dask client of %s", self.name)
+        self._stop_scheduler()
+        if self._own_sandbox and self.sandbox:
+            shutil.rmtree(self.sandbox, ignore_errors=True)
+
+    # ------------------------------------------------------------ pilots ------------------
+    def _launch_pilot(self, pilot: Pilot) -> None:
+        size = pilot.description.size
+        nthreads = self.threads_per_pilot or size
+        cmd = [sys.executable, "-m", "troy.frameworks.dask", "worker",
+               self.scheduler_address, pilot.id, str(nthreads), str(size), self.topic]
+        logpath = os.path.join(self.sandbox, f"{pilot.id}.log")
+        with open(logpath, "ab") as logf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=logf, close_fds=True)
+        self._workers[pilot.id] = _Worker(pilot, proc)
+        threading.Thread(target=self._await_worker, args=(pilot, proc, logpath),
+                         name=f"troy-{pilot.id}-start", daemon=True).start()
+
+    def _await_worker(self, pilot: Pilot, proc: subprocess.Popen, logpath: str) -> None:
+        watchdog = threading.Timer(self.pilot_start_timeout, proc.kill)
+        watchdog.daemon = True
+        watchdog.start()
+        line = proc.stdout.readline() if proc.stdout else b""
+        watchdog.cancel()
+        try:
+            addr = json.loads(line)["address"]
+        except (ValueError, KeyError, TypeError):
+            with open(logpath, "rb") as f:
+                tail = f.read()[-400:].decode(errors="replace").strip().splitlines()
+            log.error("pilot %s: worker did not start: %s", pilot.id, tail[-1:] or "no output")
+            proc.kill()
+            pilot._set_state(State.FAILED)
+            return
+        if pilot.state in FINAL_STATES:  # canceled while starting
+            return
+        pilot.native_id = addr
+        self._by_addr[addr] = pilot
+        w = self._workers[pilot.id]
+        if pilot.description.walltime:
+            w.timer = threading.Timer(pilot.description.walltime, self._expire, (pilot,))
+            w.timer.daemon = True
+            w.timer.start()
+        pilot._set_state(State.RUNNING)
+        for rec in self._parked.pop(pilot.id, []):
+            self._submitq.put(rec)
+
+    def _adopt(self, addr: str, resources: dict[str, float]) -> None:
+        from troy.descriptions import PilotDescription
+        if addr in self._by_addr or addr in self._dead_addrs or "cores" not in resources:
+            return
+        pilot = Pilot(PilotDescription(size=max(1, int(resources["cores"])),
+                                       framework=self.name, resource=addr), self)
+        pilot.native_id = addr
+        with self._lock:
+            self._pilots[pilot.id] = pilot
+            watchers = list(getattr(self, "_pilot_watchers", ()))
+        for cb in watchers:
+            pilot.add_callback(cb)
+        self._workers[pilot.id] = _Worker(pilot, None)
+        self._by_addr[addr] = pilot
+        pilot._set_state(State.RUNNING)
+
+    def _expire(self, pilot: Pilot) -> None:
+        """The pilot's walltime is over: its units requeue, the pilot is DONE."""
+        if pilot.state in FINAL_STATES:
+            return
+        self._cancel_pilot(pilot)
+        pilot._set_state(State.DONE)
+
+    def _cancel_pilot(self, pilot: Pilot) -> None:
+        pilot.draining = True
+        if pilot.native_id:
+            self._dead_addrs.add(pilot.native_id)
+        self._evacuate(pilot)
+        self._stop_worker(pilot)
+
+    def _evacuate(self, pilot: Pilot) -> None:
+        """Requeue the units of a pilot that is going away (at-least-once)."""
+        for pid, parked in list(self._parked.items()):
+            if pid == pilot.id:
+                for rec in self._parked.pop(pid):
+                    rec.bound = None
+                    self._submitq.put(rec)
+        for rec in list(self._records.values()):
+            if rec.unit.state in FINAL_STATES:
+                continue
+            if rec.bound is pilot:  # Dask cannot move it: resubmit unbound
+                rec.bound = None
+                old, rec.future = rec.future, None
+                if old is not None:
+                    old.cancel()
+                self._unreserve(rec)
+                rec.addr = None
+                rec.unit._requeue()
+                self._submitq.put(rec)
+            elif rec.reserved is pilot or (rec.addr and rec.addr == pilot.native_id):
+                self._unreserve(rec)  # Dask reschedules it when the worker leaves
+                rec.addr = None
+                rec.unit._requeue()
+
+    def _stop_worker(self, pilot: Pilot) -> None:
+        w = self._workers.get(pilot.id)
+        if w is None:
+            return
+        if w.timer is not None:
+            w.timer.cancel()
+        if w.proc is None:  # adopted: ask the scheduler to retire it
+            if pilot.native_id and self.client is not None:
+                try:
+                    self.client.retire_workers([pilot.native_id], close_workers=True)
+                except Exception:
+                    log.exception("retiring worker %s", pilot.native_id)
+            return
+        try:
+            w.proc.stdin.close()
+            w.proc.wait(10)
+        except (OSError, ValueError):
+            pass
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+        if w.proc.stdout:
+            w.proc.stdout.close()
+
+    def _on_cluster_event(self, event: tuple[float, Any]) -> None:
+        msg = event[1]
+        if isinstance(msg, dict) and msg.get("action") in ("add-worker", "remove-worker"):
+            self._inbox.put(("cluster", msg))
+
+    # ------------------------------------------------------------ units -------------------
+    def _submit(self, unit: ComputeUnit, pilot: Pilot | None) -> None:
+        if pilot is not None and unit.description.cores > pilot.size:
+            raise BadParameter(f"unit {unit.id} needs {unit.description.cores} cores; "
+                               f"pilot {pilot.id} has {pilot.size}")
+        if not self._started:
+            unit._set_state(State.CANCELED)
+            return
+        rec = _Record(unit, pilot)
+        self._records[unit.id] = rec
+        self._reserve(rec, pilot or self._likely_pilot(unit.description.cores))
+        self._submitq.put(rec)
+
+    def _likely_pilot(self, cores: int) -> Pilot | None:
+        """Where Dask will most likely run a late-bound unit, so that ``free_cores`` drops
+        at once (schedulers look at it); corrected when the unit really starts."""
+        best = None
+        for p in self.list_pilots():
+            if p.free_cores >= cores and (best is None or p.free_cores > best.free_cores):
+                best = p
+        return best
+
+    def _reserve(self, rec: _Record, pilot: Pilot | None) -> None:
+        if pilot is not None and rec.reserved is None:
+            pilot._reserve(rec.unit.description.cores)
+            rec.reserved = pilot
+
+    def _unreserve(self, rec: _Record) -> None:
+        if rec.reserved is not None:
+            rec.reserved._release(rec.unit.description.cores)
+            rec.reserved = None
+
+    def _submit_loop(self) -> None:
+        while True:
+            first = self._submitq.get()
+            if first is None:
+                return
+            batch = [first]
+            try:
+                while len(batch) < 10_000:
+                    batch.append(self._submitq.get_nowait())
+            except queue.Empty:
+                pass
+            stop = None in batch
+            try:
+                self._dispatch([r for r in batch if r is not None])
+            except Exception:  # keep serving; fail what we could not dispatch
+                log.exception("framework %s: dispatching %d units failed", self.name, len(batch))
+                for rec in batch:
+                    if rec is not None and rec.future is None:
+                        self._finish(rec, State.FAILED, UnitResult(error="dispatch failed"))
+            if stop:
+                return
+
+    def _dispatch(self, batch: list[_Record]) -> None:
+        groups: dict[tuple[int, str | None], list[_Record]] = {}
+        for rec in batch:
+            if rec.unit.state in FINAL_STATES or not self._started:
+                continue
+            if rec.bound is not None and rec.bound.native_id is None:
+                if rec.bound.state in FINAL_STATES:  # its pilot went away before it started
+                    rec.bound = None
+                else:
+                    self._parked.setdefault(rec.bound.id, []).append(rec)
+                    continue
+            addr = rec.bound.native_id if rec.bound is not None else None
+            groups.setdefault((rec.unit.description.cores, addr), []).append(rec)
+        for (cores, addr), recs in groups.items():
+            for rec in recs:
+                # One Dask task prefix for all units: unique prefixes cost the scheduler
+                # a task group each (a third of the throughput).
+                rec.key = f"troy-unit-{next(self._attempt)}-{self.topic}"
+                self._by_key[rec.key] = rec
+            resources = {"cores": cores} if self.adopt_workers else \
+                {"cores": cores, self.topic: 1}
+            futures = self.client.map(
+                run_unit, [r.unit.description for r in recs], [r.unit.id for r in recs],
+                [self.topic] * len(recs), [self.sandbox] * len(recs),
+                key=[r.key for r in recs], resources=resources,
+                workers=[addr] if addr else None, allow_other_workers=False, pure=False)
+            for rec, fut in zip(recs, futures):
+                if rec.unit.state in FINAL_STATES or rec.canceling:
+                    fut.cancel()
+                    continue
+                rec.future = fut
+                fut.add_done_callback(self._on_done)
+
+    def _on_done(self, fut: Any) -> None:
+        self._inbox.put(("done", fut))
+
+    def _event_loop(self) -> None:
+        while True:
+            msg = self._inbox.get()
+            if msg is None:
+                return
+            try:
+                self._handle(msg)
+            except Exception:  # one bad event must not stop the stream
+                log.exception("framework %s: handling %r failed", self.name, msg[:2])
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "cluster":
+            self._handle_cluster(msg[1])
+            return
+        if kind == "done":
+            self._handle_done(msg[1])
+            return
+        _, uid, addr, payload = msg
+        rec = self._records.get(uid)
+        if rec is None or addr in self._dead_addrs or rec.unit.state in FINAL_STATES:
+            return
+        pilot = self._by_addr.get(addr)
+        if kind == "run":
+            self._mark_running(rec, addr, pilot, payload)
+        elif kind == "end":
+            if payload is not None:
+                result = _result_from_wire(payload)
+            else:
+                result = rec.future.result() if rec.future is not None else None
+                if result is None:
+                    return  # canceled meanwhile
+            self._mark_running(rec, addr, pilot, result.start)
+            self._finish(rec, State.DONE if result.ok else State.FAILED, result)
+
+    def _mark_running(self, rec: _Record, addr: str, pilot: Pilot | None,
+                      start: float | None) -> None:
+        if rec.addr == addr and rec.unit.state is State.RUNNING:
+            return
+        rec.addr = addr
+        if pilot is not None and rec.reserved is not pilot:
+            self._unreserve(rec)
+            self._reserve(rec, pilot)
+        if rec.unit.start is None:
+            rec.unit.start = start
+        rec.unit._set_state(State.RUNNING, pilot=pilot.id if pilot else addr)
+
+    def _finish(self, rec: _Record, state: State, result: UnitResult) -> None:
+        self._records.pop(rec.unit.id, None)
+        self._unreserve(rec)
+        rec.future = None
+        rec.unit._set_state(state, result=result)
+
+    def _handle_done(self, fut: Any) -> None:
+        rec = self._by_key.pop(fut.key, None)
+        if rec is None or rec.future is not fut or self._records.get(rec.unit.id) is not rec:
+            return  # finished by its ``end`` event, or a superseded attempt
+        status = fut.status
+        state = _DASK_FINAL.get(status, State.UNKNOWN)
+        if status == "finished":
+            result = fut.result() or UnitResult(error="unit result lost")
+            self._finish(rec, State.DONE if result.ok else State.FAILED, result)
+        elif status == "error":
+            self._finish(rec, State.FAILED, UnitResult(error=f"dask: {fut.exception()!r}"))
+        elif status == "cancelled" and rec.canceling:
+            self._finish(rec, State.CANCELED, UnitResult(error="canceled"))
+        else:  # canceled or lost behind our back (scheduler gone, client closed)
+            self._finish(rec, State.FAILED if state is not State.DONE else state,
+                         UnitResult(error=f"dask future {status}"))
+
+    def _handle_cluster(self, msg: dict) -> None:
+        addr = msg.get("worker")
+        if msg["action"] == "add-worker":
+            if self.adopt_workers and addr and self.client is not None:
+                info = self.client.scheduler_info()["workers"].get(addr, {})
+                self._adopt(addr, info.get("resources", {}))
+            return
+        pilot = self._by_addr.get(addr)
+        if pilot is None or addr in self._dead_addrs or pilot.state in FINAL_STATES:
+            return
+        log.warning("pilot %s: worker %s left unexpectedly", pilot.id, addr)
+        self._dead_addrs.add(addr)
+        pilot.draining = True
+        self._evacuate(pilot)
+        pilot._set_state(State.FAILED)
+
+    def cancel_unit(self, unit: ComputeUnit) -> None:
+        rec = self._records.get(unit.id)
+        if rec is None or unit.state in FINAL_STATES:
+            unit._set_state(State.CANCELED)
+            return
+        rec.canceling = True
+        addr = rec.addr
+        self._records.pop(unit.id, None)
+        self._unreserve(rec)
+        unit._set_state(State.CANCELED, result=UnitResult(error="canceled"))
+        fut, rec.future = rec.future, None
+        if fut is not None:
+            fut.cancel()
+            if fut.status != "finished" and self.client is not None:
+                try:  # kill its processes where it runs (or may be just starting)
+                    self.client.run(kill_unit, unit.id, workers=[addr] if addr else None)
+                except Exception:
+                    log.exception("killing unit %s on %s", unit.id, addr or "all workers")
+
+
+if __name__ == "__main__":
+    from troy.frameworks import dask as _module  # the importable copy holds worker state
+    _module.worker_main(sys.argv[1:])
