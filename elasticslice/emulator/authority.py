@@ -14,6 +14,11 @@ import uuid as uuidlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import NameOID
 
 from elasticslice.emulator.geni import GeniFault
 from elasticslice.errors import CredentialError
@@ -111,12 +116,15 @@ class Identity:
 class Authority:
     """Signs and checks credentials with the keys in the emulator directory."""
 
+    identity_days = 30
+
     def __init__(self, directory: Path, identity: Identity) -> None:
         self.directory = directory
         self.identity = identity
         self._cache: OrderedDict[str, credlib.Credential] = OrderedDict()
         self._lock = threading.Lock()
         self.ca_pem = b""
+        self._gid_parts: tuple[x509.Certificate, Any, Any] | None = None
 
     def load(self) -> Authority:
         d = self.directory
@@ -129,11 +137,31 @@ class Authority:
         return self
 
     # ---- issuing
+    def _gid_signer(self) -> tuple[x509.Certificate, Any, Any]:
+        if self._gid_parts is None:  # loading an RSA key costs ~50 ms: do it once
+            self._gid_parts = (pki.load_pem_cert(self.ca_pem), pki.load_private_key(self.ca_key),
+                               pki.load_pem_cert(self.sa_cert).public_key())
+        return self._gid_parts
+
     def slice_gid(self, slice_urn: str) -> str:
-        """A certificate naming the slice (its GID); the key is thrown away as no one uses it."""
-        name = self.identity.slice_name(slice_urn)
-        cert, _ = pki.issue_certificate(self.ca_pem, self.ca_key, name, urn=slice_urn, days=30)
-        return cert.decode()
+        """A CA-signed certificate naming the slice (its GID).
+
+        No one ever holds a slice's key, so every slice GID shares the SA's public key:
+        issuing one is a signature, not an RSA key generation.
+        """
+        ca, ca_key, public = self._gid_signer()
+        now = utcnow()
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                             self.identity.slice_name(slice_urn)[:64])])
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(ca.subject)
+                .public_key(public).serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_after(now + dt.timedelta(days=self.identity_days))
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.SubjectAlternativeName(
+                    [x509.UniformResourceIdentifier(slice_urn)]), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        return cert.public_bytes(serialization.Encoding.PEM).decode()
 
     def credential(self, owner_gid: str, owner_urn: str, target_gid: str, target_urn: str,
                    expires: dt.datetime, *, by_cm: bool = False) -> str:

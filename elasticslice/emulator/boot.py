@@ -10,6 +10,7 @@ kills its process group and wipes the sandbox (CloudLab reimages a node it takes
 from __future__ import annotations
 
 import heapq
+import re
 import logging
 import os
 import shutil
@@ -67,6 +68,21 @@ def install_tarball(url: str, path: str, sandbox: Path) -> None:
         raise InstallError(f"cannot unpack {url}: {err}") from err
     finally:
         (sandbox / ".download.tar").unlink(missing_ok=True)
+
+
+def localise(command: str, tarballs: list[list[str]], sandbox: Path) -> str:
+    """Point a command's absolute install paths (``/local/...``) into the node sandbox.
+
+    Commands run in the sandbox, and a tarball installed at ``/local`` lives in
+    ``<sandbox>/local``; CloudLab profiles name such paths absolutely, so they are rewritten.
+    """
+    for _, path in tarballs:
+        clean = "/" + path.strip("/")
+        if clean == "/":
+            continue
+        pattern = r"(?<![\w./-])" + re.escape(clean) + r"(?=/|\s|$|;|&|\|)"
+        command = re.sub(pattern, lambda _m: str(sandbox) + clean, command)
+    return command
 
 
 def node_environment(ctx: Context, node: NodeRow, sandbox: Path) -> dict[str, str]:
@@ -200,7 +216,8 @@ class BootRunner:
         with open(sandbox / "startup.log", "ab") as logfile:
             for shell, command in node.attrs.get("executes") or []:
                 try:
-                    proc = subprocess.Popen([SHELLS.get(shell, "/bin/sh"), "-c", command],
+                    proc = subprocess.Popen([SHELLS.get(shell, "/bin/sh"), "-c",
+                                             localise(command, node.tarballs, sandbox)],
                                             cwd=sandbox, env=env, stdin=subprocess.DEVNULL,
                                             stdout=logfile, stderr=subprocess.STDOUT,
                                             start_new_session=True)
@@ -234,7 +251,7 @@ class BootRunner:
                 alive.discard(pgid)
         deadline = time.monotonic() + 3.0
         while alive and time.monotonic() < deadline:
-            alive = {g for g in alive if _signal_group(g, 0)}
+            alive = {g for g in alive if _group_alive(g)}
             if alive:
                 time.sleep(0.05)
         for pgid in alive:
@@ -250,7 +267,26 @@ class BootRunner:
     def running(self, node_id: str) -> bool:
         with self._procs_lock:
             groups = set(self._groups.get(node_id, set()))
-        return any(_signal_group(g, 0) for g in groups)
+        return any(_group_alive(g) for g in groups)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process group has a live (not zombie) member; zombies whose parent never
+    reaps them (no init in a container) would otherwise look alive forever."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return _signal_group(pgid, 0)
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

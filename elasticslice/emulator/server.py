@@ -106,6 +106,9 @@ class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
     def finish_request(self, request: socket.socket, client_address: tuple) -> None:  # type: ignore[override]
         request.settimeout(HANDSHAKE_TIMEOUT)
+        # Headers and body go out as separate writes: without this, Nagle and the peer's
+        # delayed ACK add ~40 ms to every answer on a keep-alive connection.
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             tls = self.context.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError) as err:

@@ -1,0 +1,147 @@
+"""Dynamic slices: endpoint registration, reclamation countdowns, early and forced takes,
+LIFO and CLIENT policies, tenant load; callbacks go to a real HTTPS endpoint."""
+from __future__ import annotations
+
+import pytest
+
+from elasticslice.emulator.adminclient import AdminClient
+from elasticslice.errors import RPCError
+from elasticslice.rpc.codes import GeniCode
+from tests.conftest import wait_for
+from tests.elasticslice.emulator.helpers import CallbackEndpoint, Session, ok
+
+CM_URN = "urn:publicid:IDN+emulab.test+authority+cm"
+
+
+@pytest.fixture
+def endpoint_factory(tmp_path):
+    made = []
+
+    def make(emu, early=True):
+        ep = CallbackEndpoint(emu.dir, tmp_path, early=early)
+        made.append(ep)
+        return ep
+    yield make
+    for ep in made:
+        ep.close()
+
+
+def _dynamic_slice(emu, ep, policy="LIFO", wait=0):
+    s = Session(emu)
+    urn, cred, _ = s.create()
+    ok(s.dyn.SetSliceClientEndpoint({"slice_urn": urn, "url": ep.url, "credentials": [cred],
+                                     "policy": policy, "defwaittime": wait}))
+    return s, urn, cred
+
+
+def _client_ids(s, urn, cred):
+    return sorted(d["client_id"] for d in s.status(urn, cred)["details"].values())
+
+
+def test_server_defaults_and_endpoint_checks(emulator, endpoint_factory):
+    s = Session(emulator)
+    assert ok(s.dyn.GetVersion({})) == 1
+    assert ok(s.dyn.GetServerDefaults({})) == {"maxwaittime": 5, "policy": "LIFO"}
+    urn, cred, _ = s.create()
+    args = {"slice_urn": urn, "credentials": [cred]}
+    remote = s.dyn.SetSliceClientEndpoint({**args, "url": "https://10.1.2.3:9/"})
+    assert remote["code"] == GeniCode.BADARGS and "127.0.0.1" in remote["output"]
+    toolong = s.dyn.SetSliceClientEndpoint({**args, "url": "https://127.0.0.1:9/",
+                                            "defwaittime": 6})
+    assert toolong["code"] == GeniCode.BADARGS
+    ep = endpoint_factory(emulator)
+    # documented positional form works too
+    assert s.dyn.SetSliceClientEndpoint(urn, ep.url, [cred], "CLIENT", 2)["code"] == 0
+    assert ok(s.dyn.RemoveSliceClientEndpoint(args)) == 1
+    assert s.dyn.RemoveSliceClientEndpoint(args)["code"] == GeniCode.SEARCHFAILED
+
+
+def test_revoke_with_early_release(emulator, endpoint_factory):
+    ep = endpoint_factory(emulator, early=True)
+    s, urn, cred = _dynamic_slice(emulator, ep)
+    node_id = next(d["component_urn"] for d in s.status(urn, cred)["details"].values()
+                   if d["client_id"] == "n2").rsplit("+", 1)[-1]
+    assert AdminClient(emulator.dir).call("Revoke", nodes=[node_id]) == {node_id: "reclaiming"}
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="delete complete")
+    pending = [p for m, p, _ in ep.calls if m == "NotifyDeletePending"]
+    assert pending[0]["nodelist"][0]["node_id"] == node_id
+    assert pending[0]["nodelist"][0]["client_id"] == "n2"
+    assert all(urn_ == CM_URN for _, _, urn_ in ep.calls)  # called with the CM certificate
+    assert _client_ids(s, urn, cred) == ["n1"]
+    report = AdminClient(emulator.dir).call("Report")
+    assert [(r["node_id"], r["outcome"]) for r in report] == [(node_id, "early")]
+    assert report[0]["released_at"] >= report[0]["notified_at"]
+
+
+def test_countdown_then_forced_delete(emulator_factory, endpoint_factory):
+    emu = emulator_factory(max_wait=1, notify_interval=0.3)
+    ep = endpoint_factory(emu, early=False)
+    s, urn, cred = _dynamic_slice(emu, ep, wait=1)
+    node_id = next(iter(s.status(urn, cred)["details"].values()))["component_urn"].rsplit("+", 1)[-1]
+    AdminClient(emu.dir).call("Revoke", nodes=[node_id])
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="forced delete")
+    waits = [p["nodelist"][0]["max_wait_time"] for m, p, _ in ep.calls
+             if m == "NotifyDeletePending"]
+    assert waits[0] == 1 and waits[-1] == 0 and waits == sorted(waits, reverse=True)
+    assert len(_client_ids(s, urn, cred)) == 1
+    (event,) = AdminClient(emu.dir).call("Report")
+    assert event["outcome"] == "forced" and event["notifications"] == len(waits)
+
+
+def _small_inventory(tmp_path, count=4):
+    path = tmp_path / "inv.ini"
+    path.write_text(f"[inventory]\ndefault_hardware_type = m510\n\n[m510]\ncount = {count}\n"
+                    "cores = 8\nmemory = 1024\nprefix = ms\n")
+    return path
+
+
+def test_lifo_reclaims_the_newest_node_for_tenant_load(emulator_factory, endpoint_factory,
+                                                       tmp_path):
+    emu = emulator_factory(inventory=_small_inventory(tmp_path))
+    ep = endpoint_factory(emu)
+    s, urn, cred = _dynamic_slice(emu, ep)
+    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {"n3": {}}}))
+    AdminClient(emu.dir).call("SetLoad", busy=2)  # one free node, one must come from us
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="reclaim")
+    assert _client_ids(s, urn, cred) == ["n1", "n2"]
+    status = AdminClient(emu.dir).call("Status")
+    assert status["pool"]["m510"] == {"free": 0, "slice": 2, "tenant": 2}
+    AdminClient(emu.dir).call("SetLoad", busy=0)
+    wait_for(lambda: AdminClient(emu.dir).call("Status")["pool"]["m510"]["free"] == 2,
+             timeout=20, what="tenants leave")
+
+
+def test_client_policy_reclaims_the_lowest_value(emulator_factory, endpoint_factory, tmp_path):
+    emu = emulator_factory(inventory=_small_inventory(tmp_path, count=3))
+    ep = endpoint_factory(emu)
+    s, urn, cred = _dynamic_slice(emu, ep, policy="CLIENT")
+    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {"n3": {}}}))
+    bad = s.dyn.SetResourceValues({"slice_urn": urn, "credentials": [cred],
+                                   "nodelist": [{"client_id": "n1", "value": 3.0}]})
+    assert bad["code"] == GeniCode.BADARGS
+    ok(s.dyn.SetResourceValues({"slice_urn": urn, "credentials": [cred], "nodelist": [
+        {"client_id": "n1", "value": 0.1}, {"client_id": "n3", "value": 0.9}]}))
+    AdminClient(emu.dir).call("SetLoad", busy=1)
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="reclaim")
+    assert _client_ids(s, urn, cred) == ["n2", "n3"]
+
+
+def test_tenant_load_model_takes_nodes_back(emulator_factory, endpoint_factory, tmp_path):
+    emu = emulator_factory(inventory=_small_inventory(tmp_path, count=10), seed=3)
+    ep = endpoint_factory(emu)
+    s, urn, cred = _dynamic_slice(emu, ep)
+    settings = emu.server.ctx.settings
+    settings.tenant_interval = 0.1
+    settings.tenant_load = 0.95  # other tenants now want nearly the whole pool
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="tenant pressure")
+    assert len(_client_ids(s, urn, cred)) < 2
+
+
+def test_admin_errors_are_clear(emulator, tmp_path):
+    with pytest.raises(RPCError) as info:
+        AdminClient(emulator.dir).call("Revoke", nodes=["nosuch"])
+    assert info.value.code == GeniCode.SEARCHFAILED
+    (tmp_path / "x").mkdir()
+    with pytest.raises(Exception) as info:
+        AdminClient(tmp_path / "x").call("Status")
+    assert "no emulator is running" in str(info.value)
