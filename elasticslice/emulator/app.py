@@ -65,6 +65,8 @@ class EmulatorServer:
     def start(self) -> EmulatorServer:
         cfg = load_config(self.directory)
         self.host = self._host or cfg.host
+        if self.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("emulator listening on %s: reachable beyond this machine", self.host)
         port = cfg.port if self._port is None else self._port
         identity = cfg.identity
         try:

@@ -182,6 +182,9 @@ class BootRunner:
                               attrs={**node.attrs, "error": "boot failed (injected fault)"})
             log.info("node %s failed to boot (injected fault)", node.node_id)
             return
+        if not node.tarballs and not node.attrs.get("executes"):
+            self._finish_boot(node)  # nothing slow to do: no thread needed
+            return
         threading.Thread(target=self._finish_boot, args=(node,), daemon=True,
                          name=f"boot-{node.node_id}").start()
 
