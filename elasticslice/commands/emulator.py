@@ -65,16 +65,19 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str,
 @click.option("--seed", type=int, default=None, help="Seed for faults and the tenant load.")
 @click.option("--tenant-load", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Mean fraction of nodes other tenants want (0: off).")
+@click.option("--tenant-interval", type=click.FloatRange(0.01), default=5.0, show_default=True,
+              help="Seconds between changes of the tenant load.")
 @click.option("--allow-remote-endpoints", is_flag=True,
               help="Accept client endpoints that are not on 127.0.0.1.")
 def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: str | None,
               boot_delay: float, notify_interval: float, max_wait: int, fault_rate: float,
-              seed: int | None, tenant_load: float, allow_remote_endpoints: bool) -> None:
+              seed: int | None, tenant_load: float, tenant_interval: float,
+              allow_remote_endpoints: bool) -> None:
     """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM."""
     server = EmulatorServer(directory, port=port, host=host, inventory=inventory,
                             boot_delay=boot_delay, notify_interval=notify_interval,
                             max_wait=max_wait, fault_rate=fault_rate, seed=seed,
-                            tenant_load=tenant_load,
+                            tenant_load=tenant_load, tenant_interval=tenant_interval,
                             allow_remote_endpoints=allow_remote_endpoints)
     done = threading.Event()
 
@@ -115,6 +118,24 @@ def load_cmd(directory: Path, busy: int) -> None:
     """Set how many nodes other tenants hold."""
     target = AdminClient(directory).call("SetLoad", busy=busy)
     click.echo(f"other tenants now want {target} nodes")
+
+
+@emulator.command("status")
+@DIR_OPTION
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def status_cmd(directory: Path, as_json: bool) -> None:
+    """The running emulator's pool (free / in slices / other tenants) and slivers."""
+    status = AdminClient(directory).call("Status")
+    if as_json:
+        click.echo(json.dumps(status, indent=2, sort_keys=True))
+        return
+    click.echo(f"{'type':8} {'free':>5} {'slice':>6} {'tenant':>7}")
+    for hw, row in sorted(status["pool"].items()):
+        click.echo(f"{hw:8} {row['free']:5d} {row['slice']:6d} {row['tenant']:7d}")
+    for urn in status["slivers"]:
+        click.echo(f"sliver of {urn}")
+    if status["tenant_target"] >= 0:
+        click.echo(f"other tenants want {status['tenant_target']} nodes")
 
 
 @emulator.command("report")

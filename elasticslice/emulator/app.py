@@ -40,7 +40,7 @@ class EmulatorServer:
     def __init__(self, directory: str | Path, port: int | None = None, host: str | None = None,
                  inventory: str | Path | None = None, boot_delay: float = 5.0,
                  notify_interval: float = 10.0, max_wait: int = 60, fault_rate: float = 0.0,
-                 seed: int | None = None, tenant_load: float = 0.0,
+                 seed: int | None = None, tenant_load: float = 0.0, tenant_interval: float = 5.0,
                  allow_remote_endpoints: bool = False, slow_seconds: float = 1.0,
                  boot_failure_rate: float | None = None) -> None:
         self.directory = Path(directory).resolve()
@@ -49,6 +49,7 @@ class EmulatorServer:
         self.inventory_path = inventory
         self.settings = Settings(boot_delay=boot_delay, notify_interval=notify_interval,
                                  max_wait=max_wait, tenant_load=tenant_load,
+                                 tenant_interval=tenant_interval,
                                  allow_remote_endpoints=allow_remote_endpoints)
         try:
             self.faults = FaultInjector(fault_rate, seed, slow_seconds=slow_seconds,

@@ -223,3 +223,8 @@ class Authority:
 
 def new_uuid() -> str:
     return str(uuidlib.uuid4())
+
+
+def stable_uuid(urn: str) -> str:
+    """The same UUID for the same URN, every time (users have no stored record)."""
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, urn))

@@ -200,6 +200,7 @@ class ComponentManager(Service):
         assert sliver is not None
         self._refuse_while_booting(sliver)
         self.slivers.delete_sliver(sliver)
+        self.ctx.store.delete_endpoint(sliver.slice_urn)
         return 1
 
     def AddNodes(self, call: Call) -> Any:  # noqa: N802

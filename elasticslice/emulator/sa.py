@@ -6,7 +6,7 @@ import logging
 import xmlrpc.client
 from typing import Any
 
-from elasticslice.emulator.authority import Urn, from_epoch, new_uuid, utcnow
+from elasticslice.emulator.authority import Urn, from_epoch, new_uuid, stable_uuid, utcnow
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.dispatch import Call, Service
 from elasticslice.emulator.geni import GeniFault, optional, require
@@ -113,7 +113,7 @@ class SliceAuthority(Service):
             row = self._slice(params)
             sliver = self.ctx.store.get_sliver(row.urn)
             return {"hrn": f"{Urn.parse(row.urn).authority}.{row.hrn}",  # type: ignore[union-attr]
-                    "urn": row.urn, "uuid": row.uuid, "creator_uuid": new_uuid(),
+                    "urn": row.urn, "uuid": row.uuid, "creator_uuid": stable_uuid(row.creator_urn),
                     "creator_urn": row.creator_urn, "gid": row.gid,
                     "component_managers": [self.ctx.identity.cm_urn] if sliver else []}
         return self._resolve_user(call)
@@ -134,7 +134,7 @@ class SliceAuthority(Service):
         assert parsed is not None
         slices = [s.urn for s in self.ctx.store.slices_of(urn) if s.expires > self.ctx.clock()]
         return {"uid": parsed.name, "hrn": f"{parsed.authority}.{parsed.name}", "urn": urn,
-                "uuid": new_uuid(), "email": f"{parsed.name}@{parsed.authority}", "gid": gid,
+                "uuid": stable_uuid(urn), "email": f"{parsed.name}@{parsed.authority}", "gid": gid,
                 "name": parsed.name, "slices": slices, "pubkeys": self._keys()}
 
     def Register(self, call: Call) -> Any:  # noqa: N802

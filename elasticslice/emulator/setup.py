@@ -133,8 +133,11 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     pki.write_private_file(d / "admin.pem", admin_cert.rstrip(b"\n") + b"\n" + admin_key)
     password = secrets.token_urlsafe(18)
     pki.write_private_file(d / "password", password.encode() + b"\n")
+    # localhost SANs: the user certificate can also be the server certificate of the
+    # client's callback endpoint on 127.0.0.1, which the emulator verifies by host name.
     user_cert, user_key = pki.issue_certificate(
         ca, ca_key, user, urn=ident.user_urn(user), email=f"{user}@{domain}",
+        hostnames=("localhost",), ips=("127.0.0.1",),
         aia_url=f"{base_url(host, port or DEFAULT_PORT)}/sa")
     pki.write_user_pem(d / "user.pem", user_cert, user_key, password)
     public = pki.load_private_key(user_key).public_key().public_bytes(

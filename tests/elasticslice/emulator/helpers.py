@@ -91,15 +91,18 @@ class CallbackEndpoint:
     """A real HTTPS XML-RPC client endpoint (certificate from the emulator CA) that records
     the calls the emulator makes and answers NotifyDeletePending early or not."""
 
-    def __init__(self, d: Path, tmp: Path, early: bool = True) -> None:
+    def __init__(self, d: Path, tmp: Path, early: bool = True, user_cert: bool = False) -> None:
         self.early = early
         self.calls: list[tuple[str, dict[str, Any], str | None]] = []
-        ca = (d / "ca.pem").read_bytes()
-        cert, key = pki.issue_certificate(ca, (d / "ca-key.pem").read_bytes(), "endpoint",
-                                          ips=["127.0.0.1"])
-        (tmp / "ep.pem").write_bytes(cert + key)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(str(tmp / "ep.pem"))
+        if user_cert:  # the user's own certificate serves the endpoint
+            ctx.load_cert_chain(str(d / "user.pem"), password=(d / "password").read_text().strip())
+        else:
+            ca = (d / "ca.pem").read_bytes()
+            cert, key = pki.issue_certificate(ca, (d / "ca-key.pem").read_bytes(), "endpoint",
+                                              ips=["127.0.0.1"])
+            (tmp / "ep.pem").write_bytes(cert + key)
+            ctx.load_cert_chain(str(tmp / "ep.pem"))
         ctx.load_verify_locations(str(d / "ca.pem"))
         ctx.verify_mode = ssl.CERT_REQUIRED
         outer = self

@@ -80,6 +80,12 @@ def test_serve_revoke_load_report_and_clean_shutdown(tmp_path, emulator_pki):
         assert event["node_id"] == node_id and event["outcome"] == "forced"
         text = runner.invoke(cli, ["emulator", "report", "--dir", str(d)]).output
         assert node_id in text and "forced" in text
+        status = json.loads(runner.invoke(cli, ["emulator", "status", "--dir", str(d),
+                                                "--json"]).output)
+        assert status["tenant_target"] == 3
+        assert sum(row["tenant"] for row in status["pool"].values()) == 3
+        table = runner.invoke(cli, ["emulator", "status", "--dir", str(d)]).output
+        assert "m510" in table and "other tenants want 3 nodes" in table
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)

@@ -17,8 +17,8 @@ CM_URN = "urn:publicid:IDN+emulab.test+authority+cm"
 def endpoint_factory(tmp_path):
     made = []
 
-    def make(emu, early=True):
-        ep = CallbackEndpoint(emu.dir, tmp_path, early=early)
+    def make(emu, early=True, user_cert=False):
+        ep = CallbackEndpoint(emu.dir, tmp_path, early=early, user_cert=user_cert)
         made.append(ep)
         return ep
     yield make
@@ -57,7 +57,7 @@ def test_server_defaults_and_endpoint_checks(emulator, endpoint_factory):
 
 
 def test_revoke_with_early_release(emulator, endpoint_factory):
-    ep = endpoint_factory(emulator, early=True)
+    ep = endpoint_factory(emulator, early=True, user_cert=True)
     s, urn, cred = _dynamic_slice(emulator, ep)
     node_id = next(d["component_urn"] for d in s.status(urn, cred)["details"].values()
                    if d["client_id"] == "n2").rsplit("+", 1)[-1]
