@@ -1,13 +1,224 @@
-"""The ``troy`` command line (being built: ``troy run`` arrives with the Troy issue)."""
+"""The ``troy`` command line: ``troy run FILE`` runs a workload file to the end.
+
+Errors of ours (``TroyError``: a bad file, an unknown scheduler, an unreachable Dask
+scheduler) become one line and a non-zero exit, never a traceback; so does anything
+unexpected (the traceback only with ``--debug``).
+"""
 from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from typing import Any
 
 import click
 
+from troy.errors import BadParameter, TroyError
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+log = logging.getLogger("troy")
+
+
+class FriendlyGroup(click.Group):
+    """Turns exceptions into one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except TroyError as err:
+            raise click.ClickException(str(err)) from err
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(130)
+        except Exception as err:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            raise click.ClickException(f"internal error: {type(err).__name__}: {err} "
+                                       f"(rerun with --debug for details)") from err
+
+
+@click.group(cls=FriendlyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Log everything; show tracebacks.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """Troy: run workloads of tasks on pilots (local processes or Dask)."""
+    ctx.obj = {"debug": debug}
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def quiet_dask() -> None:
+    """Dask logs its own connection chatter (and closing tracebacks) at INFO and above;
+    ``troy run`` reports unit failures itself, so Dask speaks only under ``--debug``."""
+    import distributed  # noqa: F401  (configures its loggers on import; we override them)
+    for name in list(logging.root.manager.loggerDict):
+        if name == "distributed" or name.startswith("distributed."):
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+def parse_pilots(spec: str | None) -> tuple[int, int]:
+    """``COUNTxCORES`` (``4x2``) or ``CORES`` (one pilot); default one pilot of all cores."""
+    if spec is None:
+        return 1, os.cpu_count() or 1
+    m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*", spec)
+    if not m or int(m.group(2)) < 1 or (m.group(1) is not None and int(m.group(1)) < 1):
+        raise BadParameter(f"--pilots {spec!r}: expected COUNTxCORES such as 4x2")
+    return int(m.group(1) or 1), int(m.group(2))
+
+
+@cli.command("run")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--framework", type=click.Choice(["local", "dask"]), default="local",
+              show_default=True, help="Pilot framework running the units.")
+@click.option("--pilots", metavar="COUNTxCORES", default=None,
+              help="Pilots to start, e.g. 4x2 (default: one pilot with every core).")
+@click.option("--time-scale", type=float, default=1.0, show_default=True,
+              help="WfFormat files: multiply recorded runtimes by this.")
+@click.option("--report", type=click.Path(dir_okay=False), default=None,
+              help="Write a JSON report (per task: pilot, state, start, end) here.")
+@click.option("--scheduler", default=None,
+              help="Troy scheduler: round_robin, first_fit, backfill (default: backfill).")
+@click.option("--no-bundle", is_flag=True, help="One unit per task (no bundling).")
+@click.option("--dask-scheduler", "dask_address", default=None, metavar="URL",
+              help="Attach to this Dask scheduler (dask://host:port) instead of starting one.")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
+            report: str | None, scheduler: str | None, no_bundle: bool,
+            dask_address: str | None, timeout: float | None) -> None:
+    """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it."""
+    import troy
+    from troy.workload.files import load_workload
+
+    count, cores = parse_pilots(pilots)
+    if time_scale < 0:
+        raise BadParameter(f"--time-scale {time_scale}: expected a number >= 0")
+    workload = load_workload(file, time_scale=time_scale, max_cores=cores)
+    options: dict[str, Any] = {}
+    if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
+        quiet_dask()
+    if framework == "dask" and dask_address:
+        options["scheduler_address"] = dask_address
+    elif dask_address:
+        raise BadParameter("--dask-scheduler needs --framework dask")
+    manager: dict[str, Any] = {}
+    if scheduler:
+        manager["scheduler"] = scheduler
+    if no_bundle:
+        manager["bundle"] = False
+    total = len(workload.tasks)
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+    with troy.Session() as session:
+        session.add_framework(framework, name=framework, **options)
+        overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
+        outcome: dict[str, Any] = {}
+
+        def on_task(task: Any, state: troy.State) -> None:
+            if state.is_final:
+                finished.put(task.id)
+
+        for t in workload.tasks.values():
+            t.add_callback(on_task)
+
+        def execute() -> None:
+            try:
+                outcome["state"] = troy.execute_workload(session, workload, overlay,
+                                                         timeout=timeout, **manager)
+            except BaseException as err:  # handed to the main thread, raised there
+                outcome["error"] = err
+            finally:
+                finished.put(None)
+
+        started = time.time()
+        runner = threading.Thread(target=execute, name="troy-run", daemon=True)
+        runner.start()
+        _progress(finished, total)
+        runner.join()
+        overlay.cancel()
+        if "error" in outcome:
+            raise outcome["error"]
+        data = build_report(workload, outcome["state"], time.time() - started)
+    if report:
+        try:
+            with open(report, "w") as f:
+                json.dump(data, f, indent=1)
+        except OSError as err:
+            raise TroyError(f"{report}: cannot write the report: {err.strerror or err}") \
+                from err
+    click.echo(f"{data['state']}: {data['tasks_done']}/{data['tasks_total']} tasks done, "
+               f"{data['tasks_failed']} failed, {data['tasks_canceled']} canceled; "
+               f"{data['units_total']} units; makespan {data['makespan_s']:.3f} s; "
+               f"{data['units_per_s']:.1f} units/s")
+    if data["state"] != "DONE":
+        sys.exit(1)
+
+
+def _progress(finished: queue.SimpleQueue, total: int) -> None:
+    """Progress on stderr, fed by task events: a bar on a terminal, else a line per tenth."""
+    err = sys.stderr
+    seen: set[str] = set()
+
+    def events():
+        while True:
+            tid = finished.get()
+            if tid is None:
+                return
+            if tid not in seen:
+                seen.add(tid)
+                yield tid
+
+    if err.isatty():
+        with click.progressbar(length=total, label="tasks", file=err, show_pos=True,
+                               show_eta=False) as bar:
+            for _ in events():
+                bar.update(1)
+        return
+    step, shown = max(1, total // 10), 0
+    for _ in events():
+        if len(seen) - shown >= step or len(seen) == total:
+            shown = len(seen)
+            click.echo(f"tasks: {shown}/{total} final", err=True)
+
+
+def build_report(workload: Any, state: Any, wall: float) -> dict[str, Any]:
+    """The report: totals, makespan, and one entry per task (a bundled task gets its own
+    member's start and end; ``unit`` names the unit it ran in)."""
+    entries, units = [], set()
+    for tid, task in workload.tasks.items():
+        unit = task.units[-1] if task.units else None
+        start = end = None
+        if unit is not None:
+            units.add(unit.id)
+            start, end = unit.start, unit.end
+            members = unit.result.members if unit.result is not None else []
+            if unit.description.bundle and tid in unit.task_ids \
+                    and unit.task_ids.index(tid) < len(members):
+                m = members[unit.task_ids.index(tid)]
+                start, end = m.start, m.end
+        entries.append({"task": tid, "unit": unit.id if unit else None,
+                        "pilot": unit.pilot if unit else None,
+                        "framework": unit.framework if unit else None,
+                        "state": task.state.value, "start": start, "end": end})
+    starts = [e["start"] for e in entries if e["start"] is not None]
+    ends = [e["end"] for e in entries if e["end"] is not None]
+    makespan = max(ends) - min(starts) if starts and ends else 0.0
+    count = {s: sum(1 for e in entries if e["state"] == s)
+             for s in ("DONE", "FAILED", "CANCELED")}
+    return {"state": state.value, "tasks_total": len(entries), "tasks_done": count["DONE"],
+            "tasks_failed": count["FAILED"], "tasks_canceled": count["CANCELED"],
+            "units_total": len(units), "makespan_s": round(makespan, 6),
+            "wall_s": round(wall, 6),
+            "units_per_s": round(len(units) / makespan, 3) if makespan > 0 else 0.0,
+            "units": entries}
 
 
 def main() -> None:
     cli(prog_name="troy")
+
+
+if __name__ == "__main__":
+    main()

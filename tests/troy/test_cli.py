@@ -1,0 +1,119 @@
+"""``troy run``: CliRunner for the flows and errors, a real subprocess for the main flow."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import REPO, SHARED
+from troy.cli import cli, parse_pilots
+from troy.workload.files import load_workload
+
+WF = SHARED / "workloads" / "wfinstances"
+
+
+def assert_dependency_order(path, report: dict, time_scale: float = 0.001) -> None:
+    """Every task started after all its parents (from the file) had ended."""
+    w = load_workload(path, time_scale=time_scale)
+    by_task = {e["task"]: e for e in report["units"]}
+    assert set(by_task) == set(w.tasks)
+    for tid in w.tasks:
+        for head in w.heads(tid):
+            assert by_task[tid]["start"] >= by_task[head]["end"], (head, tid)
+
+
+@pytest.mark.parametrize("framework, extra", [
+    ("local", []), ("local", ["--no-bundle", "--scheduler", "first_fit"]), ("dask", [])])
+def test_run_wfformat_in_dependency_order(tmp_path, framework, extra):
+    path = WF / "helloworld-forkjoin-10-chameleon.json"
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(cli, ["run", str(path), "--framework", framework,
+                                      "--pilots", "2x1", "--time-scale", "0.001",
+                                      "--report", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    assert "DONE: 10/10 tasks done, 0 failed" in result.output
+    report = json.loads(out.read_text())
+    assert report["tasks_total"] == report["tasks_done"] == 10
+    assert report["tasks_failed"] == 0 and report["makespan_s"] > 0
+    assert {e["state"] for e in report["units"]} == {"DONE"}
+    assert all(e["pilot"] and e["start"] <= e["end"] for e in report["units"])
+    assert_dependency_order(path, report)
+
+
+def test_run_bundles_short_tasks_one_entry_per_task(tmp_path):
+    path = WF / "seismology-chameleon-100p-001.json"
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(cli, ["run", str(path), "--pilots", "1x2",
+                                      "--time-scale", "0.001", "--report", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["tasks_done"] == 101 == len(report["units"])
+    assert report["units_total"] < 101  # short tasks were bundled into fewer units
+    assert_dependency_order(path, report)
+
+
+def test_run_troy_json_with_a_failing_task(tmp_path):
+    f = tmp_path / "w.json"
+    f.write_text(json.dumps({"tasks": [
+        {"id": "ok", "executable": "/bin/true"},
+        {"id": "bad", "executable": "/bin/false", "parents": ["ok"]},
+        {"id": "after", "executable": "/bin/true", "parents": ["bad"]}]}))
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["run", str(f), "--report", str(out)])
+    assert result.exit_code == 1
+    report = json.loads(out.read_text())
+    states = {e["task"]: e["state"] for e in report["units"]}
+    assert states["ok"] == "DONE" and states["bad"] == "FAILED"
+    assert states["after"] != "DONE"
+    assert report["tasks_failed"] >= 1 and "FAILED" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "/nonexistent/w.json"], "/nonexistent/w.json: cannot read"),
+    (["run", "{bad}", "--pilots", "0x2"], "--pilots '0x2': expected COUNTxCORES"),
+    (["run", "{bad}"], "line 1 column 2: invalid JSON"),
+    (["run", "{good}", "--scheduler", "nosuch"], "nosuch"),
+    (["run", "{good}", "--dask-scheduler", "dask://127.0.0.1:9"], "needs --framework dask"),
+    (["run", "{good}", "--time-scale", "-1"], "--time-scale -1.0"),
+])
+def test_errors_are_one_line(tmp_path, args, message):
+    (tmp_path / "bad.json").write_text("{nope")
+    (tmp_path / "good.json").write_text('{"tasks": [{"executable": "/bin/true"}]}')
+    args = [a.format(bad=tmp_path / "bad.json", good=tmp_path / "good.json") for a in args]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("Error: ") and message in lines[-1], result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("spec, expected", [("4x2", (4, 2)), ("3", (1, 3)), ("2X8", (2, 8))])
+def test_parse_pilots(spec, expected):
+    assert parse_pilots(spec) == expected
+
+
+def test_real_subprocess_on_dask(tmp_path):
+    path = WF / "helloworld-chain-5-chameleon.json"
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "troy.cli", "run", str(path), "--framework", "dask",
+         "--pilots", "1x1", "--time-scale", "0.001", "--report", str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "DONE: 5/5 tasks done" in proc.stdout
+    assert "tasks: 5/5 final" in proc.stderr and "Traceback" not in proc.stderr
+    report = json.loads(out.read_text())
+    assert_dependency_order(path, report)
+
+
+def test_real_subprocess_bad_file_is_one_line(tmp_path):
+    bad = tmp_path / "w.json"
+    bad.write_text('{"tasks": [{"id": "a", "cores": "many"}]}')
+    proc = subprocess.run([sys.executable, "-m", "troy.cli", "run", str(bad)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0
+    assert "tasks[0] (task 'a'): task.cores" in proc.stderr
