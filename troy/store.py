@@ -125,17 +125,19 @@ class Store:
         return self._conn
 
     def close(self) -> None:
+        """Write what is queued, stop the writer, close the database. Idempotent."""
         with self._lock:
             if self._closed:
                 return
+            self._closed = True
+            writer = self._writer
+        if writer is not None:  # not under the lock: the writer needs it to write
+            self._updates.put(None)
+            writer.join(timeout=10)
+        with self._lock:
             if self._conn is not None:
-                self.flush()
-                self._updates.put(None)
-                if self._writer is not None:
-                    self._writer.join(timeout=10)
                 self._conn.close()
                 self._conn = None
-            self._closed = True
 
     # -- units --------------------------------------------------------------------------
     def add_units(self, units: Iterable[ComputeUnit], session: str | None = None,
@@ -176,8 +178,7 @@ class Store:
                 "exit_code": result.exit_code if result else None,
                 "error": (result.error[:2000] if result and result.error else None),
                 "attempts": unit.attempts, "updated": time.time()}
-        if not self._closed:
-            self._updates.put((unit.id, snap))
+        self._updates.put((unit.id, snap))  # after close: never written, harmless
 
     def flush(self, timeout: float = 10.0) -> None:
         """Block until every queued update is written."""

@@ -41,7 +41,8 @@ class OverlayManager:
         if not overlay.pilots:
             raise BadParameter(f"overlay {overlay.id} has no pilots")
         for p in overlay.pilots.values():
-            p._state = State.TRANSLATED
+            if p.state is not State.CANCELED:
+                p._state = State.TRANSLATED
         overlay._set_state(State.TRANSLATED)
 
     def schedule_overlay(self, overlay: Overlay) -> None:
@@ -51,8 +52,9 @@ class OverlayManager:
             raise IncorrectState(f"overlay {overlay.id} is {overlay.state.value}; only a "
                                  f"TRANSLATED overlay can be scheduled")
         for p in overlay.pilots.values():
-            p.framework = self._framework_for(p.description.framework).name
-            p._state = State.SCHEDULED
+            if p.state is not State.CANCELED:
+                p.framework = self._framework_for(p.description.framework).name
+                p._state = State.SCHEDULED
         overlay._set_state(State.SCHEDULED)
 
     def _framework_for(self, wanted: str | None) -> PilotFramework:

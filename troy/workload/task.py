@@ -87,13 +87,14 @@ class Task:
             if old is state or old in FINAL_STATES:
                 return
             self._state = state
-            if self._workload is not None:
-                self._workload._task_changed(self, old, state)
             for cb in list(self._callbacks):
                 try:
                     cb(self, state)
                 except Exception:
                     log.exception("task callback %r on %s failed", cb, self.id)
+            # last, so that whoever waits on the workload sees the task's callbacks done
+            if self._workload is not None:
+                self._workload._task_changed(self, old, state)
 
     def _attach(self, unit: ComputeUnit) -> None:
         with self._lock:

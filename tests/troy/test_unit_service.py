@@ -1,0 +1,198 @@
+"""UnitService across frameworks: the contract snippet, schedulers, queuing, NoSuccess."""
+from __future__ import annotations
+
+import pytest
+
+import troy
+from tests.conftest import wait_for
+from troy import ComputeUnitDescription as CUD
+from troy import PilotDescription, State
+from troy.errors import BadParameter, DoesNotExist, NoSuccess
+from troy.schedulers import BaseScheduler, get_scheduler, known_schedulers
+
+
+def test_python_contract_on_local(tmp_path):
+    s = troy.Session(store_path=tmp_path / "s.sqlite")
+    fw = s.add_framework("local", name="big")
+    p = fw.submit_pilot(troy.PilotDescription(size=32))
+    us = s.unit_service(scheduler="first_fit")
+    u = us.submit_unit(troy.ComputeUnitDescription(executable="/bin/true", cores=32))
+    us.wait_units()
+    assert u.state is troy.State.DONE
+    assert (u.framework, u.pilot) == ("big", p.id)
+    s.close()
+    s.close()  # idempotent
+
+
+def _use_case_b(session: troy.Session, scheduler: str) -> None:
+    """Seed 003, example (B): 32 one-core pilots in "small", one 32-core pilot in "big"."""
+    small = session.add_framework("local", name="small")
+    big = session.add_framework("local", name="big")
+    for _ in range(32):
+        small.submit_pilot(PilotDescription(size=1))
+    big_pilot = big.submit_pilot(PilotDescription(size=32))
+    us = session.unit_service(scheduler=scheduler)
+    mpi = us.submit_unit(CUD(executable="/bin/sleep", arguments=["0.5"], cores=32))
+    wait_for(lambda: mpi.state is State.RUNNING, 10, what="the 32-core unit running")
+    singles = us.submit_units([CUD(executable="/bin/true") for _ in range(4)])
+    us.wait_units(timeout=30)
+    assert mpi.state is State.DONE
+    assert (mpi.framework, mpi.pilot) == ("big", big_pilot.id)
+    small_ids = {p.id for p in small.list_pilots()}
+    for u in singles:
+        assert u.state is State.DONE
+        assert u.framework == "small" and u.pilot in small_ids
+
+
+@pytest.mark.parametrize("scheduler", ["seed003", "first_fit", "backfill"])
+def test_use_case_b(troy_session, scheduler):
+    _use_case_b(troy_session, scheduler)
+
+
+def test_seed003_scheduler_uses_the_public_api_only():
+    import inspect
+
+    import troy.schedulers.seed003 as mod
+    code = inspect.getsource(mod.Seed003Scheduler)
+    assert "._" not in code  # no private attribute of anything
+
+
+def test_units_queue_until_a_pilot_appears(troy_session):
+    fw = troy_session.add_framework("local")
+    us = troy_session.unit_service(scheduler="first_fit")
+    u = us.submit_unit(CUD(executable="/bin/true", cores=2))
+    assert u.state is State.PENDING
+    fw.submit_pilot(PilotDescription(size=1))
+    assert u.wait(0.3) is State.PENDING  # too narrow: still queued in the service
+    p = fw.submit_pilot(PilotDescription(size=2))
+    assert u.wait(10) is State.DONE and u.pilot == p.id
+
+
+def test_units_queue_until_a_framework_appears(troy_session):
+    us = troy_session.unit_service(scheduler="round_robin")
+    u = us.submit_unit({"executable": "/bin/true"})
+    fw = troy_session.add_framework("local", name="late")
+    fw.submit_pilot({"size": 1})
+    assert u.wait(10) is State.DONE and u.framework == "late"
+
+
+def test_no_success_when_told_not_to_wait(local_fw, troy_session):
+    us = troy_session.unit_service(scheduler="first_fit", wait=False)
+    with pytest.raises(NoSuccess, match="no suitable pilot"):
+        us.submit_unit(CUD(executable="/bin/true", cores=64))
+    assert us.submit_unit(CUD(executable="/bin/true")).wait(10) is State.DONE
+
+
+def test_first_fit_keeps_submission_order(troy_session, tmp_path):
+    fw = troy_session.add_framework("local")
+    fw.submit_pilot(PilotDescription(size=2))
+    log = tmp_path / "order"
+    us = troy_session.unit_service(scheduler="first_fit")
+    units = [us.submit_unit(CUD(executable="/bin/sh", cores=c,
+                                arguments=["-c", f"echo {i} >> {log}; sleep 0.05"]))
+             for i, c in enumerate([1, 2, 1])]
+    us.wait_units(timeout=30)
+    assert all(u.state is State.DONE for u in units)
+    # the 2-core unit waits for the pilot to empty; the last 1-core unit waits behind it
+    assert log.read_text().split() == ["0", "1", "2"]
+
+
+def test_backfill_lets_small_units_pass_a_waiting_wide_one(troy_session, tmp_path):
+    fw = troy_session.add_framework("local")
+    fw.submit_pilot(PilotDescription(size=2))
+    gate = tmp_path / "gate"
+    us = troy_session.unit_service(scheduler="backfill")
+    blocker = us.submit_unit(CUD(executable="/bin/sh", arguments=[
+        "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"]))
+    wait_for(lambda: blocker.state is State.RUNNING, 10, what="blocker running")
+    wide = us.submit_unit(CUD(executable="/bin/true", cores=2))
+    small = us.submit_unit(CUD(executable="/bin/true"))
+    assert small.wait(10) is State.DONE
+    assert wide.state is State.PENDING
+    gate.touch()
+    assert wide.wait(10) is State.DONE
+
+
+def test_round_robin_alternates_frameworks(troy_session):
+    for name in ("a", "b"):
+        troy_session.add_framework("local", name=name).submit_pilot({"size": 2})
+    us = troy_session.unit_service(scheduler="round_robin")
+    units = us.submit_units([{"executable": "/bin/true"} for _ in range(4)])
+    us.wait_units(timeout=30)
+    assert sorted(u.framework for u in units) == ["a", "a", "b", "b"]
+
+
+def test_early_binding_service_names_the_pilot(troy_session):
+    fw = troy_session.add_framework("local")
+    fw.submit_pilot({"size": 1})
+    wide = fw.submit_pilot({"size": 4})
+    us = troy_session.unit_service(scheduler="backfill", early_binding=True)
+    u = us.submit_unit(CUD(executable="/bin/true", cores=3))
+    assert u.wait(10) is State.DONE and u.pilot == wide.id
+    target = fw.submit_pilot({"size": 4})
+    v = us.submit_unit(CUD(executable="/bin/true"), pilot=target.id)
+    assert v.wait(10) is State.DONE and v.pilot == target.id
+
+
+class OnlyNamed(BaseScheduler):
+    """A user scheduler: units tagged "b" go to framework "b", others nowhere."""
+
+    name = "only_named"
+
+    def schedule(self, unit_service, cud):
+        if cud.tag is None:
+            return None
+        return unit_service.get_framework(cud.tag), None
+
+
+def test_user_scheduler_by_class(troy_session):
+    for name in ("a", "b"):
+        troy_session.add_framework("local", name=name).submit_pilot({"size": 1})
+    us = troy_session.unit_service(scheduler=OnlyNamed)
+    u = us.submit_unit(CUD(executable="/bin/true", tag="b"))
+    stuck = us.submit_unit(CUD(executable="/bin/true"))
+    assert u.wait(10) is State.DONE and u.framework == "b"
+    assert stuck.state is State.PENDING
+    us.cancel_units([stuck])
+    assert stuck.state is State.CANCELED
+
+
+def test_scheduler_registry_checks_the_base_class():
+    assert {"round_robin", "first_fit", "backfill", "seed003"} <= set(known_schedulers())
+    with pytest.raises(BadParameter, match="unknown scheduler 'nope'"):
+        get_scheduler("nope")
+    with pytest.raises(BadParameter, match="not a BaseScheduler"):
+        get_scheduler(dict)
+
+
+def test_get_framework_and_listing(troy_session, local_fw):
+    us = troy_session.unit_service()
+    assert us.list_pilot_frameworks() == [local_fw]
+    assert us.get_framework("local") is local_fw
+    with pytest.raises(DoesNotExist, match="no pilot framework named 'x'"):
+        us.get_framework("x")
+    with pytest.raises(BadParameter, match="already exists"):
+        troy_session.add_framework("local", name="local")
+    assert troy_session.add_framework("local").name == "local.2"
+
+
+def test_every_unit_and_state_is_recorded(troy_session, local_fw):
+    us = troy_session.unit_service()
+    ok = us.submit_unit(CUD(executable="/bin/true"))
+    bad = us.submit_unit(CUD(executable="/bin/false"))
+    us.wait_units(timeout=10)
+    troy_session.store.flush()
+    recs = {r.id: r for r in troy_session.store.units()}
+    assert recs[ok.id].state is State.DONE and recs[ok.id].exit_code == 0
+    assert recs[bad.id].state is State.FAILED and recs[bad.id].exit_code == 1
+    assert recs[ok.id].framework == "local" and recs[ok.id].pilot == ok.pilot
+
+
+def test_cancel_units_cancels_everything_not_final(troy_session, local_fw):
+    us = troy_session.unit_service()
+    units = us.submit_units([CUD(executable="/bin/sleep", arguments=["30"])
+                             for _ in range(6)])
+    wait_for(lambda: sum(u.state is State.RUNNING for u in units) == 4, 10,
+             what="four units running")
+    us.cancel_units()
+    assert us.wait_units(timeout=10) == [State.CANCELED] * 6

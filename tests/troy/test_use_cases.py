@@ -1,0 +1,57 @@
+"""Seed 003's use cases. A: one workload, unchanged, on different frameworks.
+(B, across frameworks with an application-level scheduler: test_unit_service.py.)"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import troy
+from troy import Relation, State
+
+
+def diamond(out: Path) -> troy.Workload:
+    """split → 3 parallel workers (cardinality) → join, each leaving a file."""
+    w = troy.Workload()
+    split = w.add_task({"executable": "/bin/sh", "arguments": ["-c", f"echo go > {out}/split"]})
+    work = w.add_task({"executable": "/bin/sh", "cardinality": 3, "arguments": [
+        "-c", f"cat {out}/split > {out}/work.%(cardinal)s"]})
+    join = w.add_task({"executable": "/bin/sh", "arguments": [
+        "-c", f"cat {out}/work.* > {out}/join"]})
+    w.add_relation([Relation(split, work), Relation(work, join)])
+    return w
+
+
+def run_use_case_a(kind: str, tmp_path: Path, **framework_options) -> troy.Workload:
+    out = tmp_path / kind
+    out.mkdir()
+    with troy.Session(store_path=tmp_path / f"{kind}.sqlite") as s:
+        s.add_framework(kind, **framework_options)
+        w = diamond(out)
+        overlay = troy.Overlay([{"size": 2, "framework": kind}])
+        assert troy.execute_workload(s, w, overlay) is State.DONE
+        assert (out / "join").read_text() == "go\n" * 3
+        overlay.cancel()
+    return w
+
+
+@pytest.mark.parametrize("kind", ["local"])
+def test_use_case_a_same_workload_on_a_framework(kind, tmp_path):
+    w = run_use_case_a(kind, tmp_path)
+    assert len(w.tasks) == 5 and {t.state for t in w.tasks.values()} == {State.DONE}
+
+
+def test_use_case_a_two_frameworks_in_one_session(tmp_path):
+    """The same workload twice, each time on another framework of one session."""
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        for name in ("first", "second"):
+            s.add_framework("local", name=name)
+        for name in ("first", "second"):
+            out = tmp_path / name
+            out.mkdir()
+            overlay = troy.Overlay([{"size": 2, "framework": name}])
+            w = diamond(out)
+            assert troy.execute_workload(s, w, overlay) is State.DONE
+            assert (out / "join").read_text() == "go\n" * 3
+            assert {u.framework for t in w.tasks.values() for u in t.units} == {name}
+            overlay.cancel()
