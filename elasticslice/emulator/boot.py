@@ -107,7 +107,7 @@ class BootRunner:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._queue: list[tuple[float, str, str]] = []  # (due, node_id, sliver_urn)
+        self._queue: list[tuple[float, str, str, str]] = []  # due, node, sliver, stage
         self._cond = threading.Condition()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._groups: dict[str, set[int]] = {}
@@ -138,8 +138,13 @@ class BootRunner:
             self.kill(node_id)
 
     def schedule(self, node: NodeRow) -> None:
+        """Queue the node's next boot step (from its current state and the boot delay)."""
+        delay = self.ctx.settings.boot_delay
+        fraction = 1.0 if node.boot_state is BootState.CHANGING else CHANGING_AT
+        entry = (node.boot_started + delay * fraction, node.node_id, node.sliver_urn,
+                 node.boot_state.value)
         with self._cond:
-            heapq.heappush(self._queue, (node.boot_started, node.node_id, node.sliver_urn))
+            heapq.heappush(self._queue, entry)
             self._cond.notify_all()
 
     # ---- the timer
@@ -148,23 +153,18 @@ class BootRunner:
             with self._cond:
                 if self._stopping:
                     return
-                now = self.ctx.clock()
                 if not self._queue:
                     self._cond.wait(timeout=1.0)
                     continue
-                started, node_id, sliver_urn = self._queue[0]
-                delay = self.ctx.settings.boot_delay
-                node = self.ctx.store.get_node(node_id)
-                if node is None or node.sliver_urn != sliver_urn or \
-                        node.boot_started != started:
-                    heapq.heappop(self._queue)
-                    continue
-                due = started + (delay if node.boot_state is BootState.CHANGING
-                                 else delay * CHANGING_AT)
+                due = self._queue[0][0]
+                now = self.ctx.clock()
                 if due > now:
                     self._cond.wait(timeout=min(due - now, 1.0))
                     continue
-                heapq.heappop(self._queue)
+                _, node_id, sliver_urn, stage = heapq.heappop(self._queue)
+            node = self.ctx.store.get_node(node_id)
+            if node is None or node.sliver_urn != sliver_urn or node.boot_state.value != stage:
+                continue  # deleted, reallocated, or already advanced by an earlier entry
             try:
                 self._advance(node)
             except Exception:  # one bad node must not stop the others booting
@@ -210,6 +210,17 @@ class BootRunner:
 
     # ---- the execute service
     def _execute(self, node: NodeRow) -> None:
+        try:
+            self._run_startup(node)
+        except Exception:  # e.g. the store closed under us while the emulator stops
+            if not self._stopping:
+                log.exception("startup of node %s failed", node.node_id)
+
+    def _belongs(self, node: NodeRow) -> bool:
+        current = self.ctx.store.get_node(node.node_id)
+        return current is not None and current.sliver_urn == node.sliver_urn
+
+    def _run_startup(self, node: NodeRow) -> None:
         sandbox = self.ctx.node_dir(node.node_id)
         sandbox.mkdir(parents=True, exist_ok=True)
         env = node_environment(self.ctx, node, sandbox)
@@ -231,13 +242,17 @@ class BootRunner:
                 with self._procs_lock:
                     self._procs[node.node_id] = proc
                     self._groups.setdefault(node.node_id, set()).add(proc.pid)
+                if self._stopping or not self._belongs(node):
+                    # deleted (or stopping) while we were starting it: it must not survive
+                    _signal_group(proc.pid, signal.SIGKILL)
                 code = proc.wait()
                 with self._procs_lock:
                     if self._procs.get(node.node_id) is proc:
                         del self._procs[node.node_id]
+                if self._stopping:
+                    return  # the state stays "running": a restart runs it again
                 status = code if code >= 0 else 128 - code
-                current = self.ctx.store.get_node(node.node_id)
-                if status != 0 or current is None or current.sliver_urn != node.sliver_urn:
+                if status != 0 or not self._belongs(node):
                     break
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.EXITED, execute_status=status)

@@ -162,7 +162,8 @@ def test_delete_slice_is_busy_while_booting_then_frees_nodes(emulator_factory):
     args = {"slice_urn": urn, "credentials": [cred]}
     assert s.cm.DeleteSlice(args)["code"] == GeniCode.BUSY
     emu.server.ctx.settings.boot_delay = 0.05  # let the boot finish now
-    emu.server.ctx.boot.schedule(emu.server.ctx.store.nodes(slice_urn=urn)[0])
+    for node in emu.server.ctx.store.nodes(slice_urn=urn):
+        emu.server.ctx.boot.schedule(node)
     wait_for(lambda: s.cm.DeleteSlice(args)["code"] == 0, timeout=20, what="DeleteSlice")
     assert s.cm.SliverStatus(args)["code"] == GeniCode.SEARCHFAILED
     # the nodes are free again: a new sliver can have them
