@@ -64,3 +64,40 @@ def test_restarted_emulator_keeps_slices_slivers_and_nodes(emulator):
                                    "credentials": [cred]})["code"] == GeniCode.REFUSED
         got = ok(s2.sa.Resolve({"credential": s2.user_cred, "type": "Slice", "urn": urn}))
         assert got["urn"] == urn
+
+
+def test_expired_sliver_is_reaped_and_its_nodes_freed(emulator):
+    s = Session(emulator)
+    urn, cred, _ = s.create()
+    store = emulator.server.ctx.store
+    sliver = store.get_sliver(urn)
+    sliver.expires = emulator.server.ctx.clock() - 1  # as if its time had run out
+    store.put_sliver(sliver)
+    emulator.server.reclaimer.wake()
+    wait_for(lambda: s.cm.SliverStatus({"slice_urn": urn, "credentials": [cred]})["code"]
+             == GeniCode.SEARCHFAILED, timeout=20, what="sliver reaped")
+    assert not store.nodes(slice_urn=urn)
+
+
+def test_pending_reclamation_survives_a_restart(emulator_factory, tmp_path):
+    from elasticslice.emulator.adminclient import AdminClient
+    from tests.elasticslice.emulator.helpers import CallbackEndpoint
+    emu = emulator_factory(max_wait=2, notify_interval=5)
+    ep = CallbackEndpoint(emu.dir, tmp_path, early=False)
+    try:
+        s = Session(emu)
+        urn, cred, _ = s.create()
+        ok(s.dyn.SetSliceClientEndpoint({"slice_urn": urn, "url": ep.url,
+                                         "credentials": [cred], "policy": "LIFO"}))
+        node = next(iter(s.status(urn, cred)["details"].values()))["component_urn"]
+        AdminClient(emu.dir).call("Revoke", nodes=[node.rsplit("+", 1)[-1]])
+        wait_for(lambda: "NotifyDeletePending" in ep.methods(), timeout=20, what="notice")
+        emu.server.stop()
+        with EmulatorServer(emu.dir, port=0, max_wait=2, notify_interval=0.2) as again:
+            emu.server = again
+            wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20,
+                     what="forced after restart")
+            (event,) = AdminClient(emu.dir).call("Report")
+            assert event["outcome"] == "forced"
+    finally:
+        ep.close()

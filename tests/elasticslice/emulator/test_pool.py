@@ -48,3 +48,11 @@ def test_pick_nodes_by_type_and_by_id(tmp_path):
         pick_nodes(store, inv, [NodeRequest("a", None, "nosuch")])
     assert info.value.code is GeniCode.SEARCHFAILED
     store.close()
+
+
+def test_install_paths_in_commands_point_into_the_sandbox(tmp_path):
+    from elasticslice.emulator.boot import localise
+    tarballs = [["file:///x.tgz", "/local"], ["file:///y.tgz", "/"]]
+    assert localise("sh /local/repo/start.sh && ls /local", tarballs, tmp_path) == \
+        f"sh {tmp_path}/local/repo/start.sh && ls {tmp_path}/local"
+    assert localise("cat /localfile /x/local/y", tarballs, tmp_path) == "cat /localfile /x/local/y"
