@@ -51,6 +51,8 @@ class Session:
                                    f"known: {', '.join(sorted(DEFAULT_CONFIG))}")
             self.config.update(config)
         self.frameworks: dict[str, PilotFramework] = {}
+        #: workloads rebuilt by ``recover`` (by id)
+        self.workloads: dict[str, Any] = {}
         self._store_path = os.fspath(store_path) if store_path is not None else None
         self._tmpdir: str | None = None
         self._store: Store | None = None
@@ -152,17 +154,48 @@ class Session:
             self._services.append(us)
         return us
 
+    def shared_unit_service(self, scheduler: str) -> UnitService:
+        """The session's one UnitService for ``scheduler`` (a name), made on first use;
+        workload managers share it instead of each starting a dispatcher."""
+        with self._lock:
+            for us in self._services:
+                if us._shared == scheduler:
+                    return us
+            us = self.unit_service(scheduler)
+            us._shared = scheduler
+            return us
+
     def recover(self, unit_service: UnitService | None = None) -> list[ComputeUnit]:
         """Re-dispatch every stored unit that was in flight when its session ended.
 
         Units whose last recorded state is not final are submitted again (same id, same
         description; at least once) through ``unit_service`` (default: a new round-robin
-        service), queuing until pilots can take them. Units of Python callables cannot be
-        re-run after a restart: they are marked FAILED. Returns the re-dispatched units."""
+        service), queuing until pilots can take them. A dispatched workload is rebuilt
+        (same task and unit ids, into ``session.workloads``) and resumed: its held units
+        are released by its relations as before. Units of Python callables cannot be
+        re-run after a restart: they are marked FAILED. Returns the units not final (now
+        dispatched again, or held by their workload's relations)."""
         live = {u.id for us in self._services for u in us.list_units()}
+        live |= {u.id for w in self.workloads.values() for t in w.tasks.values()
+                 for u in t.units}
         records = [r for r in self.store.unfinished_units() if r.id not in live]
         if not records:
             return []
+        specs = {wid: self.store.workload_spec(wid) for wid in {r.workload for r in records}
+                 if wid is not None}
+        resumed: list[ComputeUnit] = []
+        if any(specs.values()):
+            from troy.workload.manager import WorkloadManager
+            from troy.workload.recovery import resume_workload
+            wm = WorkloadManager(self, unit_service=unit_service)
+            for wid, spec in specs.items():
+                if spec:
+                    w, pending = resume_workload(wm, wid, spec, self.store.units(workload=wid))
+                    self.workloads[wid] = w
+                    resumed.extend(pending)
+        records = [r for r in records if not (r.workload and specs.get(r.workload))]
+        if not records:
+            return resumed
         us = unit_service or self.unit_service()
         units, lost = [], []
         for rec in records:
@@ -179,7 +212,7 @@ class Session:
                  len(units), len(lost))
         if units:
             us.submit_units(units)
-        return units
+        return resumed + units
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

@@ -230,15 +230,23 @@ class Store:
                 except sqlite3.Error:
                     pass
 
-    def units(self, states: Iterable[State] | None = None) -> list[UnitRecord]:
-        """Every stored unit (optionally only those in ``states``), oldest first."""
+    def units(self, states: Iterable[State] | None = None,
+              workload: str | None = None) -> list[UnitRecord]:
+        """Every stored unit (optionally only those in ``states``, or of ``workload``),
+        oldest first."""
         sql = ('SELECT id, session, workload, task_ids, description, persistable, state, '
                'framework, pilot, start, "end", exit_code, error, attempts FROM units')
+        where: list[str] = []
         args: list[Any] = []
         if states is not None:
             wanted = [State(s).value for s in states]
-            sql += f" WHERE state IN ({','.join('?' * len(wanted))})"
-            args = wanted
+            where.append(f"state IN ({','.join('?' * len(wanted))})")
+            args.extend(wanted)
+        if workload is not None:
+            where.append("workload = ?")
+            args.append(workload)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created, rowid"
         with self._lock:
             rows = self._db().execute(sql, args).fetchall()
@@ -260,6 +268,13 @@ class Store:
                 "tasks=excluded.tasks, updated=excluded.updated",
                 (wid, session, state.value, tasks, json.dumps(spec) if spec else None,
                  now, now))
+
+    def workload_spec(self, wid: str) -> dict[str, Any] | None:
+        """The spec recorded when workload ``wid`` was dispatched (None if unknown)."""
+        with self._lock:
+            row = self._db().execute("SELECT spec FROM workloads WHERE id = ?",
+                                     (wid,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
 
     def workloads(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from troy.descriptions import ComputeUnitDescription
-from troy.errors import DoesNotExist, NoSuccess
+from troy.errors import DoesNotExist, IncorrectState, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.schedulers import BaseScheduler, could_ever_fit, get_scheduler
 from troy.states import FINAL_STATES, State
-from troy.unit import ComputeUnit
+from troy.unit import ComputeUnit, UnitResult
 
 if TYPE_CHECKING:
     from troy.session import Session
@@ -47,6 +47,7 @@ class UnitService:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._shared: str | None = None  # the scheduler name, if the session shares it
 
     def __repr__(self) -> str:
         return (f"<UnitService {self.scheduler.name!r} units={len(self._units)} "
@@ -209,11 +210,16 @@ class UnitService:
                 framework, pilot = decision
                 try:
                     framework.submit_unit(unit, pilot)
-                except Exception:
-                    log.exception("submitting %s to framework %s failed", unit.id,
-                                  framework.name)
+                except IncorrectState as err:  # e.g. the pilot ended meanwhile: try again
+                    log.info("submitting %s to %s: %s; keeping it queued", unit.id,
+                             framework.name, err)
                     unplaced.append(unit)
                     continue
+                except Exception as err:  # the framework refuses this unit for good
+                    log.warning("framework %s refused unit %s: %s", framework.name,
+                                unit.id, err)
+                    unit._set_state(State.FAILED, result=UnitResult(
+                        error=f"framework {framework.name} refused the unit: {err}"))
                 done.add(unit.id)
             if raise_unplaced and unplaced:
                 ids = {u.id for u in unplaced}

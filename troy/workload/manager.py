@@ -27,6 +27,7 @@ from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
 from troy.unit_service import UnitService
 from troy.workload.bundling import check_mode, plan_bundles
+from troy.workload.recovery import workload_spec
 from troy.workload.task import Task
 from troy.workload.workload import Workload
 
@@ -85,7 +86,10 @@ class WorkloadManager:
     def unit_service(self) -> UnitService:
         with self._lock:
             if self._us is None:
-                self._us = self.session.unit_service(scheduler=self.scheduler)
+                if isinstance(self.scheduler, str):
+                    self._us = self.session.shared_unit_service(self.scheduler)
+                else:
+                    self._us = self.session.unit_service(scheduler=self.scheduler)
             return self._us
 
     def units(self, workload: Workload) -> list[ComputeUnit]:
@@ -182,7 +186,14 @@ class WorkloadManager:
                                  f"BOUND workload can be dispatched")
         plan = self._plan(workload)
         store = self.session.store
-        store.put_workload(workload.id, State.DISPATCHED, len(workload.tasks), self.session.id)
+        # the workload and all its units (held ones too) survive a crash from here on
+        store.put_workload(workload.id, State.DISPATCHED, len(workload.tasks), self.session.id,
+                           spec=workload_spec(workload))
+        store.add_units(plan.units, session=self.session.id, workload=workload.id)
+        self._start(plan)
+
+    def _start(self, plan: _Plan) -> None:
+        workload, store = plan.workload, self.session.store
         workload.add_callback(lambda w, s: store.put_workload(w.id, s, len(w.tasks),
                                                               self.session.id))
         for t in workload.tasks.values():
