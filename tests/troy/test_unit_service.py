@@ -196,3 +196,22 @@ def test_cancel_units_cancels_everything_not_final(troy_session, local_fw):
              what="four units running")
     us.cancel_units()
     assert us.wait_units(timeout=10) == [State.CANCELED] * 6
+
+
+class TooNarrow(BaseScheduler):
+    """A faulty user scheduler: binds every unit to the narrowest pilot."""
+
+    name = "too_narrow"
+
+    def schedule(self, unit_service, cud):
+        fw = unit_service.list_pilot_frameworks()[0]
+        return fw, min(fw.list_pilots(), key=lambda p: p.size)
+
+
+def test_a_unit_the_framework_refuses_fails_with_the_reason(troy_session):
+    fw = troy_session.add_framework("local")
+    fw.submit_pilot({"size": 1})
+    us = troy_session.unit_service(scheduler=TooNarrow)
+    u = us.submit_unit(CUD(executable="/bin/true", cores=2))
+    assert u.wait(10) is State.FAILED
+    assert "refused" in u.result.error and "needs 2 cores" in u.result.error
