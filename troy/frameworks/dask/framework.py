@@ -1,51 +1,22 @@
-"""The ``dask`` pilot framework: a pilot is a Dask worker with a ``cores`` resource.
-
-Layout. ``start()`` starts a Dask scheduler inside this process (its own event-loop thread,
-127.0.0.1, port 0, no dashboard) or attaches to ``scheduler_address`` (``tcp://host:port`` or
-``dask://host:port``). Each pilot is a worker *process* (``python -m troy.frameworks.dask
-worker ...``) with ``resources={"cores": size}``; it reports its address on stdout once it is
-registered with the scheduler (then the pilot is RUNNING, ``native_id`` = worker address) and
-leaves when its stdin closes, so a dying Troy never leaks workers.
-
-Units. ``submit_unit`` queues the unit; a submitter thread hands everything queued so far to
-Dask in one ``client.map`` per (cores, pilot) group, so units submitted in a burst cost one
-scheduler round instead of one each. Each unit is a Dask task (``key`` = unit id + attempt,
-``resources={"cores": cores}``, ``workers=[address]`` when bound early, ``pure=False``).
-Dask's scheduler does the late binding. Inside the worker ``run_unit`` calls
-``troy.execution.execute`` and pushes two events on a topic this framework subscribes to:
-``run`` (the unit really started, with the worker's clock and address: RUNNING is exact, not
-approximated from Dask's ``processing``) and ``end`` (with the ``UnitResult`` when it is small,
-so no gather round trip is needed). Future done-callbacks catch what events cannot: Dask errors,
-cancellations, lost keys. Dask's own states are translated once, in ``_DASK_FINAL``.
-
-Cancelling a running unit kills its process group on the worker (``client.run``); a Python
-callable cannot be interrupted (it runs on to completion in its worker thread, its result is
-dropped; the unit is CANCELED at once). Cancelling a pilot closes its worker: Dask reschedules
-the late-bound units that ran there, Troy requeues the ones bound to it; a pilot whose worker
-vanishes goes FAILED and its units requeue the same way (at-least-once).
-"""
+"""``DaskFramework``: pilots as Dask worker processes, units as Dask tasks (see the
+package documentation, ``troy.frameworks.dask``, for the design)."""
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
 import logging
 import os
 import queue
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from troy.descriptions import ComputeUnitDescription
 from troy.errors import BadParameter, NoSuccess
-from troy.execution import execute, kill
 from troy.frameworks.base import Pilot, PilotFramework
+from troy.frameworks.dask import agent
+from troy.frameworks.dask.processes import AgentProcess, InProcessScheduler
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
 
@@ -54,138 +25,7 @@ log = logging.getLogger(__name__)
 # Dask future status -> Troy state, for futures that end without our ``end`` event.
 _DASK_FINAL = {"finished": State.DONE, "error": State.FAILED, "cancelled": State.CANCELED,
                "lost": State.FAILED}
-# Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
-# sharing one scheduler never run each other's units; the amount never limits anything.
-_TAG_AMOUNT = 1_000_000
-_SMALL = 16_384  # results carried inline in the ``end`` event up to about this size
 
-# ---------------------------------------------------------------- worker side -------------
-_procs: dict[str, list[subprocess.Popen]] = {}
-_canceled: set[str] = set()
-_procs_lock = threading.Lock()
-_stopping = threading.Event()
-
-
-def _small(result: UnitResult) -> bool:
-    v = result.value
-    if v is None or isinstance(v, (bool, int, float)):
-        return not result.members or all(_small(m) for m in result.members)
-    return isinstance(v, (str, bytes)) and len(v) < _SMALL
-
-
-def _result_to_wire(r: UnitResult) -> list:
-    """Events travel as msgpack: a UnitResult as a plain list (``_small`` results only)."""
-    return [r.exit_code, r.value, r.error, r.start, r.end,
-            [_result_to_wire(m) for m in r.members]]
-
-
-def _result_from_wire(w: list) -> UnitResult:
-    return UnitResult(exit_code=w[0], value=w[1], error=w[2], start=w[3], end=w[4],
-                      members=[_result_from_wire(m) for m in w[5]])
-
-
-def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
-             sandbox: str | None) -> UnitResult | None:
-    """Run one unit inside a Dask worker (the Dask task of every Troy unit)."""
-    from distributed import get_worker
-    worker = get_worker()
-    with _procs_lock:
-        if unit_id in _canceled:
-            return None
-        _procs[unit_id] = []
-
-    def hook(proc: subprocess.Popen) -> None:
-        with _procs_lock:
-            _procs.setdefault(unit_id, []).append(proc)
-            dead = unit_id in _canceled
-        if dead:
-            kill(proc)
-
-    worker.log_event(topic, ["run", unit_id, worker.address, time.time()])
-    try:
-        result = execute(cud, sandbox=sandbox, on_start=hook)
-    finally:
-        with _procs_lock:
-            _procs.pop(unit_id, None)
-    if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
-        raise RuntimeError("pilot stopped while the unit ran")
-    inline = _small(result)
-    worker.log_event(topic, ["end", unit_id, worker.address,
-                             _result_to_wire(result) if inline else None])
-    return None if inline else result
-
-
-def kill_unit(unit_id: str) -> bool:
-    """Kill a unit's processes on this worker (run there by ``client.run``)."""
-    with _procs_lock:
-        _canceled.add(unit_id)
-        procs = list(_procs.get(unit_id, ()))
-    for p in procs:
-        kill(p)
-    return bool(procs)
-
-
-def _kill_all() -> None:
-    _stopping.set()
-    with _procs_lock:
-        procs = [p for ps in _procs.values() for p in ps]
-    for p in procs:
-        kill(p)
-
-
-async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
-                        tag: str) -> None:
-    from distributed import Worker
-    w = await Worker(scheduler, nthreads=nthreads, resources={"cores": cores, tag: _TAG_AMOUNT},
-                     name=name,
-                     host="127.0.0.1", dashboard=False, dashboard_address="127.0.0.1:0",
-                     death_timeout=30)
-    sys.stdout.write(json.dumps({"address": w.address}) + "\n")
-    sys.stdout.flush()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def watch_stdin() -> None:  # EOF: the framework closed us or died
-        sys.stdin.buffer.read()
-        loop.call_soon_threadsafe(stop.set)
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    done = asyncio.ensure_future(w.finished())
-    await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
-                       return_when=asyncio.FIRST_COMPLETED)
-    # Leave the scheduler first (it reschedules what ran here), then kill the units.
-    await w.close(timeout=5, executor_wait=False, reason="troy pilot stopped")
-    _kill_all()
-
-
-async def _serve_scheduler(saturation: float) -> None:
-    import dask
-    from distributed import Scheduler
-    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
-        s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
-                      dashboard_address="127.0.0.1:0")
-    await s
-    sys.stdout.write(json.dumps({"address": s.address}) + "\n")
-    sys.stdout.flush()
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, sys.stdin.buffer.read)
-    await s.close()
-
-
-def worker_main(argv: list[str]) -> None:
-    """``python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG`` or
-    ``... scheduler SATURATION``: serve until stdin closes, after printing the address."""
-    logging.basicConfig(level=logging.WARNING)
-    if len(argv) == 2 and argv[0] == "scheduler":
-        asyncio.run(_serve_scheduler(float(argv[1])))
-        return
-    if len(argv) != 6 or argv[0] != "worker":
-        sys.exit("usage: python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG")
-    asyncio.run(_serve_worker(argv[1], argv[2], int(argv[3]), int(argv[4]), argv[5]))
-    os._exit(0)  # unit threads may still be blocked on killed processes
-
-
-# ---------------------------------------------------------------- client side -------------
 @dataclass
 class _Record:
     unit: ComputeUnit
@@ -200,7 +40,7 @@ class _Record:
 @dataclass
 class _Worker:
     pilot: Pilot
-    proc: subprocess.Popen | None    # None: adopted, not ours
+    proc: AgentProcess | None        # None: adopted, not ours
     timer: threading.Timer | None = None
 
 
@@ -235,13 +75,10 @@ class DaskFramework(PilotFramework):
         self.connect_timeout = connect_timeout
         self.pilot_start_timeout = pilot_start_timeout
         self.scheduler_process = scheduler_process
-        self._scheduler_proc: subprocess.Popen | None = None
         self.client: Any = None
         self.topic = ""
         self._own_sandbox = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
-        self._scheduler: Any = None
+        self._scheduler: AgentProcess | InProcessScheduler | None = None
         self._records: dict[str, _Record] = {}
         self._workers: dict[str, _Worker] = {}      # pilot id -> worker
         self._by_addr: dict[str, Pilot] = {}
@@ -285,60 +122,24 @@ class DaskFramework(PilotFramework):
                 self._adopt(addr, info.get("resources", {}))
 
     def _start_scheduler(self) -> str:
-        if self.scheduler_process:
-            cmd = [sys.executable, "-m", "troy.frameworks.dask", "scheduler",
-                   str(self.worker_saturation)]
-            logf = open(os.path.join(self.sandbox, "scheduler.log"), "ab")
-            with logf:
-                self._scheduler_proc = subprocess.Popen(
-                    cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf,
-                    close_fds=True)
-            line = self._scheduler_proc.stdout.readline()
-            try:
-                return json.loads(line)["address"]
-            except (ValueError, KeyError, TypeError) as err:
-                self._scheduler_proc.kill()
-                raise NoSuccess(f"framework {self.name!r}: the Dask scheduler did not start "
-                                f"(see {logf.name})") from err
-        import dask
-        from distributed import Scheduler
-        self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                             name=f"troy-{self.name}-scheduler")
-        self._loop_thread.start()
-
-        async def make() -> Any:
-            with dask.config.set({"distributed.scheduler.worker-saturation":
-                                  self.worker_saturation}):
-                s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
-                              dashboard_address="127.0.0.1:0")
-            return await s
-
-        self._scheduler = asyncio.run_coroutine_threadsafe(make(), self._loop).result(30)
-        return self._scheduler.address
+        if not self.scheduler_process:
+            self._scheduler = InProcessScheduler(self.name, self.worker_saturation)
+            return self._scheduler.start()
+        proc = AgentProcess(["scheduler", str(self.worker_saturation)],
+                            os.path.join(self.sandbox, "scheduler.log"))
+        address = proc.read_address(self.connect_timeout + 30)
+        if address is None:
+            raise NoSuccess(f"framework {self.name!r}: the Dask scheduler did not start: "
+                            f"{proc.log_tail() or 'no output'}")
+        self._scheduler = proc
+        return address
 
     def _stop_scheduler(self) -> None:
-        proc, self._scheduler_proc = self._scheduler_proc, None
-        if proc is not None:
-            try:
-                proc.stdin.close()
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        if self._scheduler is not None and self._loop is not None:
-            try:
-                asyncio.run_coroutine_threadsafe(self._scheduler.close(), self._loop).result(10)
-            except Exception:  # closing anyway
-                log.exception("closing the Dask scheduler of %s", self.name)
-            self._scheduler = None
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._loop_thread is not None:
-                self._loop_thread.join(5)
-            self._loop.close()
-            self._loop = None
+        scheduler, self._scheduler = self._scheduler, None
+        if isinstance(scheduler, AgentProcess):
+            scheduler.stop()
+        elif scheduler is not None:
+            scheduler.close()
 
     def close(self) -> None:
         if not self._started:
@@ -374,31 +175,20 @@ class DaskFramework(PilotFramework):
     # ------------------------------------------------------------ pilots ------------------
     def _launch_pilot(self, pilot: Pilot) -> None:
         size = pilot.description.size
-        nthreads = self.threads_per_pilot or size
-        cmd = [sys.executable, "-m", "troy.frameworks.dask", "worker",
-               self.scheduler_address, pilot.id, str(nthreads), str(size), self.topic]
-        logpath = os.path.join(self.sandbox, f"{pilot.id}.log")
-        with open(logpath, "ab") as logf:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=logf, close_fds=True)
+        proc = AgentProcess(["worker", self.scheduler_address, pilot.id,
+                             str(self.threads_per_pilot or size), str(size), self.topic],
+                            os.path.join(self.sandbox, f"{pilot.id}.log"))
         self._workers[pilot.id] = _Worker(pilot, proc)
-        threading.Thread(target=self._await_worker, args=(pilot, proc, logpath),
+        threading.Thread(target=self._await_worker, args=(pilot, proc),
                          name=f"troy-{pilot.id}-start", daemon=True).start()
 
-    def _await_worker(self, pilot: Pilot, proc: subprocess.Popen, logpath: str) -> None:
-        watchdog = threading.Timer(self.pilot_start_timeout, proc.kill)
-        watchdog.daemon = True
-        watchdog.start()
-        line = proc.stdout.readline() if proc.stdout else b""
-        watchdog.cancel()
-        try:
-            addr = json.loads(line)["address"]
-        except (ValueError, KeyError, TypeError):
-            with open(logpath, "rb") as f:
-                tail = f.read()[-400:].decode(errors="replace").strip().splitlines()
-            log.error("pilot %s: worker did not start: %s", pilot.id, tail[-1:] or "no output")
-            proc.kill()
-            pilot._set_state(State.FAILED)
+    def _await_worker(self, pilot: Pilot, proc: AgentProcess) -> None:
+        addr = proc.read_address(self.pilot_start_timeout)
+        if addr is None:
+            if pilot.state not in FINAL_STATES:
+                log.error("pilot %s: its worker did not start: %s", pilot.id,
+                          proc.log_tail() or "no output")
+                pilot._set_state(State.FAILED)
             return
         if pilot.state in FINAL_STATES:  # canceled while starting
             return
@@ -480,16 +270,7 @@ class DaskFramework(PilotFramework):
                 except Exception:
                     log.exception("retiring worker %s", pilot.native_id)
             return
-        try:
-            w.proc.stdin.close()
-            w.proc.wait(10)
-        except (OSError, ValueError):
-            pass
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-            w.proc.wait()
-        if w.proc.stdout:
-            w.proc.stdout.close()
+        w.proc.stop()
 
     def _on_cluster_event(self, event: tuple[float, Any]) -> None:
         msg = event[1]
@@ -519,14 +300,16 @@ class DaskFramework(PilotFramework):
         return best
 
     def _reserve(self, rec: _Record, pilot: Pilot | None) -> None:
-        if pilot is not None and rec.reserved is None:
-            pilot._reserve(rec.unit.description.cores)
-            rec.reserved = pilot
+        with self._lock:  # several threads move reservations: count each exactly once
+            if pilot is not None and rec.reserved is None:
+                pilot._reserve(rec.unit.description.cores)
+                rec.reserved = pilot
 
     def _unreserve(self, rec: _Record) -> None:
-        if rec.reserved is not None:
-            rec.reserved._release(rec.unit.description.cores)
-            rec.reserved = None
+        with self._lock:
+            if rec.reserved is not None:
+                rec.reserved._release(rec.unit.description.cores)
+                rec.reserved = None
 
     def _submit_loop(self) -> None:
         while True:
@@ -572,7 +355,7 @@ class DaskFramework(PilotFramework):
             resources = {"cores": cores} if self.adopt_workers else \
                 {"cores": cores, self.topic: 1}
             futures = self.client.map(
-                run_unit, [r.unit.description for r in recs], [r.unit.id for r in recs],
+                agent.run_unit, [r.unit.description for r in recs], [r.unit.id for r in recs],
                 [self.topic] * len(recs), [self.sandbox] * len(recs),
                 key=[r.key for r in recs], resources=resources,
                 workers=[addr] if addr else None, allow_other_workers=False, pure=False)
@@ -613,7 +396,7 @@ class DaskFramework(PilotFramework):
             self._mark_running(rec, addr, pilot, payload)
         elif kind == "end":
             if payload is not None:
-                result = _result_from_wire(payload)
+                result = agent.result_from_wire(payload)
             else:
                 result = rec.future.result() if rec.future is not None else None
                 if result is None:
@@ -687,11 +470,6 @@ class DaskFramework(PilotFramework):
             fut.cancel()
             if fut.status != "finished" and self.client is not None:
                 try:  # kill its processes where it runs (or may be just starting)
-                    self.client.run(kill_unit, unit.id, workers=[addr] if addr else None)
+                    self.client.run(agent.kill_unit, unit.id, workers=[addr] if addr else None)
                 except Exception:
                     log.exception("killing unit %s on %s", unit.id, addr or "all workers")
-
-
-if __name__ == "__main__":
-    from troy.frameworks import dask as _module  # the importable copy holds worker state
-    _module.worker_main(sys.argv[1:])

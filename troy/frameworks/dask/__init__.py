@@ -1,0 +1,31 @@
+"""The ``dask`` pilot framework: a pilot is a Dask worker with a ``cores`` resource.
+
+Layout. ``start()`` starts a Dask scheduler inside this process (its own event-loop thread,
+127.0.0.1, port 0, no dashboard) or attaches to ``scheduler_address`` (``tcp://host:port`` or
+``dask://host:port``). Each pilot is a worker *process* (``python -m troy.frameworks.dask
+worker ...``) with ``resources={"cores": size}``; it reports its address on stdout once it is
+registered with the scheduler (then the pilot is RUNNING, ``native_id`` = worker address) and
+leaves when its stdin closes, so a dying Troy never leaks workers.
+
+Units. ``submit_unit`` queues the unit; a submitter thread hands everything queued so far to
+Dask in one ``client.map`` per (cores, pilot) group, so units submitted in a burst cost one
+scheduler round instead of one each. Each unit is a Dask task (``key`` = unit id + attempt,
+``resources={"cores": cores}``, ``workers=[address]`` when bound early, ``pure=False``).
+Dask's scheduler does the late binding. Inside the worker ``run_unit`` calls
+``troy.execution.execute`` and pushes two events on a topic this framework subscribes to:
+``run`` (the unit really started, with the worker's clock and address: RUNNING is exact, not
+approximated from Dask's ``processing``) and ``end`` (with the ``UnitResult`` when it is small,
+so no gather round trip is needed). Future done-callbacks catch what events cannot: Dask errors,
+cancellations, lost keys. Dask's own states are translated once, in ``_DASK_FINAL``.
+
+Cancelling a running unit kills its process group on the worker (``client.run``); a Python
+callable cannot be interrupted (it runs on to completion in its worker thread, its result is
+dropped; the unit is CANCELED at once). Cancelling a pilot closes its worker: Dask reschedules
+the late-bound units that ran there, Troy requeues the ones bound to it; a pilot whose worker
+vanishes goes FAILED and its units requeue the same way (at-least-once).
+"""
+from __future__ import annotations
+
+from troy.frameworks.dask.framework import DaskFramework
+
+__all__ = ["DaskFramework"]

@@ -1,0 +1,151 @@
+"""The Dask side of the ``dask`` framework: the task every unit runs, and the worker and
+scheduler processes (``python -m troy.frameworks.dask worker|scheduler ...``).
+
+Each process prints its address as one JSON line on stdout once it serves, and leaves when
+its stdin closes: the framework that started it holds the other end, so a Troy that dies
+never leaves workers behind. Worker-side state (the processes of running units, for kills)
+lives in this module, which is what Dask imports when it unpickles ``run_unit``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from troy.descriptions import ComputeUnitDescription
+from troy.execution import execute, kill
+from troy.unit import UnitResult
+
+# Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
+# sharing one scheduler never run each other's units; the amount never limits anything.
+TAG_AMOUNT = 1_000_000
+SMALL = 16_384  # results carried inline in the ``end`` event up to about this size
+
+_procs: dict[str, list[subprocess.Popen]] = {}
+_canceled: set[str] = set()
+_procs_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def _small(result: UnitResult) -> bool:
+    v = result.value
+    if v is None or isinstance(v, (bool, int, float)):
+        return not result.members or all(_small(m) for m in result.members)
+    return isinstance(v, (str, bytes)) and len(v) < SMALL
+
+
+def result_to_wire(r: UnitResult) -> list:
+    """Events travel as msgpack: a UnitResult as a plain list (``_small`` results only)."""
+    return [r.exit_code, r.value, r.error, r.start, r.end,
+            [result_to_wire(m) for m in r.members]]
+
+
+def result_from_wire(w: list) -> UnitResult:
+    return UnitResult(exit_code=w[0], value=w[1], error=w[2], start=w[3], end=w[4],
+                      members=[result_from_wire(m) for m in w[5]])
+
+
+def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
+             sandbox: str | None) -> UnitResult | None:
+    """Run one unit inside a Dask worker (the Dask task of every Troy unit)."""
+    from distributed import get_worker
+    worker = get_worker()
+    with _procs_lock:
+        if unit_id in _canceled:
+            return None
+        _procs[unit_id] = []
+
+    def hook(proc: subprocess.Popen) -> None:
+        with _procs_lock:
+            _procs.setdefault(unit_id, []).append(proc)
+            dead = unit_id in _canceled
+        if dead:
+            kill(proc)
+
+    worker.log_event(topic, ["run", unit_id, worker.address, time.time()])
+    try:
+        result = execute(cud, sandbox=sandbox, on_start=hook)
+    finally:
+        with _procs_lock:
+            _procs.pop(unit_id, None)
+    if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
+        raise RuntimeError("pilot stopped while the unit ran")
+    inline = _small(result)
+    worker.log_event(topic, ["end", unit_id, worker.address,
+                             result_to_wire(result) if inline else None])
+    return None if inline else result
+
+
+def kill_unit(unit_id: str) -> bool:
+    """Kill a unit's processes on this worker (run there by ``client.run``)."""
+    with _procs_lock:
+        _canceled.add(unit_id)
+        procs = list(_procs.get(unit_id, ()))
+    for p in procs:
+        kill(p)
+    return bool(procs)
+
+
+def _kill_all() -> None:
+    _stopping.set()
+    with _procs_lock:
+        procs = [p for ps in _procs.values() for p in ps]
+    for p in procs:
+        kill(p)
+
+
+async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
+                        tag: str) -> None:
+    from distributed import Worker
+    w = await Worker(scheduler, nthreads=nthreads, resources={"cores": cores, tag: TAG_AMOUNT},
+                     name=name,
+                     host="127.0.0.1", dashboard=False, dashboard_address="127.0.0.1:0",
+                     death_timeout=30)
+    sys.stdout.write(json.dumps({"address": w.address}) + "\n")
+    sys.stdout.flush()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def watch_stdin() -> None:  # EOF: the framework closed us or died
+        sys.stdin.buffer.read()
+        loop.call_soon_threadsafe(stop.set)
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    done = asyncio.ensure_future(w.finished())
+    await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
+                       return_when=asyncio.FIRST_COMPLETED)
+    # Leave the scheduler first (it reschedules what ran here), then kill the units.
+    await w.close(timeout=5, executor_wait=False, reason="troy pilot stopped")
+    _kill_all()
+
+
+async def _serve_scheduler(saturation: float) -> None:
+    import dask
+    from distributed import Scheduler
+    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
+        s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                      dashboard_address="127.0.0.1:0")
+    await s
+    sys.stdout.write(json.dumps({"address": s.address}) + "\n")
+    sys.stdout.flush()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.buffer.read)
+    await s.close()
+
+
+def main(argv: list[str]) -> None:
+    """``python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG`` or
+    ``... scheduler SATURATION``: serve until stdin closes, after printing the address."""
+    logging.basicConfig(level=logging.WARNING)
+    if len(argv) == 2 and argv[0] == "scheduler":
+        asyncio.run(_serve_scheduler(float(argv[1])))
+        return
+    if len(argv) != 6 or argv[0] != "worker":
+        sys.exit("usage: python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG")
+    asyncio.run(_serve_worker(argv[1], argv[2], int(argv[3]), int(argv[4]), argv[5]))
+    os._exit(0)  # unit threads may still be blocked on killed processes

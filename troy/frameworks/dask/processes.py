@@ -1,0 +1,112 @@
+"""The processes and threads behind the ``dask`` framework: our worker and scheduler
+processes (``AgentProcess``) and a scheduler inside this process (``InProcessScheduler``)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class AgentProcess:
+    """``python -m troy.frameworks.dask ARGS``: logs to ``logpath``, reports its address as
+    its first stdout line, and leaves when its stdin closes (see ``agent``)."""
+
+    def __init__(self, args: list[str], logpath: str) -> None:
+        self.logpath = logpath
+        with open(logpath, "ab") as logf:
+            self.proc = subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask", *args],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=logf, close_fds=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def read_address(self, timeout: float) -> str | None:
+        """Block until the process reports its address; None (and the process killed) if
+        it fails or takes longer than ``timeout`` seconds."""
+        watchdog = threading.Timer(timeout, self.proc.kill)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            line = self.proc.stdout.readline() if self.proc.stdout else b""
+        finally:
+            watchdog.cancel()
+        try:
+            return str(json.loads(line)["address"])
+        except (ValueError, KeyError, TypeError):
+            self.proc.kill()
+            return None
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.logpath, "rb") as f:
+                lines = f.read()[-2000:].decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close its stdin (it leaves cleanly); kill it if it takes longer than ``timeout``."""
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        except (OSError, ValueError):
+            pass
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+class InProcessScheduler:
+    """A Dask scheduler on 127.0.0.1 (port 0, no dashboard) on its own event-loop thread."""
+
+    def __init__(self, name: str, saturation: float) -> None:
+        self.name = name
+        self.saturation = saturation
+        self.address = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._scheduler: Any = None
+
+    def start(self, timeout: float = 30.0) -> str:
+        import dask
+        from distributed import Scheduler
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"troy-{self.name}-scheduler")
+        self._thread.start()
+
+        async def make() -> Any:
+            with dask.config.set({"distributed.scheduler.worker-saturation": self.saturation}):
+                s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                              dashboard_address="127.0.0.1:0")
+            return await s
+
+        self._scheduler = asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
+        self.address = self._scheduler.address
+        return self.address
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        if self._scheduler is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._scheduler.close(), self._loop).result(10)
+            except Exception:  # closing anyway
+                log.exception("closing the Dask scheduler of %s", self.name)
+            self._scheduler = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._loop.close()
+        self._loop = None
