@@ -85,12 +85,15 @@ def describe_for_store(cud: ComputeUnitDescription) -> tuple[dict[str, Any], boo
         out["bundle"] = [clean(m) for m in d.bundle]
         return out
 
-    data = clean(cud)
+    return clean(cud), persistable
+
+
+def _dumps_description(cud: ComputeUnitDescription) -> tuple[str, bool]:
+    data, persistable = describe_for_store(cud)
     try:
-        json.dumps(data)
-    except (TypeError, ValueError):
-        return {"unserialisable": repr(cud)[:500]}, False
-    return data, persistable
+        return json.dumps(data), persistable
+    except (TypeError, ValueError):  # e.g. a non-JSON value in a callable's kwargs
+        return json.dumps({"unserialisable": repr(cud)[:500]}), False
 
 
 class Store:
@@ -146,8 +149,8 @@ class Store:
         now = time.time()
         rows = []
         for u in units:
-            desc, persistable = describe_for_store(u.description)
-            rows.append((u.id, session, workload, json.dumps(u.task_ids), json.dumps(desc),
+            desc, persistable = _dumps_description(u.description)
+            rows.append((u.id, session, workload, json.dumps(u.task_ids), desc,
                          int(persistable), u.state.value, u.framework, u.pilot,
                          u.attempts, now, now))
         if not rows:
@@ -262,6 +265,8 @@ class Store:
                      spec: dict[str, Any] | None = None) -> None:
         now = time.time()
         with self._lock:
+            if self._closed:  # a late event while the session closes: nothing to keep
+                return
             self._db().execute(
                 "INSERT INTO workloads (id, session, state, tasks, spec, created, updated) "
                 "VALUES (?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET state=excluded.state, "

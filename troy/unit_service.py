@@ -41,7 +41,7 @@ class UnitService:
         self.wait = wait
         self.early_binding = early_binding
         self._units: dict[str, ComputeUnit] = {}
-        self._queue: list[ComputeUnit] = []
+        self._queue: dict[str, ComputeUnit] = {}  # insertion-ordered: the queue order
         self._lock = threading.RLock()
         self._dispatch_lock = threading.Lock()
         self._wake = threading.Event()
@@ -72,8 +72,9 @@ class UnitService:
         return self.submit_units([unit], pilot=pilot)[0]
 
     def submit_units(self, units: Iterable[UnitLike], pilot: Pilot | str | None = None,
-                     workload: str | None = None) -> list[ComputeUnit]:
-        """Submit several units (recorded in the store in one transaction)."""
+                     workload: str | None = None, stored: bool = False) -> list[ComputeUnit]:
+        """Submit several units (recorded in the store in one transaction, unless
+        ``stored`` says they already are, as a workload manager's are)."""
         if self._closed:
             raise NoSuccess("the unit service is closed")
         cus = [u if isinstance(u, ComputeUnit) else ComputeUnit(ComputeUnitDescription.coerce(u))
@@ -82,7 +83,11 @@ class UnitService:
         for u in cus:
             u._set_state(State.PENDING)
             u.add_callback(self._on_unit)
-        self.session.store.add_units(cus, session=self.session.id, workload=workload)
+        if stored:
+            for u in cus:
+                self.session.store.record(u)
+        else:
+            self.session.store.add_units(cus, session=self.session.id, workload=workload)
         with self._lock:
             for u in cus:
                 self._units[u.id] = u
@@ -91,7 +96,7 @@ class UnitService:
                 target.framework.submit_unit(u, target)
             return cus
         with self._lock:
-            self._queue.extend(cus)
+            self._queue.update((u.id, u) for u in cus)
         if not self.wait:
             self._pass(raise_unplaced=True)
         else:
@@ -134,7 +139,8 @@ class UnitService:
         todo = list(units) if units is not None else self.list_units()
         with self._lock:
             ids = {u.id for u in todo}
-            self._queue = [u for u in self._queue if u.id not in ids]
+            for uid in ids:
+                self._queue.pop(uid, None)
         for u in todo:
             if u.state not in FINAL_STATES:
                 u.cancel()
@@ -145,7 +151,7 @@ class UnitService:
             if self._closed:
                 return
             self._closed = True
-            queued, self._queue = self._queue, []
+            queued, self._queue = list(self._queue.values()), {}
         self._wake.set()
         for u in queued:
             u._set_state(State.CANCELED)
@@ -184,7 +190,7 @@ class UnitService:
         """Offer every queued unit to the scheduler, in order."""
         with self._dispatch_lock:
             with self._lock:
-                queue = list(self._queue)
+                queue = list(self._queue.values())
             if not queue:
                 return
             sched = self.scheduler
@@ -204,6 +210,8 @@ class UnitService:
                     unplaced.append(unit)
                     if sched.in_order and not raise_unplaced and could_ever_fit(self, cores):
                         break
+                    if sched.monotone and cores == 1 and not raise_unplaced:
+                        break  # nothing fits at all: the rest waits for the next event
                     narrowest_failed = cores if narrowest_failed is None \
                         else min(narrowest_failed, cores)
                     continue
@@ -224,7 +232,8 @@ class UnitService:
             if raise_unplaced and unplaced:
                 ids = {u.id for u in unplaced}
                 with self._lock:
-                    self._queue = [u for u in self._queue if u.id not in done | ids]
+                    for uid in done | ids:
+                        self._queue.pop(uid, None)
                 for u in unplaced:
                     u._set_state(State.FAILED)
                 widths = sorted({u.description.cores for u in unplaced})
@@ -232,4 +241,5 @@ class UnitService:
                                 f"of {', '.join(map(str, widths))} core(s) (scheduler "
                                 f"{sched.name!r}, wait=False)")
             with self._lock:
-                self._queue = [u for u in self._queue if u.id not in done]
+                for uid in done:
+                    self._queue.pop(uid, None)

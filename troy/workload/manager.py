@@ -253,14 +253,14 @@ class WorkloadManager:
                 late.extend(group)
                 continue
             try:
-                us.submit_units(group, pilot=pilot, workload=plan.workload.id)
+                us.submit_units(group, pilot=pilot, workload=plan.workload.id, stored=True)
             except Exception as err:  # the pilot went away meanwhile: bind late instead
                 log.warning("early-bound submission to %s failed (%s); binding late",
                             pilot.id, err)
                 late.extend(u for u in group
                             if u._framework_obj is None and u.state not in FINAL_STATES)
         if late:
-            us.submit_units(late, workload=plan.workload.id)
+            us.submit_units(late, workload=plan.workload.id, stored=True)
 
     # -- wait / cancel ------------------------------------------------------------------
     def wait_workload(self, workload: Workload, timeout: float | None = None) -> State:
