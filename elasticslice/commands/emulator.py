@@ -37,11 +37,16 @@ def emulator() -> None:
 @click.option("--project", default=DEFAULT_PROJECT, show_default=True)
 @click.option("--domain", default=DEFAULT_DOMAIN, show_default=True,
               help="Authority domain of every URN.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address `serve` listens on by default (also put in the server certificate).")
+@click.option("--hostname", "hostnames", multiple=True,
+              help="Extra DNS name for the server certificate (repeatable).")
 @click.option("--force", is_flag=True, help="Start over in an existing emulator directory.")
-def init_cmd(directory: Path, port: int, user: str, project: str, domain: str,
-             force: bool) -> None:
+def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, host: str,
+             hostnames: tuple[str, ...], force: bool) -> None:
     """Create the CA, certificates, user.pem, password and elasticslice.conf in DIR."""
-    d = init_emulator(directory, port, user=user, project=project, domain=domain, force=force)
+    d = init_emulator(directory, port, user=user, project=project, domain=domain, host=host,
+                      hostnames=hostnames, force=force)
     click.echo(f"emulator initialised in {d}")
     click.echo(f"client config: {d / 'elasticslice.conf'}")
     click.echo(f"next: elasticslice emulator serve --dir {d}")

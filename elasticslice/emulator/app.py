@@ -26,7 +26,7 @@ from elasticslice.emulator.faults import FaultInjector
 from elasticslice.emulator.pool import load_inventory, sync_nodes
 from elasticslice.emulator.sa import SliceAuthority
 from elasticslice.emulator.server import TLSServer, server_context
-from elasticslice.emulator.setup import base_url, load_config, write_client_conf
+from elasticslice.emulator.setup import base_url, load_config, write_atomic, write_client_conf
 from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import Store
 from elasticslice.errors import ConfigError, ElasticSliceError
@@ -102,7 +102,7 @@ class EmulatorServer:
         self._tls.start()
         self.reclaimer.start()
         write_client_conf(self.directory, self.host, self.port)
-        (self.directory / "server.json").write_text(json.dumps(
+        write_atomic(self.directory / "server.json", json.dumps(
             {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid()}) + "\n")
         log.info("emulator serving %s (state %s)", self.url, store.path)
         return self

@@ -17,6 +17,7 @@ Layout of an emulator directory D::
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -66,6 +67,9 @@ def load_config(directory: str | Path) -> EmulatorConfig:
 
 
 def base_url(host: str, port: int) -> str:
+    """The XML-RPC base URL of a server at host:port (a wildcard address is reached locally)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
     shown = f"[{host}]" if ":" in host else host
     return f"https://{shown}:{port}/protogeni/xmlrpc"
 
@@ -92,8 +96,14 @@ def write_client_conf(directory: str | Path, host: str, port: int) -> Path:
         "retry_delay = 0.5\n"
         "retry_max_delay = 5\n"
     )
-    path = d / "elasticslice.conf"
-    path.write_text(text, encoding="utf-8")
+    return write_atomic(d / "elasticslice.conf", text)
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Replace a file in one step, so a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
     return path
 
 
@@ -122,10 +132,14 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     ca, ca_key = pki.make_ca(f"elasticslice emulator CA ({domain})")
     (d / "ca.pem").write_bytes(ca)
     pki.write_private_file(d / "ca-key.pem", ca_key)
-    ips = ["127.0.0.1"] + ([host] if host not in ("127.0.0.1", "localhost") and
-                           host.replace(".", "").isdigit() else [])
-    _issue(d, "server", ca, ca_key, "localhost", urn=ident.cm_urn,
-           hostnames=("localhost",) + tuple(hostnames), ips=ips)
+    ips, names = ["127.0.0.1"], ["localhost", *hostnames]
+    if host not in ("127.0.0.1", "localhost", "0.0.0.0", "::"):
+        try:
+            ipaddress.ip_address(host)
+            ips.append(host)
+        except ValueError:
+            names.append(host)
+    _issue(d, "server", ca, ca_key, "localhost", urn=ident.cm_urn, hostnames=names, ips=ips)
     _issue(d, "sa", ca, ca_key, f"sa.{domain}", urn=ident.sa_urn)
     _issue(d, "cm", ca, ca_key, f"cm.{domain}", urn=ident.cm_urn)
     admin_cert, admin_key = pki.issue_certificate(ca, ca_key, "emulator-admin",

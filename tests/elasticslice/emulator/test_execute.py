@@ -58,8 +58,9 @@ def test_rspec_execute_service_runs_and_reports_running(emulator):
     wait_for(lambda: _detail(s, urn, cred, "a").get("execute_state") == "running",
              timeout=20, what="startup running")
     node_dir = emulator.dir / "nodes" / _node_id(s, urn, cred, "a")
-    wait_for(lambda: (node_dir / "who").exists(), timeout=10, what="startup output")
-    assert (node_dir / "who").read_text().strip() == "a"
+    who = node_dir / "who"
+    wait_for(lambda: who.exists() and who.read_text().strip(), timeout=10, what="startup output")
+    assert who.read_text().strip() == "a"
 
 
 def test_deleting_a_node_kills_its_processes_and_wipes_it(emulator):
