@@ -83,7 +83,8 @@ class Pilot:
         if self._state in FINAL_STATES or self._state is state:
             return
         self._state = state
-        for cb in list(self._callbacks):
+        watchers = list(getattr(self.framework, "_pilot_watchers", ()))
+        for cb in list(self._callbacks) + watchers:
             try:
                 cb(self, state)
             except Exception:
@@ -128,22 +129,17 @@ class PilotFramework(ABC):
         pilot = Pilot(pd, self)
         with self._lock:
             self._pilots[pilot.id] = pilot
-            watchers = list(getattr(self, "_pilot_watchers", ()))
-        for cb in watchers:
-            pilot.add_callback(cb)
         self._launch_pilot(pilot)
         return pilot
 
     def add_pilot_callback(self, cb: PilotCallback) -> None:
         """Call ``cb(pilot, state)`` on every state change of every pilot of this framework,
-        present and future (a UnitService uses it to re-check the units it queues)."""
+        present and future, however created (a UnitService uses it to re-check the units
+        it queues). ``Pilot._set_state`` calls these after the pilot's own callbacks."""
         with self._lock:
             if not hasattr(self, "_pilot_watchers"):
                 self._pilot_watchers: list[PilotCallback] = []
             self._pilot_watchers.append(cb)
-            pilots = list(self._pilots.values())
-        for p in pilots:
-            p.add_callback(cb)
 
     def list_pilots(self) -> list[Pilot]:
         with self._lock:
