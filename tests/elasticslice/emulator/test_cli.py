@@ -92,3 +92,22 @@ def test_serve_revoke_load_report_and_clean_shutdown(tmp_path, emulator_pki):
     assert proc.returncode == 0, err
     assert "emulator stopped" in out and "Traceback" not in err
     assert not (d / "server.json").exists()
+
+
+def test_serve_bad_input_is_one_clear_line(tmp_path, emulator):
+    runner = CliRunner()
+    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(tmp_path / "nothing")])
+    assert result.exit_code == 1 and "not an emulator directory" in result.output
+    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(emulator.dir),
+                                 "--fault-rate", "2"])
+    assert result.exit_code == 2 and "--fault-rate" in result.output
+    busy_port = str(emulator.server.port)
+    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(emulator.dir),
+                                 "--port", busy_port])
+    assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{busy_port}" in result.output
+    assert "Traceback" not in result.output
+    bad = tmp_path / "inv.ini"
+    bad.write_text("[m400]\ncount = x\n")
+    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(emulator.dir),
+                                 "--inventory", str(bad)])
+    assert result.exit_code == 1 and "m400.count" in result.output
