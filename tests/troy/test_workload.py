@@ -193,3 +193,23 @@ def test_workload_is_recorded_in_the_store(troy_session, local_fw):
     assert rows[w.id]["state"] is State.DONE
     units = troy_session.store.units()
     assert [u.task_ids for u in units if u.workload == w.id] == [list(w.tasks)]
+
+
+def test_cancel_from_a_callback_on_concurrent_failures_does_not_deadlock(troy_session,
+                                                                         local_fw):
+    """Fail fast: a task callback cancels the whole workload while other tasks fail too."""
+    w = Workload()
+    failing = w.add_task([{"executable": "/bin/sh", "arguments": ["-c", "exit 1"]}
+                          for _ in range(6)])
+    slow = w.add_task([{"executable": "/bin/sleep", "arguments": ["30"]} for _ in range(4)])
+
+    def fail_fast(task, state):
+        if state is State.FAILED:
+            w.cancel()
+
+    for t in failing:
+        w.tasks[t].add_callback(fail_fast)
+    wm = WorkloadManager(troy_session, bundle=False, scheduler="round_robin")
+    wm.dispatch_workload(w)
+    assert w.wait(20) is State.FAILED and w.finished
+    assert {w.tasks[t].state for t in slow} == {State.CANCELED}

@@ -81,20 +81,34 @@ class Task:
                 u.cancel()
 
     # -- for the managers ---------------------------------------------------------------
+    # A state is derived and set under the task's lock (so the last event always wins);
+    # callbacks run outside it, so a callback may cancel other tasks without deadlocks.
     def _set_state(self, state: State) -> None:
         with self._lock:
-            old = self._state
-            if old is state or old in FINAL_STATES:
-                return
-            self._state = state
-            for cb in list(self._callbacks):
-                try:
-                    cb(self, state)
-                except Exception:
-                    log.exception("task callback %r on %s failed", cb, self.id)
-            # last, so that whoever waits on the workload sees the task's callbacks done
-            if self._workload is not None:
-                self._workload._task_changed(self, old, state)
+            change = self._transition(state)
+        self._notify(change)
+
+    def _transition(self, state: State) -> tuple[State, State] | None:
+        old = self._state
+        if old is state or old in FINAL_STATES:
+            return None
+        self._state = state
+        return old, state
+
+    def _notify(self, change: tuple[State, State] | None) -> None:
+        if change is None:
+            return
+        old, new = change
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for cb in callbacks:
+            try:
+                cb(self, new)
+            except Exception:
+                log.exception("task callback %r on %s failed", cb, self.id)
+        # last, so that whoever waits on the workload sees the task's callbacks done
+        if self._workload is not None:
+            self._workload._task_changed(self, old, new)
 
     def _attach(self, unit: ComputeUnit) -> None:
         with self._lock:
@@ -106,16 +120,18 @@ class Task:
             if self._state in FINAL_STATES:
                 return
             self._dispatched = True
-            self._set_state(State.DISPATCHED)
-            self._rederive()
+            first = self._transition(State.DISPATCHED)
+            second = self._transition(self._derive())
+        self._notify(first)
+        self._notify(second)
 
     def _on_unit(self, unit: ComputeUnit, state: State) -> None:
         with self._lock:
-            if self._dispatched:
-                self._rederive()
+            change = self._transition(self._derive()) if self._dispatched else None
+        self._notify(change)
 
-    def _rederive(self) -> None:
-        self._set_state(derive_task_state(self._unit_view(u) for u in self.units))
+    def _derive(self) -> State:
+        return derive_task_state(self._unit_view(u) for u in self.units)
 
     def _unit_view(self, unit: ComputeUnit) -> State:
         """The state of ``unit`` as far as this task is concerned (see the module doc)."""

@@ -104,14 +104,21 @@ class Workload:
                 self._cond.wait(left)
             return self._state
 
+    # States are set under the lock (the last event wins); callbacks run outside it.
     def _set_state(self, state: State) -> None:
         with self._lock:
-            if self._state is state:
-                return
-            self._state = state
-            callbacks = list(self._callbacks)
-            self._cond.notify_all()
-        for cb in callbacks:
+            callbacks = self._transition(state)
+        self._notify(state, callbacks)
+
+    def _transition(self, state: State) -> list[WorkloadCallback] | None:
+        if self._state is state:
+            return None
+        self._state = state
+        self._cond.notify_all()
+        return list(self._callbacks)
+
+    def _notify(self, state: State, callbacks: list[WorkloadCallback] | None) -> None:
+        for cb in callbacks or ():
             try:
                 cb(self, state)
             except Exception:
@@ -124,9 +131,11 @@ class Workload:
             self._counts[old] -= 1
             self._counts[new] += 1
             self._cond.notify_all()
-            state = self._derive() if self._dispatched else None
-        if state is not None:
-            self._set_state(state)
+            if not self._dispatched:
+                return
+            state = self._derive()
+            callbacks = self._transition(state)
+        self._notify(state, callbacks)
 
     def _derive(self) -> State:
         """Seed 001's workload table, on task-state counts (same result as
@@ -147,10 +156,11 @@ class Workload:
     def _mark_dispatched(self) -> None:
         with self._lock:
             self._dispatched = True
-        self._set_state(State.DISPATCHED)
-        with self._lock:
+            first = self._transition(State.DISPATCHED)
             state = self._derive()
-        self._set_state(state)
+            second = self._transition(state)
+        self._notify(State.DISPATCHED, first)
+        self._notify(state, second)
 
     # -- composition --------------------------------------------------------------------
     def lock(self) -> None:
