@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from troy.errors import NoSuccess
+from troy.errors import IncorrectState, NoSuccess
 from troy.overlay import Overlay, OverlayManager
 from troy.planner import Planner
 from troy.session import Session
@@ -33,6 +33,9 @@ def execute_workload(session: Session, workload: Workload, overlay: Overlay | No
     derived = overlay is None
     if overlay is None:
         overlay = planner.derive_overlay(workload)
+    if overlay.state in (State.COMPLETED, State.FAILED):
+        raise IncorrectState(f"overlay {overlay.id} is {overlay.state.value}: its pilots are "
+                             f"gone; describe a new overlay")
     OverlayManager(session).manage_overlay(overlay)
     wm = manager or WorkloadManager(session, **manager_options)
     try:

@@ -55,3 +55,12 @@ def test_use_case_a_two_frameworks_in_one_session(tmp_path):
             assert (out / "join").read_text() == "go\n" * 3
             assert {u.framework for t in w.tasks.values() for u in t.units} == {name}
             overlay.cancel()
+
+
+def test_an_ended_overlay_is_refused(troy_session, tmp_path):
+    overlay = troy.Overlay([{"size": 1}])
+    w = diamond(tmp_path)
+    assert troy.execute_workload(troy_session, w, overlay) is State.DONE
+    overlay.cancel()
+    with pytest.raises(troy.IncorrectState, match="COMPLETED"):
+        troy.execute_workload(troy_session, diamond(tmp_path), overlay)
