@@ -213,3 +213,17 @@ def test_close_cancels_what_is_left(framework, tmp_path):
     wait_for(lambda: u.state is State.RUNNING, 30, what="unit running")
     framework.close()
     assert u.state is State.CANCELED and p.state is State.CANCELED
+
+
+def test_pilot_walltime_ends_it_done_and_its_units_move(framework, tmp_path):
+    gate, runs = tmp_path / "gate", tmp_path / "runs"
+    short = framework.submit_pilot(troy.PilotDescription(size=1, walltime=2.0))
+    assert short.wait_running(30) is State.RUNNING
+    u = framework.submit_unit(CUD(executable="/bin/sh", arguments=[
+        "-c", f"echo run >> {runs}; while [ ! -e {gate} ]; do sleep 0.02; done"]))
+    wait_for(lambda: u.state is State.RUNNING and u.pilot == short.id, 30, what="unit on it")
+    spare = running_pilot(framework, 1)
+    wait_for(lambda: short.state is State.DONE, 30, what="walltime over")
+    wait_for(lambda: u.state is State.RUNNING and u.pilot == spare.id, 30, what="moved")
+    gate.touch()
+    assert u.wait(30) is State.DONE and runs.read_text() == "run\nrun\n"
