@@ -79,7 +79,8 @@ def describe_for_store(cud: ComputeUnitDescription) -> tuple[dict[str, Any], boo
             persistable = False
             fn = d.function
             out["function"] = None
-            out["callable"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+            name = getattr(fn, "__qualname__", repr(fn))
+            out["callable"] = f"{getattr(fn, '__module__', '?')}.{name}"
             out["args"], out["kwargs"] = [], {}
         out["args"] = list(out.get("args") or [])
         out["bundle"] = [clean(m) for m in d.bundle]

@@ -31,7 +31,8 @@ class RoundRobinScheduler(BaseScheduler):
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription):
+    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription
+                 ) -> tuple[PilotFramework, Pilot | None] | None:
         candidates = []
         for fw in unit_service.list_pilot_frameworks():
             wide = [p for p in running_pilots(fw) if p.description.size >= cud.cores]
@@ -54,7 +55,8 @@ class FirstFitScheduler(BaseScheduler):
     in_order = True
     monotone = True
 
-    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription):
+    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription
+                 ) -> tuple[PilotFramework, Pilot | None] | None:
         for fw in unit_service.list_pilot_frameworks():
             for p in running_pilots(fw):
                 if p.free_cores >= cud.cores:
@@ -71,7 +73,8 @@ class BackfillScheduler(BaseScheduler):
     name = "backfill"
     monotone = True
 
-    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription):
+    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription
+                 ) -> tuple[PilotFramework, Pilot | None] | None:
         best = None
         for fw in unit_service.list_pilot_frameworks():
             for p in running_pilots(fw):

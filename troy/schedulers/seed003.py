@@ -29,6 +29,7 @@ from troy.schedulers.base import BaseScheduler
 from troy.states import State
 
 if TYPE_CHECKING:
+    from troy.frameworks.base import Pilot, PilotFramework
     from troy.unit_service import UnitService
 
 
@@ -37,7 +38,8 @@ class Seed003Scheduler(BaseScheduler):
 
     name = "seed003"
 
-    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription):
+    def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription
+                 ) -> tuple[PilotFramework, Pilot | None] | None:
         # the cud property relevant for this scheduler: how many cores the unit needs
         cores = cud.cores
         # for the given cud, find a framework with a suitable pilot which can run it
