@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from troy.errors import IncorrectState, NoSuccess
+from troy.errors import BadParameter, IncorrectState, NoSuccess
 from troy.overlay import Overlay, OverlayManager
 from troy.planner import Planner
 from troy.session import Session
@@ -27,6 +27,8 @@ def execute_workload(session: Session, workload: Workload, overlay: Overlay | No
     running for reuse. ``manager_options`` go to ``WorkloadManager`` (``bundle``,
     ``scheduler``, ``bundle_threshold``). ``timeout``: NoSuccess if the tasks are not all
     final by then (they keep running; cancel the workload to stop them)."""
+    if not workload.tasks:
+        raise BadParameter(f"workload {workload.id} has no tasks")
     planner = Planner(session)
     if workload.state is State.DESCRIBED:
         planner.plan(workload)

@@ -64,3 +64,8 @@ def test_an_ended_overlay_is_refused(troy_session, tmp_path):
     overlay.cancel()
     with pytest.raises(troy.IncorrectState, match="COMPLETED"):
         troy.execute_workload(troy_session, diamond(tmp_path), overlay)
+
+
+def test_an_empty_workload_is_refused(troy_session):
+    with pytest.raises(troy.BadParameter, match="has no tasks"):
+        troy.execute_workload(troy_session, troy.Workload())
