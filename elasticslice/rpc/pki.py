@@ -9,6 +9,7 @@ URN and SA URL out of them (for the client).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import ipaddress
 import os
 from collections.abc import Iterable
@@ -52,9 +53,20 @@ def _load_key(key_pem: bytes | str, password: bytes | str | None = None) -> rsa.
     return key
 
 
+@functools.lru_cache(maxsize=32)
+def _load_key_cached(data: bytes, pwd: bytes | None) -> rsa.RSAPrivateKey:
+    return _load_key(data, pwd)
+
+
 def load_private_key(key_pem: bytes | str, password: bytes | str | None = None) -> rsa.RSAPrivateKey:
-    """Load a (possibly encrypted) PEM RSA key; CredentialError on a wrong password."""
-    return _load_key(key_pem, password)
+    """Load a (possibly encrypted) PEM RSA key; CredentialError on a wrong password.
+
+    Loading validates the key (tens of ms), and signers load the same few keys on every
+    credential they issue, so loaded keys are kept in a small in-process cache.
+    """
+    data = key_pem.encode() if isinstance(key_pem, str) else bytes(key_pem)
+    pwd = password.encode() if isinstance(password, str) else password
+    return _load_key_cached(data, pwd)
 
 
 def _name(common_name: str, email: str | None = None) -> x509.Name:
