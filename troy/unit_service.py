@@ -76,7 +76,7 @@ class UnitService:
         """Submit several units (recorded in the store in one transaction, unless
         ``stored`` says they already are, as a workload manager's are)."""
         if self._closed:
-            raise NoSuccess("the unit service is closed")
+            raise IncorrectState("the unit service is closed")
         cus = [u if isinstance(u, ComputeUnit) else ComputeUnit(ComputeUnitDescription.coerce(u))
                for u in units]
         target = self._find_pilot(pilot) if pilot is not None else None

@@ -171,11 +171,12 @@ class LocalFramework(PilotFramework):
             free = {p.id: p.free_cores for p in pilots}
             if not free:
                 return
+            total_free = sum(free.values())
             keep: list[tuple[ComputeUnit, Pilot | None]] = []
             smallest_unplaced = None
             for i, (unit, bound) in enumerate(self._queue):
-                if not any(free.values()):
-                    keep.extend(self._queue[i:])
+                if total_free <= 0:
+                    keep.extend(self._queue[i:])  # nothing more can start now
                     break
                 cores = unit.description.cores
                 target = None
@@ -192,6 +193,7 @@ class LocalFramework(PilotFramework):
                     keep.append((unit, bound))
                     continue
                 free[target.id] -= cores
+                total_free -= cores
                 target._reserve(cores)
                 run = _Run(unit, target, cores)
                 self._running[unit.id] = run
