@@ -142,6 +142,8 @@ class DaskFramework(PilotFramework):
             scheduler.close()
 
     def close(self) -> None:
+        """Cancel what is left, then close the client (releasing every key), our workers and
+        our scheduler. Adopted workers are left running: they are not ours."""
         if not self._started:
             return
         self._started = False
@@ -149,25 +151,28 @@ class DaskFramework(PilotFramework):
             self._records.pop(rec.unit.id, None)
             self._unreserve(rec)
             rec.unit._set_state(State.CANCELED)
-        try:
-            self.client.unsubscribe_topic("all")
-        except Exception:
-            log.debug("unsubscribing from cluster events", exc_info=True)
-        for pilot in self.list_pilots():
-            if pilot.state not in FINAL_STATES:
-                if pilot.native_id:
-                    self._dead_addrs.add(pilot.native_id)
-                self._stop_worker(pilot)
-                pilot._set_state(State.CANCELED)
+        live = [p for p in self.list_pilots() if p.state not in FINAL_STATES]
+        for pilot in live:
+            if pilot.native_id:
+                self._dead_addrs.add(pilot.native_id)
         self._submitq.put(None)
         self._inbox.put(None)
         for t in self._threads:
             t.join(10)
         self._threads.clear()
+        self._by_key.clear()
         try:
+            self.client.unsubscribe_topic("all")
             self.client.close(timeout=10)
         except Exception:
             log.exception("closing the Dask client of %s", self.name)
+        for pilot in live:
+            w = self._workers.get(pilot.id)
+            if w is not None and w.timer is not None:
+                w.timer.cancel()
+            if w is not None and w.proc is not None:
+                w.proc.stop()
+            pilot._set_state(State.CANCELED)
         self._stop_scheduler()
         if self._own_sandbox and self.sandbox:
             shutil.rmtree(self.sandbox, ignore_errors=True)
