@@ -393,7 +393,13 @@ class Demo:
         threading.Thread(target=execute, name="demo-troy", daemon=True).start()
         seen: set[str] = set()
         step, shown = max(1, total // 4), 0
-        while (tid := finished.get()) is not None:
+        while True:
+            try:   # a timeout, so that Ctrl-C is noticed even when no task ends for a while
+                tid = finished.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if tid is None:
+                break
             seen.add(tid)
             if self.c.tty or len(seen) - shown >= step or len(seen) == total:
                 shown = len(seen)
@@ -466,12 +472,15 @@ class Demo:
             self.server = None
         if self.emu is not None:
             emu, self.emu = self.emu, None
+            log.info("stopping the emulator")
             emu.stop()   # also kills every node process it started
+            log.info("emulator stopped")
 
     def close(self) -> None:
         """Stop whatever is still running (after a failure or an interrupt). Idempotent."""
         session, self.session = self.session, None
         if session is not None:
+            log.info("closing the Troy session (pilots, units)")
             try:
                 session.close()
             except Exception:

@@ -78,14 +78,15 @@ def emulator_port(report: dict) -> int:
 
 def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> None:
     d = tmp_path / "run"
-    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.05", cwd=tmp_path)
-    # While Troy runs (step 4) the nodes are still held: their sandboxes hold what the
-    # startup command wrote. The demo is frozen while we look, so nothing is released.
+    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.1", cwd=tmp_path)
+    # While Troy runs (step 4, two seconds of tasks) the nodes are still held: their
+    # sandboxes hold what the startup command wrote. The demo is frozen while we look.
     wait_for(lambda: run.saw("[4/5]") or run.proc.poll() is not None, 60, what="step 4")
     os.kill(run.proc.pid, signal.SIGSTOP)
     try:
         started = sorted(d.glob("nodes/*/started"))
         contents = [p.read_text() for p in started]
+        assert not run.saw("[5/5]")
     finally:
         os.kill(run.proc.pid, signal.SIGCONT)
     code, out, err = run.finish()
