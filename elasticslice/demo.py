@@ -4,9 +4,9 @@ client and Troy, for real and in one process tree.
 Five steps: start the emulator (TLS, its own CA) in a fresh directory; register a slice and
 create a sliver of nodes whose startup command really runs in each node's sandbox; grow the
 sliver with AddNodes; run a WfCommons workflow with Troy on one pilot per acquired node,
-sized to the node's cores; give every node back and stop. ``run_demo`` returns a
-``DemoResult`` and writes ``report.json``; every process it starts (emulator, node
-processes, Dask) is stopped before it returns, whatever happens.
+sized to the node's cores; give every node back and stop. ``Demo(options, output).run()``
+returns a ``DemoResult`` and writes ``report.json``; ``close()`` stops whatever is still
+running (emulator, node processes, pilots, Dask) after a failure or an interrupt.
 
 The pilots run on this machine today: turning each acquired node into a pilot agent is the
 elastic manager's job. The demo says so in its output.
@@ -107,14 +107,13 @@ class DemoResult:
 
 
 class Output(Protocol):
-    """Where the demo shows itself (``bin/demo``'s console): steps, details, progress."""
+    """Where the demo shows itself (``bin/demo``'s console): steps (a title and a short
+    name for error messages), labelled details, progress lines (``final`` ends one)."""
 
     tty: bool
 
     def step(self, title: str, short: str) -> None: ...
-
     def detail(self, label: str, text: str = "") -> None: ...
-
     def progress(self, text: str, final: bool) -> None: ...
 
 
