@@ -150,3 +150,26 @@ def test_use_case_b_wide_unit_on_big_dask_pilot(dask_scheduler, tmp_path):
         assert wide.state is State.DONE
         assert wide.framework == "big" and wide.pilot == bp.id
         assert {u.framework for u in narrow} == {"small"}
+
+
+def test_prefetch_lets_units_queue_in_dask_beyond_free_cores(dask_scheduler, tmp_path):
+    fw = DaskFramework("prefetch", scheduler_address=dask_scheduler, prefetch=2,
+                       sandbox=str(tmp_path))
+    fw.start()
+    try:
+        p = running_pilot(fw, 1)
+        gate = tmp_path / "gate"
+        free = [p.free_cores]
+        units = []
+        for _ in range(3):
+            units.append(fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+                "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])))
+            free.append(p.free_cores)
+        assert free == [1, 1, 1, 0]  # size 1 + prefetch 2: the third unit fills it
+        gate.touch()
+        assert [u.wait(30) for u in units] == [State.DONE] * 3
+        wait_for(lambda: p.free_cores == 1, 10, what="cores back")
+    finally:
+        fw.close()
+    with pytest.raises(troy.BadParameter, match="prefetch"):
+        DaskFramework("bad", prefetch=-1)

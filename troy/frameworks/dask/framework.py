@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from troy.descriptions import PilotDescription
 from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.dask import agent
@@ -25,6 +26,24 @@ log = logging.getLogger(__name__)
 # Dask future status -> Troy state, for futures that end without our ``end`` event.
 _DASK_FINAL = {"finished": State.DONE, "error": State.FAILED, "cancelled": State.CANCELED,
                "lost": State.FAILED}
+
+class DaskPilot(Pilot):
+    """A pilot whose ``free_cores`` lets ``prefetch`` cores' worth of units queue in Dask
+    beyond its size: schedulers that wait for free cores (backfill, first_fit) then keep
+    Dask's queue fed instead of paying a Dask round trip per unit. 0 (the default): exact."""
+
+    def __init__(self, description: PilotDescription, framework: PilotFramework,
+                 prefetch: int = 0) -> None:
+        super().__init__(description, framework)
+        self.prefetch = prefetch
+
+    @property
+    def free_cores(self) -> int:
+        if self.state is not State.RUNNING or self.draining:
+            return 0
+        size = self.description.size
+        return max(0, min(size, size + self.prefetch - self._used))
+
 
 @dataclass
 class _Record:
@@ -49,11 +68,13 @@ class DaskFramework(PilotFramework):
 
     Options: ``scheduler_address`` (None: start a scheduler in-process on 127.0.0.1),
     ``worker_saturation`` (for the scheduler we start; ``"inf"`` by default: a worker
-    receives every task it may run at once, which triples throughput for short units),
+    receives every task it may run at once, about twice the throughput for short units),
     ``threads_per_pilot`` (None: one thread per core; resources, not threads, bound
     concurrency), ``sandbox`` (default working directory of units; None: a temporary
     directory removed on ``close``), ``adopt_workers`` (register workers that join the
-    scheduler on their own and carry a ``cores`` resource as RUNNING pilots).
+    scheduler on their own and carry a ``cores`` resource as RUNNING pilots),
+    ``prefetch`` (see ``DaskPilot``), ``scheduler_process`` (run the scheduler we start in
+    its own process), ``connect_timeout`` and ``pilot_start_timeout`` (seconds).
     """
 
     kind = "dask"
@@ -62,7 +83,7 @@ class DaskFramework(PilotFramework):
                  worker_saturation: float | str = "inf", threads_per_pilot: int | None = None,
                  sandbox: str | None = None, adopt_workers: bool = False,
                  connect_timeout: float = 15.0, pilot_start_timeout: float = 60.0,
-                 scheduler_process: bool = False,
+                 scheduler_process: bool = False, prefetch: int = 0,
                  **options: Any) -> None:
         super().__init__(name, **options)
         if scheduler_address and scheduler_address.startswith("dask://"):
@@ -75,6 +96,10 @@ class DaskFramework(PilotFramework):
         self.connect_timeout = connect_timeout
         self.pilot_start_timeout = pilot_start_timeout
         self.scheduler_process = scheduler_process
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise BadParameter(f"framework {self.name!r}: prefetch: expected an integer "
+                               f">= 0, got {prefetch!r}")
+        self.prefetch = prefetch
         self.client: Any = None
         self.topic = ""
         self._own_sandbox = False
@@ -178,6 +203,15 @@ class DaskFramework(PilotFramework):
             shutil.rmtree(self.sandbox, ignore_errors=True)
 
     # ------------------------------------------------------------ pilots ------------------
+    def submit_pilot(self, description: PilotDescription | dict[str, Any]) -> Pilot:
+        """Start a pilot (a worker process) of ``description.size`` cores; returns at once
+        (PENDING); RUNNING once the worker has registered with the scheduler."""
+        pilot = DaskPilot(PilotDescription.coerce(description), self, prefetch=self.prefetch)
+        with self._lock:
+            self._pilots[pilot.id] = pilot
+        self._launch_pilot(pilot)
+        return pilot
+
     def _launch_pilot(self, pilot: Pilot) -> None:
         size = pilot.description.size
         proc = AgentProcess(["worker", self.scheduler_address, pilot.id,
@@ -209,17 +243,14 @@ class DaskFramework(PilotFramework):
             self._submitq.put(rec)
 
     def _adopt(self, addr: str, resources: dict[str, float]) -> None:
-        from troy.descriptions import PilotDescription
         if addr in self._by_addr or addr in self._dead_addrs or "cores" not in resources:
             return
-        pilot = Pilot(PilotDescription(size=max(1, int(resources["cores"])),
-                                       framework=self.name, resource=addr), self)
+        pilot = DaskPilot(PilotDescription(size=max(1, int(resources["cores"])),
+                                           framework=self.name, resource=addr), self,
+                          prefetch=self.prefetch)
         pilot.native_id = addr
         with self._lock:
             self._pilots[pilot.id] = pilot
-            watchers = list(getattr(self, "_pilot_watchers", ()))
-        for cb in watchers:
-            pilot.add_callback(cb)
         self._workers[pilot.id] = _Worker(pilot, None)
         self._by_addr[addr] = pilot
         pilot._set_state(State.RUNNING)
