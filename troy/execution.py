@@ -98,27 +98,37 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 def execute(cud: ComputeUnitDescription, *, sandbox: str | None = None,
-            on_start: ProcessHook | None = None) -> UnitResult:
+            on_start: ProcessHook | None = None,
+            canceled: Callable[[], bool] | None = None) -> UnitResult:
     """Run ``cud`` to completion and return its result; never raises for the unit's own
     failures (they are in ``result.error``). ``sandbox`` is the default working directory;
-    ``on_start`` receives each started process so a caller can kill it."""
+    ``on_start`` receives each started process so a caller can kill it; ``canceled``, when
+    it turns true, stops a bundle before its next member (those get a "canceled" result)."""
     start = time.time()
     if cud.bundle:
-        members = [execute(m, sandbox=sandbox, on_start=on_start) for m in cud.bundle]
+        members = []
+        for m in cud.bundle:
+            if canceled is not None and canceled():
+                members.append(UnitResult(error="canceled", start=time.time(),
+                                          end=time.time()))
+                continue
+            members.append(execute(m, sandbox=sandbox, on_start=on_start))
         failed = [m for m in members if not m.ok]
         return UnitResult(exit_code=0 if not failed else 1, start=start, end=time.time(),
                           error=f"{len(failed)} of {len(members)} bundled tasks failed"
                           if failed else None, members=members)
     workdir = cud.working_directory or sandbox or os.getcwd()
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        stage_in(cud, workdir)
-    except OSError as err:
-        return UnitResult(error=f"staging in failed: {err}", start=start, end=time.time())
+    # a callable without staging or a working directory never touches the file system
+    if cud.function is None or cud.inputs or cud.outputs or cud.working_directory:
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            stage_in(cud, workdir)
+        except OSError as err:
+            return UnitResult(error=f"staging in failed: {err}", start=start, end=time.time())
     if cud.function is not None:
         try:
             value = cud.function(*cud.args, **cud.kwargs)
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # sys.exit() in a unit fails the unit only
             return UnitResult(error=f"{type(err).__name__}: {err}\n{traceback.format_exc()}",
                               start=start, end=time.time())
         result = UnitResult(value=value, start=start)

@@ -227,3 +227,14 @@ def test_pilot_walltime_ends_it_done_and_its_units_move(framework, tmp_path):
     wait_for(lambda: u.state is State.RUNNING and u.pilot == spare.id, 30, what="moved")
     gate.touch()
     assert u.wait(30) is State.DONE and runs.read_text() == "run\nrun\n"
+
+
+def exits() -> None:
+    raise SystemExit(3)
+
+
+def test_callable_calling_sys_exit_fails_only_its_unit(framework):
+    running_pilot(framework, 1)
+    u = framework.submit_unit(CUD(function=exits))
+    assert u.wait(30) is State.FAILED and "SystemExit: 3" in u.result.error
+    assert framework.submit_unit(CUD(function=square, args=(2,))).wait(30) is State.DONE

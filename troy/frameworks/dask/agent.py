@@ -69,7 +69,8 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
 
     worker.log_event(topic, ["run", unit_id, worker.address, time.time()])
     try:
-        result = execute(cud, sandbox=sandbox, on_start=hook)
+        result = execute(cud, sandbox=sandbox, on_start=hook,
+                         canceled=lambda: unit_id in _canceled or _stopping.is_set())
     finally:
         with _procs_lock:
             _procs.pop(unit_id, None)
