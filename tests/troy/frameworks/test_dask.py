@@ -24,7 +24,7 @@ def whoami() -> str:
 
 
 def test_own_scheduler_on_localhost_and_clean_close(tmp_path):
-    fw = DaskFramework("own", sandbox=str(tmp_path / "sb"))
+    fw = DaskFramework("own one/x", sandbox=str(tmp_path / "sb"))  # any name works
     fw.start()
     try:
         assert fw.scheduler_address.startswith("tcp://127.0.0.1:")

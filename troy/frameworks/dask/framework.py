@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -131,10 +132,14 @@ class DaskFramework(PilotFramework):
                                  timeout=f"{self.connect_timeout}s")
         except (OSError, TimeoutError) as err:
             self._stop_scheduler()
+            if self._own_sandbox:
+                shutil.rmtree(self.sandbox, ignore_errors=True)
             raise NoSuccess(f"framework {self.name!r}: cannot reach Dask scheduler "
                             f"{address}: {err}") from err
         self.scheduler_address = address
-        self.topic = f"troy-{self.name}-{uuid.uuid4().hex[:8]}"
+        # the topic is also the workers' private resource and a command-line argument
+        safe = re.sub(r"[^A-Za-z0-9_.]+", "_", self.name)[:40]
+        self.topic = f"troy-{safe}-{uuid.uuid4().hex[:8]}"
         self.client.subscribe_topic(self.topic, lambda ev: self._inbox.put(ev[1]))
         self.client.subscribe_topic("all", self._on_cluster_event)
         for target, tname in ((self._submit_loop, "submit"), (self._event_loop, "events")):
