@@ -14,7 +14,8 @@ scheduler round instead of one each. Each unit is a Dask task (``key`` = unit id
 Dask's scheduler does the late binding. Inside the worker ``run_unit`` calls
 ``troy.execution.execute`` and pushes two events on a topic this framework subscribes to:
 ``run`` (the unit really started, with the worker's clock and address: RUNNING is exact, not
-approximated from Dask's ``processing``) and ``end`` (with the ``UnitResult`` when it is small,
+approximated from Dask's ``processing``; sent only for units still running after 5 ms, the
+``end`` event of a shorter one carries its start) and ``end`` (with the ``UnitResult`` when it is small,
 so no gather round trip is needed). Future done-callbacks catch what events cannot: Dask errors,
 cancellations, lost keys. Dask's own states are translated once, in ``_DASK_FINAL``.
 

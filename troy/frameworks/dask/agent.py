@@ -25,6 +25,7 @@ from troy.unit import UnitResult
 # sharing one scheduler never run each other's units; the amount never limits anything.
 TAG_AMOUNT = 1_000_000
 SMALL = 16_384  # results carried inline in the ``end`` event up to about this size
+RUN_EVENT_DELAY = 0.005  # seconds a unit runs before its ``run`` event is sent
 
 _procs: dict[str, list[subprocess.Popen]] = {}
 _canceled: set[str] = set()
@@ -67,11 +68,21 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
         if dead:
             kill(proc)
 
-    worker.log_event(topic, ["run", unit_id, worker.address, time.time()])
+    # RUNNING is announced only if the unit is still running RUN_EVENT_DELAY later: a
+    # shorter unit's ``end`` event carries its start, and the framework pushes RUNNING then
+    # the final state from it, saving a scheduler message per short unit.
+    ran = [time.time(), False]
+
+    def announce() -> None:
+        if not ran[1]:
+            worker.log_event(topic, ["run", unit_id, worker.address, ran[0]])
+
+    worker.loop.add_callback(lambda: worker.loop.call_later(RUN_EVENT_DELAY, announce))
     try:
         result = execute(cud, sandbox=sandbox, on_start=hook,
                          canceled=lambda: unit_id in _canceled or _stopping.is_set())
     finally:
+        ran[1] = True
         with _procs_lock:
             _procs.pop(unit_id, None)
     if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
