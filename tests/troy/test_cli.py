@@ -117,3 +117,20 @@ def test_real_subprocess_bad_file_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0
     assert "tasks[0] (task 'a'): task.cores" in proc.stderr
+
+
+def test_run_attached_to_a_running_dask_scheduler(tmp_path):
+    from troy.frameworks.dask import DaskFramework
+    host = DaskFramework("cli-host", sandbox=str(tmp_path / "host"))
+    host.start()
+    try:
+        url = host.scheduler_address.replace("tcp://", "dask://")
+        out = tmp_path / "r.json"
+        result = CliRunner().invoke(cli, [
+            "run", str(WF / "helloworld-chain-5-chameleon.json"), "--framework", "dask",
+            "--dask-scheduler", url, "--pilots", "1x1", "--time-scale", "0",
+            "--report", str(out)])
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text())["tasks_done"] == 5
+    finally:
+        host.close()
