@@ -114,10 +114,11 @@ def _kill_all() -> None:
 async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
                         tag: str) -> None:
     from distributed import Worker
+    # memory_limit=0: units are separate processes; Dask's memory manager (which watches
+    # this process only) must not pause or spill on their behalf.
     w = await Worker(scheduler, nthreads=nthreads, resources={"cores": cores, tag: TAG_AMOUNT},
-                     name=name,
-                     host="127.0.0.1", dashboard=False, dashboard_address="127.0.0.1:0",
-                     death_timeout=30)
+                     name=name, host="127.0.0.1", dashboard=False,
+                     dashboard_address="127.0.0.1:0", death_timeout=30, memory_limit=0)
     sys.stdout.write(json.dumps({"address": w.address}) + "\n")
     sys.stdout.flush()
     loop = asyncio.get_running_loop()
