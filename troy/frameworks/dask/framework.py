@@ -116,6 +116,7 @@ class DaskFramework(PilotFramework):
         self._attempt = itertools.count(1)
         self._by_key: dict[str, _Record] = {}
         self._started = False
+        self._dispatch_lock = threading.RLock()
 
     # ------------------------------------------------------------ lifecycle ---------------
     def start(self) -> None:
@@ -244,7 +245,9 @@ class DaskFramework(PilotFramework):
             w.timer.daemon = True
             w.timer.start()
         pilot._set_state(State.RUNNING)
-        for rec in self._parked.pop(pilot.id, []):
+        with self._dispatch_lock:
+            parked = self._parked.pop(pilot.id, [])
+        for rec in parked:
             self._submitq.put(rec)
 
     def _adopt(self, addr: str, resources: dict[str, float]) -> None:
@@ -276,6 +279,10 @@ class DaskFramework(PilotFramework):
 
     def _evacuate(self, pilot: Pilot) -> None:
         """Requeue the units of a pilot that is going away (at-least-once)."""
+        with self._dispatch_lock:
+            self._evacuate_locked(pilot)
+
+    def _evacuate_locked(self, pilot: Pilot) -> None:
         for pid, parked in list(self._parked.items()):
             if pid == pilot.id:
                 for rec in self._parked.pop(pid):
@@ -375,6 +382,10 @@ class DaskFramework(PilotFramework):
                 return
 
     def _dispatch(self, batch: list[_Record]) -> None:
+        with self._dispatch_lock:  # never while a pilot's units are being moved away
+            self._dispatch_locked(batch)
+
+    def _dispatch_locked(self, batch: list[_Record]) -> None:
         groups: dict[tuple[int, str | None], list[_Record]] = {}
         for rec in batch:
             if rec.unit.state in FINAL_STATES or not self._started:
