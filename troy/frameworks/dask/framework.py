@@ -18,15 +18,12 @@ from troy.descriptions import PilotDescription
 from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.dask import agent
+from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import AgentProcess, InProcessScheduler
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
 
 log = logging.getLogger(__name__)
-
-# Dask future status -> Troy state, for futures that end without our ``end`` event.
-_DASK_FINAL = {"finished": State.DONE, "error": State.FAILED, "cancelled": State.CANCELED,
-               "lost": State.FAILED}
 
 class DaskPilot(Pilot):
     """A pilot whose ``free_cores`` lets ``prefetch`` cores' worth of units queue in Dask
@@ -47,24 +44,13 @@ class DaskPilot(Pilot):
 
 
 @dataclass
-class _Record:
-    unit: ComputeUnit
-    bound: Pilot | None              # early binding
-    reserved: Pilot | None = None    # whose free_cores this unit is counted against
-    key: str = ""
-    future: Any = None
-    addr: str | None = None          # worker it runs on (from the ``run`` event)
-    canceling: bool = False
-
-
-@dataclass
 class _Worker:
     pilot: Pilot
     proc: AgentProcess | None        # None: adopted, not ours
     timer: threading.Timer | None = None
 
 
-class DaskFramework(PilotFramework):
+class DaskFramework(UnitEvents, PilotFramework):
     """Pilots are Dask workers; units are Dask tasks that run ``troy.execution.execute``.
 
     Options: ``scheduler_address`` (None: start a scheduler in-process on 127.0.0.1),
@@ -105,16 +91,16 @@ class DaskFramework(PilotFramework):
         self.topic = ""
         self._own_sandbox = False
         self._scheduler: AgentProcess | InProcessScheduler | None = None
-        self._records: dict[str, _Record] = {}
+        self._records: dict[str, UnitRecord] = {}
         self._workers: dict[str, _Worker] = {}      # pilot id -> worker
         self._by_addr: dict[str, Pilot] = {}
         self._dead_addrs: set[str] = set()
-        self._parked: dict[str, list[_Record]] = {}  # pilot id -> units waiting for it
+        self._parked: dict[str, list[UnitRecord]] = {}  # pilot id -> units waiting for it
         self._submitq: queue.SimpleQueue = queue.SimpleQueue()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._attempt = itertools.count(1)
-        self._by_key: dict[str, _Record] = {}
+        self._by_key: dict[str, UnitRecord] = {}
         self._started = False
         self._dispatch_lock = threading.RLock()
 
@@ -333,7 +319,7 @@ class DaskFramework(PilotFramework):
         if not self._started:
             unit._set_state(State.CANCELED)
             return
-        rec = _Record(unit, pilot)
+        rec = UnitRecord(unit, pilot)
         self._records[unit.id] = rec
         self._reserve(rec, pilot or self._likely_pilot(unit.description.cores))
         self._submitq.put(rec)
@@ -346,18 +332,6 @@ class DaskFramework(PilotFramework):
             if p.free_cores >= cores and (best is None or p.free_cores > best.free_cores):
                 best = p
         return best
-
-    def _reserve(self, rec: _Record, pilot: Pilot | None) -> None:
-        with self._lock:  # several threads move reservations: count each exactly once
-            if pilot is not None and rec.reserved is None:
-                pilot._reserve(rec.unit.description.cores)
-                rec.reserved = pilot
-
-    def _unreserve(self, rec: _Record) -> None:
-        with self._lock:
-            if rec.reserved is not None:
-                rec.reserved._release(rec.unit.description.cores)
-                rec.reserved = None
 
     def _submit_loop(self) -> None:
         while True:
@@ -381,12 +355,12 @@ class DaskFramework(PilotFramework):
             if stop:
                 return
 
-    def _dispatch(self, batch: list[_Record]) -> None:
+    def _dispatch(self, batch: list[UnitRecord]) -> None:
         with self._dispatch_lock:  # never while a pilot's units are being moved away
             self._dispatch_locked(batch)
 
-    def _dispatch_locked(self, batch: list[_Record]) -> None:
-        groups: dict[tuple[int, str | None], list[_Record]] = {}
+    def _dispatch_locked(self, batch: list[UnitRecord]) -> None:
+        groups: dict[tuple[int, str | None], list[UnitRecord]] = {}
         for rec in batch:
             if rec.unit.state in FINAL_STATES or not self._started:
                 continue
@@ -417,79 +391,6 @@ class DaskFramework(PilotFramework):
                     continue
                 rec.future = fut
                 fut.add_done_callback(self._on_done)
-
-    def _on_done(self, fut: Any) -> None:
-        self._inbox.put(("done", fut))
-
-    def _event_loop(self) -> None:
-        while True:
-            msg = self._inbox.get()
-            if msg is None:
-                return
-            try:
-                self._handle(msg)
-            except Exception:  # one bad event must not stop the stream
-                log.exception("framework %s: handling %r failed", self.name, msg[:2])
-
-    def _handle(self, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "cluster":
-            self._handle_cluster(msg[1])
-            return
-        if kind == "done":
-            self._handle_done(msg[1])
-            return
-        _, uid, addr, payload = msg
-        rec = self._records.get(uid)
-        if rec is None or addr in self._dead_addrs or rec.unit.state in FINAL_STATES:
-            return
-        pilot = self._by_addr.get(addr)
-        if kind == "run":
-            self._mark_running(rec, addr, pilot, payload)
-        elif kind == "end":
-            if payload is not None:
-                result = agent.result_from_wire(payload)
-            else:
-                result = rec.future.result() if rec.future is not None else None
-                if result is None:
-                    return  # canceled meanwhile
-            self._mark_running(rec, addr, pilot, result.start)
-            self._finish(rec, State.DONE if result.ok else State.FAILED, result)
-
-    def _mark_running(self, rec: _Record, addr: str, pilot: Pilot | None,
-                      start: float | None) -> None:
-        if rec.addr == addr and rec.unit.state is State.RUNNING:
-            return
-        rec.addr = addr
-        if pilot is not None and rec.reserved is not pilot:
-            self._unreserve(rec)
-            self._reserve(rec, pilot)
-        if rec.unit.start is None:
-            rec.unit.start = start
-        rec.unit._set_state(State.RUNNING, pilot=pilot.id if pilot else addr)
-
-    def _finish(self, rec: _Record, state: State, result: UnitResult) -> None:
-        self._records.pop(rec.unit.id, None)
-        self._unreserve(rec)
-        rec.future = None
-        rec.unit._set_state(state, result=result)
-
-    def _handle_done(self, fut: Any) -> None:
-        rec = self._by_key.pop(fut.key, None)
-        if rec is None or rec.future is not fut or self._records.get(rec.unit.id) is not rec:
-            return  # finished by its ``end`` event, or a superseded attempt
-        status = fut.status
-        state = _DASK_FINAL.get(status, State.UNKNOWN)
-        if status == "finished":
-            result = fut.result() or UnitResult(error="unit result lost")
-            self._finish(rec, State.DONE if result.ok else State.FAILED, result)
-        elif status == "error":
-            self._finish(rec, State.FAILED, UnitResult(error=f"dask: {fut.exception()!r}"))
-        elif status == "cancelled" and rec.canceling:
-            self._finish(rec, State.CANCELED, UnitResult(error="canceled"))
-        else:  # canceled or lost behind our back (scheduler gone, client closed)
-            self._finish(rec, State.FAILED if state is not State.DONE else state,
-                         UnitResult(error=f"dask future {status}"))
 
     def _handle_cluster(self, msg: dict) -> None:
         addr = msg.get("worker")

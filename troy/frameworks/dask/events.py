@@ -1,0 +1,137 @@
+"""Unit bookkeeping of the ``dask`` framework: records, core reservations, and the one
+thread that turns worker events and future outcomes into Troy states (pushed, in order)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from troy.frameworks.base import Pilot
+from troy.frameworks.dask import agent
+from troy.states import FINAL_STATES, State
+from troy.unit import ComputeUnit, UnitResult
+
+log = logging.getLogger(__name__)
+
+# Dask future status -> Troy state, for futures that end without our ``end`` event.
+DASK_FINAL = {"finished": State.DONE, "error": State.FAILED, "cancelled": State.CANCELED,
+               "lost": State.FAILED}
+
+
+@dataclass
+class UnitRecord:
+    """What the framework knows of one unit it holds."""
+
+    unit: ComputeUnit
+    bound: Pilot | None              # early binding
+    reserved: Pilot | None = None    # whose free_cores this unit is counted against
+    key: str = ""
+    future: Any = None
+    addr: str | None = None          # worker it runs on (from the ``run`` event)
+    canceling: bool = False
+
+
+
+class UnitEvents:
+    """Mixin of ``DaskFramework``: state changes of its units. Worker events (``run``,
+    ``end``), future outcomes (``done``) and cluster events (``cluster``, handled by the
+    framework's ``_handle_cluster``) arrive in ``_inbox`` and are handled on one thread, so
+    every unit's states are pushed in order. Expects the framework's ``_records``,
+    ``_by_key``, ``_by_addr``, ``_dead_addrs``, ``_inbox``, ``_lock`` and ``name``."""
+
+    _records: dict[str, UnitRecord]
+    _by_key: dict[str, UnitRecord]
+    _by_addr: dict[str, Pilot]
+    _dead_addrs: set[str]
+    _inbox: Any
+    _lock: Any
+    name: str
+
+    def _handle_cluster(self, msg: dict) -> None:
+        raise NotImplementedError
+
+    def _reserve(self, rec: UnitRecord, pilot: Pilot | None) -> None:
+        with self._lock:  # several threads move reservations: count each exactly once
+            if pilot is not None and rec.reserved is None:
+                pilot._reserve(rec.unit.description.cores)
+                rec.reserved = pilot
+
+    def _unreserve(self, rec: UnitRecord) -> None:
+        with self._lock:
+            if rec.reserved is not None:
+                rec.reserved._release(rec.unit.description.cores)
+                rec.reserved = None
+
+    def _on_done(self, fut: Any) -> None:
+        self._inbox.put(("done", fut))
+
+    def _event_loop(self) -> None:
+        while True:
+            msg = self._inbox.get()
+            if msg is None:
+                return
+            try:
+                self._handle(msg)
+            except Exception:  # one bad event must not stop the stream
+                log.exception("framework %s: handling %r failed", self.name, msg[:2])
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "cluster":
+            self._handle_cluster(msg[1])
+            return
+        if kind == "done":
+            self._handle_done(msg[1])
+            return
+        _, uid, addr, payload = msg
+        rec = self._records.get(uid)
+        if rec is None or addr in self._dead_addrs or rec.unit.state in FINAL_STATES:
+            return
+        pilot = self._by_addr.get(addr)
+        if kind == "run":
+            self._mark_running(rec, addr, pilot, payload)
+        elif kind == "end":
+            if payload is not None:
+                result = agent.result_from_wire(payload)
+            else:
+                result = rec.future.result() if rec.future is not None else None
+                if result is None:
+                    return  # canceled meanwhile
+            self._mark_running(rec, addr, pilot, result.start)
+            self._finish(rec, State.DONE if result.ok else State.FAILED, result)
+
+    def _mark_running(self, rec: UnitRecord, addr: str, pilot: Pilot | None,
+                      start: float | None) -> None:
+        if rec.addr == addr and rec.unit.state is State.RUNNING:
+            return
+        rec.addr = addr
+        if pilot is not None and rec.reserved is not pilot:
+            self._unreserve(rec)
+            self._reserve(rec, pilot)
+        if rec.unit.start is None:
+            rec.unit.start = start
+        rec.unit._set_state(State.RUNNING, pilot=pilot.id if pilot else addr)
+
+    def _finish(self, rec: UnitRecord, state: State, result: UnitResult) -> None:
+        self._records.pop(rec.unit.id, None)
+        self._unreserve(rec)
+        rec.future = None
+        rec.unit._set_state(state, result=result)
+
+    def _handle_done(self, fut: Any) -> None:
+        rec = self._by_key.pop(fut.key, None)
+        if rec is None or rec.future is not fut or self._records.get(rec.unit.id) is not rec:
+            return  # finished by its ``end`` event, or a superseded attempt
+        status = fut.status
+        state = DASK_FINAL.get(status, State.UNKNOWN)
+        if status == "finished":
+            result = fut.result() or UnitResult(error="unit result lost")
+            self._finish(rec, State.DONE if result.ok else State.FAILED, result)
+        elif status == "error":
+            self._finish(rec, State.FAILED, UnitResult(error=f"dask: {fut.exception()!r}"))
+        elif status == "cancelled" and rec.canceling:
+            self._finish(rec, State.CANCELED, UnitResult(error="canceled"))
+        else:  # canceled or lost behind our back (scheduler gone, client closed)
+            self._finish(rec, State.FAILED if state is not State.DONE else state,
+                         UnitResult(error=f"dask future {status}"))
+
