@@ -9,15 +9,21 @@ leaves when its stdin closes, so a dying Troy never leaks workers.
 
 Units. ``submit_unit`` queues the unit; a submitter thread hands everything queued so far to
 Dask in one ``client.map`` per (cores, pilot) group, so units submitted in a burst cost one
-scheduler round instead of one each. Each unit is a Dask task (``key`` = unit id + attempt,
-``resources={"cores": cores}``, ``workers=[address]`` when bound early, ``pure=False``).
-Dask's scheduler does the late binding. Inside the worker ``run_unit`` calls
-``troy.execution.execute`` and pushes two events on a topic this framework subscribes to:
-``run`` (the unit really started, with the worker's clock and address: RUNNING is exact, not
-approximated from Dask's ``processing``; sent only for units still running after 5 ms, the
-``end`` event of a shorter one carries its start) and ``end`` (with the ``UnitResult`` when it is small,
-so no gather round trip is needed). Future done-callbacks catch what events cannot: Dask errors,
-cancellations, lost keys. Dask's own states are translated once, in ``_DASK_FINAL``.
+scheduler round instead of one each. Each unit is a Dask task (keys share one prefix,
+``troy-unit-N-<topic>``: Dask keeps a task group per prefix), asking for
+``resources={"cores": cores, <framework tag>: 1}``, with ``workers=[address]`` when bound
+early, ``pure=False``. Dask's scheduler does the late binding. Inside the worker
+``agent.run_unit`` calls ``troy.execution.execute`` and pushes two events on a topic this
+framework subscribes to: ``run`` (the unit really started, with the worker's clock and
+address: RUNNING is exact, not approximated from Dask's ``processing``; sent only for units
+still running after 5 ms, the ``end`` event of a shorter one carries its start) and ``end``
+(with the ``UnitResult`` when it is small, so no gather round trip is needed). Future
+done-callbacks catch what events cannot: Dask errors, cancellations, lost keys. Dask's own
+states are translated once, in ``events.DASK_FINAL``.
+
+Modules: ``framework`` (``DaskFramework``, ``DaskPilot``), ``events`` (unit records and
+state handling), ``agent`` (what runs in the worker and scheduler processes),
+``processes`` (starting and stopping those processes, or a scheduler in this process).
 
 Cancelling a running unit kills its process group on the worker (``client.run``); a Python
 callable cannot be interrupted (it runs on to completion in its worker thread, its result is
