@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,23 @@ log = logging.getLogger(__name__)
 UnitCallback = Callable[["ComputeUnit", State], Any]
 
 _seq = itertools.count()
+
+
+def _new_token() -> str:
+    return os.urandom(4).hex()
+
+
+# unit ids are "unit.<counter>.<token>": the token is random per process (and renewed in a
+# forked child), the counter makes ids unique within it; no uuid4 (an os.urandom call) per unit
+_token = _new_token()
+
+
+def _renew_token() -> None:
+    global _token
+    _token = _new_token()
+
+
+os.register_at_fork(after_in_child=_renew_token)
 
 
 @dataclass
@@ -56,7 +73,7 @@ class ComputeUnit:
 
     def __init__(self, description: ComputeUnitDescription | dict[str, Any],
                  uid: str | None = None, task_ids: list[str] | None = None) -> None:
-        self.id = uid or f"unit.{next(_seq):06d}.{uuid.uuid4().hex[:6]}"
+        self.id = uid or f"unit.{next(_seq):06d}.{_token}"
         self.description = ComputeUnitDescription.coerce(description)
         self.task_ids: list[str] = list(task_ids or [])
         self.framework: str | None = None

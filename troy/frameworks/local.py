@@ -222,7 +222,8 @@ class LocalFramework(PilotFramework):
         else:
             try:
                 result = execution.execute(unit.description, sandbox=self.sandbox,
-                                           on_start=on_start)
+                                           on_start=on_start,
+                                           canceled=lambda: run.canceled or run.requeued)
             except Exception as err:  # execute reports the unit's failures; this is ours
                 log.exception("running %s failed", unit.id)
                 result = UnitResult(error=f"{type(err).__name__}: {err}")

@@ -238,3 +238,20 @@ def test_callable_calling_sys_exit_fails_only_its_unit(framework):
     u = framework.submit_unit(CUD(function=exits))
     assert u.wait(30) is State.FAILED and "SystemExit: 3" in u.result.error
     assert framework.submit_unit(CUD(function=square, args=(2,))).wait(30) is State.DONE
+
+
+def test_canceled_bundle_stops_before_its_next_member(framework, tmp_path):
+    """Broke on local: a canceled bundle started (and killed) each remaining member."""
+    running_pilot(framework, 1)
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    first = CUD(executable="/bin/sh", arguments=[
+        "-c", f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done"])
+    # a started member opens its stdout file, even if it is killed at once
+    rest = [CUD(executable="/bin/true", stdout=str(tmp_path / f"m{i}")) for i in range(3)]
+    u = framework.submit_unit(CUD(bundle=[first, *rest]))
+    wait_for(started.exists, 30, what="first member running")
+    u.cancel()
+    assert u.state is State.CANCELED
+    after = framework.submit_unit(CUD(executable="/bin/true"))  # runs once the bundle let go
+    assert after.wait(30) is State.DONE
+    assert not any((tmp_path / f"m{i}").exists() for i in range(3))

@@ -173,24 +173,3 @@ def test_prefetch_lets_units_queue_in_dask_beyond_free_cores(dask_scheduler, tmp
         fw.close()
     with pytest.raises(troy.BadParameter, match="prefetch"):
         DaskFramework("bad", prefetch=-1)
-
-
-def test_canceled_bundle_stops_before_its_next_member(dask_scheduler, tmp_path):
-    fw = DaskFramework("bundle", scheduler_address=dask_scheduler, sandbox=str(tmp_path))
-    fw.start()
-    try:
-        running_pilot(fw, 1)
-        gate, started = tmp_path / "gate", tmp_path / "started"
-        first = CUD(executable="/bin/sh", arguments=[
-            "-c", f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done"])
-        rest = [CUD(executable="/bin/touch", arguments=[str(tmp_path / f"m{i}")])
-                for i in range(3)]
-        u = fw.submit_unit(CUD(bundle=[first, *rest]))
-        wait_for(started.exists, 30, what="first member running")
-        u.cancel()
-        assert u.state is State.CANCELED
-        after = fw.submit_unit(CUD(executable="/bin/true"))  # runs once the bundle let go
-        assert after.wait(30) is State.DONE
-        assert not any((tmp_path / f"m{i}").exists() for i in range(3))
-    finally:
-        fw.close()
