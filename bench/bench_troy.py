@@ -187,9 +187,8 @@ def main() -> None:
     for framework in ("local", "dask"):
         troy_workload(framework, "auto", "backfill", n)
         troy_workload(framework, False, "round_robin", n // 2)
-        troy_workload(framework, False, "backfill", n // 6)
-    troy_workload("dask", False, "backfill", n // 2, prefetch=4 * CORES)
-    troy_workload("dask", "auto", "backfill", n, prefetch=4 * CORES)
+        troy_workload(framework, False, "backfill", n // 2)
+    troy_workload("dask", False, "backfill", n // 6, prefetch=0)
     spawn_floor()
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure':<{width}}  {'figure':>12}  note")

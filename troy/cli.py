@@ -101,8 +101,6 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
     options: dict[str, Any] = {}
     if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
         quiet_dask()
-    if framework == "dask":  # keep Dask's queue fed (see DaskPilot): no round trip per unit
-        options["prefetch"] = 4 * cores
     if framework == "dask" and dask_address:
         options["scheduler_address"] = dask_address
     elif dask_address:

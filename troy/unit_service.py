@@ -48,6 +48,9 @@ class UnitService:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._shared: str | None = None  # the scheduler name, if the session shares it
+        # False while an earlier unit of the current pass waits: later units then take free
+        # cores only, not room in a pilot's backlog (see schedulers.backlog_pilot)
+        self.backlog_ok = True
 
     def __repr__(self) -> str:
         return (f"<UnitService {self.scheduler.name!r} units={len(self._units)} "
@@ -197,6 +200,7 @@ class UnitService:
             done: set[str] = set()
             unplaced: list[ComputeUnit] = []
             narrowest_failed: int | None = None
+            self.backlog_ok = True
             for unit in queue:
                 if unit.state in FINAL_STATES:  # canceled while queued
                     done.add(unit.id)
@@ -208,6 +212,7 @@ class UnitService:
                 decision = sched.schedule(self, unit.description)
                 if decision is None:
                     unplaced.append(unit)
+                    self.backlog_ok = False
                     if sched.in_order and not raise_unplaced and could_ever_fit(self, cores):
                         break
                     if sched.monotone and cores == 1 and not raise_unplaced:

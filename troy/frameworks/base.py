@@ -35,7 +35,10 @@ class Pilot:
 
     ``state``: PENDING (submitted) → RUNNING (accepting units) → DONE / CANCELED / FAILED.
     ``draining`` pilots run what they have but accept nothing new. ``free_cores`` is
-    ``description.size`` less the cores of the units bound to it and not yet final.
+    ``description.size`` less the cores of the units handed to it and not yet final
+    (started or not). ``backlog`` is how many cores' worth of units beyond its size the
+    pilot accepts to queue (frameworks with a costly hand-off keep their queue fed with it);
+    ``room`` is what it accepts now: ``size + backlog`` less those units' cores.
     """
 
     def __init__(self, description: PilotDescription, framework: PilotFramework,
@@ -47,6 +50,7 @@ class Pilot:
         self.native_id: str | None = None  # e.g. the Dask worker address
         self._state = State.PENDING
         self._used = 0
+        self.backlog = 0
         self._lock = threading.Lock()
         self._callbacks: list[PilotCallback] = []
 
@@ -67,6 +71,12 @@ class Pilot:
         if self._state is not State.RUNNING or self.draining:
             return 0
         return max(0, self.description.size - self._used)
+
+    @property
+    def room(self) -> int:
+        if self._state is not State.RUNNING or self.draining:
+            return 0
+        return max(0, self.description.size + self.backlog - self._used)
 
     def _reserve(self, cores: int) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 from troy.errors import BadParameter
-from troy.schedulers.base import BaseScheduler, could_ever_fit, running_pilots
+from troy.schedulers.base import BaseScheduler, backlog_pilot, could_ever_fit, running_pilots
 from troy.schedulers.builtin import BackfillScheduler, FirstFitScheduler, RoundRobinScheduler
 from troy.schedulers.seed003 import Seed003Scheduler
 

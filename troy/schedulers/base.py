@@ -54,3 +54,23 @@ def could_ever_fit(unit_service: UnitService, cores: int) -> bool:
     return any(p.state in (State.PENDING, State.RUNNING) and not p.draining
                and p.description.size >= cores
                for fw in unit_service.list_pilot_frameworks() for p in fw.list_pilots())
+
+
+def backlog_pilot(unit_service: UnitService, cores: int, *, first: bool = False
+                  ) -> tuple[PilotFramework, Pilot] | None:
+    """For a unit no pilot has free cores for now: a running pilot whose backlog has room
+    for it (``first``: the first in the session's order; otherwise the roomiest), or None.
+    None too while an earlier unit of the same dispatch pass waits (``unit_service.
+    backlog_ok`` is false): later units must not jump ahead of it into a pilot's queue."""
+    if not getattr(unit_service, "backlog_ok", True):
+        return None
+    best = None
+    for fw in unit_service.list_pilot_frameworks():
+        for p in running_pilots(fw):
+            room = p.room
+            if room >= cores and p.description.size >= cores:
+                if first:
+                    return fw, p
+                if best is None or room > best[0]:
+                    best = (room, fw, p)
+    return None if best is None else (best[1], best[2])

@@ -9,7 +9,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from troy.descriptions import ComputeUnitDescription
-from troy.schedulers.base import BaseScheduler, running_pilots
+from troy.schedulers.base import BaseScheduler, backlog_pilot, running_pilots
 
 if TYPE_CHECKING:
     from troy.frameworks.base import Pilot, PilotFramework
@@ -49,7 +49,8 @@ class RoundRobinScheduler(BaseScheduler):
 class FirstFitScheduler(BaseScheduler):
     """The first framework (in the session's order) with a running pilot whose free cores
     fit the unit. Units are placed first come, first served: while the oldest queued unit
-    waits for room, later ones wait behind it (unless no pilot could ever hold it)."""
+    waits for room, later ones wait behind it (unless no pilot could ever hold it).
+    When no pilot has free cores, the first one with room in its backlog takes it."""
 
     name = "first_fit"
     in_order = True
@@ -61,14 +62,18 @@ class FirstFitScheduler(BaseScheduler):
             for p in running_pilots(fw):
                 if p.free_cores >= cud.cores:
                     return fw, (p if unit_service.early_binding else None)
-        return None
+        found = backlog_pilot(unit_service, cud.cores, first=True)
+        if found is None:
+            return None
+        return found[0], (found[1] if unit_service.early_binding else None)
 
 
 class BackfillScheduler(BaseScheduler):
     """Best fit across every framework: the pilot whose free cores fit the unit most
     tightly, which keeps wide holes open for wide units. Later, smaller units run in the
     holes while a wide unit waits (backfilling); nothing waits behind a unit that does not
-    fit."""
+    fit. When no pilot has free cores, the pilot with the most room in its backlog takes it
+    (never past a unit still waiting)."""
 
     name = "backfill"
     monotone = True
@@ -82,5 +87,8 @@ class BackfillScheduler(BaseScheduler):
                 if free >= cud.cores and (best is None or free < best[0]):
                     best = (free, fw, p)
         if best is None:
-            return None
+            found = backlog_pilot(unit_service, cud.cores)
+            if found is None:
+                return None
+            best = (0, *found)
         return best[1], (best[2] if unit_service.early_binding else None)

@@ -94,10 +94,17 @@ def test_worker_that_dies_fails_its_pilot_and_units_requeue(dask_scheduler, tmp_
 
 
 def test_adopted_workers_become_pilots(dask_scheduler, tmp_path):
-    """A worker started outside Troy (as on an elastic slice node) with a cores resource."""
+    """A worker started outside Troy (as on an elastic slice node) with a cores resource.
+    Broke once: the adopter also took another Troy framework's worker (one still leaving
+    the shared scheduler after an earlier test) as its pilot; Troy's workers are not adopted."""
+    owner = DaskFramework("owner", scheduler_address=dask_scheduler,
+                          sandbox=str(tmp_path / "owner"))
+    owner.start()
+    running_pilot(owner, 1)  # there before the adopter starts: seen by its first scan
     fw = DaskFramework("adopt", scheduler_address=dask_scheduler, adopt_workers=True,
                        sandbox=str(tmp_path))
     fw.start()
+    running_pilot(owner, 1)  # joins while the adopter listens: its event comes first
     proc = subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", dask_scheduler, "--nthreads", "2",
          "--resources", "cores=3", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"],
@@ -106,10 +113,15 @@ def test_adopted_workers_become_pilots(dask_scheduler, tmp_path):
         pilots = wait_for(lambda: [p for p in fw.list_pilots() if p.state is State.RUNNING],
                           30, what="adopted pilot")
         assert len(pilots) == 1 and pilots[0].size == 3
+        owner.close()  # (an adopter's units need only cores: they could run on its workers)
+        wait_for(lambda: len(fw.client.scheduler_info()["workers"]) == 1, 30,
+                 what="owner's workers gone")
         u = fw.submit_unit(CUD(function=whoami))
         assert u.wait(30) is State.DONE and u.result.value == pilots[0].native_id
+        assert fw.list_pilots() == pilots
     finally:
         fw.close()
+        owner.close()
         proc.terminate()
         proc.wait(10)
 
@@ -152,20 +164,22 @@ def test_use_case_b_wide_unit_on_big_dask_pilot(dask_scheduler, tmp_path):
         assert {u.framework for u in narrow} == {"small"}
 
 
-def test_prefetch_lets_units_queue_in_dask_beyond_free_cores(dask_scheduler, tmp_path):
+def test_backlog_lets_units_queue_in_dask_with_exact_free_cores(dask_scheduler, tmp_path):
+    """Broke: a prefetch made free_cores lie (a busy pilot read as free). Units beyond the
+    free cores now queue in the pilot's backlog; free_cores counts them as taken."""
     fw = DaskFramework("prefetch", scheduler_address=dask_scheduler, prefetch=2,
                        sandbox=str(tmp_path))
     fw.start()
     try:
         p = running_pilot(fw, 1)
         gate = tmp_path / "gate"
-        free = [p.free_cores]
+        seen = [(p.free_cores, p.room)]
         units = []
         for _ in range(3):
             units.append(fw.submit_unit(CUD(executable="/bin/sh", arguments=[
                 "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])))
-            free.append(p.free_cores)
-        assert free == [1, 1, 1, 0]  # size 1 + prefetch 2: the third unit fills it
+            seen.append((p.free_cores, p.room))
+        assert seen == [(1, 3), (0, 2), (0, 1), (0, 0)]  # size 1 + backlog 2
         gate.touch()
         assert [u.wait(30) for u in units] == [State.DONE] * 3
         wait_for(lambda: p.free_cores == 1, 10, what="cores back")
@@ -173,3 +187,22 @@ def test_prefetch_lets_units_queue_in_dask_beyond_free_cores(dask_scheduler, tmp
         fw.close()
     with pytest.raises(troy.BadParameter, match="prefetch"):
         DaskFramework("bad", prefetch=-1)
+
+
+def test_backfill_hands_units_to_a_busy_dask_pilot_up_to_its_backlog(dask_scheduler, tmp_path):
+    """Broke (slow): backfill handed a unit over only when a pilot had free cores, one Dask
+    round trip per unit. Now a busy pilot's backlog takes units (free_cores stays exact)."""
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", name="d", scheduler_address=dask_scheduler, prefetch=2,
+                             sandbox=str(tmp_path / "sb"))
+        p = running_pilot(fw, 1)
+        us = s.unit_service(scheduler="backfill")
+        gate = tmp_path / "gate"
+        block = CUD(executable="/bin/sh", arguments=[
+            "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])
+        units = us.submit_units([block] * 4)
+        wait_for(lambda: [u.framework for u in units] == ["d", "d", "d", None], 30,
+                 what="three units handed to the framework, the fourth kept")
+        assert p.free_cores == 0 and p.room == 0 and units[3].state is State.PENDING
+        gate.touch()
+        assert us.wait_units(timeout=30) == [State.DONE] * 4

@@ -25,22 +25,20 @@ from troy.unit import ComputeUnit, UnitResult
 
 log = logging.getLogger(__name__)
 
+# a pilot's default backlog, per core of its size: enough to cover a Dask round trip
+DEFAULT_BACKLOG_PER_CORE = 4
+
+
 class DaskPilot(Pilot):
-    """A pilot whose ``free_cores`` lets ``prefetch`` cores' worth of units queue in Dask
-    beyond its size: schedulers that wait for free cores (backfill, first_fit) then keep
-    Dask's queue fed instead of paying a Dask round trip per unit. 0 (the default): exact."""
+    """A pilot that accepts ``backlog`` cores' worth of units beyond its size (they queue in
+    Dask, ready the moment cores free up, instead of paying a Dask round trip per unit);
+    ``free_cores`` stays exact: it counts them as taken."""
 
     def __init__(self, description: PilotDescription, framework: PilotFramework,
-                 prefetch: int = 0) -> None:
+                 prefetch: int | None = None) -> None:
         super().__init__(description, framework)
-        self.prefetch = prefetch
-
-    @property
-    def free_cores(self) -> int:
-        if self.state is not State.RUNNING or self.draining:
-            return 0
-        size = self.description.size
-        return max(0, min(size, size + self.prefetch - self._used))
+        self.backlog = DEFAULT_BACKLOG_PER_CORE * description.size if prefetch is None \
+            else prefetch
 
 
 @dataclass
@@ -60,7 +58,8 @@ class DaskFramework(UnitEvents, PilotFramework):
     concurrency), ``sandbox`` (default working directory of units; None: a temporary
     directory removed on ``close``), ``adopt_workers`` (register workers that join the
     scheduler on their own and carry a ``cores`` resource as RUNNING pilots),
-    ``prefetch`` (see ``DaskPilot``), ``scheduler_process`` (run the scheduler we start in
+    ``prefetch`` (each pilot's backlog, see ``DaskPilot``; None: 4 per core of the pilot),
+    ``scheduler_process`` (run the scheduler we start in
     its own process), ``connect_timeout`` and ``pilot_start_timeout`` (seconds).
     """
 
@@ -70,7 +69,7 @@ class DaskFramework(UnitEvents, PilotFramework):
                  worker_saturation: float | str = "inf", threads_per_pilot: int | None = None,
                  sandbox: str | None = None, adopt_workers: bool = False,
                  connect_timeout: float = 15.0, pilot_start_timeout: float = 60.0,
-                 scheduler_process: bool = False, prefetch: int = 0,
+                 scheduler_process: bool = False, prefetch: int | None = None,
                  **options: Any) -> None:
         super().__init__(name, **options)
         if scheduler_address and scheduler_address.startswith("dask://"):
@@ -83,7 +82,8 @@ class DaskFramework(UnitEvents, PilotFramework):
         self.connect_timeout = connect_timeout
         self.pilot_start_timeout = pilot_start_timeout
         self.scheduler_process = scheduler_process
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        if prefetch is not None and (isinstance(prefetch, bool)
+                                     or not isinstance(prefetch, int) or prefetch < 0):
             raise BadParameter(f"framework {self.name!r}: prefetch: expected an integer "
                                f">= 0, got {prefetch!r}")
         self.prefetch = prefetch
@@ -237,16 +237,22 @@ class DaskFramework(UnitEvents, PilotFramework):
             self._submitq.put(rec)
 
     def _adopt(self, addr: str, resources: dict[str, float]) -> None:
-        if addr in self._by_addr or addr in self._dead_addrs or "cores" not in resources:
+        """Register a worker that joined on its own as a RUNNING pilot. Workers of Troy
+        frameworks (they carry a ``troy-...`` resource: their own pilots, maybe leaving) are
+        never adopted; called from ``start`` and the event thread, so check and register
+        under the lock (one pilot per worker)."""
+        if "cores" not in resources or any(k.startswith("troy-") for k in resources):
             return
-        pilot = DaskPilot(PilotDescription(size=max(1, int(resources["cores"])),
-                                           framework=self.name, resource=addr), self,
-                          prefetch=self.prefetch)
-        pilot.native_id = addr
         with self._lock:
+            if addr in self._by_addr or addr in self._dead_addrs:
+                return
+            pilot = DaskPilot(PilotDescription(size=max(1, int(resources["cores"])),
+                                               framework=self.name, resource=addr), self,
+                              prefetch=self.prefetch)
+            pilot.native_id = addr
             self._pilots[pilot.id] = pilot
-        self._workers[pilot.id] = _Worker(pilot, None)
-        self._by_addr[addr] = pilot
+            self._workers[pilot.id] = _Worker(pilot, None)
+            self._by_addr[addr] = pilot
         pilot._set_state(State.RUNNING)
 
     def _expire(self, pilot: Pilot) -> None:
@@ -329,7 +335,8 @@ class DaskFramework(UnitEvents, PilotFramework):
         at once (schedulers look at it); corrected when the unit really starts."""
         best = None
         for p in self.list_pilots():
-            if p.free_cores >= cores and (best is None or p.free_cores > best.free_cores):
+            if p.room >= cores and (best is None or (p.free_cores, p.room)
+                                    > (best.free_cores, best.room)):
                 best = p
         return best
 
