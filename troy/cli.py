@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import re
@@ -24,7 +25,27 @@ log = logging.getLogger("troy")
 
 
 class FriendlyGroup(click.Group):
-    """Turns exceptions into one-line messages."""
+    """Turns exceptions into one-line messages (usage errors too: no usage block)."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as err:  # plain ``troy``: the help
+            click.echo(err.format_message())
+            sys.exit(0)
+        except click.UsageError as err:
+            where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
+            click.echo(f"Error: {err.format_message()}{where}", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -46,7 +67,9 @@ class FriendlyGroup(click.Group):
 @click.option("--debug", is_flag=True, help="Log everything; show tracebacks.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """Troy: run workloads of tasks on pilots (local processes or Dask)."""
+    """Troy: run workloads of tasks on pilots (local processes or Dask).
+
+    'troy run --help' lists the options of a run and their defaults."""
     ctx.obj = {"debug": debug}
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -82,21 +105,32 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
 @click.option("--report", type=click.Path(dir_okay=False), default=None,
               help="Write a JSON report (per task: pilot, state, start, end) here.")
 @click.option("--scheduler", default=None,
-              help="Troy scheduler: round_robin, first_fit, backfill (default: backfill).")
-@click.option("--no-bundle", is_flag=True, help="One unit per task (no bundling).")
+              help="Troy scheduler: backfill, first_fit, round_robin or seed003 "
+                   "(default: backfill).")
+@click.option("--no-bundle", is_flag=True,
+              help="One unit per task (default: short tasks are bundled into units).")
 @click.option("--dask-scheduler", "dask_address", default=None, metavar="URL",
               help="Attach to this Dask scheduler (dask://host:port) instead of starting one.")
-@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.option("--timeout", type=float, default=None,
+              help="Give up after this many seconds (default: no limit).")
 def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
             report: str | None, scheduler: str | None, no_bundle: bool,
             dask_address: str | None, timeout: float | None) -> None:
-    """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it."""
+    """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it.
+
+    Progress goes to stderr (a bar on a terminal), a summary line to stdout; the exit
+    status is 0 when every task is DONE, 1 otherwise (2: bad usage)."""
     import troy
     from troy.workload.files import load_workload
 
     count, cores = parse_pilots(pilots)
-    if time_scale < 0:
-        raise BadParameter(f"--time-scale {time_scale}: expected a number >= 0")
+    if not math.isfinite(time_scale) or time_scale < 0:
+        raise BadParameter(f"--time-scale {time_scale}: expected a finite number >= 0")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise BadParameter(f"--timeout {timeout}: expected a number of seconds > 0")
+    if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
+        raise BadParameter(f"--report {report}: no directory "
+                           f"{os.path.dirname(os.path.abspath(report))}")
     workload = load_workload(file, time_scale=time_scale, max_cores=cores)
     options: dict[str, Any] = {}
     if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
@@ -110,9 +144,11 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
         manager["scheduler"] = scheduler
     if no_bundle:
         manager["bundle"] = False
-    total = len(workload.tasks)
     finished: queue.SimpleQueue = queue.SimpleQueue()
     with troy.Session() as session:
+        # expand cardinality first: progress counts (and watches) the tasks that will run
+        troy.Planner(session).plan(workload)
+        total = len(workload.tasks)
         session.add_framework(framework, name=framework, **options)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
         outcome: dict[str, Any] = {}

@@ -78,16 +78,55 @@ def test_run_troy_json_with_a_failing_task(tmp_path):
     (["run", "{good}", "--scheduler", "nosuch"], "nosuch"),
     (["run", "{good}", "--dask-scheduler", "dask://127.0.0.1:9"], "needs --framework dask"),
     (["run", "{good}", "--time-scale", "-1"], "--time-scale -1.0"),
+    # broke: these ran (nan, inf), ran then failed (timeout, report), named no file
+    # (no tasks, no executable), or printed a usage block (click usage errors)
+    (["run", "{good}", "--time-scale", "nan"], "--time-scale nan: expected a finite"),
+    (["run", "{good}", "--time-scale", "inf"], "--time-scale inf: expected a finite"),
+    (["run", "{good}", "--timeout", "-1"], "--timeout -1.0: expected a number of seconds"),
+    (["run", "{good}", "--report", "/nonexistent/r.json"], "--report /nonexistent/r.json"),
+    (["run", "{empty}"], "empty.json: tasks: no tasks"),
+    (["run", "{noexe}"], "noexe.json: tasks[0] (task 'a'): no executable"),
+    (["run", "{good}", "--pilots", "3x"], "--pilots '3x'"),
+    (["run", "{good}", "--pilots", "axb"], "--pilots 'axb'"),
+    (["run", "{good}", "--time-scale", "abc"], "'--time-scale': 'abc' is not a valid float"),
+    (["run", "{good}", "--framework", "slurm"], "'--framework': 'slurm' is not one of"),
+    (["run", "{good}", "--frob"], "No such option '--frob'"),
+    (["run"], "Missing argument 'FILE'"),
 ])
 def test_errors_are_one_line(tmp_path, args, message):
     (tmp_path / "bad.json").write_text("{nope")
     (tmp_path / "good.json").write_text('{"tasks": [{"executable": "/bin/true"}]}')
-    args = [a.format(bad=tmp_path / "bad.json", good=tmp_path / "good.json") for a in args]
+    (tmp_path / "empty.json").write_text('{"tasks": []}')
+    (tmp_path / "noexe.json").write_text('{"tasks": [{"id": "a"}]}')
+    args = [a.format(bad=tmp_path / "bad.json", good=tmp_path / "good.json",
+                     empty=tmp_path / "empty.json", noexe=tmp_path / "noexe.json")
+            for a in args]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
     assert lines[-1].startswith("Error: ") and message in lines[-1], result.output
     assert "Traceback" not in result.output
+
+
+def test_progress_counts_expanded_tasks(tmp_path):
+    """Broke: progress counted tasks before cardinality expansion ("2/3 final" for 5)."""
+    f = tmp_path / "w.json"
+    f.write_text(json.dumps({"tasks": [
+        {"id": "a", "executable": "/bin/true"},
+        {"id": "b", "executable": "/bin/true", "cardinality": 3, "parents": ["a"]}]}))
+    result = CliRunner().invoke(cli, ["run", str(f)])
+    assert result.exit_code == 0, result.output
+    assert "tasks: 4/4 final" in result.output and "DONE: 4/4 tasks done" in result.output
+
+
+def test_help_explains_defaults():
+    top = CliRunner().invoke(cli, [])
+    assert top.exit_code == 0 and "troy run --help" in top.output
+    out = CliRunner().invoke(cli, ["run", "--help"]).output
+    for default in ("[default: local]", "one pilot with", "[default: 1.0]",
+                    "(default: backfill)", "(default: no limit)", "bundled"):
+        assert default in out
 
 
 @pytest.mark.parametrize("spec, expected", [("4x2", (4, 2)), ("3", (1, 3)), ("2X8", (2, 8))])

@@ -26,6 +26,7 @@ a JSON line and column, a JSON path (``tasks[3].cores``) or a task id.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,8 +45,8 @@ def load_workload(path: str | os.PathLike[str], *, time_scale: float = 1.0,
     """Read a Troy JSON or WfFormat file into a new (DESCRIBED) ``Workload``."""
     where = str(path)
     if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) \
-            or time_scale < 0:
-        raise BadParameter(f"time_scale: expected a number >= 0, got {time_scale!r}")
+            or not math.isfinite(time_scale) or time_scale < 0:
+        raise BadParameter(f"time_scale: expected a finite number >= 0, got {time_scale!r}")
     try:
         size = Path(path).stat().st_size
         if size > MAX_BYTES:
@@ -83,8 +84,10 @@ class _Loader:
         return value
 
     def _build(self, specs: list[tuple[str, str, dict[str, Any]]],
-               edges: list[tuple[str, str, str]]) -> Workload:
+               edges: list[tuple[str, str, str]], tasks_place: str) -> Workload:
         """``specs``: (id, place, TaskDescription fields); ``edges``: (head, tail, place)."""
+        if not specs:
+            raise self.fail(tasks_place, "no tasks")
         w = Workload()
         for uid, place, fields in specs:
             if uid in w.tasks:
@@ -139,7 +142,11 @@ class _Loader:
             else:
                 raise self.fail(place, 'expected [head, tail] or {"head": .., "tail": ..}')
             edges.append((head, tail, place))
-        return self._build(specs, edges)
+        w = self._build(specs, edges, "tasks")
+        for uid, place, fields in specs:  # (after the checks of fields and relations)
+            if fields.get("executable") is None:
+                raise self.fail(f"{place} (task {uid!r})", "no executable")
+        return w
 
     # -- WfFormat ----------------------------------------------------------------------
     def wfformat(self, data: dict[str, Any], time_scale: float,
@@ -186,7 +193,7 @@ class _Loader:
                 if isinstance(parent, Mapping):  # very old layouts: {"name": ...}
                     parent = parent.get("id") or parent.get("name")
                 edges.append((parent, uid, f"{place}.parents[{j}] (task {uid!r})"))
-        return self._build(specs, edges)
+        return self._build(specs, edges, base)
 
     def _number(self, run: Mapping[str, Any], keys: tuple[str, ...], place: str) -> float:
         for k in keys:
