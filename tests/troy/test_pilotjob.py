@@ -172,12 +172,17 @@ def test_no_suitable_pilot_and_reconnect(pjs):
         wus.submit({"executable": "/bin/true"})
 
 
-def test_dask_localhost_starts_its_own_scheduler(pjs):
+def test_dask_localhost_starts_its_own_scheduler(pjs, tmp_path, monkeypatch):
+    """Broke: a relative ``output`` landed in the Dask framework's temporary sandbox (gone
+    on cancel), not where the user submitted from, as it does on local pilots."""
+    monkeypatch.chdir(tmp_path)
     pj = pjs.create("dask://localhost", pjd(1), pj_type=PilotJobType.DASK)
     assert pj.wait(30) is State.RUNNING
     assert pj.framework.scheduler_address.startswith("tcp://127.0.0.1:")
     wus = WorkUnitService()
     wus.add(pjs)
-    assert wus.submit({"executable": "/bin/true"}).wait(30) is State.DONE
+    assert wus.submit({"executable": "/bin/echo", "arguments": ["hi"],
+                       "output": "hello.txt"}).wait(30) is State.DONE
+    assert (tmp_path / "hello.txt").read_text() == "hi\n"
     with pytest.raises(BadParameter, match="does not match"):
         pjs.create("local://localhost", pjd(1), pj_type=PilotJobType.DASK)

@@ -1,6 +1,7 @@
 """The seed-002 descriptions (SAGA slot names) and the small types of ``troy.pilotjob``."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -107,6 +108,8 @@ class WorkUnitDescription(_SagaDescription):
                 inputs.append(d)
         return ComputeUnitDescription(
             executable=self.executable, arguments=list(self.arguments),
-            environment=dict(self.environment), working_directory=self.working_directory,
+            # relative paths (output, file_transfer) are the submitter's, on any framework
+            environment=dict(self.environment),
+            working_directory=self.working_directory or os.getcwd(),
             stdin=self.input, stdout=self.output, stderr=self.error, inputs=inputs,
             outputs=outputs, cores=self._cores(), walltime=self._walltime())

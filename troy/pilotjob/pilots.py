@@ -137,8 +137,8 @@ class PilotJobService:
             if self.state is not State.RUNNING:
                 return
             self.state = State.CANCELED
-        for pj in list(self.pilot_jobs):
-            pj.cancel()
+        # closing the session closes each framework in its own order (a Dask client before
+        # its workers: no result keys lost with a worker) and cancels every pilot
         self.session.close()
         for pj in self.pilot_jobs:
             pj._follow(pj.pilot)

@@ -112,7 +112,9 @@ def test_cancel_running_unit_kills_its_process(framework, tmp_path):
         "-c", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 60"]))
     wait_for(pidfile.exists, 30, what="unit started")
     pid = int(pidfile.read_text())
-    assert u.state is State.RUNNING and alive(pid)
+    # (on Dask, RUNNING is an event from the worker: under load it can trail the pid file)
+    wait_for(lambda: u.state is State.RUNNING, 30, what="unit RUNNING")
+    assert alive(pid)
     u.cancel()
     assert u.state is State.CANCELED
     wait_for(lambda: not alive(pid), 10, what="unit process gone")

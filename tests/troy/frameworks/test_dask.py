@@ -30,7 +30,7 @@ def test_own_scheduler_on_localhost_and_clean_close(tmp_path):
         assert fw.scheduler_address.startswith("tcp://127.0.0.1:")
         p = running_pilot(fw, 2)
         assert p.native_id.startswith("tcp://127.0.0.1:")
-        info = fw.client.scheduler_info()["workers"][p.native_id]
+        info = fw.workers_info()[p.native_id]
         assert info["resources"]["cores"] == 2
         worker_pid = fw._workers[p.id].proc.pid
         u = fw.submit_unit(CUD(function=whoami))
@@ -95,8 +95,10 @@ def test_worker_that_dies_fails_its_pilot_and_units_requeue(dask_scheduler, tmp_
 
 def test_adopted_workers_become_pilots(dask_scheduler, tmp_path):
     """A worker started outside Troy (as on an elastic slice node) with a cores resource.
-    Broke once: the adopter also took another Troy framework's worker (one still leaving
-    the shared scheduler after an earlier test) as its pilot; Troy's workers are not adopted."""
+    Broke once: the worker's info was read from ``client.scheduler_info()``, a cache that a
+    periodic refresh without workers can overwrite right after the fetch, so the new worker
+    looked absent and was never adopted (now ``workers_info()`` asks the scheduler). Also:
+    another Troy framework's workers (ours, or leaving) are never adopted."""
     owner = DaskFramework("owner", scheduler_address=dask_scheduler,
                           sandbox=str(tmp_path / "owner"))
     owner.start()
@@ -114,7 +116,7 @@ def test_adopted_workers_become_pilots(dask_scheduler, tmp_path):
                           30, what="adopted pilot")
         assert len(pilots) == 1 and pilots[0].size == 3
         owner.close()  # (an adopter's units need only cores: they could run on its workers)
-        wait_for(lambda: len(fw.client.scheduler_info()["workers"]) == 1, 30,
+        wait_for(lambda: len(fw.workers_info()) == 1, 30,
                  what="owner's workers gone")
         u = fw.submit_unit(CUD(function=whoami))
         assert u.wait(30) is State.DONE and u.result.value == pilots[0].native_id

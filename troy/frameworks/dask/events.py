@@ -115,7 +115,9 @@ class UnitEvents:
     def _finish(self, rec: UnitRecord, state: State, result: UnitResult) -> None:
         self._records.pop(rec.unit.id, None)
         self._unreserve(rec)
-        rec.future = None
+        fut, rec.future = rec.future, None
+        if fut is not None:  # let Dask forget the key now, not when a pending "done"
+            fut.release()    # message lets go of it (a pilot canceled meanwhile reran it)
         rec.unit._set_state(state, result=result)
 
     def _handle_done(self, fut: Any) -> None:

@@ -135,7 +135,7 @@ class DaskFramework(UnitEvents, PilotFramework):
             self._threads.append(t)
         self._started = True
         if self.adopt_workers:
-            for addr, info in self.client.scheduler_info()["workers"].items():
+            for addr, info in self.workers_info().items():
                 self._adopt(addr, info.get("resources", {}))
 
     def _start_scheduler(self) -> str:
@@ -312,6 +312,15 @@ class DaskFramework(UnitEvents, PilotFramework):
             return
         w.proc.stop()
 
+    def workers_info(self) -> dict[str, dict[str, Any]]:
+        """The scheduler's workers (address -> info, with ``resources``), asked now.
+
+        Not ``client.scheduler_info()``: it returns the client's cached identity, which a
+        periodic refresh (every 2 s, without workers) may overwrite right after our fetch,
+        and then a worker that just joined looks absent (adoption missed it)."""
+        identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        return dict(identity.get("workers", {}))
+
     def _on_cluster_event(self, event: tuple[float, Any]) -> None:
         msg = event[1]
         if isinstance(msg, dict) and msg.get("action") in ("add-worker", "remove-worker"):
@@ -403,7 +412,7 @@ class DaskFramework(UnitEvents, PilotFramework):
         addr = msg.get("worker")
         if msg["action"] == "add-worker":
             if self.adopt_workers and addr and self.client is not None:
-                info = self.client.scheduler_info()["workers"].get(addr, {})
+                info = self.workers_info().get(addr, {})
                 self._adopt(addr, info.get("resources", {}))
             return
         pilot = self._by_addr.get(addr)
