@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import Enum
+from typing import Any
 
 
 class State(str, Enum):
@@ -42,44 +43,50 @@ FINAL_STATES = frozenset({State.DONE, State.FAILED, State.CANCELED})
 PRE_DISPATCH = (State.DESCRIBED, State.PLANNED, State.TRANSLATED, State.BOUND)
 
 
-def derive_task_state(unit_states: Iterable[State]) -> State:
-    """A dispatched task's state from its units' states (seed 001, in order).
+# Seed 001's derivation tables, in the seed's order: the first state any member is in wins;
+# else DONE if all are DONE; else UNKNOWN. The task table lists ``any unit DISPATCHED`` twice
+# (the second, mapping to RUNNING, can never fire): kept as the seed has it. The workload
+# table has no RUNNING line: a mix of RUNNING and DONE tasks is UNKNOWN, literally.
+TASK_TABLE = (State.FAILED, State.CANCELED, State.DISPATCHED, State.RUNNING)
+WORKLOAD_TABLE = (State.FAILED, State.CANCELED, State.DISPATCHED)
 
-    The seed's table lists ``any unit DISPATCHED`` twice (the second mapping to RUNNING can
-    never fire); we keep its order. A unit the backend holds but has not started (PENDING) is
-    still dispatched, so PENDING counts as DISPATCHED here.
-    """
-    states = [State.DISPATCHED if s is State.PENDING else s for s in unit_states]
+
+def _derive(states: list[State], table: tuple[State, ...]) -> State:
     if not states:
         return State.UNKNOWN
-    if State.FAILED in states:
-        return State.FAILED
-    if State.CANCELED in states:
-        return State.CANCELED
-    if State.DISPATCHED in states:
-        return State.DISPATCHED
-    if State.RUNNING in states:
-        return State.RUNNING
-    if all(s is State.DONE for s in states):
-        return State.DONE
-    return State.UNKNOWN
+    for state in table:
+        if state in states:
+            return state
+    return State.DONE if all(s is State.DONE for s in states) else State.UNKNOWN
+
+
+def derive_task_state(unit_states: Iterable[State]) -> State:
+    """A dispatched task's state from its units' states (seed 001, ``TASK_TABLE``). A unit
+    the backend holds but has not started (PENDING) is still dispatched, so PENDING counts
+    as DISPATCHED here."""
+    return _derive([State.DISPATCHED if s is State.PENDING else s for s in unit_states],
+                   TASK_TABLE)
 
 
 def derive_workload_state(task_states: Iterable[State]) -> State:
-    """A dispatched workload's state from its tasks' states (seed 001, literally).
+    """A dispatched workload's state from its tasks' states (seed 001, ``WORKLOAD_TABLE``)."""
+    return _derive(list(task_states), WORKLOAD_TABLE)
 
-    Note the seed's rule has no RUNNING line: a workload whose tasks are a mix of RUNNING and
-    DONE is UNKNOWN until every task is DONE (or one FAILED / CANCELED).
-    """
-    states = list(task_states)
-    if not states:
-        return State.UNKNOWN
-    if State.FAILED in states:
-        return State.FAILED
-    if State.CANCELED in states:
-        return State.CANCELED
-    if State.DISPATCHED in states:
-        return State.DISPATCHED
-    if all(s is State.DONE for s in states):
-        return State.DONE
-    return State.UNKNOWN
+
+class Lockable:
+    """``lock`` / ``locked`` / ``unlock`` of the seeds' workloads and overlays: a locked one
+    refuses changes to its composition. Expects ``_lock`` and ``_locked`` of the class."""
+
+    _lock: Any
+    _locked: bool
+
+    def lock(self) -> None:
+        with self._lock:
+            self._locked = True
+
+    def unlock(self, *args: Any) -> None:
+        with self._lock:
+            self._locked = False
+
+    def locked(self) -> bool:
+        return self._locked

@@ -18,7 +18,7 @@ from typing import Any
 from troy.descriptions import PilotDescription
 from troy.errors import IncorrectState
 from troy.frameworks.base import Pilot as FrameworkPilot
-from troy.states import FINAL_STATES, State
+from troy.states import FINAL_STATES, Lockable, State
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Pilot:
             self._overlay._pilot_changed()
 
 
-class Overlay:
+class Overlay(Lockable):
     """A set of pilots managed by Troy (seed 000). ``pilots`` maps ids to Pilots."""
 
     def __init__(self, pilots: Iterable[PilotLike] | None = None,
@@ -112,17 +112,6 @@ class Overlay:
             uid = f"opilot.{next(self._seq):04d}"
             self.pilots[uid] = Pilot(uid, pd, self)
             return uid
-
-    def lock(self) -> None:
-        with self._lock:
-            self._locked = True
-
-    def unlock(self, *args: Any) -> None:
-        with self._lock:
-            self._locked = False
-
-    def locked(self) -> bool:
-        return self._locked
 
     def cancel(self) -> None:
         """Cancel all pilots; the overlay ends COMPLETED."""

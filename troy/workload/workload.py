@@ -23,7 +23,7 @@ from typing import Any, overload
 
 from troy.descriptions import TaskDescription
 from troy.errors import BadParameter, IncorrectState
-from troy.states import FINAL_STATES, State
+from troy.states import FINAL_STATES, Lockable, State
 from troy.workload.task import Task
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class Relation:
         object.__setattr__(self, "tail", tail.id if isinstance(tail, Task) else tail)
 
 
-class Workload:
+class Workload(Lockable):
     """Tasks and their relations, managed by Troy's planner and workload manager."""
 
     def __init__(self, uid: str | None = None) -> None:
@@ -163,18 +163,6 @@ class Workload:
         self._notify(state, second)
 
     # -- composition --------------------------------------------------------------------
-    def lock(self) -> None:
-        """Freeze the composition: add_task / add_relation raise IncorrectState."""
-        with self._lock:
-            self._locked = True
-
-    def unlock(self, *args: Any) -> None:
-        with self._lock:
-            self._locked = False
-
-    def locked(self) -> bool:
-        return self._locked
-
     def _check_changeable(self) -> None:
         if self._locked:
             raise IncorrectState(f"workload {self.id} is locked")
