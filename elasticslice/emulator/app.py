@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from elasticslice.emulator.admin import AdminService
-from elasticslice.emulator.authority import Authority
+from elasticslice.emulator.authority import Authority, Identity
 from elasticslice.emulator.boot import BootRunner
 from elasticslice.emulator.cm import ComponentManager
 from elasticslice.emulator.context import Context, Settings
@@ -26,7 +26,8 @@ from elasticslice.emulator.faults import FaultInjector
 from elasticslice.emulator.pool import load_inventory, sync_nodes
 from elasticslice.emulator.sa import SliceAuthority
 from elasticslice.emulator.server import TLSServer, server_context
-from elasticslice.emulator.setup import base_url, load_config, write_atomic, write_client_conf
+from elasticslice.emulator.setup import (EmulatorConfig, base_url, load_config, lock_directory,
+                                         write_atomic, write_client_conf)
 from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import Store
 from elasticslice.errors import ConfigError, ElasticSliceError
@@ -60,6 +61,7 @@ class EmulatorServer:
         self.ctx: Context | None = None
         self.reclaimer: Reclaimer | None = None
         self._tls: TLSServer | None = None
+        self._lock_fd: int | None = None
         self.host = host or "127.0.0.1"
 
     # ---- life cycle
@@ -70,6 +72,23 @@ class EmulatorServer:
             log.warning("emulator listening on %s: reachable beyond this machine", self.host)
         port = cfg.port if self._port is None else self._port
         identity = cfg.identity
+        self._lock_directory()
+        try:
+            self._start(cfg, port, identity)
+        except BaseException:
+            self._unlock_directory()
+            raise
+        return self
+
+    def _lock_directory(self) -> None:
+        self._lock_fd = lock_directory(self.directory)
+
+    def _unlock_directory(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def _start(self, cfg: EmulatorConfig, port: int, identity: Identity) -> None:
         try:
             authority = Authority(self.directory, identity).load()
         except OSError as err:
@@ -105,7 +124,6 @@ class EmulatorServer:
         write_atomic(self.directory / "server.json", json.dumps(
             {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid()}) + "\n")
         log.info("emulator serving %s (state %s)", self.url, store.path)
-        return self
 
     def stop(self) -> None:
         if self.reclaimer is not None:
@@ -118,7 +136,9 @@ class EmulatorServer:
                 self.ctx.boot.stop()
             self.ctx.store.close()
             self.ctx = None
-        (self.directory / "server.json").unlink(missing_ok=True)
+        if self._lock_fd is not None:
+            (self.directory / "server.json").unlink(missing_ok=True)
+        self._unlock_directory()
 
     def __enter__(self) -> EmulatorServer:
         return self.start()

@@ -13,10 +13,12 @@ Layout of an emulator directory D::
     emulator.json              domain, user, project, port
     state.db                   SQLite state (slices, slivers, nodes, reclamations)
     server.json                URL and pid of the running server (while it runs)
+    serve.lock                 held (flock) by the running server: one server per directory
     nodes/<node>/              node sandboxes of the execute service
 """
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
@@ -27,7 +29,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from elasticslice.emulator.authority import Identity
-from elasticslice.errors import ConfigError
+from elasticslice.errors import ConfigError, ElasticSliceError
 from elasticslice.rpc import pki
 
 DEFAULT_DOMAIN = "emulab.test"
@@ -107,6 +109,24 @@ def write_atomic(path: Path, text: str) -> Path:
     return path
 
 
+def lock_directory(directory: Path) -> int:
+    """Take ``D/serve.lock`` (one server per directory: a second one would rewrite the first's
+    client config and ``server.json`` and share its SQLite state). Returns the descriptor
+    holding the lock: closing it releases the lock, as does the process ending."""
+    fd = os.open(directory / "serve.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        try:
+            where = json.loads((directory / "server.json").read_text())["url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            where = "see server.json"
+        raise ElasticSliceError(f"{directory}: an emulator is already serving this directory "
+                                f"({where}); stop it first") from err
+    return fd
+
+
 def _issue(d: Path, name: str, ca: bytes, ca_key: bytes, cn: str, **kw: object) -> None:
     cert, key = pki.issue_certificate(ca, ca_key, cn, **kw)  # type: ignore[arg-type]
     (d / f"{name}.pem").write_bytes(cert)
@@ -124,6 +144,7 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
                           path=str(d))
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
+    os.close(lock_directory(d))  # never start over under a running server
     for stale in ("state.db", "state.db-wal", "state.db-shm", "server.json"):
         (d / stale).unlink(missing_ok=True)
     cfg = EmulatorConfig(domain=domain, user=user, project=project, slice_name=slice_name,

@@ -102,12 +102,14 @@ def test_serve_bad_input_is_one_clear_line(tmp_path, emulator):
                                  "--fault-rate", "2"])
     assert result.exit_code == 2 and "--fault-rate" in result.output
     busy_port = str(emulator.server.port)
-    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(emulator.dir),
+    other = tmp_path / "other"
+    shutil.copytree(emulator.dir, other, ignore=shutil.ignore_patterns("state.db*", "serve.lock"))
+    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(other),
                                  "--port", busy_port])
     assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{busy_port}" in result.output
     assert "Traceback" not in result.output
     bad = tmp_path / "inv.ini"
     bad.write_text("[m400]\ncount = x\n")
-    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(emulator.dir),
+    result = runner.invoke(cli, ["emulator", "serve", "--dir", str(other),
                                  "--inventory", str(bad)])
     assert result.exit_code == 1 and "m400.count" in result.output
