@@ -79,6 +79,21 @@ class ClientConfig:
         return ConfigError(message, key=key, path=str(self.path) if self.path else None)
 
 
+def ini_error(err: configparser.Error) -> str:
+    """One line for what configparser found wrong (its own messages span several lines and
+    name the file as a repr)."""
+    if isinstance(err, configparser.MissingSectionHeaderError):
+        return f"not an INI file: line {err.lineno} comes before any [section] header"
+    if isinstance(err, configparser.DuplicateOptionError):
+        return f"line {err.lineno}: key {err.option!r} given twice in [{err.section}]"
+    if isinstance(err, configparser.DuplicateSectionError):
+        return f"line {err.lineno}: section [{err.section}] given twice"
+    if isinstance(err, configparser.ParsingError):
+        lines = ", ".join(str(lineno) for lineno, _ in err.errors[:5])
+        return f"not 'key = value' at line(s) {lines}"
+    return str(err).splitlines()[0]
+
+
 def default_config_path() -> Path:
     return DEFAULT_PATH.expanduser()
 
@@ -95,7 +110,9 @@ def load_config(path: str | os.PathLike[str] | None = None,
     parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
     try:
         parser.read(cfg_path, encoding="utf-8")
-    except (configparser.Error, UnicodeDecodeError, OSError) as err:
+    except configparser.Error as err:
+        raise ConfigError(ini_error(err), path=where) from err
+    except (UnicodeDecodeError, OSError) as err:
         raise ConfigError(f"unreadable config: {err}".splitlines()[0], path=where) from err
     if not parser.has_section(SECTION):
         raise ConfigError(f"no [{SECTION}] section", path=where)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from elasticslice.emulator.geni import GeniFault
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow, Store
+from elasticslice.config import ini_error
 from elasticslice.errors import ConfigError
 from elasticslice.rpc.codes import GeniCode
 
@@ -45,6 +46,12 @@ cores = 16
 memory = 65536
 prefix = pc
 """
+
+
+TYPE_KEYS = ("count", "cores", "memory", "prefix")
+INVENTORY_KEYS = ("default_hardware_type", "images")
+# Upper bounds: every node is a row and a directory, and XML-RPC integers are 32-bit.
+LIMITS = {"count": 10_000, "cores": 4096, "memory": 2**31 - 1}
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,17 @@ def _int(parser: configparser.ConfigParser, section: str, key: str, where: str,
         raise ConfigError(f"not an integer: {raw!r}", key=f"{section}.{key}", path=where) from err
     if value < 0 or (key != "count" and value == 0):
         raise ConfigError(f"must be positive: {raw!r}", key=f"{section}.{key}", path=where)
+    if value > LIMITS[key]:
+        raise ConfigError(f"at most {LIMITS[key]}: {raw!r}", key=f"{section}.{key}", path=where)
     return value
+
+
+def _check_keys(parser: configparser.ConfigParser, section: str, known: tuple[str, ...],
+                where: str) -> None:
+    for key in parser.options(section):
+        if key not in known:
+            raise ConfigError(f"unknown key (known: {', '.join(known)})",
+                              key=f"{section}.{key}", path=where)
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:
@@ -96,12 +113,15 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     except OSError as err:
         raise ConfigError(f"cannot read inventory: {err.strerror}", path=where) from err
     except configparser.Error as err:
-        raise ConfigError(f"not a valid INI file: {err.message}", path=where) from err
+        raise ConfigError(ini_error(err), path=where) from err
     types: dict[str, HardwareType] = {}
     prefixes: set[str] = set()
+    node_ids: set[str] = set()
     for section in parser.sections():
         if section == "inventory":
+            _check_keys(parser, section, INVENTORY_KEYS, where)
             continue
+        _check_keys(parser, section, TYPE_KEYS, where)
         prefix = parser.get(section, "prefix", fallback=section).strip()
         if not prefix.isalnum() or prefix in prefixes:
             raise ConfigError(f"prefix must be alphanumeric and unique: {prefix!r}",
@@ -110,6 +130,11 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
         types[section] = HardwareType(section, _int(parser, section, "count", where),
                                       _int(parser, section, "cores", where),
                                       _int(parser, section, "memory", where, 4096), prefix)
+        names = types[section].node_ids()
+        if node_ids.intersection(names):
+            raise ConfigError(f"node names {prefix}... collide with another type's",
+                              key=f"{section}.prefix", path=where)
+        node_ids.update(names)
     if not types:
         raise ConfigError("no hardware types (one section per type)", path=where)
     default = parser.get("inventory", "default_hardware_type", fallback=next(iter(types)))
