@@ -18,8 +18,9 @@ from elasticslice.config import ClientConfig, load_config
 from elasticslice.errors import RSpecError
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import SliverStatus
-from elasticslice.rspec import NodeSpec, add_nodes_args
+from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args
 from elasticslice.rspec import parse as parse_rspec
+from elasticslice.rspec import validate as validate_rspec
 
 
 CM_OPTION_HELP = ("Which CM (a substring of its host or URL, or its index in cm_urls). "
@@ -48,6 +49,26 @@ def _emit(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
+MAX_HOURS = 24 * 365
+
+
+class Hours(click.ParamType):
+    """A lifetime in hours: a finite number from 0.1 to a year (timedelta overflows, and NaN
+    passes click's range checks)."""
+
+    name = "hours"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            hours = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of hours", param, ctx)
+        if not 0.1 <= hours <= MAX_HOURS:  # also refuses nan
+            self.fail(f"{value!r} is not between 0.1 and {MAX_HOURS} hours", param, ctx)
+        return hours
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -71,8 +92,8 @@ def getversion(ctx: click.Context, cm: str | None) -> None:
 
 
 @click.command("create-slice")
-@click.option("--hours", type=click.FloatRange(min=0.1), default=None,
-              help="Slice lifetime in hours (default: the SA's).")
+@click.option("--hours", type=Hours(), default=None,
+              help="Slice lifetime in hours, 0.1 to 8760 (default: the SA's default).")
 @click.pass_context
 def create_slice(ctx: click.Context, hours: float | None) -> None:
     """Register the configured slice (slice_name, project) at the SA."""
@@ -108,8 +129,20 @@ def create_sliver(ctx: click.Context, rspec: str, cm: str | None) -> None:
 
 
 def _check_rspec(text: str, source: str) -> None:
-    """Refuse an unreadable or hostile RSpec before sending it."""
-    parse_rspec(text, source)
+    """Refuse, before sending it, an RSpec that is unreadable, hostile, not a request, empty,
+    or (GENI v3) not valid against request.xsd."""
+    rspec = parse_rspec(text, source)
+    if rspec.type != RSpecType.REQUEST:
+        raise RSpecError(f"a {rspec.type.value} RSpec, not a request", source=source)
+    if not rspec.nodes:
+        raise RSpecError("the request has no nodes", source=source)
+    if rspec.version == "3":
+        problems = validate_rspec(text, source)
+        if problems:
+            more = f" (and {len(problems) - 1} more; see `elasticslice rspec validate`)" \
+                if len(problems) > 1 else ""
+            raise RSpecError(f"invalid request: {problems[0].message}{more}", source=source,
+                             line=problems[0].line)
 
 
 def _status_lines(status: SliverStatus) -> list[str]:
@@ -188,8 +221,8 @@ def delete_nodes(ctx: click.Context, client_ids: tuple[str, ...], cm: str | None
 
 
 @click.command("renew")
-@click.option("--hours", type=click.FloatRange(min=0.1), required=True,
-              help="New lifetime from now, in hours.")
+@click.option("--hours", type=Hours(), required=True,
+              help="New lifetime from now, in hours (0.1 to 8760; the SA may allow less).")
 @_cm_option
 @click.pass_context
 def renew(ctx: click.Context, hours: float, cm: str | None) -> None:

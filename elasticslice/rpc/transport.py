@@ -57,12 +57,26 @@ def make_ssl_context(certificate: Path | None, passphrase: str | None, ca_bundle
         try:
             ctx.load_cert_chain(str(certificate), password=passphrase or None)
         except ssl.SSLError as err:
-            raise CredentialError(f"cannot load certificate and key from {certificate}: wrong "
-                                  f"passphrase, or not a certificate + key PEM ({err.reason})"
-                                  ) from err
+            raise CredentialError(f"cannot load certificate and key from {certificate}: "
+                                  f"{_pem_problem(certificate)}") from err
         except OSError as err:
             raise CredentialError(f"cannot read {certificate}: {err.strerror}") from err
     return ctx
+
+
+def _pem_problem(path: Path) -> str:
+    """Why OpenSSL would not load a certificate + key PEM (its own reasons are often None)."""
+    try:
+        text = Path(path).read_text(encoding="ascii", errors="replace")
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        return "no certificate in it (want the PEM with certificate and key, like cloudlab.pem)"
+    if "PRIVATE KEY-----" not in text:
+        return "no private key in it (want the PEM with certificate and key, like cloudlab.pem)"
+    if "ENCRYPTED" in text:
+        return "wrong passphrase (or a damaged key)"
+    return "the certificate or key is damaged, or they do not match"
 
 
 @dataclass(frozen=True)
