@@ -117,6 +117,8 @@ def _read_rspec(path: str) -> str:
 def create_sliver(ctx: click.Context, rspec: str, cm: str | None) -> None:
     """Allocate the resources of request RSPEC (a file) in the slice at a CM.
 
+    The RSpec is checked first (a request, with nodes, valid against request.xsd when
+    GENI v3). Your SSH keys come from the SA. The slice must exist (`create-slice`).
     Nodes boot in the background; watch them with `sliver-status`.
     """
     text = _read_rspec(rspec)
@@ -215,7 +217,10 @@ def add_nodes(ctx: click.Context, count: int, hardware_type: str | None,
 @_cm_option
 @click.pass_context
 def delete_nodes(ctx: click.Context, client_ids: tuple[str, ...], cm: str | None) -> None:
-    """Give nodes back (CM v2 DeleteNodes), by client_id."""
+    """Give nodes back (CM v2 DeleteNodes), by client_id (as `sliver-status` shows).
+
+    The CM refuses to delete every node of a sliver: use `delete-slice` for that.
+    """
     _server(ctx).delete_nodes(list(client_ids), cm=_which(cm))
     click.echo(f"deleted {len(client_ids)} node(s): {' '.join(client_ids)}")
 
@@ -226,7 +231,8 @@ def delete_nodes(ctx: click.Context, client_ids: tuple[str, ...], cm: str | None
 @_cm_option
 @click.pass_context
 def renew(ctx: click.Context, hours: float, cm: str | None) -> None:
-    """Extend the slice at the SA and the sliver at the CM to now + H hours."""
+    """Extend the slice at the SA (when it would end sooner) and the sliver at the CM to
+    now + H hours."""
     server = _server(ctx)
     answer = server.renew(_now() + dt.timedelta(hours=hours), cm=_which(cm))
     click.echo(f"renewed until {answer}")

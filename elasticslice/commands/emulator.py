@@ -26,7 +26,17 @@ DIR_OPTION = click.option("--dir", "directory", required=True, envvar="ELASTICSL
 
 @click.group("emulator")
 def emulator() -> None:
-    """CloudLab in a box: SA, CM v2 and dynamic slices over TLS, on 127.0.0.1."""
+    """CloudLab in a box: SA, CM v2 and dynamic slices over TLS, on 127.0.0.1.
+
+    \b
+    Quick start:
+      elasticslice emulator init  --dir ~/emu
+      elasticslice emulator serve --dir ~/emu          # Ctrl-C to stop
+      elasticslice --config ~/emu/elasticslice.conf getversion
+
+    Admin commands (revoke, load, status) reach the server running on the same --dir;
+    report reads its state and works offline too.
+    """
 
 
 @emulator.command("init")
@@ -34,7 +44,8 @@ def emulator() -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=12369, show_default=True,
               help="Port `serve` listens on (0: any free port, chosen at start).")
 @click.option("--user", default=DEFAULT_USER, show_default=True, help="The user's login name.")
-@click.option("--project", default=DEFAULT_PROJECT, show_default=True)
+@click.option("--project", default=DEFAULT_PROJECT, show_default=True,
+              help="Project of the slice (slice URNs are <domain>:<project>+slice+<name>).")
 @click.option("--domain", default=DEFAULT_DOMAIN, show_default=True,
               help="Authority domain of every URN.")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -44,7 +55,11 @@ def emulator() -> None:
 @click.option("--force", is_flag=True, help="Start over in an existing emulator directory.")
 def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, host: str,
              hostnames: tuple[str, ...], force: bool) -> None:
-    """Create the CA, certificates, user.pem, password and elasticslice.conf in DIR."""
+    """Create the CA, certificates, user.pem, password and elasticslice.conf in --dir.
+
+    The client config works as is: `elasticslice --config DIR/elasticslice.conf ...`.
+    Refuses an existing emulator directory unless --force (which wipes its state).
+    """
     d = init_emulator(directory, port, user=user, project=project, domain=domain, host=host,
                       hostnames=hostnames, force=force)
     click.echo(f"emulator initialised in {d}")
@@ -55,7 +70,8 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
 @emulator.command("serve")
 @DIR_OPTION
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
-              help="Listen port (default: the one given to init).")
+              help="Listen port (default: the one given to init; 0: any free port). The "
+                   "client config is rewritten with the real port.")
 @click.option("--host", default=None, help="Listen address (default 127.0.0.1).")
 @click.option("--inventory", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Node inventory INI (default: the built-in one, as etc/emulator-inventory.ini).")
@@ -78,7 +94,12 @@ def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: st
               boot_delay: float, notify_interval: float, max_wait: int, fault_rate: float,
               seed: int | None, tenant_load: float, tenant_interval: float,
               allow_remote_endpoints: bool) -> None:
-    """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM."""
+    """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM.
+
+    URLs: https://HOST:PORT/protogeni/xmlrpc/{sa,cm,cm/2.0,dynslice}; client certificates
+    from the emulator's CA only. State (slices, slivers, nodes) is kept in DIR/state.db
+    across restarts. One server per directory.
+    """
     server = EmulatorServer(directory, port=port, host=host, inventory=inventory,
                             boot_delay=boot_delay, notify_interval=notify_interval,
                             max_wait=max_wait, fault_rate=fault_rate, seed=seed,
@@ -109,7 +130,12 @@ def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: st
 @DIR_OPTION
 @click.argument("node_ids", nargs=-1, required=True)
 def revoke_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
-    """Take NODE_IDs back: dynamic slices get the NotifyDeletePending countdown."""
+    """Take nodes back by NODE_ID (e.g. ms0101; see `status`, or the component_id of
+    `sliver-status`).
+
+    A slice that registered a client endpoint gets the NotifyDeletePending countdown; a
+    node of any other slice is taken at once.
+    """
     result = AdminClient(directory).call("Revoke", nodes=list(node_ids))
     for node_id, what in result.items():
         click.echo(f"{node_id}: {what}")
@@ -120,7 +146,9 @@ def revoke_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
 @click.option("--busy", type=click.IntRange(0), required=True,
               help="How many nodes other tenants hold (reclaims from dynamic slices if needed).")
 def load_cmd(directory: Path, busy: int) -> None:
-    """Set how many nodes other tenants hold."""
+    """Set how many nodes other tenants hold (free nodes first, then reclaimed from
+    dynamic slices); --busy 0 gives every node back. Under `serve --tenant-load` the model
+    moves the target again at its next step."""
     target = AdminClient(directory).call("SetLoad", busy=busy)
     click.echo(f"other tenants now want {target} nodes")
 
@@ -147,7 +175,10 @@ def status_cmd(directory: Path, as_json: bool) -> None:
 @DIR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 def report_cmd(directory: Path, as_json: bool) -> None:
-    """Reclamations: node, slice, notified at, released at, forced or early."""
+    """Reclamations: node, slice, notified at, released at, forced or early.
+
+    Reads DIR/state.db: works whether or not the server is running.
+    """
     load_config(directory)
     if not (directory / "state.db").exists():
         raise ElasticSliceError(f"{directory}: no state yet (the emulator never ran here)")
