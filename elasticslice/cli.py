@@ -7,7 +7,9 @@ unexpected exception becomes one line too, with the traceback only under ``--deb
 from __future__ import annotations
 
 import importlib
+import io
 import logging
+import os
 import sys
 from typing import Any
 
@@ -41,12 +43,24 @@ class FriendlyGroup(click.Group):
             raise click.ClickException(str(err)) from err
         except KeyboardInterrupt:
             raise click.exceptions.Exit(130)
+        except BrokenPipeError:  # `elasticslice discover | head`: the reader is gone
+            _silence_stdout()
+            raise click.exceptions.Exit(141)
         except Exception as err:  # never a traceback in front of a user
             if _debug_requested(ctx):
                 raise
             raise click.ClickException(
                 f"internal error: {type(err).__name__}: {err} (rerun with --debug for details)"
             ) from err
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing it at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass
 
 
 def _debug_requested(ctx: click.Context) -> bool:

@@ -183,12 +183,9 @@ class ComponentManager(Service):
                 raise GeniFault(GeniCode.BUSY, "Slice is busy; setup is in progress")
 
     def DeleteSlice(self, call: Call) -> Any:  # noqa: N802
-        slice_row, sliver = self._authorised(call, need_sliver=True)
+        _, sliver = self._authorised(call, need_sliver=True)
         assert sliver is not None
-        self._refuse_while_booting(sliver)
-        self.slivers.delete_sliver(sliver)
-        self.ctx.store.delete_endpoint(slice_row.urn)
-        return 1
+        return self._delete(sliver)
 
     def DeleteSliver(self, call: Call) -> Any:  # noqa: N802
         urn = require(call.params, "sliver_urn")
@@ -198,6 +195,10 @@ class ComponentManager(Service):
         call.params["slice_urn"] = found.slice_urn
         _, sliver = self._authorised(call, need_sliver=True)
         assert sliver is not None
+        return self._delete(sliver)
+
+    def _delete(self, sliver: SliverRow) -> int:
+        """DeleteSlice and DeleteSliver: BUSY while booting; the endpoint goes too."""
         self._refuse_while_booting(sliver)
         self.slivers.delete_sliver(sliver)
         self.ctx.store.delete_endpoint(sliver.slice_urn)
