@@ -143,7 +143,7 @@ def revoke_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
 
 @emulator.command("load")
 @DIR_OPTION
-@click.option("--busy", type=click.IntRange(0), required=True,
+@click.option("--busy", type=click.IntRange(0, 1_000_000), required=True,
               help="How many nodes other tenants hold (reclaims from dynamic slices if needed).")
 def load_cmd(directory: Path, busy: int) -> None:
     """Set how many nodes other tenants hold (free nodes first, then reclaimed from

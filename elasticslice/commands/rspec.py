@@ -45,6 +45,9 @@ def _split_tarball(value: str) -> tuple[str, str]:
     head, sep, tail = value.rpartition(":")
     if sep and tail.startswith("/") and "://" in head:
         return head, tail
+    if "://" not in value:
+        raise click.UsageError(f"--tarball {value!r}: not a URL (want https://..., http://... "
+                               "or file://..., optionally followed by :PATH)")
     return value, "/"
 
 
@@ -93,6 +96,9 @@ def build_cmd(count: int, prefix: str, hardware_type: str | None, image: str | N
     """
     if multiplex and not lan:
         raise click.UsageError("--multiplex needs --lan")
+    shell_source = click.get_current_context().get_parameter_source("shell")
+    if not startup and shell_source is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--shell needs --startup")
     installs = [_split_tarball(t) for t in tarballs]
     executes = [(shell, startup)] if startup else []
     nodes = []

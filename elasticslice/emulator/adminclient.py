@@ -32,8 +32,13 @@ class AdminClient:
             raise _not_running(d) from err
         except (OSError, ValueError, KeyError) as err:
             raise ElasticSliceError(f"{d / 'server.json'}: unreadable: {err}") from err
-        ctx = ssl.create_default_context(cafile=str(d / "ca.pem"))
-        ctx.load_cert_chain(str(d / "admin.pem"))
+        try:
+            ctx = ssl.create_default_context(cafile=str(d / "ca.pem"))
+            ctx.load_cert_chain(str(d / "admin.pem"))
+        except (OSError, ssl.SSLError) as err:
+            raise ElasticSliceError(f"{d}: cannot load the admin certificate (ca.pem, "
+                                    f"admin.pem): {getattr(err, 'strerror', None) or err}"
+                                    ) from err
         return xmlrpc.client.ServerProxy(f"{url}/admin", context=ctx)
 
     def call(self, method: str, **params: Any) -> Any:
