@@ -250,7 +250,8 @@ class Reclaimer:
             if endpoint is not None:
                 early = self.callbacks.notify_delete_pending(endpoint, nodelist)
             for r in rows:
-                r.notifications += 1
+                if endpoint is not None:  # nobody is told when the slice has no endpoint
+                    r.notifications += 1
                 r.last_notified = now
                 self.ctx.store.update_reclaim(r)
             done_early = [r for r in rows if r.node_id in early and now < r.deadline]
