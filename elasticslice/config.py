@@ -122,20 +122,27 @@ def load_config(path: str | os.PathLike[str] | None = None,
         if key not in KNOWN:
             raise ConfigError(f"unknown key (known: {', '.join(KNOWN)})", key=key, path=where)
         values[key] = value.strip()
+    from_env: dict[str, str] = {}
     for key in KNOWN:
         override = env.get(ENV_PREFIX + key.upper())
         if override:
             values[key] = override.strip()
+            from_env[key] = ENV_PREFIX + key.upper()
     if env.get("PROTOGENI_CERTIFICATE"):
         values["certificate"] = env["PROTOGENI_CERTIFICATE"].strip()
-    return _build(values, cfg_path)
+        from_env["certificate"] = "PROTOGENI_CERTIFICATE"
+    return _build(values, cfg_path, from_env)
 
 
-def _build(values: dict[str, str], cfg_path: Path) -> ClientConfig:
+def _build(values: dict[str, str], cfg_path: Path,
+           from_env: Mapping[str, str] | None = None) -> ClientConfig:
     where = str(cfg_path)
     base = cfg_path.resolve().parent
+    from_env = from_env or {}
 
     def err(key: str, message: str) -> ConfigError:
+        if key in from_env:  # the value came from the environment, not the file
+            message = f"{message} (from ${from_env[key]})"
         return ConfigError(message, key=key, path=where)
 
     for key in REQUIRED:

@@ -86,3 +86,16 @@ def test_key_only_pem_says_no_certificate(tmp_path, emulator_pki):
     conf = _config_with(tmp_path, emulator_pki, certificate=key_only)
     result = CliRunner().invoke(cli, ["--config", str(conf), "getversion"])
     assert result.exit_code == 1 and "no certificate in it" in result.output
+
+
+def test_bad_value_from_the_environment_names_the_variable(tmp_path, emulator_pki):
+    from elasticslice.config import load_config
+    from elasticslice.errors import ConfigError
+
+    conf = _config_with(tmp_path, emulator_pki)
+    with pytest.raises(ConfigError) as err:
+        load_config(conf, env={"ELASTICSLICE_TIMEOUT": "abc"})
+    assert str(err.value) == f"{conf}: [timeout] not a number: 'abc' (from $ELASTICSLICE_TIMEOUT)"
+    with pytest.raises(ConfigError) as err:
+        load_config(conf, env={"PROTOGENI_CERTIFICATE": str(tmp_path / "nope.pem")})
+    assert "(from $PROTOGENI_CERTIFICATE)" in str(err.value)
