@@ -149,6 +149,11 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
         # expand cardinality first: progress counts (and watches) the tasks that will run
         troy.Planner(session).plan(workload)
         total = len(workload.tasks)
+        wide = max(workload.tasks.values(), key=lambda t: t.description.cores)
+        if wide.description.cores > cores:  # it would wait for a pilot that never comes
+            raise BadParameter(f"{file}: task {wide.id!r} needs {wide.description.cores} "
+                               f"cores; the pilots have {cores} ("
+                               f"{'--pilots ' + pilots if pilots else 'this machine; see --pilots'})")
         session.add_framework(framework, name=framework, **options)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
         outcome: dict[str, Any] = {}
@@ -189,6 +194,13 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
                f"{data['tasks_failed']} failed, {data['tasks_canceled']} canceled; "
                f"{data['units_total']} units; makespan {data['makespan_s']:.3f} s; "
                f"{data['units_per_s']:.1f} units/s")
+    failed = [e for e in data["units"] if e["state"] == "FAILED"]
+    for e in failed[:3]:  # why, for the first few (all of them are in the report)
+        click.echo(f"task {e['task']} FAILED: {(e['error'] or 'no reason given').strip()}",
+                   err=True)
+    if len(failed) > 3:
+        click.echo(f"... and {len(failed) - 3} more failed task(s)"
+                   f"{' (see ' + report + ')' if report else ''}", err=True)
     if data["state"] != "DONE":
         sys.exit(1)
 
@@ -220,6 +232,17 @@ def _progress(finished: queue.SimpleQueue, total: int) -> None:
             click.echo(f"tasks: {shown}/{total} final", err=True)
 
 
+def _task_error(tid: str, unit: Any) -> str | None:
+    """Why a task's unit failed (its own member's error inside a bundle), or None."""
+    result = unit.result if unit is not None else None
+    if result is None:
+        return None
+    if unit.description.bundle and tid in unit.task_ids \
+            and unit.task_ids.index(tid) < len(result.members):
+        return result.members[unit.task_ids.index(tid)].error
+    return result.error
+
+
 def build_report(workload: Any, state: Any, wall: float) -> dict[str, Any]:
     """The report: totals, makespan, and one entry per task (a bundled task gets its own
     member's start and end; ``unit`` names the unit it ran in)."""
@@ -238,7 +261,8 @@ def build_report(workload: Any, state: Any, wall: float) -> dict[str, Any]:
         entries.append({"task": tid, "unit": unit.id if unit else None,
                         "pilot": unit.pilot if unit else None,
                         "framework": unit.framework if unit else None,
-                        "state": task.state.value, "start": start, "end": end})
+                        "state": task.state.value, "start": start, "end": end,
+                        "error": _task_error(tid, unit)})
     starts = [e["start"] for e in entries if e["start"] is not None]
     ends = [e["end"] for e in entries if e["end"] is not None]
     makespan = max(ends) - min(starts) if starts and ends else 0.0

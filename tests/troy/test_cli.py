@@ -69,6 +69,9 @@ def test_run_troy_json_with_a_failing_task(tmp_path):
     assert states["ok"] == "DONE" and states["bad"] == "FAILED"
     assert states["after"] != "DONE"
     assert report["tasks_failed"] >= 1 and "FAILED" in result.output
+    # broke: a failure said neither which task nor why
+    assert "task bad FAILED: exit status 1" in result.output
+    assert {e["task"]: e["error"] for e in report["units"]}["bad"] == "exit status 1"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -92,15 +95,20 @@ def test_run_troy_json_with_a_failing_task(tmp_path):
     (["run", "{good}", "--framework", "slurm"], "'--framework': 'slurm' is not one of"),
     (["run", "{good}", "--frob"], "No such option '--frob'"),
     (["run"], "Missing argument 'FILE'"),
+    # broke: waited forever for a pilot wide enough
+    (["run", "{wide}", "--pilots", "2x1"], "wide.json: task 'a' needs 64 cores; the pilots "
+                                           "have 1 (--pilots 2x1)"),
 ])
 def test_errors_are_one_line(tmp_path, args, message):
     (tmp_path / "bad.json").write_text("{nope")
     (tmp_path / "good.json").write_text('{"tasks": [{"executable": "/bin/true"}]}')
     (tmp_path / "empty.json").write_text('{"tasks": []}')
     (tmp_path / "noexe.json").write_text('{"tasks": [{"id": "a"}]}')
+    (tmp_path / "wide.json").write_text(
+        '{"tasks": [{"id": "a", "executable": "/bin/true", "cores": 64}]}')
     args = [a.format(bad=tmp_path / "bad.json", good=tmp_path / "good.json",
-                     empty=tmp_path / "empty.json", noexe=tmp_path / "noexe.json")
-            for a in args]
+                     empty=tmp_path / "empty.json", noexe=tmp_path / "noexe.json",
+                     wide=tmp_path / "wide.json") for a in args]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
