@@ -49,10 +49,7 @@ def add_nodes_args(nodes: Sequence[NodeSpec],
     result: dict[str, dict] = {}
     for spec in nodes:
         cid = spec.client_id
-        key = f"nodes[{cid}]"
-        if not cid or not _CLIENT_ID.match(cid):
-            raise BadAddNodesArgs("client_id must be 1-64 letters, digits, '-', '_' or '.'",
-                                  key=key)
+        key = _checked_key(cid)
         if cid in result:
             raise BadAddNodesArgs("duplicate client_id", key=key)
         args: dict[str, Any] = {}
@@ -92,6 +89,16 @@ def _lans(names: list[str], spec: NodeSpec) -> list[str | dict[str, str]]:
     return out
 
 
+def _checked_key(cid: Any) -> str:
+    """``nodes[<client_id>]`` for a valid client_id; BadAddNodesArgs otherwise (naming at
+    most the first 32 characters: a hostile id must not flood the answer)."""
+    if isinstance(cid, str) and cid and _CLIENT_ID.fullmatch(cid):
+        return f"nodes[{cid}]"
+    shown = cid if isinstance(cid, str) and len(cid) <= 32 else f"{str(cid)[:32]}..."
+    raise BadAddNodesArgs("client_id must be 1-64 letters, digits, '-', '_' or '.'",
+                          key=f"nodes[{shown}]")
+
+
 def _str(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadAddNodesArgs(f"expected a non-empty string, got {_kind(value)}", key=key)
@@ -116,10 +123,7 @@ def nodespecs_from_add_args(nodes: Any) -> list[NodeSpec]:
         raise BadAddNodesArgs("no nodes given", key="nodes")
     specs = []
     for cid, args in nodes.items():
-        key = f"nodes[{cid}]"
-        if not isinstance(cid, str) or not _CLIENT_ID.match(cid):
-            raise BadAddNodesArgs("client_id must be 1-64 letters, digits, '-', '_' or '.'",
-                                  key=key)
+        key = _checked_key(cid)
         if not isinstance(args, Mapping):
             raise BadAddNodesArgs(f"expected a struct, got {_kind(args)}", key=key)
         unknown = sorted(set(args) - ADD_NODE_KEYS)
