@@ -221,8 +221,9 @@ def delete_nodes(ctx: click.Context, client_ids: tuple[str, ...], cm: str | None
 
     The CM refuses to delete every node of a sliver: use `delete-slice` for that.
     """
-    _server(ctx).delete_nodes(list(client_ids), cm=_which(cm))
-    click.echo(f"deleted {len(client_ids)} node(s): {' '.join(client_ids)}")
+    unique = list(dict.fromkeys(client_ids))  # `delete-nodes a a` deletes one node
+    _server(ctx).delete_nodes(unique, cm=_which(cm))
+    click.echo(f"deleted {len(unique)} node(s): {' '.join(unique)}")
 
 
 @click.command("renew")

@@ -1,0 +1,30 @@
+"""Client commands against the emulator: behaviour that used to be wrong."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from elasticslice.cli import cli
+from tests.conftest import wait_for
+
+from .conftest import genilib_request
+
+
+def _run(emu, *args):
+    result = CliRunner().invoke(cli, ["--config", str(emu.config_path), *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_delete_nodes_with_a_repeated_client_id_deletes_and_reports_it_once(emu, tmp_path):
+    rspec = tmp_path / "req.xml"
+    rspec.write_text(genilib_request("a", "b", "c"))
+    _run(emu, "create-slice")
+    _run(emu, "create-sliver", str(rspec))
+    wait_for(lambda: json.loads(_run(emu, "sliver-status", "--json"))["status"] == "ready",
+             timeout=20, what="sliver ready")
+    out = _run(emu, "delete-nodes", "a", "a")
+    assert out.strip() == "deleted 1 node(s): a"
+    nodes = json.loads(_run(emu, "sliver-status", "--json"))["nodes"]
+    assert sorted(n["client_id"] for n in nodes) == ["b", "c"]
