@@ -111,8 +111,9 @@ class EmulatorServer:
             try:
                 self._tls = TLSServer(self.host, port, tls_ctx, dispatcher)
             except OSError as err:
+                hint = " (serve --port 0 picks a free port)" if port else ""
                 raise ElasticSliceError(f"cannot listen on {self.host}:{port}: "
-                                        f"{err.strerror or err}") from err
+                                        f"{err.strerror or err}{hint}") from err
         except BaseException:
             store.close()
             raise

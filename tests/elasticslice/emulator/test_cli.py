@@ -107,6 +107,7 @@ def test_serve_bad_input_is_one_clear_line(tmp_path, emulator):
     result = runner.invoke(cli, ["emulator", "serve", "--dir", str(other),
                                  "--port", busy_port])
     assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{busy_port}" in result.output
+    assert "serve --port 0 picks a free port" in result.output
     assert "Traceback" not in result.output
     bad = tmp_path / "inv.ini"
     bad.write_text("[m400]\ncount = x\n")
