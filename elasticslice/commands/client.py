@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import click
@@ -21,6 +20,7 @@ from elasticslice.rpc.cm import SliverStatus
 from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args
 from elasticslice.rspec import parse as parse_rspec
 from elasticslice.rspec import validate as validate_rspec
+from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES as RSPEC_MAX_BYTES
 
 
 CM_OPTION_HELP = ("Which CM (a substring of its host or URL, or its index in cm_urls). "
@@ -104,10 +104,16 @@ def create_slice(ctx: click.Context, hours: float | None) -> None:
 
 
 def _read_rspec(path: str) -> str:
+    """The file's text; at most one byte over the parser's size limit is read, so that an
+    oversize file is refused by the parser without being read whole."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise RSpecError(f"cannot read: {err}", source=path) from err
+        with open(path, "rb") as handle:
+            data = handle.read(RSPEC_MAX_BYTES + 1)
+        return data.decode("utf-8")
+    except OSError as err:
+        raise RSpecError(f"cannot read: {err.strerror or err}", source=path) from err
+    except UnicodeDecodeError as err:
+        raise RSpecError(f"not UTF-8 text (byte {err.start})", source=path) from err
 
 
 @click.command("create-sliver")

@@ -99,3 +99,16 @@ def test_bad_value_from_the_environment_names_the_variable(tmp_path, emulator_pk
     with pytest.raises(ConfigError) as err:
         load_config(conf, env={"PROTOGENI_CERTIFICATE": str(tmp_path / "nope.pem")})
     assert "(from $PROTOGENI_CERTIFICATE)" in str(err.value)
+
+
+def test_create_sliver_of_an_oversize_or_binary_file_is_one_line(tmp_path):
+    big = tmp_path / "big.xml"
+    with open(big, "wb") as handle:
+        handle.truncate(65 * 1024 * 1024)  # sparse: costs no disk
+    binary = tmp_path / "bin.xml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    for path, expected in ((big, "larger than the limit"), (binary, "not UTF-8 text")):
+        result = CliRunner().invoke(cli, ["--config", str(tmp_path / "none.conf"),
+                                          "create-sliver", str(path)])
+        assert result.exit_code == 1 and expected in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
