@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 POLICIES = ("LIFO", "CLIENT")
 DYNSLICE_VERSION = 1
+MAX_URL = 2048
 
 
 def _loopback(host: str | None) -> bool:
@@ -76,6 +77,8 @@ class DynamicSliceService(Service):
     def SetSliceClientEndpoint(self, call: Call) -> Any:  # noqa: N802
         slice_urn = self._authorise(call)
         url = require(call.params, "url")
+        if len(url) > MAX_URL:
+            raise GeniFault(GeniCode.BADARGS, f"Endpoint url longer than {MAX_URL} characters")
         parts = urllib.parse.urlparse(url)
         if parts.scheme != "https" or not parts.hostname:
             raise GeniFault(GeniCode.BADARGS, f"Endpoint url must be https://host:port/...: {url}")
@@ -86,10 +89,13 @@ class DynamicSliceService(Service):
         if policy not in POLICIES:
             raise GeniFault(GeniCode.BADARGS, f"Unknown policy {policy} (LIFO or CLIENT)")
         wait = optional(call.params, "defwaittime", int, 0)
+        if wait < 0:
+            raise GeniFault(GeniCode.BADARGS, f"defwaittime must be 0 (the server's maximum) "
+                                              f"or more: {wait}")
         if wait > self.ctx.settings.max_wait:
             raise GeniFault(GeniCode.BADARGS, f"defwaittime {wait} is more than the server's "
                                               f"maxwaittime {self.ctx.settings.max_wait}")
-        self.ctx.store.put_endpoint(EndpointRow(slice_urn, url, policy, max(0, wait),
+        self.ctx.store.put_endpoint(EndpointRow(slice_urn, url, policy, wait,
                                                 call.caller))
         log.info("slice %s: client endpoint %s, policy %s", slice_urn, url, policy)
         return 1
@@ -113,7 +119,9 @@ class DynamicSliceService(Service):
             node = nodes.get(str(item.get("node_id", ""))) or \
                 by_client.get(str(item.get("client_id", "")))
             if node is None:
-                raise GeniFault(GeniCode.BADARGS, f"Not a node of this slice: {item}")
+                which = item.get("node_id", item.get("client_id"))
+                raise GeniFault(GeniCode.BADARGS,
+                                f"Not a node of this slice: {str(which)[:64]!r}")
             value = float(item["value"])
             if not 0.0 <= value <= 1.0:
                 raise GeniFault(GeniCode.BADARGS, f"value must be within 0..1: {value}")
