@@ -5,11 +5,15 @@ from typing import Any
 
 from elasticslice.rpc.codes import GeniCode
 
+MAX_OUTPUT = 1024  # characters of a refusal's output
+
 
 class GeniFault(Exception):
     """A handler's refusal: becomes ``{code, value: 0, output}`` for the caller."""
 
     def __init__(self, code: GeniCode, output: str, value: Any = 0) -> None:
+        if len(output) > MAX_OUTPUT:  # a message quoting a hostile argument stays short
+            output = output[:MAX_OUTPUT] + "... (truncated)"
         super().__init__(f"{code.name}: {output}")
         self.code = code
         self.output = output

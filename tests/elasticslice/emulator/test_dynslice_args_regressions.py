@@ -19,3 +19,10 @@ def test_bad_endpoint_and_values_are_badargs_with_short_answers(emulator):
                                       "nodelist": [{"node_id": "x" * 10_000, "value": 0.5}]})
     assert values["code"] == GeniCode.BADARGS and len(values["output"]) < 200
     assert s.dyn.GetVersion({})["code"] == GeniCode.SUCCESS  # still serving
+
+
+def test_any_refusal_quoting_a_huge_argument_stays_short(emulator):
+    s = Session(emulator)
+    answer = s.sa.Register({"credential": s.user_cred, "hrn": "a" * 100_000, "type": "Slice"})
+    assert answer["code"] == GeniCode.BADARGS
+    assert len(answer["output"]) < 1100 and answer["output"].endswith("(truncated)")
