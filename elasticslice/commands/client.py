@@ -14,7 +14,8 @@ from typing import Any
 import click
 
 from elasticslice.config import ClientConfig, load_config
-from elasticslice.errors import RSpecError
+from elasticslice.errors import RPCError, RSpecError
+from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import SliverStatus
 from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args
@@ -35,6 +36,19 @@ def _server(ctx: click.Context) -> ProtoGeniServer:
     server = ProtoGeniServer(_config(ctx))
     ctx.call_on_close(server.close)
     return server
+
+
+class _SliceCommand(click.Command):
+    """A command that needs the slice: when the SA has no such slice, say how to make it."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RPCError as err:
+            if err.code == GeniCode.SEARCHFAILED and err.method == "GetCredential":
+                raise click.ClickException(
+                    f"{err} (is the slice registered? `elasticslice create-slice`)") from err
+            raise
 
 
 def _which(cm: str | None) -> int | str | None:
@@ -116,7 +130,7 @@ def _read_rspec(path: str) -> str:
         raise RSpecError(f"not UTF-8 text (byte {err.start})", source=path) from err
 
 
-@click.command("create-sliver")
+@click.command("create-sliver", cls=_SliceCommand)
 @click.argument("rspec", type=click.Path(dir_okay=False, exists=True))
 @_cm_option
 @click.pass_context
@@ -168,7 +182,7 @@ def _status_lines(status: SliverStatus) -> list[str]:
     return lines
 
 
-@click.command("sliver-status")
+@click.command("sliver-status", cls=_SliceCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: {status, state, nodes: [...]}.")
 @_cm_option
 @click.pass_context
@@ -199,7 +213,7 @@ def _new_client_ids(existing: set[str], count: int, prefix: str) -> list[str]:
     return out
 
 
-@click.command("add-nodes")
+@click.command("add-nodes", cls=_SliceCommand)
 @click.argument("count", type=click.IntRange(min=1, max=10000), metavar="N")
 @click.option("--hardware-type", "-t", default=None, metavar="T",
               help="Hardware type of the new nodes (e.g. m400, m510). Default: the CM's choice.")
@@ -218,7 +232,7 @@ def add_nodes(ctx: click.Context, count: int, hardware_type: str | None,
     click.echo(f"added {len(ids)} node(s): {' '.join(ids)}")
 
 
-@click.command("delete-nodes")
+@click.command("delete-nodes", cls=_SliceCommand)
 @click.argument("client_ids", nargs=-1, required=True, metavar="CLIENT_ID...")
 @_cm_option
 @click.pass_context
@@ -232,7 +246,7 @@ def delete_nodes(ctx: click.Context, client_ids: tuple[str, ...], cm: str | None
     click.echo(f"deleted {len(unique)} node(s): {' '.join(unique)}")
 
 
-@click.command("renew")
+@click.command("renew", cls=_SliceCommand)
 @click.option("--hours", type=Hours(), required=True,
               help="New lifetime from now, in hours (0.1 to 8760; the SA may allow less).")
 @_cm_option
@@ -290,7 +304,7 @@ def resolve(ctx: click.Context, what: str, cm: str | None) -> None:
     _emit(value)
 
 
-@click.command("delete-slice")
+@click.command("delete-slice", cls=_SliceCommand)
 @_cm_option
 @click.pass_context
 def delete_slice(ctx: click.Context, cm: str | None) -> None:

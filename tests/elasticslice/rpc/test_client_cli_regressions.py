@@ -28,3 +28,12 @@ def test_delete_nodes_with_a_repeated_client_id_deletes_and_reports_it_once(emu,
     assert out.strip() == "deleted 1 node(s): a"
     nodes = json.loads(_run(emu, "sliver-status", "--json"))["nodes"]
     assert sorted(n["client_id"] for n in nodes) == ["b", "c"]
+
+
+def test_commands_on_an_unregistered_slice_say_how_to_register_it(emu, monkeypatch):
+    monkeypatch.setenv("ELASTICSLICE_SLICE_NAME", "never")
+    for command in (["sliver-status"], ["add-nodes", "1"], ["delete-slice"]):
+        result = CliRunner().invoke(cli, ["--config", str(emu.config_path), *command])
+        assert result.exit_code == 1, command
+        assert "SEARCHFAILED" in result.output and "elasticslice create-slice" in result.output
+        assert len(result.output.strip().splitlines()) == 1
