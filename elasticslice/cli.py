@@ -88,8 +88,10 @@ def setup_logging(debug: bool) -> None:
 def cli(ctx: click.Context, config: str | None, debug: bool) -> None:
     """Elastic CloudLab/ProtoGENI slices that host pilots.
 
-    Build and check RSpecs, talk to CloudLab (or to CloudLab in a box, the emulator that
-    speaks the same protocol over TLS), and run the elastic slice manager.
+    Build and check RSpecs (`rspec`), talk to CloudLab as your user (getversion ...
+    delete-slice, with the [protogeni] config of --config), or run CloudLab in a box
+    (`emulator`: the same protocol over TLS, on this machine). The elastic slice manager
+    is coming.
     """
     setup_logging(debug)
     ctx.obj = CliState(config, debug)
