@@ -22,6 +22,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -133,16 +134,37 @@ def _issue(d: Path, name: str, ca: bytes, ca_key: bytes, cn: str, **kw: object) 
     pki.write_private_file(d / f"{name}-key.pem", key)
 
 
+_NAMES = {  # what goes into URNs, certificates and the client config
+    "domain": (re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}"), "letters, digits, '.', '-'"),
+    "user": (re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}"), "a letter, then letters, digits, '_', '-'"),
+    "project": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"), "letters, digits, '_', '-'"),
+    "slice_name": (re.compile(r"[A-Za-z][A-Za-z0-9-]{0,18}"),
+                   "a letter, then letters, digits, '-'; at most 19"),
+}
+
+
+def _check_names(**names: str) -> None:
+    for key, value in names.items():
+        pattern, rule = _NAMES[key]
+        if not pattern.fullmatch(value):
+            raise ConfigError(f"invalid {key.replace('_', ' ')} {value!r} ({rule})", key=key)
+
+
 def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT_DOMAIN,
                   user: str = DEFAULT_USER, project: str = DEFAULT_PROJECT,
                   slice_name: str = DEFAULT_SLICE, host: str = "127.0.0.1",
                   hostnames: tuple[str, ...] = (), force: bool = False) -> Path:
     """Create an emulator directory (CA, certificates, user PEM, password, client config)."""
     d = Path(directory).resolve()
+    _check_names(domain=domain, user=user, project=project, slice_name=slice_name)
     if (d / "ca.pem").exists() and not force:
         raise ConfigError("already an emulator directory (use --force to start over)",
                           path=str(d))
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the directory: {err.strerror or err}",
+                          path=str(d)) from err
     os.chmod(d, 0o700)
     os.close(lock_directory(d))  # never start over under a running server
     for stale in ("state.db", "state.db-wal", "state.db-shm", "server.json"):
