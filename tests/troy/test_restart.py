@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import troy
 from tests.conftest import REPO, wait_for
 from troy import State
@@ -18,13 +20,23 @@ CHILD = textwrap.dedent("""
     s = troy.Session(store_path=store)
     s.add_framework("local").submit_pilot({"size": 2})
     w = troy.Workload()
-    wait = f"while [ ! -e {gate} ]; do sleep 0.02; done"
+    wait = f"n=0; while [ ! -e {gate} ] && [ $n -lt 3000 ]; do sleep 0.02; n=$((n+1)); done"
     w.add_task([{"executable": "/bin/sh", "arguments": [
         "-c", f"{wait if i >= 2 else 'true'}; echo {i} >> {out}"]} for i in range(12)])
     w.add_task({"function": print})  # a callable: cannot be re-run after a restart
     overlay = troy.Overlay([{"size": 2}])
     troy.execute_workload(s, w, overlay, bundle=False)
 """)
+
+
+@pytest.fixture
+def gate(tmp_path):
+    """A file the units wait for. The killed session's orphaned processes wait at it too, so
+    it is opened when the test ends, pass or fail: none is left polling (each loop also gives
+    up by itself after about a minute)."""
+    path = tmp_path / "gate"
+    yield path
+    path.touch()
 
 
 def _states(store: str) -> list[str]:
@@ -35,8 +47,8 @@ def _states(store: str) -> list[str]:
         return []
 
 
-def test_restart_loses_no_unit(tmp_path):
-    store, out, gate = str(tmp_path / "troy.sqlite"), tmp_path / "out", tmp_path / "gate"
+def test_restart_loses_no_unit(tmp_path, gate):
+    store, out = str(tmp_path / "troy.sqlite"), tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-c", CHILD, store, str(out), str(gate)],
                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:  # two units done, two waiting at the gate
@@ -77,7 +89,7 @@ CHAIN = textwrap.dedent("""
     s.add_framework("local").submit_pilot({"size": 2})
     w = troy.Workload(uid="chain")
     sh = lambda cmd: {"executable": "/bin/sh", "arguments": ["-c", f"{cmd} >> {out}"]}
-    wait = f"while [ ! -e {sys.argv[3]} ]; do sleep 0.02; done"
+    wait = f"n=0; while [ ! -e {sys.argv[3]} ] && [ $n -lt 3000 ]; do sleep 0.02; n=$((n+1)); done"
     heads = [w.add_task(sh(f"{wait if i else 'true'}; echo h{i}"), uid=f"h{i}") for i in range(4)]
     tails = [w.add_task(sh(f"echo t{i}"), uid=f"t{i}") for i in range(4)]
     join = w.add_task(sh("echo join"), uid="join")
@@ -87,8 +99,8 @@ CHAIN = textwrap.dedent("""
 """)
 
 
-def test_restart_resumes_a_workload_with_its_relations(tmp_path):
-    store, out, gate = str(tmp_path / "troy.sqlite"), tmp_path / "out", tmp_path / "gate"
+def test_restart_resumes_a_workload_with_its_relations(tmp_path, gate):
+    store, out = str(tmp_path / "troy.sqlite"), tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-c", CHAIN, store, str(out), str(gate)],
                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:  # h0 and its tail t0 done; h1 and h2 waiting at the gate
