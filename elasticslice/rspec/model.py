@@ -34,6 +34,14 @@ class RSpecType(str, Enum):
         return self.value
 
 
+def rspec_type_problem(value: str | None) -> str:
+    """What is wrong with the ``type`` of an RSpec root (parse and validate say the same)."""
+    if value is None:
+        return ("the rspec element has no type attribute (want type=\"request\", "
+                "\"manifest\" or \"advertisement\")")
+    return f"unknown rspec type {value!r} (expected request, manifest or advertisement)"
+
+
 @dataclass(slots=True)
 class Login:
     """A ``services/login`` entry: how to ssh into a node."""

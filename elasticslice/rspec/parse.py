@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import (
     NS_EMULAB, NS_V2, NS_V3, SLIVER_TYPE_ALIASES, Interface, Link, Login, Node, RSpec, RSpecType,
+    rspec_type_problem,
 )
 from elasticslice.rspec.safexml import (
     DEFAULT_MAX_BYTES, SafeTarget, checked_bytes, parse_events,
@@ -132,8 +133,7 @@ class _RSpecTarget(SafeTarget):
         self.kinds = self.tags.node_children
         rtype = _TYPE_NAMES.get((attrib.get("type") or "").strip().lower())
         if rtype is None:
-            raise _RootProblem(f"unknown rspec type {attrib.get('type')!r} (expected request, "
-                               "manifest or advertisement)")
+            raise _RootProblem(rspec_type_problem(attrib.get("type")))
         self.rspec = RSpec(type=rtype, expires=_datetime(attrib.get("expires")),
                            version="3" if ns == NS_V3 else "2")
 

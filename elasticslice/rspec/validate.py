@@ -23,7 +23,7 @@ from pathlib import Path
 from lxml import etree
 
 from elasticslice.errors import RSpecError
-from elasticslice.rspec.model import NS_EMULAB, NS_V3, RSpecType
+from elasticslice.rspec.model import NS_EMULAB, NS_V3, RSpecType, rspec_type_problem
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,7 @@ def validate_element(root: etree._Element, *, strict: bool = False) -> list[Sche
     try:
         rtype = RSpecType(root.get("type", ""))
     except ValueError:
-        return [SchemaProblem(line, f"unknown rspec type {root.get('type')!r} "
-                                    "(expected request, manifest or advertisement)")]
+        return [SchemaProblem(line, rspec_type_problem(root.get("type")))]
     schema = schema_for(rtype, strict)
     # A compiled schema keeps its error_log on itself: one validation at a time per process
     # (the emulator validates from several server threads).
