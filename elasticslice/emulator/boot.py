@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from elasticslice.emulator import orphans
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
 from elasticslice.errors import ElasticSliceError
@@ -117,6 +118,7 @@ class BootRunner:
 
     # ---- life cycle
     def start(self) -> None:
+        orphans.reap(self.ctx.directory / "nodes")  # before startup commands run again
         for node in self.ctx.store.nodes(holder=Holder.SLICE):
             if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
                 self.schedule(node)
@@ -239,6 +241,7 @@ class BootRunner:
                     log.warning("node %s: cannot start %r: %s", node.node_id, command, err)
                     status = 127
                     break
+                orphans.record(sandbox, proc.pid)
                 with self._procs_lock:
                     self._procs[node.node_id] = proc
                     self._groups.setdefault(node.node_id, set()).add(proc.pid)

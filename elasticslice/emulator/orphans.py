@@ -1,0 +1,68 @@
+"""Node processes left behind by an emulator that died without stopping them (SIGKILL, a
+crash): each sandbox records the process groups its startup commands got, and the next
+start kills those groups, so that the power cycle of a restart does not run a node's
+daemons twice, and a later DeleteNodes has nothing it cannot see.
+
+A recorded group is only killed while one of its processes still carries the sandbox's
+``ELASTICSLICE_NODE_DIR`` in its environment: a process group id the kernel has since given
+to an unrelated program is left alone.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PGID_FILE = ".startup-pgids"
+PROC = Path("/proc")
+
+
+def record(sandbox: Path, pgid: int) -> None:
+    """Note a process group that a startup command of this sandbox runs in."""
+    with open(sandbox / PGID_FILE, "a", encoding="ascii") as handle:
+        handle.write(f"{pgid}\n")
+
+
+def reap(nodes_dir: Path) -> int:
+    """Kill the recorded process groups still running for their sandbox; returns how many."""
+    killed = 0
+    if not nodes_dir.is_dir() or not PROC.is_dir():
+        return 0
+    for sandbox in nodes_dir.iterdir():
+        pgid_file = sandbox / PGID_FILE
+        try:
+            pgids = {int(x) for x in pgid_file.read_text(encoding="ascii").split()}
+        except (OSError, ValueError):
+            continue
+        for pgid in pgids:
+            if _runs_for(pgid, sandbox):
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                    killed += 1
+                    log.warning("node %s: killed process group %d left by a previous run",
+                                sandbox.name, pgid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        pgid_file.unlink(missing_ok=True)
+    return killed
+
+
+def _runs_for(pgid: int, sandbox: Path) -> bool:
+    """Whether a live process of group ``pgid`` was started for ``sandbox``."""
+    marker = f"ELASTICSLICE_NODE_DIR={sandbox}".encode()
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rfind(")") + 2:].split()
+            if len(fields) < 3 or fields[2] != str(pgid) or fields[0] == "Z":
+                continue
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                return True
+        except OSError:
+            continue
+    return False

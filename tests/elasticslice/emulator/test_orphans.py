@@ -1,0 +1,75 @@
+"""An emulator killed with SIGKILL used to leave its nodes' startup processes running for
+ever; the restart (a power cycle) then ran them a second time next to the orphans."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from elasticslice.emulator import EmulatorServer
+from elasticslice.emulator.orphans import PGID_FILE
+from elasticslice.rspec import NodeSpec, build_request
+from tests.conftest import wait_for
+from tests.elasticslice.emulator.helpers import Session
+
+
+@dataclass
+class _Emu:
+    dir: Path
+    url: str
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _pgids(sandbox: Path) -> set[int]:
+    try:
+        return {int(x) for x in (sandbox / PGID_FILE).read_text().split()}
+    except OSError:
+        return set()
+
+
+def test_restart_after_sigkill_kills_the_orphaned_startup_processes(tmp_path, emulator_pki):
+    d = tmp_path / "emu"
+    shutil.copytree(emulator_pki, d)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elasticslice.cli", "emulator", "serve", "--dir", str(d),
+         "--port", "0", "--boot-delay", "0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (d / "server.json").exists(), timeout=20, what="server.json")
+        emu = _Emu(d, json.loads((d / "server.json").read_text())["url"])
+        s = Session(emu)
+        request = build_request([NodeSpec("n1", hardware_type="m400",
+                                          executes=[("sh", "sleep 300")])])
+        urn, cred, _ = s.create(rspec=request)
+        node = next(iter(s.status(urn, cred)["details"].values()))["component_urn"]
+        sandbox = d / "nodes" / node.rsplit("+", 1)[-1]
+        old = wait_for(lambda: _pgids(sandbox), timeout=20, what="startup process")
+        (old_pid,) = old
+        assert _alive(old_pid)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    try:
+        assert _alive(old_pid)  # the orphan outlived its emulator
+        with EmulatorServer(d, port=0, boot_delay=0.1):
+            wait_for(lambda: not _alive(old_pid), timeout=10, what="orphan killed")
+            new = wait_for(lambda: _pgids(sandbox), timeout=20, what="power cycle")
+            assert old_pid not in new and all(_alive(p) for p in new)
+        wait_for(lambda: not any(_alive(p) for p in new), timeout=10, what="stopped")
+    finally:
+        try:
+            os.killpg(old_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
