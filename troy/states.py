@@ -7,7 +7,8 @@ SCHEDULED.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
 
@@ -90,3 +91,43 @@ class Lockable:
 
     def locked(self) -> bool:
         return self._locked
+
+
+class Observable:
+    """State with pushed change callbacks, for tasks, workloads and overlays: ``state`` /
+    ``get_state()``, ``add_callback(cb)`` / ``remove_callback(cb)``; ``cb(obj, state)`` runs
+    on every change, in the thread that caused it, outside the object's lock. A failing
+    callback is logged and never breaks the caller. Expects ``_state``, ``_lock`` and
+    ``_callbacks`` of the class; the class decides its transitions and calls
+    ``_run_callbacks`` with a snapshot taken under its lock."""
+
+    _state: State
+    _lock: Any
+    _callbacks: list[Callable[[Any, State], Any]]
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def get_state(self) -> State:
+        return self._state
+
+    def add_callback(self, cb: Callable[[Any, State], Any]) -> None:
+        """Call ``cb(obj, state)`` on every state change."""
+        with self._lock:
+            self._callbacks.append(cb)
+
+    def remove_callback(self, cb: Callable[[Any, State], Any]) -> None:
+        with self._lock:
+            if cb in self._callbacks:
+                self._callbacks.remove(cb)
+
+    def _run_callbacks(self, callbacks: Iterable[Callable[[Any, State], Any]],
+                       state: State) -> None:
+        for cb in callbacks:
+            try:
+                cb(self, state)
+            except Exception:
+                logging.getLogger(type(self).__module__).exception(
+                    "%s callback %r on %s failed", type(self).__name__.lower(), cb,
+                    getattr(self, "id", self))

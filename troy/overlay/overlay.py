@@ -9,7 +9,6 @@ closed) or FAILED (a pilot failed). Transitions are irreversible, as the seed sa
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -18,9 +17,8 @@ from typing import Any
 from troy.descriptions import PilotDescription
 from troy.errors import IncorrectState
 from troy.frameworks.base import Pilot as FrameworkPilot
-from troy.states import FINAL_STATES, Lockable, State
+from troy.states import FINAL_STATES, Lockable, Observable, State
 
-log = logging.getLogger(__name__)
 
 OverlayCallback = Callable[["Overlay", State], Any]
 PilotLike = PilotDescription | Mapping[str, Any]
@@ -65,7 +63,7 @@ class Pilot:
             self._overlay._pilot_changed()
 
 
-class Overlay(Lockable):
+class Overlay(Lockable, Observable):
     """A set of pilots managed by Troy (seed 000). ``pilots`` maps ids to Pilots."""
 
     def __init__(self, pilots: Iterable[PilotLike] | None = None,
@@ -84,20 +82,9 @@ class Overlay(Lockable):
         return f"<Overlay {self.id} {self._state.value} pilots={len(self.pilots)}>"
 
     @property
-    def state(self) -> State:
-        return self._state
-
-    def get_state(self) -> State:
-        return self._state
-
-    @property
     def size(self) -> int:
         """Total cores of the overlay's pilots."""
         return sum(p.description.size for p in self.pilots.values())
-
-    def add_callback(self, cb: OverlayCallback) -> None:
-        with self._lock:
-            self._callbacks.append(cb)
 
     def add_pilot(self, descr: PilotLike) -> str:
         """Add a pilot (PilotDescription or dict); returns its id (``overlay.pilots[id]``).
@@ -127,11 +114,7 @@ class Overlay(Lockable):
                 return
             self._state = state
             callbacks = list(self._callbacks)
-        for cb in callbacks:
-            try:
-                cb(self, state)
-            except Exception:
-                log.exception("overlay callback %r on %s failed", cb, self.id)
+        self._run_callbacks(callbacks, state)
 
     def _pilot_changed(self, *args: Any) -> None:
         """A pilot changed: derive FAILED / COMPLETED once pilots end."""

@@ -12,24 +12,22 @@ its units pushes a change. Two refinements, both in the seed's spirit:
 """
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from troy.descriptions import TaskDescription
-from troy.states import FINAL_STATES, PRE_DISPATCH, State, derive_task_state
+from troy.states import FINAL_STATES, PRE_DISPATCH, Observable, State, derive_task_state
 from troy.unit import ComputeUnit
 
 if TYPE_CHECKING:
     from troy.workload.workload import Workload
 
-log = logging.getLogger(__name__)
 
 TaskCallback = Callable[["Task", State], Any]
 
 
-class Task:
+class Task(Observable):
     """A task: ``id``, ``description``, ``state``, ``units`` (once translated)."""
 
     def __init__(self, uid: str, description: TaskDescription,
@@ -47,25 +45,8 @@ class Task:
         return f"<Task {self.id} {self._state.value} units={len(self.units)}>"
 
     @property
-    def state(self) -> State:
-        return self._state
-
-    def get_state(self) -> State:
-        return self._state
-
-    @property
     def workload(self) -> Workload | None:
         return self._workload
-
-    def add_callback(self, cb: TaskCallback) -> None:
-        """Call ``cb(task, state)`` on every state change (in the thread that caused it)."""
-        with self._lock:
-            self._callbacks.append(cb)
-
-    def remove_callback(self, cb: TaskCallback) -> None:
-        with self._lock:
-            if cb in self._callbacks:
-                self._callbacks.remove(cb)
 
     def cancel(self) -> None:
         """Cancel the task's units (a unit bundling several tasks is canceled as a whole).
@@ -101,11 +82,7 @@ class Task:
         old, new = change
         with self._lock:
             callbacks = list(self._callbacks)
-        for cb in callbacks:
-            try:
-                cb(self, new)
-            except Exception:
-                log.exception("task callback %r on %s failed", cb, self.id)
+        self._run_callbacks(callbacks, new)
         # last, so that whoever waits on the workload sees the task's callbacks done
         if self._workload is not None:
             self._workload._task_changed(self, old, new)

@@ -12,7 +12,6 @@ until ``unlock()``.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 import uuid
@@ -23,10 +22,9 @@ from typing import Any, overload
 
 from troy.descriptions import TaskDescription
 from troy.errors import BadParameter, IncorrectState
-from troy.states import FINAL_STATES, Lockable, State
+from troy.states import FINAL_STATES, Lockable, Observable, State
 from troy.workload.task import Task
 
-log = logging.getLogger(__name__)
 
 WorkloadCallback = Callable[["Workload", State], Any]
 TaskLike = TaskDescription | Mapping[str, Any]
@@ -46,7 +44,7 @@ class Relation:
         object.__setattr__(self, "tail", tail.id if isinstance(tail, Task) else tail)
 
 
-class Workload(Lockable):
+class Workload(Lockable, Observable):
     """Tasks and their relations, managed by Troy's planner and workload manager."""
 
     def __init__(self, uid: str | None = None) -> None:
@@ -70,23 +68,6 @@ class Workload(Lockable):
         return f"<Workload {self.id} {self._state.value} tasks={len(self.tasks)}>"
 
     # -- state --------------------------------------------------------------------------
-    @property
-    def state(self) -> State:
-        return self._state
-
-    def get_state(self) -> State:
-        return self._state
-
-    def add_callback(self, cb: WorkloadCallback) -> None:
-        """Call ``cb(workload, state)`` on every state change."""
-        with self._lock:
-            self._callbacks.append(cb)
-
-    def remove_callback(self, cb: WorkloadCallback) -> None:
-        with self._lock:
-            if cb in self._callbacks:
-                self._callbacks.remove(cb)
-
     @property
     def finished(self) -> bool:
         """Whether every task is final (DONE, FAILED or CANCELED)."""
@@ -118,11 +99,7 @@ class Workload(Lockable):
         return list(self._callbacks)
 
     def _notify(self, state: State, callbacks: list[WorkloadCallback] | None) -> None:
-        for cb in callbacks or ():
-            try:
-                cb(self, state)
-            except Exception:
-                log.exception("workload callback %r on %s failed", cb, self.id)
+        self._run_callbacks(callbacks or (), state)
 
     def _task_changed(self, task: Task, old: State, new: State) -> None:
         with self._lock:
