@@ -1,6 +1,7 @@
 """Shared fixtures and helpers for the whole suite."""
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,19 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:  # reaped between the two looks
+        return False
 
 
 @pytest.fixture

@@ -1,9 +1,8 @@
 """The local framework's own promises (the shared contract suite is tests/troy/frameworks)."""
 from __future__ import annotations
 
-import os
 
-from tests.conftest import wait_for
+from tests.conftest import process_alive, wait_for
 from troy import ComputeUnitDescription as CUD
 from troy import PilotDescription, State
 
@@ -63,16 +62,7 @@ def test_cancel_unit_kills_its_process(local_fw, tmp_path):
     pid = int(pidfile.read_text())
     u.cancel()
     assert u.state is State.CANCELED
-
-    def gone() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # a zombie until the unit's thread reaps it
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] == "Z"
-    wait_for(gone, 10, what="process killed")
+    wait_for(lambda: not process_alive(pid), 10, what="process killed")
     wait_for(lambda: local_fw.list_pilots()[0].free_cores == 4, 10, what="cores back")
 
 

@@ -6,7 +6,7 @@ import io
 import os
 import tarfile
 
-from tests.conftest import wait_for
+from tests.conftest import process_alive, wait_for
 from tests.elasticslice.emulator.helpers import Session, ok
 
 
@@ -75,16 +75,7 @@ def test_deleting_a_node_kills_its_processes_and_wipes_it(emulator):
     pid = int(pid_file.read_text())
     os.kill(pid, 0)  # alive
     ok(s.cm.DeleteNodes({"slice_urn": urn, "credentials": [cred], "nodes": ["w1"]}))
-
-    def gone() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # a zombie of ours is gone too, for this purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] == "Z"
-    wait_for(gone, timeout=10, what="daemon killed")
+    wait_for(lambda: not process_alive(pid), timeout=10, what="daemon killed")
     assert not node_dir.exists()
 
 
