@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from elasticslice.errors import RSpecError
@@ -81,144 +82,158 @@ def _datetime(value: str | None) -> datetime | None:
 
 
 class _RSpecTarget(SafeTarget):
-    """lxml parser target that fills an :class:`RSpec` (see the module docstring)."""
+    """lxml parser target that fills an :class:`RSpec` (see the module docstring).
 
-    def __init__(self) -> None:
-        self.depth = 0
-        self.rspec: RSpec | None = None
-        self.tags = _TAGS[NS_V3]
-        self.kinds = self.tags.node_children
-        self.node: Node | None = None
-        self.link: Link | None = None
-        self.kind3: int | None = None  # kind of the node child we are inside
-        self.iface: Interface | None = None
-        self.default_image = False
-        self.vnode: tuple[str | None, str | None, str | None] | None = None
+    The callbacks are closures over local state rather than methods over ``self``: lxml
+    calls them once or twice per element, and cell variables are cheaper than attributes.
+    ``end`` only counts depth; a node's last touches happen when the next top-level element
+    starts, or at ``close``.
+    """
 
-    def start(self, tag: str, attrib: dict[str, str]) -> None:
-        depth = self.depth = self.depth + 1
-        node = self.node
-        if node is not None:
+    start: Callable[[str, dict[str, str]], None]
+    end: Callable[[str], None]
+    close: Callable[[], RSpec | None]
+
+    def __init__(self) -> None:  # noqa: C901 (one flat state machine, kept in one place)
+        depth = 0
+        rspec: RSpec | None = None
+        tags = _TAGS[NS_V3]
+        kinds_get = tags.node_children.get
+        node: Node | None = None
+        link: Link | None = None
+        kind3: int | None = None  # kind of the node child we are inside
+        iface: Interface | None = None
+        default_image = False
+        vnode: tuple[str | None, str | None, str | None] | None = None
+
+        def finish_node(node: Node) -> None:
+            if node.hardware_types:
+                node.hardware_type = node.hardware_types[0]
+            if vnode is not None:
+                name, hardware_type, image = vnode
+                node.component_name = node.component_name or name
+                node.hardware_type = node.hardware_type or hardware_type
+                node.disk_image = node.disk_image or image
+
+        def start(tag: str, a: dict[str, str]) -> None:
+            nonlocal depth, rspec, tags, kinds_get, node, link, kind3, iface, default_image
+            nonlocal vnode
+            depth += 1
             if depth == 3:
-                self._node_child(node, tag, attrib)
+                if node is not None:
+                    kind = kind3 = kinds_get(tag)
+                    if kind is None:
+                        return
+                    if kind == _K_HW:
+                        name = a.get("name")
+                        if name:
+                            node.hardware_types.append(name)
+                    elif kind == _K_IFACE:
+                        get = a.get
+                        iface = Interface(get("client_id"), None, None, get("mac_address"),
+                                          get("sliver_id"), get("component_id"))
+                        node.interfaces.append(iface)
+                    elif kind == _K_SLIVER:
+                        name = a.get("name")
+                        node.sliver_type = SLIVER_TYPE_ALIASES.get(name, name)  # type: ignore
+                        default_image = False
+                    elif kind == _K_AVAILABLE:
+                        node.available = _bool(a.get("now"))
+                    elif kind == _K_HOST:
+                        node.hostname = a.get("name")
+                        node.ipv4 = a.get("ipv4")
+                    elif kind == _K_ROUTABLE:
+                        node.routable_control_ip = True
+                    elif kind == _K_VNODE:  # emulab's record of the physical node behind it
+                        vnode = (a.get("name"), a.get("hardware_type"), a.get("disk_image"))
+                elif link is not None:
+                    if tag == tags.interface_ref:
+                        ref = a.get("client_id") or a.get("component_id")
+                        if ref:
+                            link.interfaces.append(ref)
+                    else:
+                        _link_child(tags, link, tag, a)
             elif depth == 4:
-                self._node_grandchild(node, tag, attrib)
-        elif depth == 2:
-            self._top(tag, attrib)
-        elif depth == 3 and self.link is not None:
-            self._link_child(self.link, tag, attrib)
-        elif depth == 1:
-            self._root(tag, attrib)
+                if node is None:
+                    return
+                kind = kind3
+                if kind == _K_SLIVER:
+                    if tag == tags.disk_image:
+                        is_default = _BOOL.get(a.get("default", "")) is True
+                        if node.disk_image is None or (is_default and not default_image):
+                            node.disk_image = a.get("name") or a.get("url")
+                            default_image = is_default
+                elif kind == _K_IFACE:
+                    if tag == tags.ip and iface is not None and iface.ip is None:
+                        iface.ip = a.get("address")
+                        iface.netmask = a.get("netmask")
+                elif kind == _K_SERVICES:
+                    if tag == tags.login:
+                        get = a.get
+                        port = get("port")
+                        node.logins.append(Login(
+                            get("username"), get("hostname"),
+                            int(port) if port and port.strip().isdigit() else None,
+                            get("authentication")))
+                    elif tag == tags.execute:
+                        node.executes.append((a.get("shell") or "", a.get("command") or ""))
+                    elif tag == tags.install:
+                        node.installs.append((a.get("url") or "", a.get("install_path") or ""))
+            elif depth == 2:
+                if node is not None:
+                    finish_node(node)
+                    node = None
+                link = None
+                if tag == tags.node:
+                    get = a.get
+                    exclusive = get("exclusive")
+                    node = Node(get("client_id"), get("component_id"),
+                                get("component_manager_id"), get("component_name"),
+                                get("sliver_id"),
+                                None if exclusive is None else _BOOL.get(exclusive.strip()))
+                    vnode = None
+                    rspec.nodes.append(node)  # type: ignore[union-attr]
+                elif tag == tags.link:
+                    link = Link(a.get("client_id"), a.get("sliver_id"), vlantag=a.get("vlantag"))
+                    rspec.links.append(link)  # type: ignore[union-attr]
+            elif depth == 1:
+                rspec, tags = _root(tag, a)
+                kinds_get = tags.node_children.get
 
-    def end(self, tag: str) -> None:
-        depth = self.depth
-        if depth == 3:
-            self.kind3 = None
-        elif depth == 2:
-            if self.node is not None:
-                self._finish_node(self.node)
-            self.node = self.link = None
-        self.depth = depth - 1
+        def end(tag: str) -> None:
+            nonlocal depth
+            depth -= 1
 
-    def close(self) -> RSpec | None:
-        # lxml calls close() even after an error; raising here would hide the real one.
-        return self.rspec
+        def close() -> RSpec | None:
+            # lxml calls close() even after an error; raising here would hide the real one.
+            nonlocal node
+            if node is not None:
+                finish_node(node)
+                node = None
+            return rspec
 
-    def _root(self, tag: str, attrib: dict[str, str]) -> None:
-        ns, _, local = tag[1:].partition("}") if tag.startswith("{") else ("", "", tag)
-        if local != "rspec" or ns not in _TAGS:
-            raise _RootProblem(f"not an RSpec: root element is {tag!r} (expected rspec in the "
-                               "GENI v3 or ProtoGENI v2 namespace)")
-        self.tags = _TAGS[ns]
-        self.kinds = self.tags.node_children
-        rtype = _TYPE_NAMES.get((attrib.get("type") or "").strip().lower())
-        if rtype is None:
-            raise _RootProblem(rspec_type_problem(attrib.get("type")))
-        self.rspec = RSpec(type=rtype, expires=_datetime(attrib.get("expires")),
-                           version="3" if ns == NS_V3 else "2")
+        self.start, self.end, self.close = start, end, close  # type: ignore[method-assign]
 
-    def _top(self, tag: str, a: dict[str, str]) -> None:
-        if tag == self.tags.node:
-            get = a.get
-            exclusive = get("exclusive")
-            self.node = Node(get("client_id"), get("component_id"), get("component_manager_id"),
-                             get("component_name"), get("sliver_id"),
-                             None if exclusive is None else _BOOL.get(exclusive.strip()))
-            self.vnode = None
-            self.rspec.nodes.append(self.node)  # type: ignore[union-attr]
-        elif tag == self.tags.link:
-            self.link = Link(a.get("client_id"), a.get("sliver_id"), vlantag=a.get("vlantag"))
-            self.rspec.links.append(self.link)  # type: ignore[union-attr]
 
-    def _node_child(self, node: Node, tag: str, a: dict[str, str]) -> None:
-        kind = self.kind3 = self.kinds.get(tag)
-        if kind is None:
-            return
-        if kind == _K_HW:
-            name = a.get("name")
-            if name:
-                node.hardware_types.append(name)
-        elif kind == _K_IFACE:
-            get = a.get
-            self.iface = Interface(get("client_id"), None, None, get("mac_address"),
-                                   get("sliver_id"), get("component_id"))
-            node.interfaces.append(self.iface)
-        elif kind == _K_SLIVER:
-            name = a.get("name")
-            node.sliver_type = SLIVER_TYPE_ALIASES.get(name, name)  # type: ignore[arg-type]
-            self.default_image = False
-        elif kind == _K_AVAILABLE:
-            node.available = _bool(a.get("now"))
-        elif kind == _K_HOST:
-            node.hostname = a.get("name")
-            node.ipv4 = a.get("ipv4")
-        elif kind == _K_ROUTABLE:
-            node.routable_control_ip = True
-        elif kind == _K_VNODE:  # emulab's record of the physical node behind this one
-            self.vnode = (a.get("name"), a.get("hardware_type"), a.get("disk_image"))
+def _root(tag: str, attrib: dict[str, str]) -> tuple[RSpec, _Tags]:
+    ns, _, local = tag[1:].partition("}") if tag.startswith("{") else ("", "", tag)
+    if local != "rspec" or ns not in _TAGS:
+        raise _RootProblem(f"not an RSpec: root element is {tag!r} (expected rspec in the "
+                           "GENI v3 or ProtoGENI v2 namespace)")
+    rtype = _TYPE_NAMES.get((attrib.get("type") or "").strip().lower())
+    if rtype is None:
+        raise _RootProblem(rspec_type_problem(attrib.get("type")))
+    return (RSpec(type=rtype, expires=_datetime(attrib.get("expires")),
+                  version="3" if ns == NS_V3 else "2"), _TAGS[ns])
 
-    def _node_grandchild(self, node: Node, tag: str, a: dict[str, str]) -> None:
-        kind, tags = self.kind3, self.tags
-        if kind == _K_SLIVER and tag == tags.disk_image:
-            is_default = _BOOL.get(a.get("default", "")) is True
-            if node.disk_image is None or (is_default and not self.default_image):
-                node.disk_image = a.get("name") or a.get("url")
-                self.default_image = is_default
-        elif kind == _K_IFACE and tag == tags.ip:
-            iface = self.iface
-            if iface is not None and iface.ip is None:
-                iface.ip = a.get("address")
-                iface.netmask = a.get("netmask")
-        elif kind == _K_SERVICES:
-            if tag == tags.login:
-                port = a.get("port")
-                node.logins.append(Login(a.get("username"), a.get("hostname"),
-                                         int(port) if port and port.strip().isdigit() else None,
-                                         a.get("authentication")))
-            elif tag == tags.install:
-                node.installs.append((a.get("url") or "", a.get("install_path") or ""))
-            elif tag == tags.execute:
-                node.executes.append((a.get("shell") or "", a.get("command") or ""))
 
-    def _finish_node(self, node: Node) -> None:
-        if node.hardware_types:
-            node.hardware_type = node.hardware_types[0]
-        if self.vnode is not None:
-            name, hardware_type, image = self.vnode
-            node.component_name = node.component_name or name
-            node.hardware_type = node.hardware_type or hardware_type
-            node.disk_image = node.disk_image or image
-
-    def _link_child(self, link: Link, tag: str, a: dict[str, str]) -> None:
-        if tag == self.tags.interface_ref:
-            ref = a.get("client_id") or a.get("component_id")
-            if ref:
-                link.interfaces.append(ref)
-        elif tag == self.tags.link_type:
-            link.link_type = a.get("name")
-        elif tag in _E_LINK_FLAGS:
-            value = _bool(a.get("enabled"))  # a bare <emulab:vlan_tagging/> means enabled
-            setattr(link, _E_LINK_FLAGS[tag], True if value is None else value)
+def _link_child(tags: _Tags, link: Link, tag: str, a: dict[str, str]) -> None:
+    """A link's child other than interface_ref (handled inline: by far the most common)."""
+    if tag == tags.link_type:
+        link.link_type = a.get("name")
+    elif tag in _E_LINK_FLAGS:
+        value = _bool(a.get("enabled"))  # a bare <emulab:vlan_tagging/> means enabled
+        setattr(link, _E_LINK_FLAGS[tag], True if value is None else value)
 
 
 _ROOT_START = re.compile(rb"<(?![?!])")
