@@ -190,7 +190,7 @@ class _RSpecTarget(SafeTarget):
                     get = a.get
                     exclusive = get("exclusive")
                     # Every field positionally (fresh lists as literals): a third cheaper
-                    # than keywords and default factories; test_parse checks the order.
+                    # than keywords and default factories; test_parse_fastpath checks it.
                     node = Node(get("client_id"), get("component_id"),
                                 get("component_manager_id"), get("component_name"),
                                 get("sliver_id"),
