@@ -51,6 +51,81 @@ def result_from_wire(w: list) -> UnitResult:
                       members=[result_from_wire(m) for m in w[5]])
 
 
+class _Outbox:
+    """A worker's pending events, sent to the scheduler in batches: one ``log_event`` per
+    topic per event-loop turn (``["batch", [event, ...]]``) instead of one per unit, and one
+    timer that announces units still running ``RUN_EVENT_DELAY`` after they started instead
+    of a timer per unit.
+
+    Order: a unit's ``end`` event is queued, with a flush scheduled on the worker's loop,
+    before the unit's function returns, so the flush runs before Dask reports the task
+    finished (the framework sees ``end`` before the future's outcome, as with one event per
+    unit); a ``run`` event is only sent while its unit is still running, so it precedes its
+    ``end``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: dict[str, list[list]] = {}   # topic -> events not yet sent
+        self.flushing = False                     # a flush is scheduled on the loop
+        self.running: dict[str, tuple[str, float]] = {}  # unit -> (topic, start), unannounced
+        self.ticking = False                      # the announce timer is armed
+
+    def started(self, worker, unit_id: str, topic: str, start: float) -> None:
+        with self.lock:
+            self.running[unit_id] = (topic, start)
+            arm = not self.ticking
+            self.ticking = True
+        if arm:
+            worker.loop.add_callback(self._arm, worker)
+
+    def ended(self, worker, unit_id: str, topic: str, event: list) -> None:
+        with self.lock:
+            self.running.pop(unit_id, None)
+            self.events.setdefault(topic, []).append(event)
+            flush = not self.flushing
+            self.flushing = True
+        if flush:
+            worker.loop.add_callback(self._flush, worker)
+
+    def forget(self, unit_id: str) -> None:
+        with self.lock:
+            self.running.pop(unit_id, None)
+
+    def _arm(self, worker) -> None:
+        worker.loop.call_later(RUN_EVENT_DELAY, self._tick, worker)
+
+    def _tick(self, worker) -> None:
+        """On the worker's loop: announce units running for ``RUN_EVENT_DELAY`` already."""
+        due = time.time() - RUN_EVENT_DELAY
+        with self.lock:
+            for uid, (topic, start) in list(self.running.items()):
+                if start <= due:
+                    del self.running[uid]
+                    self.events.setdefault(topic, []).append(
+                        ["run", uid, worker.address, start])
+            self.ticking = bool(self.running)
+        self._flush(worker)
+        if self.ticking:
+            self._arm(worker)
+
+    def _flush(self, worker) -> None:
+        with self.lock:
+            events, self.events = self.events, {}
+            self.flushing = False
+        for topic, batch in events.items():
+            worker.log_event(topic, ["batch", batch])
+
+
+def _outbox_of(worker) -> _Outbox:
+    box = getattr(worker, "_troy_outbox", None)
+    if box is None:
+        with _procs_lock:
+            box = getattr(worker, "_troy_outbox", None)
+            if box is None:
+                box = worker._troy_outbox = _Outbox()
+    return box
+
+
 def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
              sandbox: str | None) -> UnitResult | None:
     """Run one unit inside a Dask worker (the Dask task of every Troy unit)."""
@@ -71,25 +146,24 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
     # RUNNING is announced only if the unit is still running RUN_EVENT_DELAY later: a
     # shorter unit's ``end`` event carries its start, and the framework pushes RUNNING then
     # the final state from it, saving a scheduler message per short unit.
-    ran = [time.time(), False]
-
-    def announce() -> None:
-        if not ran[1]:
-            worker.log_event(topic, ["run", unit_id, worker.address, ran[0]])
-
-    worker.loop.add_callback(lambda: worker.loop.call_later(RUN_EVENT_DELAY, announce))
+    outbox = _outbox_of(worker)
+    start = time.time()
+    outbox.started(worker, unit_id, topic, start)
     try:
         result = execute(cud, sandbox=sandbox, on_start=hook,
                          canceled=lambda: unit_id in _canceled or _stopping.is_set())
+    except BaseException:  # the Dask task errs: the unit ran here, its future says how
+        outbox.ended(worker, unit_id, topic, ["run", unit_id, worker.address, start])
+        raise
     finally:
-        ran[1] = True
         with _procs_lock:
             _procs.pop(unit_id, None)
     if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
+        outbox.forget(unit_id)
         raise RuntimeError("pilot stopped while the unit ran")
     inline = _small(result)
-    worker.log_event(topic, ["end", unit_id, worker.address,
-                             result_to_wire(result) if inline else None])
+    outbox.ended(worker, unit_id, topic, ["end", unit_id, worker.address,
+                                          result_to_wire(result) if inline else None])
     return None if inline else result
 
 

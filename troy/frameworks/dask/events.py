@@ -2,6 +2,7 @@
 thread that turns worker events and future outcomes into Troy states (pushed, in order)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,37 @@ class UnitEvents:
     def _on_done(self, fut: Any) -> None:
         self._inbox.put(("done", fut))
 
+    def _watch(self, futures: list[Any]) -> None:
+        """On the client's event loop: report each future's outcome to ``_inbox`` once it
+        is no longer pending. Cheaper than ``Future.add_done_callback`` (a coroutine per
+        future, handed from the submitting thread to the loop, and a hop through Dask's
+        callback thread per outcome): one loop callback per dispatched batch, and a bare
+        waiter on each future's completion event."""
+        for fut in futures:
+            self._arm(fut)
+
+    def _arm(self, fut: Any) -> None:
+        state = getattr(fut, "_state", None)
+        if state is None or state.status != "pending":
+            self._inbox.put(("done", fut))
+            return
+        event = state._get_event()
+        waiters = getattr(event, "_waiters", None)
+        if waiters is None:  # not the asyncio.Event we know: Dask's own way
+            fut.add_done_callback(self._on_done)
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+
+        def fired(_: Any) -> None:
+            try:
+                waiters.remove(waiter)
+            except ValueError:
+                pass
+            self._arm(fut)  # a retried future is pending again: wait once more
+
+        waiter.add_done_callback(fired)
+
     def _event_loop(self) -> None:
         while True:
             msg = self._inbox.get()
@@ -82,6 +114,13 @@ class UnitEvents:
             return
         if kind == "done":
             self._handle_done(msg[1])
+            return
+        if kind == "batch":  # a worker's events of one loop turn, in order
+            for event in msg[1]:
+                try:
+                    self._handle(event)
+                except Exception:
+                    log.exception("framework %s: handling %r failed", self.name, event[:2])
             return
         _, uid, addr, payload = msg
         rec = self._records.get(uid)

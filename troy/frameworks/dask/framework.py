@@ -401,12 +401,15 @@ class DaskFramework(UnitEvents, PilotFramework):
                 [self.topic] * len(recs), [self.sandbox] * len(recs),
                 key=[r.key for r in recs], resources=resources,
                 workers=[addr] if addr else None, allow_other_workers=False, pure=False)
+            watched = []
             for rec, fut in zip(recs, futures):
                 if rec.unit.state in FINAL_STATES or rec.canceling:
                     fut.cancel()
                     continue
                 rec.future = fut
-                fut.add_done_callback(self._on_done)
+                watched.append(fut)
+            if watched:
+                self.client.loop.add_callback(self._watch, watched)
 
     def _handle_cluster(self, msg: dict) -> None:
         addr = msg.get("worker")

@@ -1,0 +1,72 @@
+"""How the Dask framework learns of its units' states: workers send their events in
+batches (one message per loop turn), futures are watched without a callback thread, and
+every unit of a burst still passes DISPATCHED, RUNNING and its final state in order,
+whichever way its outcome arrives (an inline ``end`` event, a large result fetched from
+Dask, a task that errs inside Dask)."""
+from __future__ import annotations
+
+import time
+
+import troy
+from troy import ComputeUnitDescription as CUD
+from troy import State
+from troy.frameworks.dask import agent
+from tests.conftest import wait_for
+from tests.troy.frameworks.conftest import running_pilot
+
+
+def big_value() -> str:
+    return "x" * (agent.SMALL * 2)  # too large for the ``end`` event: fetched from Dask
+
+
+class Escape(BaseException):
+    """Not an Exception: ``execute`` lets it through, so the Dask task itself errs and
+    only its future reports the outcome."""
+
+
+def escape() -> None:
+    raise Escape("out of the unit")
+
+
+def watch(units: list[troy.ComputeUnit]) -> dict[str, list[State]]:
+    seen: dict[str, list[State]] = {u.id: [] for u in units}
+    for u in units:
+        u.add_callback(lambda unit, s: seen[unit.id].append(s))
+    return seen
+
+
+def test_burst_of_mixed_units_pass_every_state_in_order(session, dask_scheduler, tmp_path):
+    fw = session.add_framework("dask", name="ev", scheduler_address=dask_scheduler,
+                               sandbox=str(tmp_path / "sb"))
+    running_pilot(fw, 2)
+    kinds = [(CUD(executable="/bin/true"), State.DONE),
+             (CUD(executable="/bin/false"), State.FAILED),
+             (CUD(function=big_value), State.DONE),
+             (CUD(function=escape), State.FAILED)] * 15
+    units = [troy.ComputeUnit(cud) for cud, _ in kinds]
+    seen = watch(units)
+    for u in units:
+        fw.submit_unit(u)
+    for u, (_, final) in zip(units, kinds):
+        assert u.wait(60) is final, (u, u.result)
+        states = [s for s in seen[u.id] if s is not State.PENDING]
+        assert states == [State.DISPATCHED, State.RUNNING, final], (u, seen[u.id])
+    assert units[2].result.value == big_value()
+    assert "out of the unit" in units[3].result.error
+    assert units[1].result.error == "exit status 1"
+
+
+def test_long_unit_is_running_before_it_ends(session, dask_scheduler, tmp_path):
+    """A unit still running after the announce delay is RUNNING (with the worker's start
+    time) while its process runs, not only when its end arrives."""
+    fw = session.add_framework("dask", name="long", scheduler_address=dask_scheduler,
+                               sandbox=str(tmp_path / "sb"))
+    p = running_pilot(fw, 1)
+    gate = tmp_path / "gate"
+    before = time.time()
+    u = fw.submit_unit(CUD(executable="/bin/sh",
+                           arguments=["-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"]))
+    wait_for(lambda: u.state is State.RUNNING, 30, what="unit RUNNING")
+    assert u.result is None and u.pilot == p.id and u.start >= before - 1
+    gate.write_text("go")
+    assert u.wait(30) is State.DONE
