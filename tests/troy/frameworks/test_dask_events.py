@@ -5,12 +5,15 @@ whichever way its outcome arrives (an inline ``end`` event, a large result fetch
 Dask, a task that errs inside Dask)."""
 from __future__ import annotations
 
+import logging
 import time
+
+import pytest
 
 import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
-from troy.frameworks.dask import agent
+from troy.frameworks.dask import DaskFramework, agent
 from tests.conftest import wait_for
 from tests.troy.frameworks.conftest import running_pilot
 
@@ -70,3 +73,46 @@ def test_long_unit_is_running_before_it_ends(session, dask_scheduler, tmp_path):
     assert u.result is None and u.pilot == p.id and u.start >= before - 1
     gate.write_text("go")
     assert u.wait(30) is State.DONE
+
+
+@pytest.fixture
+def distributed_level():
+    """Dask's ``distributed`` logger level, restored after the test (frameworks set it)."""
+    import distributed  # noqa: F401  (configures its loggers on import)
+    logger = logging.getLogger("distributed")
+    saved = logger.level
+    logger.setLevel(logging.INFO)  # Dask's own default
+    yield logger
+    logger.setLevel(saved)
+
+
+def test_dask_chatter_is_quiet_by_default_in_this_process_and_the_pilot_logs(
+        distributed_level, tmp_path):
+    fw = DaskFramework("quiet", sandbox=str(tmp_path / "sb"))
+    fw.start()
+    try:
+        assert distributed_level.level == logging.WARNING
+        p = running_pilot(fw, 1)
+        assert fw.submit_unit(CUD(executable="/bin/true")).wait(30) is State.DONE
+        log_text = (tmp_path / "sb" / f"{p.id}.log").read_text()
+    finally:
+        fw.close()
+    assert "INFO" not in log_text
+
+
+def test_dask_log_level_option_keeps_dask_info(distributed_level, tmp_path):
+    fw = DaskFramework("chatty", sandbox=str(tmp_path / "sb"), dask_log_level="info")
+    fw.start()
+    try:
+        assert distributed_level.level == logging.INFO
+        p = running_pilot(fw, 1)
+        log_text = (tmp_path / "sb" / f"{p.id}.log").read_text()
+    finally:
+        fw.close()
+    assert "INFO:distributed.worker" in log_text
+
+
+def test_bad_dask_log_level_is_one_clear_error():
+    with pytest.raises(troy.BadParameter, match="framework 'x': dask_log_level: expected a "
+                                                "logging level"):
+        DaskFramework("x", dask_log_level="loud")

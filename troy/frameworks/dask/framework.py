@@ -19,7 +19,8 @@ from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.dask import agent
 from troy.frameworks.dask.events import UnitEvents, UnitRecord
-from troy.frameworks.dask.processes import AgentProcess, InProcessScheduler
+from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
+                                            resolve_dask_log_level)
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
 
@@ -60,7 +61,9 @@ class DaskFramework(UnitEvents, PilotFramework):
     scheduler on their own and carry a ``cores`` resource as RUNNING pilots),
     ``prefetch`` (each pilot's backlog, see ``DaskPilot``; None: 4 per core of the pilot),
     ``scheduler_process`` (run the scheduler we start in
-    its own process), ``connect_timeout`` and ``pilot_start_timeout`` (seconds).
+    its own process), ``connect_timeout`` and ``pilot_start_timeout`` (seconds),
+    ``dask_log_level`` (Dask's ``distributed`` loggers, here and in the processes we start;
+    ``"auto"``: WARNING unless the root logger is at DEBUG; None: as Dask configures them).
     """
 
     kind = "dask"
@@ -70,7 +73,7 @@ class DaskFramework(UnitEvents, PilotFramework):
                  sandbox: str | None = None, adopt_workers: bool = False,
                  connect_timeout: float = 15.0, pilot_start_timeout: float = 60.0,
                  scheduler_process: bool = False, prefetch: int | None = None,
-                 **options: Any) -> None:
+                 dask_log_level: str | int | None = "auto", **options: Any) -> None:
         super().__init__(name, **options)
         if scheduler_address and scheduler_address.startswith("dask://"):
             scheduler_address = "tcp://" + scheduler_address[len("dask://"):]
@@ -87,6 +90,8 @@ class DaskFramework(UnitEvents, PilotFramework):
             raise BadParameter(f"framework {self.name!r}: prefetch: expected an integer "
                                f">= 0, got {prefetch!r}")
         self.prefetch = prefetch
+        self.dask_log_level = dask_log_level
+        self._log_level = resolve_dask_log_level(dask_log_level, f"framework {self.name!r}")
         self.client: Any = None
         self.topic = ""
         self._own_sandbox = False
@@ -113,6 +118,8 @@ class DaskFramework(UnitEvents, PilotFramework):
             self.sandbox = tempfile.mkdtemp(prefix=f"troy-{self.name}-")
             self._own_sandbox = True
         os.makedirs(self.sandbox, exist_ok=True)
+        if self._log_level is not None:
+            quiet_dask_here(self._log_level, explicit=self.dask_log_level != "auto")
         address = self.scheduler_address or self._start_scheduler()
         try:
             self.client = Client(address, set_as_default=False,
@@ -143,7 +150,7 @@ class DaskFramework(UnitEvents, PilotFramework):
             self._scheduler = InProcessScheduler(self.name, self.worker_saturation)
             return self._scheduler.start()
         proc = AgentProcess(["scheduler", str(self.worker_saturation)],
-                            os.path.join(self.sandbox, "scheduler.log"))
+                            os.path.join(self.sandbox, "scheduler.log"), self._log_level)
         address = proc.read_address(self.connect_timeout + 30)
         if address is None:
             raise NoSuccess(f"framework {self.name!r}: the Dask scheduler did not start: "
@@ -208,7 +215,7 @@ class DaskFramework(UnitEvents, PilotFramework):
         size = pilot.description.size
         proc = AgentProcess(["worker", self.scheduler_address, pilot.id,
                              str(self.threads_per_pilot or size), str(size), self.topic],
-                            os.path.join(self.sandbox, f"{pilot.id}.log"))
+                            os.path.join(self.sandbox, f"{pilot.id}.log"), self._log_level)
         self._workers[pilot.id] = _Worker(pilot, proc)
         threading.Thread(target=self._await_worker, args=(pilot, proc),
                          name=f"troy-{pilot.id}-start", daemon=True).start()

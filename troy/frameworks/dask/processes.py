@@ -5,24 +5,58 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
 from typing import Any
 
+from troy.errors import BadParameter
+
 log = logging.getLogger(__name__)
+
+
+def resolve_dask_log_level(option: str | int | None, where: str) -> int | None:
+    """The level for Dask's ``distributed`` loggers from a framework's ``dask_log_level``
+    option, or None to leave them as Dask configured them. ``"auto"``: WARNING, unless the
+    root logger is at DEBUG (``troy --debug``, or an application debugging), which keeps
+    Dask's own INFO chatter."""
+    if option is None:
+        return None
+    if option == "auto":
+        return None if logging.getLogger().getEffectiveLevel() <= logging.DEBUG \
+            else logging.WARNING
+    level = logging.getLevelName(option.upper()) if isinstance(option, str) else option
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise BadParameter(f"{where}: dask_log_level: expected a logging level such as "
+                           f"'WARNING' or 'INFO', got {option!r}")
+    return level
+
+
+def quiet_dask_here(level: int, explicit: bool) -> None:
+    """Set the level of Dask's ``distributed`` loggers in this process (where the client,
+    and the scheduler we start in-process, log). Without ``explicit`` (``"auto"``), only
+    while they are still at Dask's own default (INFO): an application that set them keeps
+    its choice."""
+    import distributed  # noqa: F401  (configures its loggers on import)
+    logger = logging.getLogger("distributed")
+    if explicit or logger.level in (logging.NOTSET, logging.INFO):
+        logger.setLevel(level)
 
 
 class AgentProcess:
     """``python -m troy.frameworks.dask ARGS``: logs to ``logpath``, reports its address as
     its first stdout line, and leaves when its stdin closes (see ``agent``)."""
 
-    def __init__(self, args: list[str], logpath: str) -> None:
+    def __init__(self, args: list[str], logpath: str, log_level: int | None = None) -> None:
         self.logpath = logpath
+        env = None
+        if log_level is not None:  # Dask reads its logging config from DASK_* variables
+            env = dict(os.environ, DASK_LOGGING__DISTRIBUTED=logging.getLevelName(log_level))
         with open(logpath, "ab") as logf:
             self.proc = subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask", *args],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=logf, close_fds=True)
+                                         stderr=logf, close_fds=True, env=env)
 
     @property
     def pid(self) -> int:
