@@ -138,6 +138,8 @@ class _RSpecTarget(SafeTarget):
                         name = a.get("name")
                         node.sliver_type = SLIVER_TYPE_ALIASES.get(name, name)  # type: ignore
                         default_image = False
+                    elif kind == _K_SERVICES:  # read at depth 4
+                        pass
                     elif kind == _K_AVAILABLE:
                         now = a.get("now")
                         node.available = None if now is None else _BOOL.get(now.strip())
