@@ -219,7 +219,7 @@ class _RSpecTarget(SafeTarget):
                 node = None
             return rspec
 
-        self.start, self.end, self.close = start, end, close  # type: ignore[method-assign]
+        self.start, self.end, self.close = start, end, close
 
 
 def _root(tag: str, attrib: dict[str, str]) -> tuple[RSpec, _Tags]:
