@@ -33,6 +33,11 @@ class UnitRecord:
 
 
 
+def _release_all(futures: list[Any]) -> None:
+    for fut in futures:
+        fut.release()
+
+
 class UnitEvents:
     """Mixin of ``DaskFramework``: state changes of its units. Worker events (``run``,
     ``end``), future outcomes (``done``) and cluster events (``cluster``, handled by the
@@ -47,6 +52,8 @@ class UnitEvents:
     _inbox: Any
     _lock: Any
     name: str
+
+    _releasing: list[Any] | None = None  # futures to release after the current batch
 
     def _handle_cluster(self, msg: dict) -> None:
         raise NotImplementedError
@@ -93,6 +100,8 @@ class UnitEvents:
                 waiters.remove(waiter)
             except ValueError:
                 pass
+            if getattr(fut, "_cleared", False):
+                return  # released: its unit was finished by its ``end`` event
             self._arm(fut)  # a retried future is pending again: wait once more
 
         waiter.add_done_callback(fired)
@@ -116,11 +125,18 @@ class UnitEvents:
             self._handle_done(msg[1])
             return
         if kind == "batch":  # a worker's events of one loop turn, in order
-            for event in msg[1]:
-                try:
-                    self._handle(event)
-                except Exception:
-                    log.exception("framework %s: handling %r failed", self.name, event[:2])
+            self._releasing = []
+            try:
+                for event in msg[1]:
+                    try:
+                        self._handle(event)
+                    except Exception:
+                        log.exception("framework %s: handling %r failed", self.name,
+                                      event[:2])
+            finally:
+                done, self._releasing = self._releasing, None
+                if done:  # one hop to the client's loop for the batch, not one per unit
+                    done[0].client.loop.add_callback(_release_all, done)
             return
         _, uid, addr, payload = msg
         rec = self._records.get(uid)
@@ -155,8 +171,12 @@ class UnitEvents:
         self._records.pop(rec.unit.id, None)
         self._unreserve(rec)
         fut, rec.future = rec.future, None
+        self._by_key.pop(rec.key, None)
         if fut is not None:  # let Dask forget the key now, not when a pending "done"
-            fut.release()    # message lets go of it (a pilot canceled meanwhile reran it)
+            if self._releasing is not None:  # message lets go of it (a pilot canceled
+                self._releasing.append(fut)  # meanwhile reran it)
+            else:
+                fut.release()
         rec.unit._set_state(state, result=result)
 
     def _handle_done(self, fut: Any) -> None:
