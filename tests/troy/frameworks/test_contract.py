@@ -1,7 +1,6 @@
 """The pilot framework contract, run on every framework (``local`` and ``dask``)."""
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
-from tests.conftest import wait_for
+from tests.conftest import process_alive, wait_for
 from tests.troy.frameworks.conftest import running_pilot
 
 
@@ -19,15 +18,6 @@ def square(x: int) -> int:
 
 def boom() -> None:
     raise ValueError("no luck")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is as good as gone
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def test_pilot_lifecycle_and_free_cores(framework, tmp_path):
@@ -114,10 +104,10 @@ def test_cancel_running_unit_kills_its_process(framework, tmp_path):
     pid = int(pidfile.read_text())
     # (on Dask, RUNNING is an event from the worker: under load it can trail the pid file)
     wait_for(lambda: u.state is State.RUNNING, 30, what="unit RUNNING")
-    assert alive(pid)
+    assert process_alive(pid)
     u.cancel()
     assert u.state is State.CANCELED
-    wait_for(lambda: not alive(pid), 10, what="unit process gone")
+    wait_for(lambda: not process_alive(pid), 10, what="unit process gone")
     after = framework.submit_unit(CUD(executable="/bin/true"))  # the core came back
     assert after.wait(30) is State.DONE
 
