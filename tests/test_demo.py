@@ -144,7 +144,7 @@ def test_interrupt_stops_everything(tmp_path: Path) -> None:
              what="pilots up")
     run.proc.send_signal(signal.SIGINT)
     code, out, err = run.finish()
-    assert code == 130
+    assert code == 130, f"exit {code}: {err[-2000:]}"
     assert err.strip().splitlines() == [err.strip()]
     assert err.startswith("demo: interrupted in step 4/5 (Troy workflow)")
     assert "Traceback" not in out + err
