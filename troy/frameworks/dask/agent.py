@@ -1,9 +1,13 @@
 """The Dask side of the ``dask`` framework: the task every unit runs, and the worker and
-scheduler processes (``python -m troy.frameworks.dask worker|scheduler ...``).
+scheduler processes (``python -m troy.frameworks.dask worker|scheduler|node ...``).
 
-Each process prints its address as one JSON line on stdout once it serves, and leaves when
-its stdin closes: the framework that started it holds the other end, so a Troy that dies
-never leaves workers behind. Worker-side state (the processes of running units, for kills)
+Each process prints its address as one JSON line on stdout once it serves. ``worker`` and
+``scheduler`` leave when their stdin closes: the framework that started them holds the
+other end, so a Troy that dies never leaves workers behind. ``node`` is the pilot agent of a
+machine of its own (a CloudLab node's startup command runs it): a worker with the node's
+cores as its ``cores`` resource, which a framework with ``adopt_workers`` registers as a
+pilot; it serves until SIGTERM/SIGINT or until the scheduler goes away. Every process uses
+TLS when its environment configures it (``DASK_DISTRIBUTED__COMM__TLS__...``, see ``tls``). Worker-side state (the processes of running units, for kills)
 lives in this module, which is what Dask imports when it unpickles ``run_unit``.
 """
 from __future__ import annotations
@@ -19,6 +23,8 @@ import time
 
 from troy.descriptions import ComputeUnitDescription
 from troy.execution import execute, kill
+from troy.frameworks.dask.processes import tls_options
+from troy.frameworks.dask.tls import security_from_config
 from troy.unit import UnitResult
 
 # Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
@@ -185,16 +191,24 @@ def _kill_all() -> None:
         kill(p)
 
 
-async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
-                        tag: str) -> None:
+async def _start_worker(scheduler: str, **options: object):  # noqa: ANN202 - a Worker
+    """A started worker (TLS when configured); its address printed on stdout."""
     from distributed import Worker
     # memory_limit=0: units are separate processes; Dask's memory manager (which watches
     # this process only) must not pause or spill on their behalf.
-    w = await Worker(scheduler, nthreads=nthreads, resources={"cores": cores, tag: TAG_AMOUNT},
-                     name=name, host="127.0.0.1", dashboard=False,
-                     dashboard_address="127.0.0.1:0", death_timeout=30, memory_limit=0)
+    w = await Worker(scheduler, dashboard=False, dashboard_address="127.0.0.1:0",
+                     death_timeout=30, memory_limit=0, security=security_from_config(),
+                     **options)
     sys.stdout.write(json.dumps({"address": w.address}) + "\n")
     sys.stdout.flush()
+    return w
+
+
+async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
+                        tag: str) -> None:
+    w = await _start_worker(scheduler, nthreads=nthreads,
+                            resources={"cores": cores, tag: TAG_AMOUNT}, name=name,
+                            host="127.0.0.1")
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -216,7 +230,8 @@ async def _serve_scheduler(saturation: float) -> None:
     from distributed import Scheduler
     with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
         s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
-                      dashboard_address="127.0.0.1:0")
+                      dashboard_address="127.0.0.1:0",
+                      **tls_options(security_from_config()))
     await s
     sys.stdout.write(json.dumps({"address": s.address}) + "\n")
     sys.stdout.flush()
@@ -225,13 +240,49 @@ async def _serve_scheduler(saturation: float) -> None:
     await s.close()
 
 
+async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | None) -> None:
+    import signal
+    import distributed  # noqa: F401  (configures its loggers on import)
+    if "DASK_LOGGING__DISTRIBUTED" not in os.environ:  # a node's log: warnings and errors
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+    w = await _start_worker(scheduler, nthreads=cores, resources={"cores": cores},
+                            name=name, host=host)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    done = asyncio.ensure_future(w.finished())
+    await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
+                       return_when=asyncio.FIRST_COMPLETED)
+    await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
+    _kill_all()
+
+
+NODE_USAGE = ("usage: python -m troy.frameworks.dask node SCHEDULER CORES [NAME [HOST]]\n"
+              "  a pilot agent: a Dask worker with CORES as its cores resource; TLS from\n"
+              "  DASK_DISTRIBUTED__COMM__TLS__* (see troy.frameworks.dask.tls)")
+
+
 def main(argv: list[str]) -> None:
     """``python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG`` or
-    ``... scheduler SATURATION``: serve until stdin closes, after printing the address."""
+    ``... scheduler SATURATION``: serve until stdin closes, after printing the address;
+    ``... node SCHEDULER CORES [NAME [HOST]]``: a node's pilot agent, until SIGTERM."""
     logging.basicConfig(level=logging.WARNING)
     if len(argv) == 2 and argv[0] == "scheduler":
         asyncio.run(_serve_scheduler(float(argv[1])))
         return
+    if argv[:1] == ["node"]:
+        if not 3 <= len(argv) <= 5 or not argv[2].isdigit() or int(argv[2]) < 1:
+            sys.exit(NODE_USAGE)
+        if argv[1].startswith("tls://") and security_from_config() is None:
+            sys.exit(f"troy node agent: cannot join {argv[1]}: no TLS certificate configured "
+                     f"(DASK_DISTRIBUTED__COMM__TLS__*)")
+        try:
+            asyncio.run(_serve_node(argv[1], int(argv[2]), *(argv[3:] + [None, None])[:2]))
+        except Exception as err:  # one line for the node's log, not a traceback
+            cause = err.__cause__ or err
+            sys.exit(f"troy node agent: cannot join {argv[1]}: {type(cause).__name__}: {cause}")
+        os._exit(0)
     if len(argv) != 6 or argv[0] != "worker":
         sys.exit("usage: python -m troy.frameworks.dask worker SCHEDULER NAME NTHREADS CORES TAG")
     asyncio.run(_serve_worker(argv[1], argv[2], int(argv[3]), int(argv[4]), argv[5]))

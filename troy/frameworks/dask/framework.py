@@ -21,6 +21,7 @@ from troy.frameworks.dask import agent
 from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
                                             resolve_dask_log_level)
+from troy.frameworks.dask.tls import DaskTLS
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
 
@@ -63,7 +64,10 @@ class DaskFramework(UnitEvents, PilotFramework):
     ``scheduler_process`` (run the scheduler we start in
     its own process), ``connect_timeout`` and ``pilot_start_timeout`` (seconds),
     ``dask_log_level`` (Dask's ``distributed`` loggers, here and in the processes we start;
-    ``"auto"``: WARNING unless the root logger is at DEBUG; None: as Dask configures them).
+    ``"auto"``: WARNING unless the root logger is at DEBUG; None: as Dask configures them),
+    ``tls`` (a ``DaskTLS``, or a dict of its files: mutual TLS between the client, the
+    scheduler and every worker; the scheduler we start listens on ``tls://`` only, and a
+    worker without a certificate from the cluster CA cannot join).
     """
 
     kind = "dask"
@@ -73,8 +77,11 @@ class DaskFramework(UnitEvents, PilotFramework):
                  sandbox: str | None = None, adopt_workers: bool = False,
                  connect_timeout: float = 15.0, pilot_start_timeout: float = 60.0,
                  scheduler_process: bool = False, prefetch: int | None = None,
-                 dask_log_level: str | int | None = "auto", **options: Any) -> None:
+                 dask_log_level: str | int | None = "auto",
+                 tls: DaskTLS | dict[str, Any] | None = None, **options: Any) -> None:
         super().__init__(name, **options)
+        self.tls = DaskTLS.coerce(tls, f"framework {self.name!r}")
+        self._security = self.tls.security() if self.tls is not None else None
         if scheduler_address and scheduler_address.startswith("dask://"):
             scheduler_address = "tcp://" + scheduler_address[len("dask://"):]
         self.scheduler_address = scheduler_address
@@ -123,7 +130,7 @@ class DaskFramework(UnitEvents, PilotFramework):
         address = self.scheduler_address or self._start_scheduler()
         try:
             self.client = Client(address, set_as_default=False,
-                                 timeout=f"{self.connect_timeout}s")
+                                 timeout=f"{self.connect_timeout}s", security=self._security)
         except (OSError, TimeoutError) as err:
             self._stop_scheduler()
             if self._own_sandbox:
@@ -147,16 +154,21 @@ class DaskFramework(UnitEvents, PilotFramework):
 
     def _start_scheduler(self) -> str:
         if not self.scheduler_process:
-            self._scheduler = InProcessScheduler(self.name, self.worker_saturation)
+            self._scheduler = InProcessScheduler(self.name, self.worker_saturation,
+                                                 self._security)
             return self._scheduler.start()
         proc = AgentProcess(["scheduler", str(self.worker_saturation)],
-                            os.path.join(self.sandbox, "scheduler.log"), self._log_level)
+                            os.path.join(self.sandbox, "scheduler.log"), self._log_level,
+                            self._tls_environ())
         address = proc.read_address(self.connect_timeout + 30)
         if address is None:
             raise NoSuccess(f"framework {self.name!r}: the Dask scheduler did not start: "
                             f"{proc.log_tail() or 'no output'}")
         self._scheduler = proc
         return address
+
+    def _tls_environ(self) -> dict[str, str] | None:
+        return self.tls.environ() if self.tls is not None else None
 
     def _stop_scheduler(self) -> None:
         scheduler, self._scheduler = self._scheduler, None
@@ -215,7 +227,8 @@ class DaskFramework(UnitEvents, PilotFramework):
         size = pilot.description.size
         proc = AgentProcess(["worker", self.scheduler_address, pilot.id,
                              str(self.threads_per_pilot or size), str(size), self.topic],
-                            os.path.join(self.sandbox, f"{pilot.id}.log"), self._log_level)
+                            os.path.join(self.sandbox, f"{pilot.id}.log"), self._log_level,
+                            self._tls_environ())
         self._workers[pilot.id] = _Worker(pilot, proc)
         threading.Thread(target=self._await_worker, args=(pilot, proc),
                          name=f"troy-{pilot.id}-start", daemon=True).start()

@@ -44,15 +44,24 @@ def quiet_dask_here(level: int, explicit: bool) -> None:
         logger.setLevel(level)
 
 
+def tls_options(security: Any) -> dict[str, Any]:
+    """Scheduler keyword arguments: listen on ``tls://`` with ``security``, or as Dask
+    defaults (plain TCP) without one."""
+    return {} if security is None else {"protocol": "tls", "security": security}
+
+
 class AgentProcess:
     """``python -m troy.frameworks.dask ARGS``: logs to ``logpath``, reports its address as
     its first stdout line, and leaves when its stdin closes (see ``agent``)."""
 
-    def __init__(self, args: list[str], logpath: str, log_level: int | None = None) -> None:
+    def __init__(self, args: list[str], logpath: str, log_level: int | None = None,
+                 environ: dict[str, str] | None = None) -> None:
         self.logpath = logpath
         env = None
-        if log_level is not None:  # Dask reads its logging config from DASK_* variables
-            env = dict(os.environ, DASK_LOGGING__DISTRIBUTED=logging.getLevelName(log_level))
+        if log_level is not None or environ:  # Dask reads its config from DASK_* variables
+            env = dict(os.environ, **(environ or {}))
+            if log_level is not None:
+                env["DASK_LOGGING__DISTRIBUTED"] = logging.getLevelName(log_level)
         with open(logpath, "ab") as logf:
             self.proc = subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask", *args],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -102,11 +111,13 @@ class AgentProcess:
 
 
 class InProcessScheduler:
-    """A Dask scheduler on 127.0.0.1 (port 0, no dashboard) on its own event-loop thread."""
+    """A Dask scheduler on 127.0.0.1 (port 0, no dashboard) on its own event-loop thread;
+    ``tls://`` only when given a ``security``."""
 
-    def __init__(self, name: str, saturation: float) -> None:
+    def __init__(self, name: str, saturation: float, security: Any = None) -> None:
         self.name = name
         self.saturation = saturation
+        self.security = security
         self.address = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -123,7 +134,7 @@ class InProcessScheduler:
         async def make() -> Any:
             with dask.config.set({"distributed.scheduler.worker-saturation": self.saturation}):
                 s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
-                              dashboard_address="127.0.0.1:0")
+                              dashboard_address="127.0.0.1:0", **tls_options(self.security))
             return await s
 
         self._scheduler = asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
