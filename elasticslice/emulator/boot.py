@@ -93,6 +93,7 @@ def node_environment(ctx: Context, node: NodeRow, sandbox: Path) -> dict[str, st
     return {
         "PATH": isolate.NODE_PATH,
         "HOME": str(sandbox),
+        "LANG": "C.UTF-8",
         "ELASTICSLICE_NODE_ID": node.node_id,
         "ELASTICSLICE_CLIENT_ID": node.client_id,
         "ELASTICSLICE_HOSTNAME": str(node.attrs.get("hostname", "")),
@@ -244,8 +245,7 @@ class BootRunner:
         if proc is None:
             status = 127
         else:
-            with os.fdopen(statuses, encoding="ascii") as lines:
-                reported = [int(line) for line in lines if line.strip().isdigit()]
+            reported = _statuses(statuses, len(commands))
             if self._stopping:
                 return  # the state stays "running": a restart runs it again
             if reported and (reported[-1] != 0 or len(reported) == len(commands)):
@@ -318,6 +318,19 @@ class BootRunner:
         with self._procs_lock:
             groups = set(self._groups.get(node_id, set()))
         return any(_group_alive(g) for g in groups)
+
+
+def _statuses(fd: int, count: int) -> list[int]:
+    """Exit statuses the node reports (one a line) until its commands are done: ``count``
+    of them or a failure (not EOF: the ``unshare`` around the node holds the pipe too)."""
+    reported: list[int] = []
+    with os.fdopen(fd, encoding="ascii") as lines:
+        for line in lines:
+            if line.strip().isdigit():
+                reported.append(int(line))
+                if reported[-1] != 0 or len(reported) >= count:
+                    break
+    return reported
 
 
 def _group_alive(pgid: int) -> bool:
