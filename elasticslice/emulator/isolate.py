@@ -55,7 +55,9 @@ def choose(env: dict[str, str] | None = None) -> Choice:
 
 def announce(choice: Choice) -> None:
     """The one line at start saying that nodes are not isolated, and why."""
-    if choice.isolation is Isolation.PROCESS_GROUPS:
+    if choice.isolation is Isolation.NAMESPACES:
+        log.info("nodes run in their own user, PID and mount namespaces")
+    else:
         log.warning("node isolation off (%s): startup commands run in process groups, can "
                     "read the emulator directory, and daemons that call setsid outlive "
                     "their node", choice.reason)
