@@ -9,7 +9,9 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,34 @@ def test_forced_fallback_warns_once_and_still_runs_nodes(emulator_factory, monke
     assert [(x / "who").read_text().strip() for x in sandboxes] == ["w0", "w1", "w2"]
     warnings = [r.getMessage() for r in caplog.records if "node isolation off" in r.getMessage()]
     assert len(warnings) == 1 and f"{isolate.ENV_VAR}=off" in warnings[0]
+
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not SYSTEM_PYTHON,
+                    reason="needs root (to become an unprivileged user), setpriv, python3")
+def test_node_is_isolated_without_privileges():
+    """CI and users are not root: the same node init, started by user nobody, hides the
+    directory around its sandbox (the emulator here runs as root, so this is the proof)."""
+    top = Path(tempfile.mkdtemp(prefix="es-unprivileged-"))
+    try:
+        sandbox = top / "emu" / "nodes" / "n1"
+        sandbox.mkdir(parents=True)
+        shutil.copy(isolate.NODE_INIT, top / "nodeinit.py")
+        (top / "emu" / "ca-key.pem").write_text("secret")
+        for path in [top, *top.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        top.chmod(0o755)
+        (top / "emu" / "ca-key.pem").chmod(0o600)
+        spec = {"sandbox": str(sandbox), "hide": str(top / "emu"), "status_fd": 1,
+                "commands": [["/bin/sh", "cat ../../ca-key.pem > seen 2>&1"]]}
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare",
+             *isolate.UNSHARE_ARGS, "--", SYSTEM_PYTHON, "-I", "-S", str(top / "nodeinit.py"),
+             json.dumps(spec)], cwd=sandbox, capture_output=True, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        assert "No such file" in (sandbox / "seen").read_text()
+        assert (sandbox / "seen").stat().st_uid == 65534  # root in the node, nobody outside
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
