@@ -3,9 +3,11 @@
 A node given to a slice is ``notready``; after 30% of the boot delay it is ``changing``;
 then its sandbox ``D/nodes/<node>/`` gets the install tarballs unpacked and the node is
 ``ready`` (or ``failed`` when a tarball cannot be installed or fault injection says so);
-then its startup commands run there, in their own process group, with the node's identity
-in the environment. Their exit status is the node's ``execute_status``. Deleting a node
-kills its process group and wipes the sandbox (CloudLab reimages a node it takes back).
+then its startup commands run there, with the node's identity as their whole environment,
+as a separate machine (:mod:`elasticslice.emulator.isolate`: own PID and mount namespaces,
+the emulator directory out of sight) or, where Linux does not allow that, in their own
+process group. Their exit status is the node's ``execute_status``. Deleting a node kills
+every process it started and wipes the sandbox (CloudLab reimages a node it takes back).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from elasticslice.emulator import orphans
+from elasticslice.emulator import isolate, orphans
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
 from elasticslice.errors import ElasticSliceError
@@ -87,8 +89,11 @@ def localise(command: str, tarballs: list[list[str]], sandbox: Path) -> str:
 
 
 def node_environment(ctx: Context, node: NodeRow, sandbox: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({
+    """The whole environment of a node's startup commands (nothing of the emulator's)."""
+    return {
+        "PATH": isolate.NODE_PATH,
+        "HOME": str(sandbox),
+        "LANG": "C.UTF-8",
         "ELASTICSLICE_NODE_ID": node.node_id,
         "ELASTICSLICE_CLIENT_ID": node.client_id,
         "ELASTICSLICE_HOSTNAME": str(node.attrs.get("hostname", "")),
@@ -99,8 +104,7 @@ def node_environment(ctx: Context, node: NodeRow, sandbox: Path) -> dict[str, st
         "ELASTICSLICE_SLICE_URN": node.slice_urn,
         "ELASTICSLICE_SLIVER_URN": node.sliver_urn,
         "ELASTICSLICE_NODE_DIR": str(sandbox),
-    })
-    return env
+    }
 
 
 class BootRunner:
@@ -115,10 +119,18 @@ class BootRunner:
         self._procs_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._isolation: isolate.Choice | None = None
+
+    def isolation(self) -> isolate.Choice:
+        """How nodes are isolated (decided once, at start)."""
+        if self._isolation is None:
+            self._isolation = isolate.choose()
+        return self._isolation
 
     # ---- life cycle
     def start(self) -> None:
         orphans.reap(self.ctx.directory / "nodes")  # before startup commands run again
+        isolate.announce(self.isolation())
         for node in self.ctx.store.nodes(holder=Holder.SLICE):
             if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
                 self.schedule(node)
@@ -225,41 +237,58 @@ class BootRunner:
     def _run_startup(self, node: NodeRow) -> None:
         sandbox = self.ctx.node_dir(node.node_id)
         sandbox.mkdir(parents=True, exist_ok=True)
-        env = node_environment(self.ctx, node, sandbox)
-        status = 0
+        commands = [[SHELLS.get(shell, "/bin/sh"), localise(command, node.tarballs, sandbox)]
+                    for shell, command in node.attrs.get("executes") or []]
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.RUNNING, execute_status=None)
-        with open(sandbox / "startup.log", "ab") as logfile:
-            for shell, command in node.attrs.get("executes") or []:
-                try:
-                    proc = subprocess.Popen([SHELLS.get(shell, "/bin/sh"), "-c",
-                                             localise(command, node.tarballs, sandbox)],
-                                            cwd=sandbox, env=env, stdin=subprocess.DEVNULL,
-                                            stdout=logfile, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-                except OSError as err:
-                    log.warning("node %s: cannot start %r: %s", node.node_id, command, err)
-                    status = 127
-                    break
-                orphans.record(sandbox, proc.pid)
-                with self._procs_lock:
-                    self._procs[node.node_id] = proc
-                    self._groups.setdefault(node.node_id, set()).add(proc.pid)
-                if self._stopping or not self._belongs(node):
-                    # deleted (or stopping) while we were starting it: it must not survive
-                    _signal_group(proc.pid, signal.SIGKILL)
+        proc, statuses = self._spawn(node, sandbox, commands)
+        if proc is None:
+            status = 127
+        else:
+            reported = _statuses(statuses, len(commands))
+            if self._stopping:
+                return  # the state stays "running": a restart runs it again
+            if reported and (reported[-1] != 0 or len(reported) == len(commands)):
+                status = reported[-1]
+            else:  # the node died before its commands were done
                 code = proc.wait()
-                with self._procs_lock:
-                    if self._procs.get(node.node_id) is proc:
-                        del self._procs[node.node_id]
-                if self._stopping:
-                    return  # the state stays "running": a restart runs it again
                 status = code if code >= 0 else 128 - code
-                if status != 0 or not self._belongs(node):
-                    break
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.EXITED, execute_status=status)
         log.info("node %s startup exited with %s", node.node_id, status)
+        if proc is not None:
+            proc.wait()  # with namespaces, the node lives on while its daemons do
+            with self._procs_lock:
+                if self._procs.get(node.node_id) is proc:
+                    del self._procs[node.node_id]
+
+    def _spawn(self, node: NodeRow, sandbox: Path, commands: list[list[str]]
+               ) -> tuple[subprocess.Popen[bytes] | None, int]:
+        """Start the node's first process; it and the read end of its status pipe."""
+        isolation = self.isolation().isolation
+        read, write = os.pipe()
+        try:
+            with open(sandbox / "startup.log", "ab") as logfile:
+                proc = subprocess.Popen(
+                    isolate.node_command(isolation, self.ctx.directory.resolve(),
+                                         sandbox.resolve(), commands, write),
+                    cwd=sandbox, env=node_environment(self.ctx, node, sandbox),
+                    stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
+                    start_new_session=True, pass_fds=(write,))
+        except OSError as err:
+            log.warning("node %s: cannot start its startup commands: %s", node.node_id, err)
+            os.close(read)
+            return None, -1
+        finally:
+            os.close(write)
+        orphans.record(sandbox, proc.pid)
+        with self._procs_lock:
+            self._procs[node.node_id] = proc
+            self._groups.setdefault(node.node_id, set()).add(proc.pid)
+        if self._stopping or not self._belongs(node):
+            # deleted (or stopping) while we were starting it: it must not survive
+            _signal_group(proc.pid, signal.SIGKILL)
+        return proc, read
 
     def kill(self, node_id: str, wipe: bool = False) -> None:
         """Stop the node's startup processes: every process group it started, daemons too."""
@@ -289,6 +318,19 @@ class BootRunner:
         with self._procs_lock:
             groups = set(self._groups.get(node_id, set()))
         return any(_group_alive(g) for g in groups)
+
+
+def _statuses(fd: int, count: int) -> list[int]:
+    """Exit statuses the node reports (one a line) until its commands are done: ``count``
+    of them or a failure (not EOF: the ``unshare`` around the node holds the pipe too)."""
+    reported: list[int] = []
+    with os.fdopen(fd, encoding="ascii") as lines:
+        for line in lines:
+            if line.strip().isdigit():
+                reported.append(int(line))
+                if reported[-1] != 0 or len(reported) >= count:
+                    break
+    return reported
 
 
 def _group_alive(pgid: int) -> bool:

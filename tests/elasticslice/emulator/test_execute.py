@@ -3,11 +3,11 @@ processes with the node's identity, exit status in SliverStatus, killed on delet
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 
 from tests.conftest import process_alive, wait_for
 from tests.elasticslice.emulator.helpers import Session, ok
+from tests.elasticslice.emulator.node_helpers import host_pid
 
 
 def _tarball(path, files: dict[str, str]) -> str:
@@ -72,8 +72,8 @@ def test_deleting_a_node_kills_its_processes_and_wipes_it(emulator):
     pid_file = node_dir / "daemon.pid"
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=20,
              what="daemon started")
-    pid = int(pid_file.read_text())
-    os.kill(pid, 0)  # alive
+    pid = host_pid(node_dir, int(pid_file.read_text()))  # the node has its own PIDs
+    assert pid is not None and process_alive(pid)
     ok(s.cm.DeleteNodes({"slice_urn": urn, "credentials": [cred], "nodes": ["w1"]}))
     wait_for(lambda: not process_alive(pid), timeout=10, what="daemon killed")
     assert not node_dir.exists()

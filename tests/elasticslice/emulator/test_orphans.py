@@ -2,13 +2,9 @@
 ever; the restart (a power cycle) then ran them a second time next to the orphans."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from elasticslice.emulator import EmulatorServer
@@ -16,12 +12,7 @@ from elasticslice.emulator.orphans import PGID_FILE
 from elasticslice.rspec import NodeSpec, build_request
 from tests.conftest import wait_for
 from tests.elasticslice.emulator.helpers import Session
-
-
-@dataclass
-class _Emu:
-    dir: Path
-    url: str
+from tests.elasticslice.emulator.node_helpers import serve
 
 
 def _alive(pid: int) -> bool:
@@ -42,13 +33,9 @@ def _pgids(sandbox: Path) -> set[int]:
 def test_restart_after_sigkill_kills_the_orphaned_startup_processes(tmp_path, emulator_pki):
     d = tmp_path / "emu"
     shutil.copytree(emulator_pki, d)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "elasticslice.cli", "emulator", "serve", "--dir", str(d),
-         "--port", "0", "--boot-delay", "0.1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    emu = serve(d, "--boot-delay", "0.1")
+    proc = emu.proc
     try:
-        wait_for(lambda: (d / "server.json").exists(), timeout=20, what="server.json")
-        emu = _Emu(d, json.loads((d / "server.json").read_text())["url"])
         s = Session(emu)
         request = build_request([NodeSpec("n1", hardware_type="m400",
                                           executes=[("sh", "sleep 300")])])

@@ -1,0 +1,110 @@
+"""How a node's startup commands are started: as a separate machine when Linux allows it.
+
+With namespaces (the default where unprivileged user namespaces work), each node runs under
+:mod:`elasticslice.emulator.nodeinit` as PID 1 of its own user, PID and mount namespaces: the
+emulator directory is hidden but for the node's sandbox, and every process of the node dies
+with it. The network namespace is shared, so node processes reach the emulator and each
+other on 127.0.0.1. Without namespaces (or with ``ELASTICSLICE_NODE_ISOLATION=off``) the
+node's commands run in one process group, as before, and the emulator says so once at start.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "ELASTICSLICE_NODE_ISOLATION"
+NODE_INIT = Path(__file__).with_name("nodeinit.py")
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+UNSHARE_ARGS = ("--user", "--map-root-user", "--pid", "--fork", "--mount", "--kill-child")
+
+
+class Isolation(enum.Enum):
+    NAMESPACES = "namespaces"
+    PROCESS_GROUPS = "process-groups"
+
+
+@dataclass(frozen=True)
+class Choice:
+    isolation: Isolation
+    reason: str = ""  # why not namespaces
+
+
+def choose(env: dict[str, str] | None = None) -> Choice:
+    """Namespaces when they work here, unless ``ELASTICSLICE_NODE_ISOLATION=off``."""
+    value = (os.environ if env is None else env).get(ENV_VAR, "auto").strip().lower()
+    if value == "off":
+        return Choice(Isolation.PROCESS_GROUPS, f"{ENV_VAR}=off")
+    if value not in ("", "auto"):
+        log.warning("%s=%s is not auto or off; using auto", ENV_VAR, value)
+    reason = _probe()
+    if reason:
+        return Choice(Isolation.PROCESS_GROUPS, reason)
+    return Choice(Isolation.NAMESPACES)
+
+
+def announce(choice: Choice) -> None:
+    """The one line at start saying that nodes are not isolated, and why."""
+    if choice.isolation is Isolation.NAMESPACES:
+        log.info("nodes run in their own user, PID and mount namespaces")
+    else:
+        log.warning("node isolation off (%s): startup commands run in process groups, can "
+                    "read the emulator directory, and daemons that call setsid outlive "
+                    "their node", choice.reason)
+
+
+def node_command(isolation: Isolation, emulator_dir: Path, sandbox: Path,
+                 commands: list[list[str]], status_fd: int) -> list[str]:
+    """The argv that runs ``commands`` ([[shell, command], ...]) as the node's processes."""
+    spec = {"sandbox": str(sandbox), "commands": commands, "status_fd": status_fd,
+            "hide": str(emulator_dir) if isolation is Isolation.NAMESPACES else None}
+    argv = [sys.executable, "-I", "-S", str(NODE_INIT), json.dumps(spec)]
+    if isolation is Isolation.NAMESPACES:
+        return [_unshare() or "unshare", *UNSHARE_ARGS, "--", *argv]
+    return argv
+
+
+def _unshare() -> str | None:
+    return shutil.which("unshare", path=os.environ.get("PATH", "") + os.pathsep + NODE_PATH)
+
+
+@functools.cache
+def _probe() -> str:
+    """Why namespaces cannot isolate nodes here ("" when they can): a trial node that must
+    see its sandbox and not the directory around it."""
+    if not sys.platform.startswith("linux"):
+        return f"no Linux namespaces on {sys.platform}"
+    if _unshare() is None:
+        return "no unshare command (util-linux)"
+    with tempfile.TemporaryDirectory(prefix="es-isolation-probe-") as tmp:
+        top = Path(tmp).resolve()
+        sandbox = top / "nodes" / "probe"
+        sandbox.mkdir(parents=True)
+        (top / "secret").write_text("x")
+        (sandbox / "mine").write_text("x")
+        read, write = os.pipe()
+        check = "test -e mine && ! test -e ../../secret"
+        argv = node_command(Isolation.NAMESPACES, top, sandbox, [["/bin/sh", check]], write)
+        try:
+            proc = subprocess.run(argv, pass_fds=(write,), stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=30, env={"PATH": NODE_PATH})
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"trial node: {err}"
+        finally:
+            os.close(write)
+        with os.fdopen(read, encoding="ascii") as statuses:
+            reported = statuses.read().split()
+        if proc.returncode != 0 or reported != ["0"]:
+            said = (proc.stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
+            return f"unshare of user, PID and mount namespaces failed: {said or 'no detail'}"
+    return ""

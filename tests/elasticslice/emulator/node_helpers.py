@@ -1,0 +1,70 @@
+"""Node processes as the host sees them, and an emulator in its own process (to kill -9)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import wait_for
+
+PROC = Path("/proc")
+
+
+@dataclass
+class ServedEmulator:
+    """What :class:`tests.elasticslice.emulator.helpers.Session` needs: ``dir`` and ``url``."""
+    dir: Path
+    url: str
+    proc: subprocess.Popen[bytes]
+
+
+def serve(d: Path, *options: str) -> ServedEmulator:
+    """``elasticslice emulator serve --dir d`` in a child process, once it answers."""
+    (d / "server.json").unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elasticslice.cli", "emulator", "serve", "--dir", str(d),
+         "--port", "0", *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: (d / "server.json").exists(), timeout=30, what="server.json")
+    return ServedEmulator(d, json.loads((d / "server.json").read_text())["url"], proc)
+
+
+def _live(entry: Path) -> bool:
+    try:
+        stat = (entry / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+def node_pids(sandbox: Path) -> set[int]:
+    """Host PIDs of the live processes started for the node of ``sandbox`` (the processes
+    carry ``ELASTICSLICE_NODE_DIR`` in their environment)."""
+    marker = f"ELASTICSLICE_NODE_DIR={sandbox}".encode()
+    found = set()
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ and _live(entry):
+            found.add(int(entry.name))
+    return found
+
+
+def host_pid(sandbox: Path, pid: int) -> int | None:
+    """The host PID of the node process that the node itself calls ``pid`` (inside its own
+    PID namespace the numbers differ)."""
+    for candidate in node_pids(sandbox):
+        try:
+            status = (PROC / str(candidate) / "status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines()
+                      if line.startswith("NSpid:")), [])
+        if nspid and nspid[-1] == str(pid):
+            return candidate
+    return None

@@ -1,0 +1,218 @@
+"""A node is a separate machine: a hostile startup command printed the emulator's CA and SA
+private keys (``../../ca-key.pem``), inherited the emulator's whole environment, and a daemon
+that called ``setsid`` survived DeleteNodes, stop and restarts (two copies after one restart).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from elasticslice.emulator import EmulatorServer, isolate
+from elasticslice.rspec import NodeSpec, build_request
+from tests.conftest import REPO, process_alive, wait_for
+from tests.elasticslice.emulator.helpers import Session, ok
+from tests.elasticslice.emulator.node_helpers import host_pid, node_pids, serve
+
+needs_namespaces = pytest.mark.skipif(
+    isolate.choose({}).isolation is not isolate.Isolation.NAMESPACES,
+    reason=f"Linux namespaces unavailable here: {isolate.choose({}).reason}")
+
+SECRETS = ["ca-key.pem", "sa-key.pem", "cm-key.pem", "server-key.pem", "admin.pem",
+           "user.pem", "password", "state.db", "emulator.json", "server.json"]
+DOCUMENTED_ENV = {"PATH", "HOME", "LANG", "ELASTICSLICE_NODE_ID", "ELASTICSLICE_CLIENT_ID",
+                  "ELASTICSLICE_HOSTNAME", "ELASTICSLICE_NODE_IP", "ELASTICSLICE_CORES",
+                  "ELASTICSLICE_MEMORY", "ELASTICSLICE_HARDWARE_TYPE",
+                  "ELASTICSLICE_SLICE_URN", "ELASTICSLICE_SLIVER_URN", "ELASTICSLICE_NODE_DIR"}
+# a daemon the classic way: forked off, its own session, deaf to SIGTERM
+DAEMON = "setsid -f sh -c 'trap \"\" TERM; echo $$ > daemon.pid; exec sleep 300' </dev/null"
+
+
+def _slice(s: Session) -> tuple[str, str]:
+    """A slice with a sliver (one plain node) that AddNodes can grow."""
+    urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
+    return urn, cred
+
+
+def _add(s: Session, urn: str, cred: str, client_id: str, startup: str) -> Path:
+    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],
+                      "nodes": {client_id: {"startup": startup}}}))
+    detail = next(d for d in s.status(urn, cred)["details"].values()
+                  if d["client_id"] == client_id)
+    return s.emu.dir / "nodes" / detail["component_urn"].rsplit("+", 1)[-1]
+
+
+def _exited(s: Session, urn: str, cred: str, client_id: str) -> dict:
+    def done() -> dict | None:
+        detail = next(d for d in s.status(urn, cred)["details"].values()
+                      if d["client_id"] == client_id)
+        return detail if detail.get("execute_state") == "exited" else None
+    return wait_for(done, timeout=30, what=f"startup of {client_id} to exit")
+
+
+def _daemon(sandbox: Path) -> int:
+    """The host PID of the node's daemon, once it runs in a session of its own."""
+    pid_file = sandbox / "daemon.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30,
+             what="daemon started")
+    pid = host_pid(sandbox, int(pid_file.read_text()))
+    assert pid is not None and process_alive(pid)
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    assert stat[stat.rfind(")") + 2:].split()[3] == str(pid)  # it leads its own session
+    return pid
+
+
+def _sleepers(sandbox: Path) -> set[int]:
+    """The node's ``sleep 300`` processes (the daemon after its exec)."""
+    found = set()
+    for pid in node_pids(sandbox):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]:
+                found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+@needs_namespaces
+def test_startup_command_cannot_read_the_emulators_keys_or_state(emulator):
+    d = emulator.dir.resolve()
+    me = os.getpid()  # the emulator runs in this process
+    paths = [f"../../{name}" for name in SECRETS] + [f"{d}/{name}" for name in SECRETS]
+    paths += [f"/proc/{me}/root{d}/ca-key.pem", f"/proc/{me}/cwd/{d}/ca-key.pem",
+              f"/proc/{me}/environ", f"/proc/1/root{d}/ca-key.pem"]
+    tries = "; ".join(f"cat '{p}' >/dev/null 2>&1 && echo 'READ {p}' >> found" for p in paths)
+    # a hostile node also tries to take the cover off the emulator directory
+    attack = (f"umount -l {d} 2>/dev/null; umount {d} 2>/dev/null; "
+              f"mount -o remount,rw {d} 2>/dev/null; {tries}; "
+              f"unshare -Urm sh -c 'umount -l {d}; cat {d}/ca-key.pem' >> found 2>/dev/null; "
+              f"ls -A ../.. > listing; echo done >> found")
+    s = Session(emulator)
+    urn, cred = _slice(s)
+    sandbox = _add(s, urn, cred, "hostile", attack)
+    _exited(s, urn, cred, "hostile")
+    assert all((d / name).is_file() for name in SECRETS)  # there to be read, from outside
+    assert (sandbox / "found").read_text().splitlines() == ["done"]
+    assert (sandbox / "listing").read_text().split() == ["nodes"]
+
+
+@needs_namespaces
+def test_startup_environment_is_exactly_the_documented_one(emulator, monkeypatch):
+    monkeypatch.setenv("PROTOGENI_PASSPHRASE", "hunter2")
+    monkeypatch.setenv("ELASTICSLICE_EMULATOR_SECRET", "s3cret")
+    dump = ("import json, os, elasticslice, dask.distributed; "
+            "json.dump(dict(os.environ), open('env.json', 'w'))")
+    s = Session(emulator)
+    urn, cred = _slice(s)
+    sandbox = _add(s, urn, cred, "w1", f"exec {sys.executable} -c \"{dump}\"")
+    assert _exited(s, urn, cred, "w1")["execute_status"] == 0  # the venv's python works
+    env = json.loads((sandbox / "env.json").read_text())
+    assert set(env) - {"PWD"} == DOCUMENTED_ENV  # the shell adds PWD
+    assert "hunter2" not in json.dumps(env) and "s3cret" not in json.dumps(env)
+    assert env["ELASTICSLICE_NODE_DIR"] == str(sandbox) == env["HOME"]
+    documented = (REPO / "docs" / "emulator.md").read_text()
+    assert all(f"`{name}`" in documented for name in DOCUMENTED_ENV)
+
+
+@needs_namespaces
+def test_setsid_daemon_is_gone_after_delete_nodes(emulator):
+    s = Session(emulator)
+    urn, cred = _slice(s)
+    sandbox = _add(s, urn, cred, "w1", DAEMON)
+    keep = _add(s, urn, cred, "w2", DAEMON)
+    daemon, other = _daemon(sandbox), _daemon(keep)
+    assert _exited(s, urn, cred, "w1")["execute_status"] == 0
+    ok(s.cm.DeleteNodes({"slice_urn": urn, "credentials": [cred], "nodes": ["w1"]}))
+    wait_for(lambda: not process_alive(daemon), timeout=30, what="daemon killed")
+    assert not node_pids(sandbox) and process_alive(other)  # only the deleted node's
+
+
+@needs_namespaces
+def test_setsid_daemon_is_gone_after_the_emulator_stops(emulator):
+    s = Session(emulator)
+    urn, cred = _slice(s)
+    sandbox = _add(s, urn, cred, "w1", DAEMON)
+    daemon = _daemon(sandbox)
+    emulator.server.stop()
+    wait_for(lambda: not process_alive(daemon), timeout=30, what="daemon killed")
+    assert not node_pids(sandbox)
+
+
+@needs_namespaces
+def test_setsid_daemon_runs_once_after_kill_9_and_restart(tmp_path, emulator_pki):
+    d = tmp_path / "emu"
+    shutil.copytree(emulator_pki, d)
+    emu = serve(d, "--boot-delay", "0.1")
+    try:
+        s = Session(emu)
+        urn, cred = _slice(s)
+        sandbox = _add(s, urn, cred, "w1", DAEMON)
+        old = _daemon(sandbox)
+    finally:
+        emu.proc.send_signal(signal.SIGKILL)
+        emu.proc.wait(timeout=30)
+    try:
+        with EmulatorServer(d, port=0, boot_delay=0.1):
+            wait_for(lambda: not process_alive(old), timeout=30, what="orphan killed")
+            new = wait_for(lambda: _sleepers(sandbox), timeout=30,
+                           what="the daemon of the power cycle")
+            assert len(new) == 1 and old not in new
+        wait_for(lambda: not node_pids(sandbox), timeout=30, what="stopped")
+    finally:
+        for pid in node_pids(sandbox):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_forced_fallback_warns_once_and_still_runs_nodes(emulator_factory, monkeypatch,
+                                                          caplog):
+    monkeypatch.setenv(isolate.ENV_VAR, "off")
+    caplog.set_level(logging.WARNING, logger="elasticslice.emulator")
+    emulator = emulator_factory()
+    s = Session(emulator)
+    urn, cred = _slice(s)
+    sandboxes = [_add(s, urn, cred, f"w{i}", "echo $ELASTICSLICE_CLIENT_ID > who")
+                 for i in range(3)]
+    for i in range(3):
+        assert _exited(s, urn, cred, f"w{i}")["execute_status"] == 0
+    assert [(x / "who").read_text().strip() for x in sandboxes] == ["w0", "w1", "w2"]
+    warnings = [r.getMessage() for r in caplog.records if "node isolation off" in r.getMessage()]
+    assert len(warnings) == 1 and f"{isolate.ENV_VAR}=off" in warnings[0]
+
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not SYSTEM_PYTHON,
+                    reason="needs root (to become an unprivileged user), setpriv, python3")
+def test_node_is_isolated_without_privileges():
+    """CI and users are not root: the same node init, started by user nobody, hides the
+    directory around its sandbox (the emulator here runs as root, so this is the proof)."""
+    top = Path(tempfile.mkdtemp(prefix="es-unprivileged-"))
+    try:
+        sandbox = top / "emu" / "nodes" / "n1"
+        sandbox.mkdir(parents=True)
+        shutil.copy(isolate.NODE_INIT, top / "nodeinit.py")
+        (top / "emu" / "ca-key.pem").write_text("secret")
+        for path in [top, *top.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        top.chmod(0o755)
+        (top / "emu" / "ca-key.pem").chmod(0o600)
+        spec = {"sandbox": str(sandbox), "hide": str(top / "emu"), "status_fd": 1,
+                "commands": [["/bin/sh", "cat ../../ca-key.pem > seen 2>&1"]]}
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare",
+             *isolate.UNSHARE_ARGS, "--", SYSTEM_PYTHON, "-I", "-S", str(top / "nodeinit.py"),
+             json.dumps(spec)], cwd=sandbox, capture_output=True, timeout=60, check=False)
+        assert result.stdout == b"1\n", result.stderr  # the status it reports: cat failed
+        assert "No such file" in (sandbox / "seen").read_text()
+        assert (sandbox / "seen").stat().st_uid == 65534  # root in the node, nobody outside
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
