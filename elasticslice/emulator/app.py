@@ -120,6 +120,7 @@ class EmulatorServer:
             raise
         self.ctx = ctx
         ctx.boot.start()
+        slivers.reaper.sweep()
         self._tls.start()
         self.reclaimer.start()
         write_client_conf(self.directory, self.host, self.port)

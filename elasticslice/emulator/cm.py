@@ -68,7 +68,8 @@ class ComponentManager(Service):
         return slice_row, sliver
 
     def _manifest(self, sliver: SliverRow) -> str:
-        return mf.manifest(self.ctx, sliver)
+        change = self.slivers.snapshot(sliver)
+        return mf.manifest(self.ctx, change.sliver, change.nodes)
 
     # ---- methods
     def GetVersion(self, call: Call) -> Any:  # noqa: N802

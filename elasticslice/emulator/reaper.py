@@ -9,6 +9,7 @@ worker threads while other calls go on. A node being torn down is not given to a
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,6 +17,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 
 from elasticslice.emulator.context import Context
+from elasticslice.emulator.store import Holder
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,19 @@ class Reaper:
         """Nodes whose teardown has not finished: not to be given to a slice yet."""
         with self._lock:
             return set(self._busy)
+
+    def sweep(self) -> int:
+        """Wipe the sandboxes of nodes no slice holds (left by an emulator that died while
+        tearing them down); run at start, after the boot runner killed leftover processes."""
+        wiped = 0
+        for node in self.ctx.store.nodes():
+            sandbox = self.ctx.node_dir(node.node_id)
+            if node.holder is not Holder.SLICE and sandbox.exists():
+                shutil.rmtree(sandbox, ignore_errors=True)
+                wiped += 1
+        if wiped:
+            log.info("wiped %d sandbox(es) of nodes no slice holds", wiped)
+        return wiped
 
     def stop(self) -> None:
         """Finish every queued teardown (the emulator stops: no process may survive)."""

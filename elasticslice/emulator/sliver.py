@@ -56,6 +56,11 @@ class SliverOps:
             raise GeniFault(GeniCode.SEARCHFAILED, f"No sliver for slice {sliver.slice_urn}")
         return fresh
 
+    def snapshot(self, sliver: SliverRow) -> Change:
+        """The sliver and its nodes as they are now, read together (for a manifest)."""
+        with self.ctx.lock:
+            return self._change(self.current(sliver))
+
     def _change(self, sliver: SliverRow, teardown: Teardown | None = None) -> Change:
         nodes = [n for n in self.ctx.store.nodes(slice_urn=sliver.slice_urn)
                  if n.holder is Holder.SLICE]
