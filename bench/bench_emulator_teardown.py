@@ -30,28 +30,9 @@ from elasticslice.config import load_config  # noqa: E402
 from elasticslice.emulator import EmulatorServer, init_emulator  # noqa: E402
 from elasticslice.rpc.client import ProtoGeniServer  # noqa: E402
 from elasticslice.rspec import NodeSpec, build_request  # noqa: E402
+from tests.elasticslice.emulator.helpers import processes_with, stubborn_startup  # noqa: E402
 
 TIMEOUT = 120.0
-
-
-def _stubborn(marker: str) -> str:
-    return f"trap '' TERM; : {marker}; while :; do sleep 1; done"
-
-
-def _running(marker: str) -> int:
-    count = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry.name}/stat") as f:
-                count += f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-        except OSError:
-            continue
-    return count
 
 
 def _until(predicate: Callable[[], object], what: str) -> None:
@@ -80,9 +61,9 @@ def _calls(b: ProtoGeniServer) -> list[tuple[str, Callable[[], object]]]:
 def _round(a: ProtoGeniServer, b: ProtoGeniServer, stubborn: int,
            samples: dict[str, dict[str, list[float]]]) -> tuple[float, int, int]:
     marker = f"bench-stubborn-{uuid.uuid4().hex}"
-    specs = [NodeSpec(f"s{i}", executes=[("sh", _stubborn(marker))]) for i in range(stubborn)]
+    specs = [NodeSpec(f"s{i}", executes=[("sh", stubborn_startup(marker))]) for i in range(stubborn)]
     a.create_sliver(build_request(specs))
-    _until(lambda: _running(marker) >= stubborn, "stubborn startups")
+    _until(lambda: len(processes_with(marker)) >= stubborn, "stubborn startups")
     calls = _calls(b)
     for name, call in calls * 3:  # the CM idle
         start = time.perf_counter()
@@ -99,14 +80,14 @@ def _round(a: ProtoGeniServer, b: ProtoGeniServer, stubborn: int,
     deleter.start()
     answered = before_end = 0
     i = 0
-    while _running(marker) and time.perf_counter() - started < TIMEOUT:
+    while processes_with(marker) and time.perf_counter() - started < TIMEOUT:
         name, call = calls[i % len(calls)]
         i += 1
         start = time.perf_counter()
         call()
         samples[name]["teardown"].append(time.perf_counter() - start)
         answered += 1
-        before_end += _running(marker) > 0
+        before_end += bool(processes_with(marker))
     deleter.join(TIMEOUT)
     _until(done.is_set, "DeleteSlice")
     return time.perf_counter() - started, answered, before_end
