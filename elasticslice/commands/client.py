@@ -2,7 +2,8 @@
 
     elasticslice --config C getversion | create-slice | create-sliver RSPEC
         | sliver-status [--json] | add-nodes N [--hardware-type T] | delete-nodes CLIENT_ID...
-        | renew --hours H | discover [--available] [--json] | resolve | delete-slice
+        | renew --hours H | discover [--available] [--json] | resolve
+        | delete-slice [--cancel] [--blocking]
 """
 from __future__ import annotations
 
@@ -305,11 +306,16 @@ def resolve(ctx: click.Context, what: str, cm: str | None) -> None:
 
 
 @click.command("delete-slice", cls=_SliceCommand)
+@click.option("--cancel", is_flag=True,
+              help="Delete even while the nodes are still being set up (else: BUSY).")
+@click.option("--blocking", is_flag=True,
+              help="Return only when the delete is complete (else it continues in the "
+                   "background).")
 @_cm_option
 @click.pass_context
-def delete_slice(ctx: click.Context, cm: str | None) -> None:
+def delete_slice(ctx: click.Context, cancel: bool, blocking: bool, cm: str | None) -> None:
     """Release every resource of the slice at a CM (the slice itself expires at the SA)."""
     server = _server(ctx)
-    server.delete_slice(cm=_which(cm))
+    server.delete_slice(cm=_which(cm), cancel=cancel, blocking=blocking)
     click.echo(f"sliver of {server.slice_urn()} deleted at {server.cm(_which(cm)).host}")
 

@@ -60,6 +60,7 @@ class EmulatorServer:
         self.seed = seed
         self.ctx: Context | None = None
         self.reclaimer: Reclaimer | None = None
+        self.slivers: SliverOps | None = None
         self._tls: TLSServer | None = None
         self._lock_fd: int | None = None
         self.host = host or "127.0.0.1"
@@ -100,7 +101,7 @@ class EmulatorServer:
             ctx = Context(self.directory, cfg, identity, authority, store, inventory,
                           self.settings, self.faults)
             ctx.boot = BootRunner(ctx)
-            slivers = SliverOps(ctx)
+            slivers = self.slivers = SliverOps(ctx)
             self.reclaimer = Reclaimer(ctx, slivers, seed=self.seed)
             services = [SliceAuthority(ctx), ComponentManager(ctx, slivers),
                         DynamicSliceService(ctx, self.reclaimer), AdminService(ctx, self.reclaimer)]
@@ -119,6 +120,7 @@ class EmulatorServer:
             raise
         self.ctx = ctx
         ctx.boot.start()
+        slivers.reaper.sweep()
         self._tls.start()
         self.reclaimer.start()
         write_client_conf(self.directory, self.host, self.port)
@@ -133,6 +135,8 @@ class EmulatorServer:
             self._tls.stop()
             self._tls = None
         if self.ctx is not None:
+            if self.slivers is not None:
+                self.slivers.reaper.stop()  # teardowns still running finish first
             if self.ctx.boot is not None:
                 self.ctx.boot.stop()
             self.ctx.store.close()

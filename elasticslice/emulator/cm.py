@@ -68,7 +68,8 @@ class ComponentManager(Service):
         return slice_row, sliver
 
     def _manifest(self, sliver: SliverRow) -> str:
-        return mf.manifest(self.ctx, sliver)
+        change = self.slivers.snapshot(sliver)
+        return mf.manifest(self.ctx, change.sliver, change.nodes)
 
     # ---- methods
     def GetVersion(self, call: Call) -> Any:  # noqa: N802
@@ -133,8 +134,9 @@ class ComponentManager(Service):
             request = parse(text, "rspec")
         except RSpecError as err:
             raise GeniFault(GeniCode.BADARGS, f"Bad rspec: {err}") from err
-        sliver = self.slivers.create(slice_row, call.caller, request, keys)
-        return [self._sliver_credential(slice_row, sliver, call), self._manifest(sliver)]
+        change = self.slivers.create(slice_row, call.caller, request, keys)
+        return [self._sliver_credential(slice_row, change.sliver, call),
+                mf.manifest(self.ctx, change.sliver, change.nodes)]
 
     def _sliver_credential(self, slice_row: SliceRow, sliver: SliverRow, call: Call) -> str:
         return self.ctx.authority.credential(call.cert_pem, call.caller, slice_row.gid,
@@ -171,21 +173,15 @@ class ComponentManager(Service):
             raise GeniFault(GeniCode.BADARGS, "Cannot renew past the slice expiration "
                                               f"({from_epoch(slice_row.expires):%Y-%m-%dT%H:%M:%SZ}); "
                                               "renew the slice at the SA first")
-        with self.ctx.lock:
-            sliver.expires = expires.timestamp()
-            self.ctx.store.put_sliver(sliver)
+        self.slivers.renew(sliver, expires.timestamp())
         return expires.strftime("%Y-%m-%dT%H:%M:%S GMT")
-
-    def _refuse_while_booting(self, sliver: SliverRow) -> None:
-        for row in self.ctx.store.nodes(slice_urn=sliver.slice_urn):
-            if row.holder is Holder.SLICE and row.boot_state in (BootState.NOTREADY,
-                                                                 BootState.CHANGING):
-                raise GeniFault(GeniCode.BUSY, "Slice is busy; setup is in progress")
 
     def DeleteSlice(self, call: Call) -> Any:  # noqa: N802
         _, sliver = self._authorised(call, need_sliver=True)
         assert sliver is not None
-        return self._delete(sliver)
+        cancel = bool(optional(call.params, "cancel", (bool, int), False))
+        blocking = bool(optional(call.params, "blocking", (bool, int), False))
+        return self._delete(sliver, cancel=cancel, blocking=blocking)
 
     def DeleteSliver(self, call: Call) -> Any:  # noqa: N802
         urn = require(call.params, "sliver_urn")
@@ -197,11 +193,15 @@ class ComponentManager(Service):
         assert sliver is not None
         return self._delete(sliver)
 
-    def _delete(self, sliver: SliverRow) -> int:
-        """DeleteSlice and DeleteSliver: BUSY while booting; the endpoint goes too."""
-        self._refuse_while_booting(sliver)
-        self.slivers.delete_sliver(sliver)
-        self.ctx.store.delete_endpoint(sliver.slice_urn)
+    def _delete(self, sliver: SliverRow, *, cancel: bool = False, blocking: bool = False
+                ) -> int:
+        """DeleteSlice and DeleteSliver: BUSY while booting (unless ``cancel``); the endpoint
+        goes too. The nodes' teardown continues in the background unless ``blocking``."""
+        with self.ctx.lock:  # the sliver and its endpoint go together
+            teardown = self.slivers.delete_sliver(sliver, cancel=cancel)
+            self.ctx.store.delete_endpoint(sliver.slice_urn)
+        if blocking:
+            teardown.wait()
         return 1
 
     def AddNodes(self, call: Call) -> Any:  # noqa: N802
@@ -211,8 +211,8 @@ class ComponentManager(Service):
             specs = nodespecs_from_add_args(require(call.params, "nodes", dict))
         except RSpecError as err:
             raise GeniFault(GeniCode.BADARGS, str(err)) from err
-        self.slivers.add(sliver, specs)
-        return self._manifest(sliver)
+        change = self.slivers.add(sliver, specs)
+        return mf.manifest(self.ctx, change.sliver, change.nodes)
 
     def DeleteNodes(self, call: Call) -> Any:  # noqa: N802
         _, sliver = self._authorised(call, need_sliver=True)
@@ -220,6 +220,7 @@ class ComponentManager(Service):
         nodes = require(call.params, "nodes", list)
         if not nodes or not all(isinstance(n, str) for n in nodes):
             raise GeniFault(GeniCode.BADARGS, "Malformed argument: nodes (client_ids)")
-        self.slivers.delete_nodes(sliver, nodes)
-        return self._manifest(self.ctx.store.get_sliver(sliver.slice_urn) or sliver)
+        change = self.slivers.delete_nodes(sliver, nodes)
+        change.teardown.wait()  # outside the lock: the caller waits, nobody else does
+        return mf.manifest(self.ctx, change.sliver, change.nodes)
 

@@ -270,6 +270,7 @@ class Reclaimer:
     def _take(self, slice_urn: str, rows: list[ReclaimRow], outcome: str) -> None:
         if not rows:
             return
+        change = None
         with self.ctx.lock:
             sliver = self.ctx.store.get_sliver(slice_urn)
             current = {n.node_id: n for n in self.ctx.store.nodes(slice_urn=slice_urn)}
@@ -279,7 +280,10 @@ class Reclaimer:
                     r.released_at, r.outcome = self.ctx.clock(), "gone"
                     self.ctx.store.update_reclaim(r)
             if sliver is not None and doomed:
-                self.slivers.delete_nodes(sliver, doomed, reason=outcome, allow_all=True)
+                change = self.slivers.delete_nodes(sliver, doomed, reason=outcome,
+                                                   allow_all=True)
+        if change is not None:
+            change.teardown.wait()  # "complete" once the nodes' processes are gone
         endpoint = self.ctx.store.get_endpoint(slice_urn)
         if endpoint is not None:
             self.callbacks.notify_delete_complete(endpoint, [

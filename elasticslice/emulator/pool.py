@@ -165,9 +165,13 @@ class NodeRequest:
     component_id: str | None = None
 
 
-def pick_nodes(store: Store, inventory: Inventory, requests: list[NodeRequest]) -> list[NodeRow]:
-    """Free nodes for ``requests`` (same order), or the GENI refusal CloudLab would give."""
-    free = store.nodes(holder=Holder.FREE)
+def pick_nodes(store: Store, inventory: Inventory, requests: list[NodeRequest],
+               reloading: set[str] | frozenset[str] = frozenset()) -> list[NodeRow]:
+    """Free nodes for ``requests`` (same order), or the GENI refusal CloudLab would give.
+
+    Nodes in ``reloading`` (their last slice's processes are still being stopped) are not
+    free yet."""
+    free = [n for n in store.nodes(holder=Holder.FREE) if n.node_id not in reloading]
     by_id = {n.node_id: n for n in free}
     taken: set[str] = set()
     picked: list[NodeRow | None] = [None] * len(requests)
@@ -179,7 +183,8 @@ def pick_nodes(store: Store, inventory: Inventory, requests: list[NodeRequest]) 
                 exists = store.get_node(node_id)
                 if exists is None:
                     raise GeniFault(GeniCode.SEARCHFAILED, f"No such node: {node_id}")
-                raise GeniFault(GeniCode.BADARGS, f"Node {node_id} is reserved "
+                why = " (being reloaded)" if node_id in reloading else ""
+                raise GeniFault(GeniCode.BADARGS, f"Node {node_id} is reserved{why} "
                                                   f"(asked for {req.client_id})")
             if req.hardware_type and node.hardware_type != req.hardware_type:
                 raise GeniFault(GeniCode.MAPPING_IMPOSSIBLE,

@@ -1,12 +1,16 @@
 """The CM's slivers: map requests to nodes, add and delete nodes, and give nodes back.
 
-Everything that reads the pool and then changes it runs under ``ctx.lock``. Hooks in
+Every read-modify-write of a sliver or of the pool runs under ``ctx.lock`` and starts by
+re-reading the sliver there (a copy read before the lock may be stale: another call may
+have changed or deleted it meanwhile). Nothing slow happens under the lock: the processes
+of nodes that leave a slice are killed by the :class:`Reaper` afterwards. Hooks in
 ``release_hooks`` hear about every node that leaves a slice (the reclaimer uses them).
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from elasticslice.emulator import pool
@@ -14,6 +18,7 @@ from elasticslice.emulator.authority import new_uuid
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.geni import GeniFault
 from elasticslice.emulator.manifest import mac_for
+from elasticslice.emulator.reaper import Reaper, Teardown
 from elasticslice.emulator.store import BootState, Holder, NodeRow, SliceRow, SliverRow
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import RSpec, RSpecType
@@ -25,16 +30,49 @@ def _executes(pairs: list[tuple[str, str]]) -> list[list[str]]:
     return [[shell or "sh", cmd] for shell, cmd in pairs]
 
 
+@dataclass
+class Change:
+    """A sliver and its nodes as one change left them (read under the lock, so a manifest
+    built from them is consistent), and the teardown of the nodes that left it."""
+
+    sliver: SliverRow
+    nodes: list[NodeRow]
+    teardown: Teardown = field(default_factory=lambda: Teardown([]))
+
+
 class SliverOps:
     """Sliver life cycle on top of the store and the pool."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.reaper = Reaper(ctx)
         self.release_hooks: list[Callable[[NodeRow, str], None]] = []
+
+    def current(self, sliver: SliverRow) -> SliverRow:
+        """The sliver as stored now (call under ``ctx.lock``); SEARCHFAILED when it was
+        deleted (or replaced by another sliver) since ``sliver`` was read."""
+        fresh = self.ctx.store.get_sliver(sliver.slice_urn)
+        if fresh is None or fresh.sliver_urn != sliver.sliver_urn:
+            raise GeniFault(GeniCode.SEARCHFAILED, f"No sliver for slice {sliver.slice_urn}")
+        return fresh
+
+    def snapshot(self, sliver: SliverRow) -> Change:
+        """The sliver and its nodes as they are now, read together (for a manifest)."""
+        with self.ctx.lock:
+            return self._change(self.current(sliver))
+
+    def _change(self, sliver: SliverRow, teardown: Teardown | None = None) -> Change:
+        nodes = [n for n in self.ctx.store.nodes(slice_urn=sliver.slice_urn)
+                 if n.holder is Holder.SLICE]
+        return Change(sliver, nodes, teardown or Teardown([]))
+
+    def _pick(self, wanted: list[pool.NodeRequest]) -> list[NodeRow]:
+        return pool.pick_nodes(self.ctx.store, self.ctx.inventory, wanted,
+                               reloading=self.reaper.busy())
 
     # ---- creation
     def create(self, slice_row: SliceRow, owner_urn: str, request: RSpec,
-               keys: list[dict[str, Any]]) -> SliverRow:
+               keys: list[dict[str, Any]]) -> Change:
         ctx = self.ctx
         if request.type is RSpecType.ADVERTISEMENT:
             raise GeniFault(GeniCode.BADARGS, "An advertisement is not a request rspec")
@@ -53,7 +91,7 @@ class SliverOps:
                 raise GeniFault(GeniCode.REFUSED, "Must delete existing sliver first")
             wanted = [pool.NodeRequest(n.client_id or "", n.hardware_type, n.component_id)
                       for n in request.nodes]
-            rows = pool.pick_nodes(ctx.store, ctx.inventory, wanted)
+            rows = self._pick(wanted)
             now = ctx.clock()
             sliver = SliverRow(slice_row.urn, ctx.identity.sliver_urn(str(ctx.next_id("sliver"))),
                                new_uuid(), owner_urn, slice_row.expires, now, [], keys)
@@ -80,14 +118,16 @@ class SliverOps:
                     row.attrs["routable_control_ip"] = req_node.routable_control_ip
                 ctx.store.put_sliver(sliver)
                 ctx.store.put_nodes(rows)
+            change = self._change(sliver)
         self._boot(rows)
         log.info("sliver %s for %s: %d nodes", sliver.sliver_urn, slice_row.urn, len(rows))
-        return sliver
+        return change
 
-    def add(self, sliver: SliverRow, specs: list[Any]) -> list[NodeRow]:
+    def add(self, sliver: SliverRow, specs: list[Any]) -> Change:
         """AddNodes: ``specs`` are :class:`elasticslice.rspec.NodeSpec` records."""
         ctx = self.ctx
         with ctx.lock:
+            sliver = self.current(sliver)
             current = ctx.store.nodes(slice_urn=sliver.slice_urn)
             self._check_client_ids([s.client_id for s in specs],
                                    {n.client_id for n in current})
@@ -99,7 +139,7 @@ class SliverOps:
                                                           f"(node {spec.client_id})")
             wanted = [pool.NodeRequest(s.client_id, s.hardware_type, s.component_id)
                       for s in specs]
-            rows = pool.pick_nodes(ctx.store, ctx.inventory, wanted)
+            rows = self._pick(wanted)
             now = ctx.clock()
             logins = self._logins(sliver.creator_urn, sliver.keys)
             with ctx.store.transaction():
@@ -113,8 +153,17 @@ class SliverOps:
                                  logins, now)
                 ctx.store.put_sliver(sliver)
                 ctx.store.put_nodes(rows)
+            change = self._change(sliver)
         self._boot(rows)
-        return rows
+        return change
+
+    def renew(self, sliver: SliverRow, expires: float) -> SliverRow:
+        """RenewSlice: a new expiry for the sliver as stored now."""
+        with self.ctx.lock:
+            sliver = self.current(sliver)
+            sliver.expires = expires
+            self.ctx.store.put_sliver(sliver)
+        return sliver
 
     def _check_client_ids(self, new: list[str], existing: set[str]) -> None:
         seen = set(existing)
@@ -173,9 +222,11 @@ class SliverOps:
 
     # ---- deletion
     def delete_nodes(self, sliver: SliverRow, client_ids: list[str], *, reason: str = "client",
-                     allow_all: bool = False) -> list[NodeRow]:
+                     allow_all: bool = False) -> Change:
+        """DeleteNodes (and reclamations): the nodes leave now; their teardown runs on."""
         ctx = self.ctx
         with ctx.lock:
+            sliver = self.current(sliver)
             current = {n.client_id: n for n in ctx.store.nodes(slice_urn=sliver.slice_urn)}
             for cid in client_ids:
                 if cid not in current:
@@ -187,23 +238,33 @@ class SliverOps:
             gone = {i["client_id"] for n in doomed for i in n.interfaces}
             for link in sliver.links:
                 link["interfaces"] = [i for i in link["interfaces"] if i not in gone]
-            ctx.store.put_sliver(sliver)
-            self.release(doomed, reason)
-        return doomed
+            with ctx.store.transaction():
+                ctx.store.put_sliver(sliver)
+                teardown = self.release(doomed, reason)
+            return self._change(sliver, teardown)
 
-    def delete_sliver(self, sliver: SliverRow, reason: str = "client") -> None:
-        with self.ctx.lock:
-            rows = self.ctx.store.nodes(slice_urn=sliver.slice_urn)
-            self.release(rows, reason)
-            self.ctx.store.delete_sliver(sliver.slice_urn)
-        log.info("sliver %s of %s deleted (%s)", sliver.sliver_urn, sliver.slice_urn, reason)
-
-    def release(self, rows: list[NodeRow], reason: str) -> None:
-        """Take nodes out of their slice: stop their processes, wipe them, free them."""
+    def delete_sliver(self, sliver: SliverRow, reason: str = "client", *,
+                      cancel: bool = True) -> Teardown:
+        """The sliver and its nodes go now; the nodes' teardown runs on (wait on the result
+        for it). Unless ``cancel``, a sliver whose nodes are still booting is BUSY."""
         ctx = self.ctx
-        for row in rows:
-            if ctx.boot is not None:
-                ctx.boot.kill(row.node_id, wipe=True)
+        with ctx.lock:
+            sliver = self.current(sliver)
+            rows = ctx.store.nodes(slice_urn=sliver.slice_urn)
+            if not cancel and any(r.holder is Holder.SLICE and r.boot_state in (
+                    BootState.NOTREADY, BootState.CHANGING) for r in rows):
+                raise GeniFault(GeniCode.BUSY, "Slice is busy; setup is in progress")
+            with ctx.store.transaction():
+                teardown = self.release(rows, reason)
+                ctx.store.delete_sliver(sliver.slice_urn)
+        log.info("sliver %s of %s deleted (%s)", sliver.sliver_urn, sliver.slice_urn, reason)
+        return teardown
+
+    def release(self, rows: list[NodeRow], reason: str) -> Teardown:
+        """Take nodes out of their slice and free them (under ``ctx.lock``: quick); their
+        processes are stopped and their sandboxes wiped by the reaper, and no slice gets
+        them before that is done."""
+        ctx = self.ctx
         with ctx.lock, ctx.store.transaction():
             for row in rows:
                 old = NodeRow(**{k: getattr(row, k) for k in row.__dataclass_fields__})
@@ -211,3 +272,4 @@ class SliverOps:
                 ctx.store.put_node(row)
                 for hook in self.release_hooks:
                     hook(old, reason)
+            return self.reaper.hand_over(r.node_id for r in rows)

@@ -294,5 +294,7 @@ class ProtoGeniServer:
     def renew_slice(self, expiration: dt.datetime, cm: int | str | None = None) -> str:
         return self.cm(cm).renew_slice(expiration)
 
-    def delete_slice(self, cm: int | str | None = None) -> None:
-        self.cm(cm).delete_slice()
+    def delete_slice(self, cm: int | str | None = None, *, cancel: bool = False,
+                     blocking: bool = False) -> None:
+        """DeleteSlice at a CM (see :meth:`ComponentManager.delete_slice`)."""
+        self.cm(cm).delete_slice(cancel=cancel, blocking=blocking)

@@ -198,8 +198,12 @@ class ComponentManager:
         """Extend the sliver (not past the slice's expiry at the SA)."""
         return str(self._slice_call("RenewSlice", {"expiration": format_expiration(expiration)}))
 
-    def delete_slice(self) -> None:
-        self._slice_call("DeleteSlice")
+    def delete_slice(self, cancel: bool = False, blocking: bool = False) -> None:
+        """DeleteSlice. ``cancel``: delete even while setup still runs (else BUSY);
+        ``blocking``: return once the delete is complete (else it continues in the
+        background)."""
+        params = {name: True for name, on in (("cancel", cancel), ("blocking", blocking)) if on}
+        self._slice_call("DeleteSlice", params)
 
     def delete_sliver(self, sliver_urn: str) -> None:
         self.server.with_slice_credential(

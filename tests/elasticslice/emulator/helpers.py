@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import http.server
+import os
 import socketserver
 import ssl
 import threading
@@ -148,3 +149,28 @@ class CallbackEndpoint:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def stubborn_startup(marker: str) -> str:
+    """A startup command that ignores SIGTERM (so a teardown must wait and SIGKILL it) and
+    keeps ``marker`` in its command line (see :func:`processes_with`)."""
+    return f"trap '' TERM; : {marker}; while :; do sleep 1; done"
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes of this machine whose command line contains ``marker`` (found from
+    /proc, so wherever and in whatever PID namespace a node runs them)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry.name}/stat") as f:
+                state = f.read().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
