@@ -171,6 +171,8 @@ def processes_with(marker: str) -> list[int]:
                 state = f.read().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue
-        if marker in cmdline and state != "Z":
+        # a node's init (and the unshare around it) carries the startup command in its spec:
+        # it is not one of the command's processes
+        if marker in cmdline and state != "Z" and "nodeinit.py" not in cmdline:
             found.append(int(entry.name))
     return found
