@@ -75,7 +75,19 @@ def test_renew_accepts_both_formats_and_cannot_shorten(emulator):
                               "expiration": later.strftime("%Y-%m-%dT%H:%M:%SZ")}))
     assert parse_credential(new).expires == later
     shorter = s.sa.RenewSlice({"credential": new, "expiration": first.isoformat()})
-    assert shorter["code"] == GeniCode.BADARGS and "shorten" in shorter["output"]
+    assert shorter["code"] == GeniCode.ERROR and "Cannot shorten" in shorter["output"]
+
+
+def test_renew_refusals_were_badargs_and_are_error_like_cloudlab(emulator):
+    """CloudLab's SA refuses a renewal it will not do with ERROR (2), not BADARGS."""
+    s = Session(emulator)
+    _, cred = s.register("renewno")
+    for when, words in ((_utc(minutes=2), "5 minutes"), (_utc(days=400), "maximum"),
+                        (_utc(hours=-1), "past"), (_utc(hours=2), "Cannot shorten")):
+        got = s.sa.RenewSlice({"credential": cred, "expiration": when.isoformat()})
+        assert got["code"] == GeniCode.ERROR and words in got["output"], (when, got)
+    resolved = ok(s.sa.Resolve({"credential": s.user_cred, "type": "Slice", "hrn": "renewno"}))
+    assert resolved["urn"].endswith("+slice+renewno")  # still there, nothing changed
 
 
 def test_get_keys_v1_and_v2(emulator):
