@@ -280,8 +280,21 @@ def delegate(xml: str | bytes, to_gid: bytes | str, signer_cert_pem: bytes | str
     child = Credential(owner_gid=pki.cert_pem(new_owner), owner_urn=owner_urn,
                        target_gid=parent.target_gid, target_urn=parent.target_urn,
                        expires=when, privileges=[(name, can_delegate) for name in wanted])
-    return _sign(child, signer_cert_pem, signer_key_pem, algorithm, key_password, parent_el,
-                 root.findall(f"signatures/{{{DS_NS}}}Signature"))
+    return sign_delegation(child, xml, signer_cert_pem, signer_key_pem,
+                           key_password=key_password, algorithm=algorithm)
+
+
+def sign_delegation(child: Credential, parent_xml: str | bytes, signer_cert_pem: bytes | str,
+                    signer_key_pem: bytes | str, *, key_password: bytes | str | None = None,
+                    algorithm: str = "sha256") -> str:
+    """``child`` signed with ``parent_xml`` embedded as its parent, checking nothing.
+
+    :func:`delegate` is the safe way; this is the bare format (tests build hostile
+    delegations with it, which the verifier must refuse).
+    """
+    root = parse_xml(parent_xml)
+    return _sign(child, signer_cert_pem, signer_key_pem, algorithm, key_password,
+                 _credential_element(root), root.findall(f"signatures/{{{DS_NS}}}Signature"))
 
 
 # ---------------------------------------------------------------- verification
