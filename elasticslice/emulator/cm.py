@@ -170,10 +170,10 @@ class ComponentManager(Service):
         if raw is None:
             raise GeniFault(GeniCode.BADARGS, "Missing argument: expiration")
         expires = parse_expiration(raw)
-        if expires <= utcnow():
-            raise GeniFault(GeniCode.BADARGS, "Expiration is in the past")
+        if expires <= utcnow():  # refusals are ERROR, as at the SA (PROTOCOL.md)
+            raise GeniFault(GeniCode.ERROR, "Expiration is in the past")
         if expires.timestamp() > slice_row.expires + 1:
-            raise GeniFault(GeniCode.BADARGS, "Cannot renew past the slice expiration "
+            raise GeniFault(GeniCode.ERROR, "Cannot renew past the slice expiration "
                                               f"({from_epoch(slice_row.expires):%Y-%m-%dT%H:%M:%SZ}); "
                                               "renew the slice at the SA first")
         with self.ctx.lock:
