@@ -232,3 +232,15 @@ def test_add_user_command_gives_a_working_second_user(emulator):
     again = CliRunner().invoke(cli, ["emulator", "add-user", "--dir", str(d), "bob"])
     assert again.exit_code != 0 and "already exists" in again.output
     assert "Traceback" not in again.output and len(again.output.strip().splitlines()) == 1
+
+
+def test_docs_trust_model_example_runs(repo_root, monkeypatch, capsys):
+    """The Python block of docs/emulator.md "Trust model: who may sign what", as written."""
+    text = (repo_root / "docs" / "emulator.md").read_text()
+    section = text.split("## Trust model: who may sign what", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(repo_root)
+    exec(compile(code, "docs/emulator.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] in ("notready", "changing", "ready"), lines
+    assert lines[1].startswith("3 ") and "'control'" in lines[1], lines
