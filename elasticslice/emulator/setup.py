@@ -158,6 +158,20 @@ def _check_names(**names: str) -> None:
             raise ConfigError(f"invalid {key.replace('_', ' ')} {value!r} ({rule})", key=key)
 
 
+def _write_user(home: Path, ca: bytes, ca_key: bytes, cfg: EmulatorConfig, uid: str) -> bytes:
+    """``home/user.pem`` (certificate + key encrypted with a new ``home/password``), like
+    cloudlab.pem; returns the key (PEM). The localhost SANs let the user certificate also
+    serve the client's callback endpoint on 127.0.0.1, which the emulator verifies by host."""
+    cert, key = pki.issue_certificate(
+        ca, ca_key, uid, urn=cfg.identity.user_urn(uid), email=f"{uid}@{cfg.domain}",
+        hostnames=("localhost",), ips=("127.0.0.1",),
+        aia_url=f"{base_url(cfg.host, cfg.port or DEFAULT_PORT)}/sa")
+    password = secrets.token_urlsafe(18)
+    pki.write_private_file(home / "password", password.encode() + b"\n")
+    pki.write_user_pem(home / "user.pem", cert, key, password)
+    return key
+
+
 def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT_DOMAIN,
                   user: str = DEFAULT_USER, project: str = DEFAULT_PROJECT,
                   slice_name: str = DEFAULT_SLICE, host: str = "127.0.0.1",
@@ -196,15 +210,7 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     admin_cert, admin_key = pki.issue_certificate(ca, ca_key, "emulator-admin",
                                                   urn=ident.admin_urn)
     pki.write_private_file(d / "admin.pem", admin_cert.rstrip(b"\n") + b"\n" + admin_key)
-    password = secrets.token_urlsafe(18)
-    pki.write_private_file(d / "password", password.encode() + b"\n")
-    # localhost SANs: the user certificate can also be the server certificate of the
-    # client's callback endpoint on 127.0.0.1, which the emulator verifies by host name.
-    user_cert, user_key = pki.issue_certificate(
-        ca, ca_key, user, urn=ident.user_urn(user), email=f"{user}@{domain}",
-        hostnames=("localhost",), ips=("127.0.0.1",),
-        aia_url=f"{base_url(host, port or DEFAULT_PORT)}/sa")
-    pki.write_user_pem(d / "user.pem", user_cert, user_key, password)
+    user_key = _write_user(d, ca, ca_key, cfg, user)
     public = pki.load_private_key(user_key).public_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     (d / "user-ssh.pub").write_bytes(public + f" {user}@{domain}\n".encode())
@@ -241,19 +247,13 @@ def issue_user(directory: str | Path, uid: str) -> UserFiles:
     home = d / "users" / uid
     if uid in (cfg.user, "emulator-admin") or (home / "user.pem").exists():
         raise ConfigError(f"user {uid!r} already exists", path=str(d))
-    ca, ca_key = (d / "ca.pem").read_bytes(), (d / "ca-key.pem").read_bytes()
-    urn = cfg.identity.user_urn(uid)
-    cert, key = pki.issue_certificate(ca, ca_key, uid, urn=urn, email=f"{uid}@{cfg.domain}",
-                                      hostnames=("localhost",), ips=("127.0.0.1",),
-                                      aia_url=f"{base_url(cfg.host, cfg.port or DEFAULT_PORT)}/sa")
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
-    password = secrets.token_urlsafe(18)
-    pki.write_private_file(home / "password", password.encode() + b"\n")
-    pki.write_user_pem(home / "user.pem", cert, key, password)
+    _write_user(home, (d / "ca.pem").read_bytes(), (d / "ca-key.pem").read_bytes(), cfg, uid)
     try:
         url = json.loads((d / "server.json").read_text())["url"]
     except (OSError, ValueError, KeyError, TypeError):
         url = base_url(cfg.host, cfg.port or DEFAULT_PORT)
     config = _write_conf(home, url, d, cfg.project, _slice_name_for(uid))
-    return UserFiles(uid, urn, home / "user.pem", home / "password", config)
+    return UserFiles(uid, cfg.identity.user_urn(uid), home / "user.pem", home / "password",
+                     config)
