@@ -211,17 +211,17 @@ class Authority:
 
     def credential(self, owner_gid: str, owner_urn: str, target_gid: str, target_urn: str,
                    expires: dt.datetime, *, by_cm: bool = False,
-                   presented: credlib.Credential | None = None) -> str:
+                   within: credlib.Credential | None = None) -> str:
         """A credential signed by the SA (or the CM: ``by_cm``).
 
-        ``presented``: the credential the caller proved its right with. When that is a
-        delegation, the new credential keeps within it (its privileges, its expiry), so
-        a delegate cannot turn a narrow delegation into a full credential by asking again.
+        ``within``: a credential the new one must stay within (its privileges, its expiry).
+        Callers pass the credential a delegate presented, so that asking again (GetSliver,
+        RenewSlice) never widens what the slice's owner delegated.
         """
         privileges: list[tuple[str, bool]] = [("*", True)]
-        if presented is not None and presented.delegated:
-            privileges = list(presented.privileges)
-            expires = min(expires, presented.expires)
+        if within is not None:
+            privileges = list(within.privileges)
+            expires = min(expires, within.expires)
         cred = credlib.Credential(owner_gid=owner_gid, owner_urn=owner_urn,
                                   target_gid=target_gid, target_urn=target_urn,
                                   expires=expires.replace(microsecond=0), privileges=privileges)

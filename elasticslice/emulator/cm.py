@@ -138,13 +138,16 @@ class ComponentManager(Service):
         return [self._sliver_credential(slice_row, sliver, call), self._manifest(sliver)]
 
     def _sliver_credential(self, slice_row: SliceRow, sliver: SliverRow, call: Call) -> str:
-        """Signed by the CM, for the sliver, within the credential the caller presented."""
+        """Signed by the CM, for the sliver: in full for the slice's creator, else (a
+        delegate) within the credential the caller presented."""
         authority = self.ctx.authority
-        presented = authority.pick(call.params["credentials"], call.caller,
-                                   {slice_row.urn, sliver.sliver_urn}, Privilege.INFO)
+        within = None
+        if call.caller != slice_row.creator_urn:
+            within = authority.pick(call.params["credentials"], call.caller,
+                                    {slice_row.urn, sliver.sliver_urn}, Privilege.INFO)
         return authority.credential(call.cert_pem, call.caller,
                                     authority.sliver_gid(sliver.sliver_urn), sliver.sliver_urn,
-                                    from_epoch(sliver.expires), by_cm=True, presented=presented)
+                                    from_epoch(sliver.expires), by_cm=True, within=within)
 
     def GetSliver(self, call: Call) -> Any:  # noqa: N802
         slice_row, sliver = self._authorised(call, need_sliver=True)

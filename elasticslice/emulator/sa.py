@@ -89,8 +89,11 @@ class SliceAuthority(Service):
 
     def slice_credential(self, row: SliceRow, call: Call,
                          presented: Credential | None = None) -> str:
+        """A slice credential for the caller: in full for the slice's creator, else (a
+        delegate) within the credential presented."""
+        within = presented if call.caller != row.creator_urn else None
         return self.ctx.authority.credential(call.cert_pem, call.caller, row.gid, row.urn,
-                                             from_epoch(row.expires), presented=presented)
+                                             from_epoch(row.expires), within=within)
 
     def _check_type(self, params: dict[str, Any], allowed: tuple[str, ...]) -> str:
         kind = str(require(params, "type")).lower()

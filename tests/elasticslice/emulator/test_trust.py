@@ -194,8 +194,11 @@ def test_delegated_slice_credential_works_within_what_it_grants(world, emulator)
     assert ok(mallory.cm.SliverStatus(args))["details"]
     ok(mallory.cm.AddNodes({**args, "nodes": {"m1": {}}}))
     assert "m1" in v.snapshot()[1]
-    sliver_cred = cr.parse_credential(ok(mallory.cm.GetSliver(args)))
+    sliver_xml = ok(mallory.cm.GetSliver(args))
+    sliver_cred = cr.parse_credential(sliver_xml)
     assert sliver_cred.owner_urn == MALLORY and sliver_cred.expires <= cr.expires_of(full)
+    again = ok(mallory.cm.GetSliver({"slice_urn": v.urn, "credentials": [sliver_xml]}))
+    assert cr.expires_of(again) <= cr.expires_of(full)  # asking again does not extend it
     renewed = ok(mallory.sa.RenewSlice({"credential": full,
                                         "expiration": _in(hours=30).isoformat()}))
     assert cr.expires_of(renewed) == cr.expires_of(full)  # no wider than the delegation
@@ -210,6 +213,9 @@ def test_delegated_slice_credential_works_within_what_it_grants(world, emulator)
         assert got["code"] == GeniCode.FORBIDDEN and "'control'" in got["output"], got
     narrow = ok(mallory.cm.GetSliver(args))
     assert cr.parse_credential(narrow).privileges == [("info", False)]
+    narrow = ok(mallory.cm.GetSliver({"slice_urn": v.urn, "credentials": [narrow]}))
+    assert cr.parse_credential(narrow).privileges == [("info", False)]  # still narrow
+    assert cr.expires_of(narrow) <= cr.expires_of(info)
     got = mallory.cm.DeleteNodes({"slice_urn": v.urn, "credentials": [narrow], "nodes": ["m1"]})
     assert got["code"] == GeniCode.FORBIDDEN
     assert mallory.sa.RenewSlice({"credential": info, "expiration": _in(hours=40).isoformat()}
