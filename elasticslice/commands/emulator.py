@@ -13,7 +13,8 @@ import click
 from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.emulator.admin import reclamation_report
-from elasticslice.emulator.setup import DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER, load_config
+from elasticslice.emulator.setup import (DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER,
+                                         issue_user, load_config)
 from elasticslice.emulator.store import Store
 from elasticslice.errors import ElasticSliceError
 
@@ -124,6 +125,22 @@ def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: st
         server.stop()
         signal.signal(signal.SIGTERM, previous)
         click.echo("emulator stopped")
+
+
+@emulator.command("add-user")
+@DIR_OPTION
+@click.argument("uid")
+def add_user_cmd(directory: Path, uid: str) -> None:
+    """Issue one more user certificate from the emulator's CA, with its own client config.
+
+    An ordinary user, like a second CloudLab account: it cannot act on anyone else's slice
+    unless that slice's owner delegates a credential to it. Works with or without a running
+    server (a server started later rewrites the config with its port).
+    """
+    files = issue_user(directory, uid)
+    click.echo(f"user {files.urn}")
+    click.echo(f"certificate and key: {files.pem} (passphrase in {files.password})")
+    click.echo(f"client config: {files.config}")
 
 
 @emulator.command("revoke")

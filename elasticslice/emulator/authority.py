@@ -1,8 +1,12 @@
 """The emulator's authorities: who it is (domain, URNs), what it signs, and what it trusts.
 
 The SA signs user and slice credentials with its certificate, the CM signs sliver
-credentials with its own; both chain to the emulator's CA, the only root a credential may
-chain to. Every check says why it failed, in CloudLab's words where we know them.
+credentials with its own; both chain to the emulator's CA. A credential counts only when the
+authority of its target signed it (a user of the same CA is no authority), its target_gid is
+the target's certificate, or when it is a valid delegation of such a credential
+(:mod:`elasticslice.rpc.credential`). Methods that change a slice need the ``control``
+privilege; those that only read it accept ``info``. Every check says why it failed, in
+CloudLab's words where we know them.
 """
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ import re
 import threading
 import uuid as uuidlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,26 @@ from elasticslice.rpc.codes import GeniCode
 SLICE_NAME = re.compile(r"^[a-zA-Z][-a-zA-Z0-9]{0,18}$")
 URN = re.compile(r"^urn:publicid:IDN\+([^+]+)\+([a-z]+)\+(.+)$")
 _CACHE_SIZE = 2048
+# CM and dynslice methods that only read a slice: a credential with ``info`` will do.
+READ_METHODS = frozenset({"SliverStatus", "GetSliver", "Resolve", "DiscoverResources"})
+
+
+class Privilege(str, Enum):
+    """The GENI privileges the emulator checks (``*`` grants both)."""
+
+    INFO = "info"
+    CONTROL = "control"
+
+    @classmethod
+    def for_method(cls, method: str) -> Privilege:
+        return cls.INFO if method in READ_METHODS else cls.CONTROL
+
+
+def grants(cred: credlib.Credential, privilege: Privilege) -> bool:
+    """Whether ``cred`` carries ``privilege`` (``control`` implies ``info``)."""
+    names = {name for name, _ in cred.privileges}
+    return (not names or "*" in names or privilege.value in names
+            or (privilege is Privilege.INFO and Privilege.CONTROL.value in names))
 
 
 def utcnow() -> dt.datetime:
@@ -124,7 +150,9 @@ class Authority:
         self._cache: OrderedDict[str, credlib.Credential] = OrderedDict()
         self._lock = threading.Lock()
         self.ca_pem = b""
-        self._gid_parts: tuple[x509.Certificate, Any, Any] | None = None
+        self._gid_parts: dict[str, tuple[x509.Certificate, Any, Any]] = {}
+        # target URN -> the certificate the emulator keeps for it (slices: their GID)
+        self.known_gid: Callable[[str], str | None] | None = None
 
     def load(self) -> Authority:
         d = self.directory
@@ -134,14 +162,26 @@ class Authority:
         self.sa_key = (d / "sa-key.pem").read_bytes()
         self.cm_cert = (d / "cm.pem").read_bytes()
         self.cm_key = (d / "cm-key.pem").read_bytes()
+        self._roots = pki.load_trusted([self.ca_pem])
+        self._signers = {"sa": [pki.load_pem_cert(self.sa_cert)],
+                         "cm": [pki.load_pem_cert(self.cm_cert)]}
         return self
 
+    def authorities(self, target_urn: str) -> list[x509.Certificate]:
+        """Who may sign credentials for a target: the SA for slices and users, the CM for
+        slivers, no one else (a user's certificate from the same CA is no authority)."""
+        parsed = Urn.parse(target_urn)
+        role = credlib.AUTHORITY_ROLES.get(parsed.kind) if parsed else None
+        return self._signers.get(role or "", [])
+
     # ---- issuing
-    def _gid_signer(self) -> tuple[x509.Certificate, Any, Any]:
-        if self._gid_parts is None:  # loading an RSA key costs ~50 ms: do it once
-            self._gid_parts = (pki.load_pem_cert(self.ca_pem), pki.load_private_key(self.ca_key),
-                               pki.load_pem_cert(self.sa_cert).public_key())
-        return self._gid_parts
+    def _gid_signer(self, role: str) -> tuple[x509.Certificate, Any, Any]:
+        if role not in self._gid_parts:  # loading an RSA key costs ~50 ms: do it once
+            cert = self.sa_cert if role == "sa" else self.cm_cert
+            self._gid_parts[role] = (pki.load_pem_cert(self.ca_pem),
+                                     pki.load_private_key(self.ca_key),
+                                     pki.load_pem_cert(cert).public_key())
+        return self._gid_parts[role]
 
     def slice_gid(self, slice_urn: str) -> str:
         """A CA-signed certificate naming the slice (its GID).
@@ -149,31 +189,50 @@ class Authority:
         No one ever holds a slice's key, so every slice GID shares the SA's public key:
         issuing one is a signature, not an RSA key generation.
         """
-        ca, ca_key, public = self._gid_signer()
+        return self._gid(slice_urn, self.identity.slice_name(slice_urn), "sa")
+
+    def sliver_gid(self, sliver_urn: str) -> str:
+        """A CA-signed certificate naming the sliver (the target of sliver credentials)."""
+        return self._gid(sliver_urn, "sliver " + sliver_urn.rsplit("+", 1)[-1], "cm")
+
+    def _gid(self, urn: str, common_name: str, role: str) -> str:
+        ca, ca_key, public = self._gid_signer(role)
         now = utcnow()
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                             self.identity.slice_name(slice_urn)[:64])])
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])])
         cert = (x509.CertificateBuilder().subject_name(name).issuer_name(ca.subject)
                 .public_key(public).serial_number(x509.random_serial_number())
                 .not_valid_before(now - dt.timedelta(minutes=5))
                 .not_valid_after(now + dt.timedelta(days=self.identity_days))
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(x509.SubjectAlternativeName(
-                    [x509.UniformResourceIdentifier(slice_urn)]), critical=False)
+                    [x509.UniformResourceIdentifier(urn)]), critical=False)
                 .sign(ca_key, hashes.SHA256()))
         return cert.public_bytes(serialization.Encoding.PEM).decode()
 
     def credential(self, owner_gid: str, owner_urn: str, target_gid: str, target_urn: str,
-                   expires: dt.datetime, *, by_cm: bool = False) -> str:
+                   expires: dt.datetime, *, by_cm: bool = False,
+                   within: credlib.Credential | None = None) -> str:
+        """A credential signed by the SA (or the CM: ``by_cm``).
+
+        ``within``: a credential the new one must stay within (its privileges, its expiry).
+        Callers pass the credential a delegate presented, so that asking again (GetSliver,
+        RenewSlice) never widens what the slice's owner delegated.
+        """
+        privileges: list[tuple[str, bool]] = [("*", True)]
+        if within is not None:
+            privileges = list(within.privileges)
+            expires = min(expires, within.expires)
         cred = credlib.Credential(owner_gid=owner_gid, owner_urn=owner_urn,
                                   target_gid=target_gid, target_urn=target_urn,
-                                  expires=expires.replace(microsecond=0))
+                                  expires=expires.replace(microsecond=0), privileges=privileges)
         cert, key = (self.cm_cert, self.cm_key) if by_cm else (self.sa_cert, self.sa_key)
         return credlib.sign_credential(cred, cert, key)
 
     # ---- checking
-    def verify(self, xml: str, caller_urn: str) -> credlib.Credential:
-        """A credential that is validly signed, unexpired and the caller's, or FORBIDDEN."""
+    def verify(self, xml: str, caller_urn: str,
+               privilege: Privilege | None = None) -> credlib.Credential:
+        """A credential that is valid (who may sign what), unexpired, the caller's, and
+        grants ``privilege`` if given; otherwise FORBIDDEN naming why."""
         if not isinstance(xml, str) or not xml.strip():
             raise GeniFault(GeniCode.BADARGS, "Malformed credential")
         digest = hashlib.sha256(xml.encode("utf-8", "replace")).hexdigest()
@@ -181,7 +240,9 @@ class Authority:
             cred = self._cache.get(digest)
         if cred is None:
             try:
-                cred = credlib.verify_credential(xml, [self.ca_pem])
+                cred = credlib.verify_credential(xml, self._roots, caller_urn=caller_urn,
+                                                 authorities=self.authorities,
+                                                 target_gid=self.known_gid)
             except CredentialError as err:
                 raise GeniFault(GeniCode.FORBIDDEN, f"Could not verify credential: {err}") from err
             with self._lock:
@@ -193,11 +254,15 @@ class Authority:
                             f"Credential expired at {credlib.format_expires(cred.expires)}")
         if cred.owner_urn != caller_urn:
             raise GeniFault(GeniCode.FORBIDDEN, "This is not your credential")
+        if privilege is not None and not grants(cred, privilege):
+            raise GeniFault(GeniCode.FORBIDDEN, f"Credential does not grant the "
+                                                f"{privilege.value!r} privilege")
         return cred
 
-    def pick(self, credentials: object, caller_urn: str, targets: set[str] | None
-             ) -> credlib.Credential:
-        """The first of ``credentials`` (an array) that is valid and names one of ``targets``.
+    def pick(self, credentials: object, caller_urn: str, targets: set[str] | None,
+             privilege: Privilege = Privilege.CONTROL) -> credlib.Credential:
+        """The first of ``credentials`` (an array) that is valid, grants ``privilege`` and
+        names one of ``targets``.
 
         ``targets`` None accepts any valid credential (a user credential will do).
         """
@@ -208,7 +273,7 @@ class Authority:
         first_error: GeniFault | None = None
         for xml in credentials:
             try:
-                cred = self.verify(xml, caller_urn)
+                cred = self.verify(xml, caller_urn, privilege)
             except GeniFault as err:
                 first_error = first_error or err
                 continue

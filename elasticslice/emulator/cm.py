@@ -7,7 +7,7 @@ import zlib
 from typing import Any
 
 from elasticslice.emulator import manifest as mf
-from elasticslice.emulator.authority import Urn, from_epoch, utcnow
+from elasticslice.emulator.authority import Privilege, Urn, from_epoch, utcnow
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.dispatch import Call, Service
 from elasticslice.emulator.geni import GeniFault, optional, require
@@ -46,9 +46,10 @@ class ComponentManager(Service):
         params = call.params
         credentials = require(params, "credentials", (list, str))
         slice_urn = optional(params, "slice_urn", str)
+        privilege = Privilege.for_method(call.method)
         if slice_urn is None:
             # Classic clients: the CM finds the slice from the credential's target.
-            cred = self.ctx.authority.pick(credentials, call.caller, None)
+            cred = self.ctx.authority.pick(credentials, call.caller, None, privilege)
             target = Urn.parse(cred.target_urn)
             if target is not None and target.kind == "sliver":
                 found = self.ctx.store.sliver_by_urn(cred.target_urn)
@@ -61,7 +62,7 @@ class ComponentManager(Service):
                 raise GeniFault(GeniCode.BADARGS, "Missing argument: slice_urn")
         sliver = self.ctx.store.get_sliver(slice_urn)
         targets = {slice_urn} | ({sliver.sliver_urn} if sliver else set())
-        self.ctx.authority.pick(credentials, call.caller, targets)
+        self.ctx.authority.pick(credentials, call.caller, targets, privilege)
         slice_row = self._slice_of(slice_urn)
         if need_sliver and sliver is None:
             raise GeniFault(GeniCode.SEARCHFAILED, f"No sliver for slice {slice_urn}")
@@ -139,9 +140,16 @@ class ComponentManager(Service):
                 mf.manifest(self.ctx, change.sliver, change.nodes)]
 
     def _sliver_credential(self, slice_row: SliceRow, sliver: SliverRow, call: Call) -> str:
-        return self.ctx.authority.credential(call.cert_pem, call.caller, slice_row.gid,
-                                             sliver.sliver_urn, from_epoch(sliver.expires),
-                                             by_cm=True)
+        """Signed by the CM, for the sliver: in full for the slice's creator, else (a
+        delegate) within the credential the caller presented."""
+        authority = self.ctx.authority
+        within = None
+        if call.caller != slice_row.creator_urn:
+            within = authority.pick(call.params["credentials"], call.caller,
+                                    {slice_row.urn, sliver.sliver_urn}, Privilege.INFO)
+        return authority.credential(call.cert_pem, call.caller,
+                                    authority.sliver_gid(sliver.sliver_urn), sliver.sliver_urn,
+                                    from_epoch(sliver.expires), by_cm=True, within=within)
 
     def GetSliver(self, call: Call) -> Any:  # noqa: N802
         slice_row, sliver = self._authorised(call, need_sliver=True)
@@ -167,10 +175,10 @@ class ComponentManager(Service):
         if raw is None:
             raise GeniFault(GeniCode.BADARGS, "Missing argument: expiration")
         expires = parse_expiration(raw)
-        if expires <= utcnow():
-            raise GeniFault(GeniCode.BADARGS, "Expiration is in the past")
+        if expires <= utcnow():  # refusals are ERROR, as at the SA (PROTOCOL.md)
+            raise GeniFault(GeniCode.ERROR, "Expiration is in the past")
         if expires.timestamp() > slice_row.expires + 1:
-            raise GeniFault(GeniCode.BADARGS, "Cannot renew past the slice expiration "
+            raise GeniFault(GeniCode.ERROR, "Cannot renew past the slice expiration "
                                               f"({from_epoch(slice_row.expires):%Y-%m-%dT%H:%M:%SZ}); "
                                               "renew the slice at the SA first")
         self.slivers.renew(sliver, expires.timestamp())

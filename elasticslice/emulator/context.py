@@ -47,6 +47,14 @@ class Context:
     lock: threading.RLock = field(default_factory=threading.RLock)
     wakeup: threading.Event = field(default_factory=threading.Event)
 
+    def __post_init__(self) -> None:
+        # A slice credential's target_gid must be the GID the SA recorded for the slice.
+        self.authority.known_gid = self._slice_gid
+
+    def _slice_gid(self, urn: str) -> str | None:
+        row = self.store.get_slice(urn) if "+slice+" in urn else None
+        return row.gid if row is not None else None
+
     def clock(self) -> float:
         return time.time()
 

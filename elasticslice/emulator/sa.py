@@ -6,12 +6,14 @@ import logging
 import xmlrpc.client
 from typing import Any
 
-from elasticslice.emulator.authority import Urn, from_epoch, new_uuid, stable_uuid, utcnow
+from elasticslice.emulator.authority import (Privilege, Urn, from_epoch, new_uuid, stable_uuid,
+                                             utcnow)
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.dispatch import Call, Service
 from elasticslice.emulator.geni import GeniFault, optional, require
 from elasticslice.emulator.store import SliceRow
 from elasticslice.rpc.codes import GeniCode
+from elasticslice.rpc.credential import Credential
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +23,11 @@ USER_CREDENTIAL_LIFETIME = dt.timedelta(days=7)
 
 
 def parse_expiration(value: Any, name: str = "expiration") -> dt.datetime:
-    """ISO-8601 (``Z`` or offset; naive means UTC), ``%Y%m%dT%H:%M:%S``, or XML-RPC dateTime."""
+    """ISO-8601 (``Z`` or offset; naive means UTC), ``%Y%m%dT%H:%M:%S``, or XML-RPC dateTime.
+
+    A date that is not a moment in years 1..9999 UTC (``0001-01-01T00:00:00+05:00``) is
+    BADARGS, like any unreadable one.
+    """
     if isinstance(value, xmlrpc.client.DateTime):
         value = value.value
     if not isinstance(value, str) or not value.strip():
@@ -41,7 +47,11 @@ def parse_expiration(value: Any, name: str = "expiration") -> dt.datetime:
             raise GeniFault(GeniCode.BADARGS, f"Could not parse {name}: {text}") from err
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
-    return when.astimezone(dt.timezone.utc)
+    try:
+        return when.astimezone(dt.timezone.utc)
+    except OverflowError as err:
+        raise GeniFault(GeniCode.BADARGS, f"{name} out of range (years 1 to 9999 UTC): "
+                                          f"{text}") from err
 
 
 class SliceAuthority(Service):
@@ -77,9 +87,13 @@ class SliceAuthority(Service):
             raise GeniFault(GeniCode.SEARCHFAILED, f"No such slice: {urn}")
         return row
 
-    def slice_credential(self, row: SliceRow, call: Call) -> str:
+    def slice_credential(self, row: SliceRow, call: Call,
+                         presented: Credential | None = None) -> str:
+        """A slice credential for the caller: in full for the slice's creator, else (a
+        delegate) within the credential presented."""
+        within = presented if call.caller != row.creator_urn else None
         return self.ctx.authority.credential(call.cert_pem, call.caller, row.gid, row.urn,
-                                             from_epoch(row.expires))
+                                             from_epoch(row.expires), within=within)
 
     def _check_type(self, params: dict[str, Any], allowed: tuple[str, ...]) -> str:
         kind = str(require(params, "type")).lower()
@@ -161,17 +175,23 @@ class SliceAuthority(Service):
         log.info("slice %s registered by %s until %s", urn, call.caller, expires)
         return self.slice_credential(row, call)
 
-    def _check_expiration(self, expires: dt.datetime, now: dt.datetime) -> None:
+    def _check_expiration(self, expires: dt.datetime, now: dt.datetime,
+                          code: GeniCode = GeniCode.BADARGS) -> None:
+        """Register refuses with BADARGS, RenewSlice with ERROR (as CloudLab's SA does)."""
+        if expires <= now:
+            raise GeniFault(code, "Expiration is in the past")
         if expires < now + MIN_AHEAD:
-            raise GeniFault(GeniCode.BADARGS, "Expiration must be at least 5 minutes ahead")
+            raise GeniFault(code, "Expiration must be at least 5 minutes ahead "
+                                  "(such a short life for a slice)")
         limit = now + dt.timedelta(days=self.ctx.settings.max_slice_days)
         if expires > limit + dt.timedelta(minutes=1):
-            raise GeniFault(GeniCode.BADARGS, "Expiration is past the maximum slice lifetime "
-                                              f"({self.ctx.settings.max_slice_days:g} days)")
+            raise GeniFault(code, "Expiration is past the maximum slice lifetime "
+                                  f"({self.ctx.settings.max_slice_days:g} days)")
 
     def RenewSlice(self, call: Call) -> Any:  # noqa: N802
         params = call.params
-        cred = self.ctx.authority.verify(require(params, "credential"), call.caller)
+        cred = self.ctx.authority.verify(require(params, "credential"), call.caller,
+                                         Privilege.CONTROL)
         parsed = Urn.parse(cred.target_urn)
         if parsed is None or parsed.kind != "slice":
             raise GeniFault(GeniCode.BADARGS, "RenewSlice needs a slice credential")
@@ -180,12 +200,12 @@ class SliceAuthority(Service):
             row = self.ctx.store.get_slice(cred.target_urn)
             if row is None:
                 raise GeniFault(GeniCode.SEARCHFAILED, f"No such slice: {cred.target_urn}")
+            self._check_expiration(expires, utcnow(), GeniCode.ERROR)
             if expires.timestamp() < row.expires:
-                raise GeniFault(GeniCode.BADARGS, "Cannot shorten slice lifetime")
-            self._check_expiration(expires, utcnow())
+                raise GeniFault(GeniCode.ERROR, "Cannot shorten slice lifetime")
             row.expires = expires.timestamp()
             self.ctx.store.put_slice(row)
-        return self.slice_credential(row, call)
+        return self.slice_credential(row, call, cred)
 
     def _keys(self) -> list[str]:
         path = self.ctx.directory / "user-ssh.pub"

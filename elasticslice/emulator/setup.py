@@ -9,6 +9,8 @@ Layout of an emulator directory D::
                                client certificate of the emulator's callbacks
     admin.pem                  certificate + key of the emulator's admin (admin commands)
     user.pem password          the user's certificate + encrypted key, like cloudlab.pem
+    users/<uid>/               more users of the same CA (`emulator add-user`): user.pem,
+                               password, elasticslice.conf
     elasticslice.conf          the client config ([protogeni] ...), URLs with the real port
     emulator.json              domain, user, project, port
     state.db                   SQLite state (slices, slivers, nodes, reclamations)
@@ -78,28 +80,34 @@ def base_url(host: str, port: int) -> str:
 
 
 def write_client_conf(directory: str | Path, host: str, port: int) -> Path:
-    """(Re)write D/elasticslice.conf for a server at host:port."""
+    """(Re)write D/elasticslice.conf (and each added user's) for a server at host:port."""
     d = Path(directory).resolve()
     cfg = load_config(d)
     url = base_url(host, port)
+    for extra in sorted((d / "users").glob("*/user.pem")):
+        _write_conf(extra.parent, url, d, cfg.project, _slice_name_for(extra.parent.name))
+    return _write_conf(d, url, d, cfg.project, cfg.slice_name)
+
+
+def _write_conf(home: Path, url: str, d: Path, project: str, slice_name: str) -> Path:
     text = (
         "# Client config for the elasticslice emulator (CloudLab in a box) in this folder.\n"
         "# Written by `elasticslice emulator init`, rewritten when the server starts.\n"
         "[protogeni]\n"
-        f"certificate = {d / 'user.pem'}\n"
-        f"passphrase_file = {d / 'password'}\n"
+        f"certificate = {home / 'user.pem'}\n"
+        f"passphrase_file = {home / 'password'}\n"
         f"sa_url = {url}/sa\n"
         f"cm_urls = {url}/cm\n"
         f"ca_bundle = {d / 'ca.pem'}\n"
-        f"slice_name = {cfg.slice_name}\n"
-        f"project = {cfg.project}\n"
+        f"slice_name = {slice_name}\n"
+        f"project = {project}\n"
         f"dynslice_urls = {url}/dynslice\n"
-        f"credential_cache_dir = {d / 'credentials'}\n"
+        f"credential_cache_dir = {home / 'credentials'}\n"
         "# The emulator is local: retry BUSY sooner than against the real CloudLab.\n"
         "retry_delay = 0.5\n"
         "retry_max_delay = 5\n"
     )
-    return write_atomic(d / "elasticslice.conf", text)
+    return write_atomic(home / "elasticslice.conf", text)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -150,6 +158,20 @@ def _check_names(**names: str) -> None:
             raise ConfigError(f"invalid {key.replace('_', ' ')} {value!r} ({rule})", key=key)
 
 
+def _write_user(home: Path, ca: bytes, ca_key: bytes, cfg: EmulatorConfig, uid: str) -> bytes:
+    """``home/user.pem`` (certificate + key encrypted with a new ``home/password``), like
+    cloudlab.pem; returns the key (PEM). The localhost SANs let the user certificate also
+    serve the client's callback endpoint on 127.0.0.1, which the emulator verifies by host."""
+    cert, key = pki.issue_certificate(
+        ca, ca_key, uid, urn=cfg.identity.user_urn(uid), email=f"{uid}@{cfg.domain}",
+        hostnames=("localhost",), ips=("127.0.0.1",),
+        aia_url=f"{base_url(cfg.host, cfg.port or DEFAULT_PORT)}/sa")
+    password = secrets.token_urlsafe(18)
+    pki.write_private_file(home / "password", password.encode() + b"\n")
+    pki.write_user_pem(home / "user.pem", cert, key, password)
+    return key
+
+
 def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT_DOMAIN,
                   user: str = DEFAULT_USER, project: str = DEFAULT_PROJECT,
                   slice_name: str = DEFAULT_SLICE, host: str = "127.0.0.1",
@@ -188,15 +210,7 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     admin_cert, admin_key = pki.issue_certificate(ca, ca_key, "emulator-admin",
                                                   urn=ident.admin_urn)
     pki.write_private_file(d / "admin.pem", admin_cert.rstrip(b"\n") + b"\n" + admin_key)
-    password = secrets.token_urlsafe(18)
-    pki.write_private_file(d / "password", password.encode() + b"\n")
-    # localhost SANs: the user certificate can also be the server certificate of the
-    # client's callback endpoint on 127.0.0.1, which the emulator verifies by host name.
-    user_cert, user_key = pki.issue_certificate(
-        ca, ca_key, user, urn=ident.user_urn(user), email=f"{user}@{domain}",
-        hostnames=("localhost",), ips=("127.0.0.1",),
-        aia_url=f"{base_url(host, port or DEFAULT_PORT)}/sa")
-    pki.write_user_pem(d / "user.pem", user_cert, user_key, password)
+    user_key = _write_user(d, ca, ca_key, cfg, user)
     public = pki.load_private_key(user_key).public_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     (d / "user-ssh.pub").write_bytes(public + f" {user}@{domain}\n".encode())
@@ -204,3 +218,42 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     (d / "nodes").mkdir(exist_ok=True)
     write_client_conf(d, host, port)
     return d
+
+
+@dataclass(frozen=True)
+class UserFiles:
+    """What :func:`issue_user` wrote for one more user of the emulator's CA."""
+
+    uid: str
+    urn: str
+    pem: Path       # certificate + encrypted key, like cloudlab.pem
+    password: Path
+    config: Path    # a client config that works as is, with the user's own slice name
+
+
+def _slice_name_for(uid: str) -> str:
+    return uid.replace("_", "-")[:19]
+
+
+def issue_user(directory: str | Path, uid: str) -> UserFiles:
+    """Issue another user's certificate and key from the emulator's CA, into D/users/<uid>/.
+
+    The user is an ordinary CloudLab user of the same CA: no authority over anyone else's
+    slices (a second user for multi-user and attacker experiments).
+    """
+    d = Path(directory).resolve()
+    cfg = load_config(d)
+    _check_names(user=uid)
+    home = d / "users" / uid
+    if uid in (cfg.user, "emulator-admin") or (home / "user.pem").exists():
+        raise ConfigError(f"user {uid!r} already exists", path=str(d))
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    _write_user(home, (d / "ca.pem").read_bytes(), (d / "ca-key.pem").read_bytes(), cfg, uid)
+    try:
+        url = json.loads((d / "server.json").read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        url = base_url(cfg.host, cfg.port or DEFAULT_PORT)
+    config = _write_conf(home, url, d, cfg.project, _slice_name_for(uid))
+    return UserFiles(uid, cfg.identity.user_urn(uid), home / "user.pem", home / "password",
+                     config)

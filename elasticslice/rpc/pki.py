@@ -267,3 +267,37 @@ def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     except (InvalidSignature, ValueError, TypeError):
         return False
     return True
+
+
+def chains_to(signer: x509.Certificate, intermediates: list[x509.Certificate],
+              trusted: list[x509.Certificate], now: dt.datetime | None) -> bool:
+    """True if ``signer`` is a trusted certificate or chains to one through ``intermediates``.
+
+    ``now`` None skips the validity windows (a GID names an object; the credential's own
+    expiry governs how long it may be used).
+    """
+    current = signer
+    pool = list(intermediates)
+    for _ in range(8):
+        if now is not None and not (current.not_valid_before_utc <= now
+                                    <= current.not_valid_after_utc):
+            return False
+        if any(current == t or issued_by(current, t) for t in trusted):
+            return True
+        nxt = next((c for c in pool if c != current and issued_by(current, c)), None)
+        if nxt is None:
+            return False
+        pool.remove(nxt)
+        current = nxt
+    return False
+
+
+def load_trusted(certs: Iterable[CertLike]) -> list[x509.Certificate]:
+    """Trusted roots from certificates or PEM bundles."""
+    out: list[x509.Certificate] = []
+    for item in certs:
+        if isinstance(item, x509.Certificate):
+            out.append(item)
+        else:
+            out.extend(load_pem_certs(item))
+    return out

@@ -45,13 +45,16 @@ def proxy(emu: Any, module: str, ctx: ssl.SSLContext | None = None) -> xmlrpc.cl
 
 
 class Session:
-    """A user's view: SA and CM proxies, the user credential, and slices it registered."""
+    """A user's view: SA and CM proxies, the user credential, and slices it registered.
 
-    def __init__(self, emu: Any) -> None:
+    ``ctx``: another user's TLS context (see :func:`other_user`); default the emulator's user.
+    """
+
+    def __init__(self, emu: Any, ctx: ssl.SSLContext | None = None) -> None:
         self.emu = emu
-        self.sa = proxy(emu, "sa")
-        self.cm = proxy(emu, "cm")
-        self.dyn = proxy(emu, "dynslice")
+        self.sa = proxy(emu, "sa", ctx)
+        self.cm = proxy(emu, "cm", ctx)
+        self.dyn = proxy(emu, "dynslice", ctx)
         self.user_cred = ok(self.sa.GetCredential({}))
 
     def register(self, name: str = "myslice") -> tuple[str, str]:
@@ -68,17 +71,27 @@ class Session:
         return ok(self.cm.SliverStatus({"slice_urn": urn, "credentials": [cred]}))
 
 
+def other_user(emu: Any, uid: str) -> tuple[Session, Any]:
+    """A second user of the emulator's CA (``emulator add-user``): their session and files."""
+    from elasticslice.emulator.setup import issue_user
+    files = issue_user(emu.dir, uid)
+    ctx = ssl.create_default_context(cafile=str(emu.dir / "ca.pem"))
+    ctx.load_cert_chain(str(files.pem), password=files.password.read_text().strip())
+    return Session(emu, ctx), files
+
+
 def ok(result: dict[str, Any]) -> Any:
     assert result["code"] == 0, result
     return result["value"]
 
 
 def sign_with(d: Path, owner_pem: str, owner_urn: str, target_urn: str,
-              expires: dt.datetime, signer: str = "sa") -> str:
-    """A credential signed by one of the emulator's authorities, for crafted cases."""
+              expires: dt.datetime, signer: str = "sa", target_gid: str | None = None) -> str:
+    """A credential signed by one of the emulator's authorities, for crafted cases
+    (``target_gid`` defaults to the owner's certificate, right for a user credential)."""
     from elasticslice.rpc.credential import Credential, sign_credential
-    cred = Credential(owner_gid=owner_pem, owner_urn=owner_urn, target_gid=owner_pem,
-                      target_urn=target_urn, expires=expires)
+    cred = Credential(owner_gid=owner_pem, owner_urn=owner_urn,
+                      target_gid=target_gid or owner_pem, target_urn=target_urn, expires=expires)
     return sign_credential(cred, (d / f"{signer}.pem").read_bytes(),
                            (d / f"{signer}-key.pem").read_bytes())
 

@@ -177,7 +177,9 @@ def test_renew_and_resolve(emulator):
     soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert ok(s.cm.RenewSlice({**args, "expiration": soon})).endswith(" GMT")
     too_far = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=3)).isoformat()
-    assert s.cm.RenewSlice({**args, "expiration": too_far})["code"] == GeniCode.BADARGS
+    assert s.cm.RenewSlice({**args, "expiration": too_far})["code"] == GeniCode.ERROR
+    past = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).isoformat()
+    assert s.cm.RenewSlice({**args, "expiration": past})["code"] == GeniCode.ERROR
     got = ok(s.cm.Resolve({"urn": urn, "credentials": [cred]}))
     assert got["sliver_urn"] == parse_credential(sliver_cred).target_urn
     assert parse(got["manifest"]).type == "manifest"

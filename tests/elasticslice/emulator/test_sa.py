@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import parse_credential, verify_credential
 from tests.elasticslice.emulator.helpers import Session, ok, sign_with, user_cert_pem
@@ -75,7 +77,19 @@ def test_renew_accepts_both_formats_and_cannot_shorten(emulator):
                               "expiration": later.strftime("%Y-%m-%dT%H:%M:%SZ")}))
     assert parse_credential(new).expires == later
     shorter = s.sa.RenewSlice({"credential": new, "expiration": first.isoformat()})
-    assert shorter["code"] == GeniCode.BADARGS and "shorten" in shorter["output"]
+    assert shorter["code"] == GeniCode.ERROR and "Cannot shorten" in shorter["output"]
+
+
+def test_renew_refusals_were_badargs_and_are_error_like_cloudlab(emulator):
+    """CloudLab's SA refuses a renewal it will not do with ERROR (2), not BADARGS."""
+    s = Session(emulator)
+    _, cred = s.register("renewno")
+    for when, words in ((_utc(minutes=2), "5 minutes"), (_utc(days=400), "maximum"),
+                        (_utc(hours=-1), "past"), (_utc(hours=2), "Cannot shorten")):
+        got = s.sa.RenewSlice({"credential": cred, "expiration": when.isoformat()})
+        assert got["code"] == GeniCode.ERROR and words in got["output"], (when, got)
+    resolved = ok(s.sa.Resolve({"credential": s.user_cred, "type": "Slice", "hrn": "renewno"}))
+    assert resolved["urn"].endswith("+slice+renewno")  # still there, nothing changed
 
 
 def test_get_keys_v1_and_v2(emulator):
@@ -110,3 +124,34 @@ def test_someone_elses_credential_is_forbidden(emulator):
     theirs = sign_with(d, user_cert_pem(d), other, other, _utc(hours=1))
     got = s.sa.Register({"credential": theirs, "type": "Slice", "hrn": "x3"})
     assert got["code"] == GeniCode.FORBIDDEN and "not your credential" in got["output"]
+
+
+OUT_OF_RANGE = ("0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00")
+
+
+def test_unrepresentable_expiration_was_an_overflow_traceback_and_is_badargs(emulator, caplog):
+    """Register/RenewSlice with a date outside years 1..9999 UTC answered fault -32600 and
+    logged an OverflowError traceback; now BADARGS with one line, through the real client."""
+    from elasticslice.config import load_config
+    from elasticslice.errors import RPCError
+    from elasticslice.rpc.client import ProtoGeniServer
+
+    caplog.set_level("DEBUG")
+    with ProtoGeniServer(load_config(emulator.config_path)) as client:
+        user_cred = client.get_credential()
+        slice_cred = client.register_slice("dates")
+        for when in OUT_OF_RANGE:
+            for method, params in (
+                    ("Register", {"credential": user_cred, "type": "Slice", "hrn": "dates2",
+                                  "expiration": when}),
+                    ("RenewSlice", {"credential": slice_cred, "expiration": when})):
+                with pytest.raises(RPCError) as err:
+                    client.sa_call(method, params)
+                assert err.value.code == GeniCode.BADARGS, (method, when, err.value)
+                assert "out of range" in str(err.value) and when in str(err.value)
+    s = Session(emulator)
+    urn, cred, _ = s.create("datescm")
+    for when in OUT_OF_RANGE:  # the CM reads expirations the same way
+        got = s.cm.RenewSlice({"slice_urn": urn, "credentials": [cred], "expiration": when})
+        assert got["code"] == GeniCode.BADARGS and "out of range" in got["output"], got
+    assert not [r for r in caplog.records if r.exc_info or "Overflow" in r.getMessage()]
