@@ -40,12 +40,12 @@ class Limits:
 
     max_connections: int = 512      # connection threads; more connections are closed at once
     max_requests: int = 16
-    small_budget: int = 32 * MIB
+    small_budget: int = 16 * MIB
     max_large: int = 2
-    large_budget: int = 64 * MIB
+    large_budget: int = 32 * MIB
     queue_timeout: float = 30.0     # how long a request waits to be let in before HTTP 503
     small_body: int = 8 * MIB       # every call but the large ones
-    large_body: int = 64 * MIB      # the calls in ``large_methods``
+    large_body: int = 32 * MIB      # the calls in ``large_methods`` (~200,000 RSpec nodes)
     large_methods: frozenset[str] = field(default_factory=lambda: frozenset({"CreateSliver"}))
 
     def body_limit(self, method: str | None) -> int:
@@ -152,8 +152,11 @@ class Body:
         """The rest of the body in one piece."""
         return b"".join(self.chunks())
 
-    def drain(self) -> bool:
-        """Read and drop the rest; False when that failed (the connection must close)."""
+    def drain(self, seconds: float | None = None) -> bool:
+        """Read and drop the rest (within ``seconds`` when given); False when that failed
+        or took too long (the connection must close then)."""
+        if seconds is not None:
+            self._deadline = min(self._deadline, time.monotonic() + seconds)
         try:
             for _ in self.chunks():
                 pass

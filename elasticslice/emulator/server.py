@@ -7,12 +7,13 @@ URN from the certificate's subjectAltName, exactly as ProtoGENI takes it.
 Bounds (``Limits``): at most ``max_connections`` connection threads (more connections are
 closed at once); a body longer than the largest limit is refused by its Content-Length
 before any of it is read; the method name, peeked from the first bytes, picks the limit
-(``CreateSliver`` may send 64 MiB, every other call 8 MiB: refused with HTTP 413); a request
+(``CreateSliver`` may send 32 MiB, every other call 8 MiB: refused with HTTP 413); a request
 is handled only when a slot of its lane (small or large body) and its Content-Length fit in
 the lane's budget (``Admission``, in arrival order), else after ``queue_timeout`` it gets
 HTTP 503.
-The body then goes to the dispatcher as a ``Body`` it reads in chunks. A refused body is
-read and dropped (bounded in time, no memory) so the client sees the answer, not a reset.
+The body then goes to the dispatcher as a ``Body`` it reads in chunks. A refused request
+is answered at once and its body read and dropped for a few seconds (no memory) before the
+connection closes, so the client sees the answer rather than a reset.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 10.0
 IDLE_TIMEOUT = 60.0
+REFUSAL_DRAIN = 5.0  # seconds a refused body is still read (and dropped) before closing
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if length > limits.large_body:  # refused before a byte of it is read
             self._refuse(413, f"Request body of {length} bytes is larger than "
-                              f"{limits.large_body} bytes", None)
+                              f"{limits.large_body} bytes",
+                         Body(self.rfile, length) if length <= 2 * limits.large_body else None)
             return
         head = self.rfile.read(min(length, PEEK))
         method = peek_method(head)
@@ -127,12 +130,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     def _refuse(self, status: int, message: str, body: Body | None) -> None:
-        """An XML-RPC fault with HTTP ``status``; the body is dropped (or the connection
-        closed when it cannot be)."""
-        if body is None or not body.drain():
-            self.close_connection = True
+        """An XML-RPC fault with HTTP ``status``, then the connection closes. The unread
+        body is read and dropped for a few seconds first (a lingering close: no memory), so
+        that a client still sending it gets to read the answer instead of a reset."""
+        self.close_connection = True
         fault = xmlrpc.client.dumps(xmlrpc.client.Fault(status, message), methodresponse=True)
         self._answer(status, fault.encode("utf-8"))
+        if body is not None:
+            body.drain(seconds=REFUSAL_DRAIN)
 
     def do_GET(self) -> None:  # noqa: N802
         self.send_error(405, "XML-RPC wants POST")
