@@ -59,6 +59,20 @@ def peek_method(head: bytes) -> str | None:
     return match.group(1).decode("ascii", "replace") if match else None
 
 
+def read_head(stream: BinaryIO, length: int) -> bytes:
+    """The first bytes of a body, up to its method name (at most ``PEEK`` bytes): reads only
+    what the peer has sent, so a refusal can come before the rest of the body is sent."""
+    want = min(length, PEEK)
+    head = b""
+    read1 = getattr(stream, "read1", stream.read)
+    while len(head) < want and b"</methodName>" not in head:
+        data = read1(want - len(head))
+        if not data:
+            break
+        head += data
+    return head
+
+
 class Admission:
     """Request slots and a byte budget, handed out in arrival order."""
 

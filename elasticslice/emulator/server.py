@@ -27,7 +27,7 @@ import xmlrpc.client
 from dataclasses import dataclass
 from typing import Protocol
 
-from elasticslice.emulator.bounds import (PEEK, Admission, Body, Limits, peek_method,
+from elasticslice.emulator.bounds import (Admission, Body, Limits, peek_method, read_head,
                                           trim_memory)
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                               f"{limits.large_body} bytes",
                          Body(self.rfile, length) if length <= 2 * limits.large_body else None)
             return
-        head = self.rfile.read(min(length, PEEK))
+        head = read_head(self.rfile, length)
         method = peek_method(head)
         body = Body(self.rfile, length, head, method)
         limit = limits.body_limit(method)
@@ -161,6 +161,7 @@ class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.small_lane = Admission(self.limits.max_requests, self.limits.small_budget)
         self.large_lane = Admission(self.limits.max_large, self.limits.large_budget)
         self._connections = threading.BoundedSemaphore(self.limits.max_connections)
+        self.active_connections = 0
         self.refused_connections = 0
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
@@ -180,10 +181,12 @@ class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
                             self.limits.max_connections, self.refused_connections)
             self.shutdown_request(request)
             return
+        with self._open_lock:
+            self.active_connections += 1
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._connections.release()
+            self._connection_done()
             raise
 
     def process_request_thread(self, request: socket.socket,  # type: ignore[override]
@@ -191,7 +194,12 @@ class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._connections.release()
+            self._connection_done()
+
+    def _connection_done(self) -> None:
+        with self._open_lock:
+            self.active_connections -= 1
+        self._connections.release()
 
     def finish_request(self, request: socket.socket, client_address: tuple) -> None:  # type: ignore[override]
         request.settimeout(HANDSHAKE_TIMEOUT)
