@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import gc
 import io
 import re
 import threading
@@ -191,8 +192,20 @@ def _libc() -> ctypes.CDLL | None:
 _LIBC = _libc()
 
 
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def tune_malloc() -> None:
+    """Blocks of 1 MiB and more get their own mappings, returned to the system when freed
+    (glibc otherwise raises that threshold as large blocks come and go, up to 32 MiB, and
+    a 31 MiB string then stays in the heap of the thread that parsed it)."""
+    if _LIBC is not None:
+        _LIBC.mallopt(M_MMAP_THRESHOLD, MIB)
+
+
 def trim_memory() -> None:
     """Give memory freed by a large request back to the system (glibc keeps freed memory of
     each thread's arena otherwise: 20 threads that each parsed 60 MB kept ~900 MB)."""
+    gc.collect()  # cyclic garbage (tracebacks, frames) can still hold a large call's params
     if _LIBC is not None:
         _LIBC.malloc_trim(0)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from elasticslice.emulator.bounds import (Admission, Body, Limits, peek_method, read_head,
-                                          trim_memory)
+                                          trim_memory, tune_malloc)
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if not body.drain():  # what the dispatcher did not read
                 self.close_connection = True
         finally:
-            lane.release(length)
             if length > limits.small_body:
-                trim_memory()
+                trim_memory()  # before the next large request comes in
+            lane.release(length)
         self._answer(status, payload)
 
     def _answer(self, status: int, payload: bytes) -> None:
@@ -230,6 +230,7 @@ class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         log.exception("unexpected error serving %s", client_address[0])
 
     def start(self) -> None:
+        tune_malloc()
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="emulator-https", daemon=True)
         self._thread.start()
