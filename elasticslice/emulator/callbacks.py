@@ -31,7 +31,7 @@ class _Transport(xmlrpc.client.SafeTransport):
 
 
 class CallbackClient:
-    """NotifyDeletePending / NotifyDeleteComplete to registered endpoints."""
+    """SetResourceValues, NotifyDeletePending, NotifyDeleteComplete to registered endpoints."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -46,8 +46,9 @@ class CallbackClient:
             self._ssl = ctx
         return self._ssl
 
-    def _call(self, endpoint: EndpointRow, method: str, params: dict[str, Any]) -> Any:
-        transport = _Transport(self._context(), self.ctx.settings.callback_timeout)
+    def _call(self, endpoint: EndpointRow, method: str, params: dict[str, Any],
+              timeout: float | None = None) -> Any:
+        transport = _Transport(self._context(), timeout or self.ctx.settings.callback_timeout)
         proxy = xmlrpc.client.ServerProxy(endpoint.url, transport=transport, allow_none=False)
         started = time.monotonic()
         try:
@@ -77,6 +78,20 @@ class CallbackClient:
                         isinstance(item.get("node_id"), str):
                     early.add(item["node_id"])
         return early
+
+    def set_resource_values(self, endpoint: EndpointRow, nodelist: list[dict[str, Any]]
+                            ) -> bool:
+        """Tell the client what its nodes are worth; False when it did not take them."""
+        result = self._call(endpoint, "SetResourceValues", {"nodelist": nodelist},
+                            timeout=self.ctx.settings.values_timeout)
+        if result is None:
+            return False
+        if isinstance(result, dict) and result.get("code", 0) != 0:
+            self.failures += 1
+            log.warning("SetResourceValues to %s answered code %s", endpoint.url,
+                        result.get("code"))
+            return False
+        return True
 
     def notify_delete_complete(self, endpoint: EndpointRow, nodelist: list[dict[str, Any]]
                                ) -> None:

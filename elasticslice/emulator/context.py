@@ -30,6 +30,7 @@ class Settings:
     tenant_load: float = 0.0
     tenant_interval: float = 5.0
     callback_timeout: float = 10.0
+    values_timeout: float = 2.0  # a SetResourceValues push to a client endpoint
 
 
 @dataclass

@@ -1,13 +1,19 @@
 """Dynamic ("elastic") slices: the server the client registers with, and node reclamation.
 
 ``/protogeni/xmlrpc/dynslice`` serves GetVersion, GetServerDefaults, SetSliceClientEndpoint,
-RemoveSliceClientEndpoint and SetResourceValues (the client pushes its node values; the
-``CLIENT`` policy uses them, missing = 1.0). When other tenants want nodes (the load model,
-``emulator load``) or the admin revokes some, the ``Reclaimer`` picks the lowest-valued nodes
-of slices with an endpoint (``LIFO``: value grows with age, so the newest go first), calls
-the client's NotifyDeletePending every notify interval with max_wait_time counting down,
-takes nodes at once when the client answers them with max_wait_time 0, deletes the rest
-when the wait is over, and then calls NotifyDeleteComplete.
+RemoveSliceClientEndpoint, and SetResourceValues as an emulator extension (the client states
+its own node values for the ``CLIENT`` policy, missing = 1.0; CloudLab documents no such
+call). When other tenants want nodes (the load model, ``emulator load``) or the admin
+revokes some, the ``Reclaimer`` picks the next nodes in its ranking of the nodes of slices
+with an endpoint (``LIFO``: newest first; ``CLIENT``: lowest client value first), calls the
+client's NotifyDeletePending every notify interval with max_wait_time counting down, takes
+nodes at once when the client answers them with max_wait_time 0, deletes the rest when the
+wait is over, and then calls NotifyDeleteComplete.
+
+Values go the other way too, as on CloudLab: the emulator calls the client endpoint's
+``SetResourceValues`` with what each node of the slice is worth (``values.py``, from the same
+ranking: lowest = reclaimed next) when the endpoint registers, when the tenant load changes,
+and before the first NotifyDeletePending of a reclamation.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from elasticslice.emulator.geni import GeniFault, optional, require
 from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import EndpointRow, Holder, NodeRow, ReclaimRow
 from elasticslice.emulator.tenants import Tenants
+from elasticslice.emulator.values import ValuePusher, resource_values
 from elasticslice.rpc.codes import GeniCode
 
 log = logging.getLogger(__name__)
@@ -98,6 +105,7 @@ class DynamicSliceService(Service):
         self.ctx.store.put_endpoint(EndpointRow(slice_urn, url, policy, wait,
                                                 call.caller))
         log.info("slice %s: client endpoint %s, policy %s", slice_urn, url, policy)
+        self.reclaimer.values.mark(slice_urn)
         return 1
 
     def RemoveSliceClientEndpoint(self, call: Call) -> Any:  # noqa: N802
@@ -108,6 +116,9 @@ class DynamicSliceService(Service):
         return 1
 
     def SetResourceValues(self, call: Call) -> Any:  # noqa: N802
+        """Emulator extension, client -> server: the client's own node values, which only
+        the CLIENT policy uses. (On CloudLab, SetResourceValues is a call the server makes
+        to the client's endpoint: see ``values.py``.)"""
         slice_urn = self._authorise(call)
         nodelist = require(call.params, "nodelist", list)
         nodes = {n.node_id: n for n in self.ctx.store.nodes(slice_urn=slice_urn)}
@@ -140,11 +151,15 @@ class Reclaimer:
         self.rng = random.Random(seed)
         self.tenants = Tenants(ctx, self.rng)
         self.callbacks = CallbackClient(ctx)
+        self.values = ValuePusher(ctx, self.callbacks, self.resource_values)
+        self._seen_target: int | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         slivers.release_hooks.append(self._on_release)
 
     def start(self) -> None:
+        self._seen_target = self.tenants.target
+        self.values.start()
         self._thread = threading.Thread(target=self._run, name="emulator-reclaimer", daemon=True)
         self._thread.start()
 
@@ -153,6 +168,7 @@ class Reclaimer:
         self.ctx.wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.values.stop()
 
     def wake(self) -> None:
         self.ctx.wakeup.set()
@@ -179,6 +195,9 @@ class Reclaimer:
                     log.info("sliver of %s expired; deleting it", sliver.slice_urn)
                     self.slivers.delete_sliver(sliver, reason="expired")
             self.tenants.step_model(now)
+            if self.tenants.target != self._seen_target:  # load changed: values matter more
+                self._seen_target = self.tenants.target
+                self.values.mark_all()
             pending = [r for r in ctx.store.reclaims(pending_only=True) if r.reason == "tenant"]
             shortfall = self.tenants.reconcile(len(pending))
             if shortfall > 0:
@@ -186,7 +205,17 @@ class Reclaimer:
         self._notify_due(now)
 
     def victims(self, count: int, hardware_type: str | None = None) -> list[NodeRow]:
-        """The ``count`` lowest-valued nodes of dynamic slices (ties: newest first)."""
+        """The ``count`` nodes of dynamic slices to reclaim next."""
+        return self.ranking(hardware_type)[:count]
+
+    def resource_values(self, slice_urn: str) -> list[dict[str, Any]]:
+        """What each node of ``slice_urn`` is worth now (SetResourceValues nodelist)."""
+        pending = {r.node_id for r in self.ctx.store.reclaims(pending_only=True)}
+        return resource_values(self.ctx, slice_urn, self.ranking(), pending)
+
+    def ranking(self, hardware_type: str | None = None) -> list[NodeRow]:
+        """Reclaimable nodes of dynamic slices, the next to go first: lowest value (LIFO:
+        share of the longest holding time; CLIENT: the client's value), ties newest first."""
         store = self.ctx.store
         endpoints = {e.slice_urn: e for e in store.all_endpoints()}
         busy = {r.node_id for r in store.reclaims(pending_only=True)}
@@ -201,7 +230,7 @@ class Reclaimer:
                 return (node.value, -node.allocated_at)
             return ((now - node.allocated_at) / oldest, -node.allocated_at)
 
-        return sorted(candidates, key=value)[:count]
+        return sorted(candidates, key=value)
 
     def revoke(self, node_ids: list[str]) -> dict[str, str]:
         """Admin: take these nodes back (countdown for dynamic slices, at once otherwise)."""
@@ -256,6 +285,8 @@ class Reclaimer:
                          "max_wait_time": max(0, math.ceil(r.deadline - now))} for r in rows]
             early: set[str] = set()
             if endpoint is not None:
+                if any(r.notifications == 0 for r in rows):  # values first, then the notice
+                    self.values.push_now(slice_urn)
                 early = self.callbacks.notify_delete_pending(endpoint, nodelist)
             for r in rows:
                 if endpoint is not None:  # nobody is told when the slice has no endpoint

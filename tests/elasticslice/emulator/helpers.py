@@ -7,6 +7,7 @@ import os
 import socketserver
 import ssl
 import threading
+import time
 import xmlrpc.client
 from pathlib import Path
 from typing import Any
@@ -103,10 +104,12 @@ def user_cert_pem(d: Path) -> str:
 
 class CallbackEndpoint:
     """A real HTTPS XML-RPC client endpoint (certificate from the emulator CA) that records
-    the calls the emulator makes and answers NotifyDeletePending early or not."""
+    the calls the emulator makes and answers NotifyDeletePending early or not. With
+    ``values_delay`` it answers SetResourceValues that many seconds late (a slow client)."""
 
     def __init__(self, d: Path, tmp: Path, early: bool = True, user_cert: bool = False) -> None:
         self.early = early
+        self.values_delay = 0.0
         self.calls: list[tuple[str, dict[str, Any], str | None]] = []
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         if user_cert:  # the user's own certificate serves the endpoint
@@ -129,17 +132,22 @@ class CallbackEndpoint:
                 (params,), method = xmlrpc.client.loads(body)
                 peer = self.connection.getpeercert() or {}
                 urn = next((v for k, v in peer.get("subjectAltName", ()) if k == "URI"), None)
+                if method == "SetResourceValues" and outer.values_delay:
+                    time.sleep(outer.values_delay)
                 outer.calls.append((method, params, urn))
                 value: Any = 0
                 if method == "NotifyDeletePending" and outer.early:
                     value = [dict(item, max_wait_time=0) for item in params["nodelist"]]
                 reply = xmlrpc.client.dumps(({"code": 0, "value": value, "output": ""},),
                                             methodresponse=True).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/xml")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/xml")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                except OSError:  # the emulator gave up waiting (a slow client)
+                    self.close_connection = True
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -158,6 +166,11 @@ class CallbackEndpoint:
 
     def methods(self) -> list[str]:
         return [m for m, _, _ in self.calls]
+
+    def values(self) -> list[dict[str, float]]:
+        """Each SetResourceValues received, as {client_id: value}."""
+        return [{n["client_id"]: n["value"] for n in p["nodelist"]}
+                for m, p, _ in self.calls if m == "SetResourceValues"]
 
     def close(self) -> None:
         self.server.shutdown()

@@ -145,3 +145,84 @@ def test_admin_errors_are_clear(emulator, tmp_path):
     with pytest.raises(Exception) as info:
         AdminClient(tmp_path / "x").call("Status")
     assert "no emulator is running" in str(info.value)
+
+
+# ---- SetResourceValues: the emulator tells the client what its nodes are worth
+
+def _details(s, urn, cred):
+    return {d["client_id"]: d for d in s.status(urn, cred)["details"].values()}
+
+
+def test_values_are_pushed_to_the_endpoint_on_registration(emulator, endpoint_factory):
+    ep = endpoint_factory(emulator)
+    s, urn, cred = _dynamic_slice(emulator, ep)
+    wait_for(lambda: ep.values(), timeout=20, what="SetResourceValues")
+    (method, params, caller), = [c for c in ep.calls if c[0] == "SetResourceValues"][:1]
+    assert caller == CM_URN  # the emulator calls, with the CM certificate
+    details = _details(s, urn, cred)
+    assert sorted(n["client_id"] for n in params["nodelist"]) == sorted(details) == ["n1", "n2"]
+    for item in params["nodelist"]:
+        assert 0.0 <= item["value"] <= 1.0
+        assert item["component_urn"] == details[item["client_id"]]["component_urn"]
+        assert item["node_id"] == item["component_urn"].rsplit("+", 1)[-1]
+
+
+@pytest.mark.parametrize("policy", ["LIFO", "CLIENT"])
+def test_the_node_with_the_lowest_pushed_value_is_reclaimed_next(emulator_factory,
+                                                                  endpoint_factory, tmp_path,
+                                                                  policy):
+    emu = emulator_factory(inventory=_small_inventory(tmp_path))
+    ep = endpoint_factory(emu)
+    s, urn, cred = _dynamic_slice(emu, ep, policy=policy)
+    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {"n3": {}}}))
+    if policy == "CLIENT":  # the emulator extension: the client ranks its own nodes
+        ok(s.dyn.SetResourceValues({"slice_urn": urn, "credentials": [cred], "nodelist": [
+            {"client_id": "n1", "value": 0.8}, {"client_id": "n2", "value": 0.1}]}))
+    admin = AdminClient(emu.dir)
+    admin.call("SetLoad", busy=1)  # the free node is enough: nothing reclaimed yet
+    pushed = wait_for(lambda: [v for v in ep.values() if len(v) == 3], timeout=20,
+                      what="values after the load changed")[-1]
+    assert "NotifyDeletePending" not in ep.methods()
+    lowest = min(pushed, key=pushed.get)
+    assert lowest == ("n3" if policy == "LIFO" else "n2")
+    assert sorted(pushed.values()) == sorted(set(pushed.values()))  # a strict order
+    admin.call("SetLoad", busy=2)  # now one node must come from the slice
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="reclaim")
+    (notice,) = {p["nodelist"][0]["client_id"] for m, p, _ in ep.calls
+                 if m == "NotifyDeletePending"}
+    assert notice == lowest
+    assert lowest not in _details(s, urn, cred)
+
+
+def test_values_are_pushed_before_a_revokes_first_notice(emulator, endpoint_factory):
+    ep = endpoint_factory(emulator, early=True)
+    s, urn, cred = _dynamic_slice(emulator, ep)
+    wait_for(lambda: ep.values(), timeout=20, what="values on registration")
+    node_id = _details(s, urn, cred)["n1"]["component_urn"].rsplit("+", 1)[-1]
+    AdminClient(emulator.dir).call("Revoke", nodes=[node_id])
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="revoke")
+    methods = ep.methods()
+    first_notice = methods.index("NotifyDeletePending")
+    before = [i for i, m in enumerate(methods[:first_notice]) if m == "SetResourceValues"]
+    assert len(before) >= 2  # registration, then the one before the notice
+    values = {n["client_id"]: n["value"] for n in ep.calls[before[-1]][1]["nodelist"]}
+    assert values["n1"] == 0.0 < values["n2"]  # being reclaimed: worth nothing
+
+
+def test_a_slow_endpoint_does_not_stall_reclamation_and_values_are_retried(emulator_factory,
+                                                                           endpoint_factory):
+    emu = emulator_factory(max_wait=1, notify_interval=0.2)
+    values = emu.server.reclaimer.values
+    emu.server.ctx.settings.values_timeout = 0.3
+    ep = endpoint_factory(emu, early=False)
+    ep.values_delay = 3.0  # far longer than the emulator waits
+    s, urn, cred = _dynamic_slice(emu, ep, wait=1)
+    wait_for(lambda: values.failures >= 1, timeout=20, what="a failed push")
+    node_id = _details(s, urn, cred)["n2"]["component_urn"].rsplit("+", 1)[-1]
+    AdminClient(emu.dir).call("Revoke", nodes=[node_id])
+    # The countdown and the forced delete go on although every push times out.
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=30, what="forced delete")
+    assert values.pushes == 0 and values.failures >= 2
+    ep.values_delay = 0.0  # the client recovers: a retry gets through
+    wait_for(lambda: values.pushes >= 1, timeout=30, what="a retried push")
+    assert sorted(_details(s, urn, cred)) == ["n1"]
