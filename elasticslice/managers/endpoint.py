@@ -217,14 +217,15 @@ class _DeleteJob:
                     _kill_group(proc)
                     why = "cancelled" if self.cancelled.is_set() else "deadline passed"
                     log.warning("%s killed (%s)", what, why)
-                    _log_output(what, out)
+                    _log_output(what, out, logging.WARNING)
                     return None
                 try:
                     code = proc.wait(timeout=min(left, 0.25))
                 except subprocess.TimeoutExpired:
                     pass
-            log.log(logging.INFO if code == 0 else logging.WARNING, "%s exited %d", what, code)
-            _log_output(what, out)
+            level = logging.INFO if code == 0 else logging.WARNING
+            log.log(level, "%s exited %d", what, code)
+            _log_output(what, out, level)
             return code
 
 
@@ -241,14 +242,14 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def _log_output(what: str, out: Any) -> None:
+def _log_output(what: str, out: Any, level: int) -> None:
     out.seek(0, os.SEEK_END)
     size = out.tell()
     out.seek(max(0, size - OUTPUT_TAIL))
     text = out.read().decode("utf-8", "replace").strip()
     if text:
         cut = "..." if size > OUTPUT_TAIL else ""
-        log.info("%s output: %s%s", what, cut, " | ".join(text.splitlines()))
+        log.log(level, "%s output: %s%s", what, cut, " | ".join(text.splitlines()))
 
 
 class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
@@ -291,6 +292,10 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         log.info("NotifyDeletePending: %d node(s), %d new: %s", len(nodes), len(fresh),
                  " ".join(f"{n.node_id}({n.max_wait_time}s)" for n in notices[:20]))
         self._call_hook(self.on_delete_pending, notices)
+        gone = [n["node_id"] for n in fresh if n["max_wait_time"] == 0]
+        if gone:  # CloudLab could not wait: the node may be gone already, no time for commands
+            self._finish(gone, "no-time")
+        fresh = [n for n in fresh if n["max_wait_time"] > 0]
         if fresh:
             groups = [fresh] if self.delete_in_group else [[n] for n in fresh]
             for group in groups:

@@ -19,7 +19,6 @@ from elasticslice.rpc import pki
 from elasticslice.rpc.endpoint import EndpointServer, ProtoGeniClientServerEndpoint
 
 CM_URN = "urn:publicid:IDN+emulab.test+authority+cm"
-USER_URN = "urn:publicid:IDN+emulab.test+user+alice"
 
 
 def _context(d: Path, cert: Path | None = None, key: Path | None = None,
