@@ -423,15 +423,19 @@ def start_endpoint(m: Manager) -> None:
     ecfg = m.endpoint_config
     client = m.server.config
     certfile = ecfg.certificate or client.certificate
-    password = None
     if ecfg.certificate is None:
         password = m.server._passphrase or load_passphrase(client)
+    elif getattr(ecfg, "passphrase_file", None) is not None:
+        password = ecfg.passphrase_file.read_text().strip()
+    else:
+        password = None
     if client.ca_bundle is None:
         raise ElasticSliceError("the callback endpoint needs [protogeni] ca_bundle (the CA "
                                 "the CM's certificate chains to)")
     urns = [ecfg.cm_urn] if ecfg.cm_urn else [str(c.get_version().get("urn", ""))
                                                for c in m.cms]
-    server = EndpointServer(m, certfile=certfile, password=password, ca_file=client.ca_bundle,
+    server = EndpointServer(m, certfile=certfile, keyfile=getattr(ecfg, "keyfile", None),
+                            password=password, ca_file=client.ca_bundle,
                             allowed_urns=frozenset(u for u in urns if u),
                             host=ecfg.address, port=ecfg.port)
     server.start()

@@ -147,14 +147,20 @@ class Cycle:
     def start(self, first_delay: float | None = None) -> None:
         """Schedule every method; the first runs come after ``first_delay`` seconds
         (default: each method's interval, as after a :meth:`run_once`)."""
+        # With one worker, a due run of a busy method is skipped (it runs again anyway):
+        # APScheduler's WARNING for that is noise here.
+        sched_log = logging.getLogger("apscheduler.scheduler")
+        if sched_log.level == logging.NOTSET:
+            sched_log.setLevel(logging.ERROR)
         scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(1)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone=dt.timezone.utc)
         now = dt.datetime.now(dt.timezone.utc)
-        for name in self.order:
+        for index, name in enumerate(self.order):
             info = self.methods[name]
-            delay = info.interval if first_delay is None else first_delay
+            # Staggered, so that the first runs keep the order (ties would go by name).
+            delay = (info.interval if first_delay is None else first_delay) + index * 0.01
             scheduler.add_job(self.run_method, IntervalTrigger(seconds=info.interval),
                               args=[name], id=name, name=name,
                               next_run_time=now + dt.timedelta(seconds=delay))

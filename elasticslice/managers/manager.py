@@ -197,7 +197,8 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             enable_delete=mconfig.enable_delete, email=Notifier(mconfig.email),
             helper=helper, state_dir=mconfig.state_dir, policy=mconfig.policy(),
             renew_hours=mconfig.renew_hours, renew_margin=mconfig.renew_margin,
-            endpoint=mconfig.endpoint if mconfig.endpoint.enabled else None)
+            endpoint=mconfig.endpoint if mconfig.endpoint.enabled else None,
+            delete_in_group=getattr(mconfig, "delete_in_group", True))
         options.update(extra)
         return cls(server, **options)
 
