@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from elasticslice.managers.deletes import DeleteJob
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.endpoint import BadArgs, ProtoGeniClientServerEndpoint, response
 
@@ -36,9 +33,7 @@ MAX_ID = 256                # characters in a node_id / client_id
 MAX_URN = 1024              # characters in a component_urn
 MAX_WAIT_TIME = 2**31 - 1   # XML-RPC's int
 MAX_PARALLEL_DELETES = 4    # delete jobs running at once; more wait their turn
-KILL_GRACE = 1.0            # SIGTERM, then SIGKILL this much later
 STALE_AFTER = 600.0         # a finished notice CloudLab never completed is forgotten then
-OUTPUT_TAIL = 2000          # bytes of a delete command's output that reach the log
 KINDS = ("pending", "complete", "values")
 
 
@@ -164,92 +159,9 @@ class ElasticSliceClientEndpoint(ProtoGeniClientServerEndpoint):
 @dataclass
 class _Pending:
     notice: DeleteNotice
-    job: _DeleteJob | None = None
+    job: DeleteJob | None = None
     finished: bool = False
     outcome: str | None = None
-
-
-class _DeleteJob:
-    """The delete commands of some nodes, run serially; each a child in its own group."""
-
-    def __init__(self, node_ids: list[str], nodelist: list[dict[str, Any]],
-                 commands: list[str], deadline: float) -> None:
-        self.node_ids = node_ids
-        self.nodelist = nodelist
-        self.commands = commands
-        self.deadline = deadline  # epoch seconds; the countdown may move it
-        self.cancelled = threading.Event()
-
-    def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["ELASTICSLICE_DELETE_NODES"] = " ".join(self.node_ids)
-        env["ELASTICSLICE_DELETE_CLIENT_IDS"] = " ".join(
-            str(n.get("client_id") or "") for n in self.nodelist)
-        return env
-
-    def run(self) -> str:
-        """``done`` (every command exited 0), ``failed`` (one did not) or ``killed``."""
-        outcome = "done"
-        for index, command in enumerate(self.commands, 1):
-            if self.cancelled.is_set() or time.time() >= self.deadline:
-                return "killed"
-            code = self._run_one(index, command)
-            if code is None:
-                return "killed"
-            if code != 0:
-                outcome = "failed"
-        return outcome
-
-    def _run_one(self, index: int, command: str) -> int | None:
-        what = f"delete command {index}/{len(self.commands)} for {' '.join(self.node_ids)}"
-        with tempfile.TemporaryFile() as out:
-            try:
-                proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=subprocess.STDOUT, env=self._env(),
-                                        start_new_session=True)
-            except OSError as err:
-                log.warning("%s could not start: %s", what, err.strerror or err)
-                return 127
-            code: int | None = None
-            while code is None:
-                left = self.deadline - time.time()
-                if left <= 0 or self.cancelled.is_set():
-                    _kill_group(proc)
-                    why = "cancelled" if self.cancelled.is_set() else "deadline passed"
-                    log.warning("%s killed (%s)", what, why)
-                    _log_output(what, out, logging.WARNING)
-                    return None
-                try:
-                    code = proc.wait(timeout=min(left, 0.25))
-                except subprocess.TimeoutExpired:
-                    pass
-            level = logging.INFO if code == 0 else logging.WARNING
-            log.log(level, "%s exited %d", what, code)
-            _log_output(what, out, level)
-            return code
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _log_output(what: str, out: Any, level: int) -> None:
-    out.seek(0, os.SEEK_END)
-    size = out.tell()
-    out.seek(max(0, size - OUTPUT_TAIL))
-    text = out.read().decode("utf-8", "replace").strip()
-    if text:
-        cut = "..." if size > OUTPUT_TAIL else ""
-        log.log(level, "%s output: %s%s", what, cut, " | ".join(text.splitlines()))
 
 
 class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
@@ -271,7 +183,7 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         self._ep_pending: dict[str, _Pending] = {}
         self._ep_values: dict[str, ResourceValue] = {}
         self._ep_pool: ThreadPoolExecutor | None = None
-        self._ep_jobs: set[_DeleteJob] = set()
+        self._ep_jobs: set[DeleteJob] = set()
 
     # -- the RPC methods ---------------------------------------------------------------------
     def NotifyDeletePending(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
@@ -280,6 +192,10 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         fresh: list[dict[str, Any]] = []
         with self._ep_lock:
             self._forget_stale(notices[0].received if notices else time.time())
+            unknown = sum(1 for n in notices if n.node_id not in self._ep_pending)
+            if len(self._ep_pending) + unknown > MAX_NODES:
+                raise BadArgs(f"nodelist: more than {MAX_NODES} nodes would be pending "
+                              "delete at once")
             for node, notice in zip(nodes, notices):
                 known = self._ep_pending.get(notice.node_id)
                 if known is None:
@@ -367,7 +283,7 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         if not commands:
             self._finish(node_ids, "done")
             return
-        job = _DeleteJob(node_ids, [dict(n) for n in nodelist], commands, deadline)
+        job = DeleteJob(node_ids, [dict(n) for n in nodelist], commands, deadline)
         with self._ep_lock:
             for node_id in node_ids:
                 pending = self._ep_pending.get(node_id)
@@ -379,7 +295,7 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
                                                    thread_name_prefix="delete")
             self._ep_pool.submit(self._run_job, job)
 
-    def _run_job(self, job: _DeleteJob) -> None:
+    def _run_job(self, job: DeleteJob) -> None:
         try:
             outcome = job.run()
         except Exception:

@@ -306,6 +306,7 @@ class EndpointServer:
                                         kwargs={"poll_interval": 0.2},
                                         name="endpoint-accept", daemon=True)
         self._thread.start()
+        self._port = int(self._listener.server_address[1])  # the port 0 chose
         log.info("client endpoint listening on %s", self.url)
 
     def stop(self) -> None:
@@ -327,7 +328,6 @@ class EndpointServer:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        self._bound_port = int(listener.server_address[1])
 
     def __enter__(self) -> EndpointServer:
         self.start()
@@ -338,9 +338,8 @@ class EndpointServer:
 
     @property
     def port(self) -> int:
-        if self._listener is not None:
-            return int(self._listener.server_address[1])
-        return getattr(self, "_bound_port", self._port)
+        """The port listened on (before ``start``, the one asked for: 0 means any)."""
+        return self._port
 
     @property
     def url(self) -> str:

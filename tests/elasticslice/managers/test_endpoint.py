@@ -59,6 +59,11 @@ class Recording(SimpleElasticSliceClientEndpoint):
         return [v for k, v in self.events if k == "finished"]
 
 
+def gated(gate: Path) -> str:
+    """A delete command that waits (at most two minutes) until the test creates ``gate``."""
+    return f"i=0; while [ ! -e {gate} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done"
+
+
 def notice(*nodes: tuple[str, int]) -> dict[str, Any]:
     return {"nodelist": [{"node_id": n, "client_id": f"c-{n}", "max_wait_time": w}
                          for n, w in nodes]}
@@ -135,7 +140,7 @@ def test_wellformed_nodelists_keep_extra_keys_and_optional_ones():
 
 def test_malformed_params_over_tls_are_badargs_and_the_endpoint_keeps_serving(
         emulator_pki, tmp_path, endpoints):
-    ep, helper = endpoints("true")
+    ep, helper = endpoints("exec sleep 300")  # killed by the fixture's shutdown_deletes
     cm = Callers(emulator_pki, tmp_path).cm()
     with serving(emulator_pki, ep) as server:
         for method in ("NotifyDeletePending", "NotifyDeleteComplete", "SetResourceValues"):
@@ -153,8 +158,7 @@ def test_malformed_params_over_tls_are_badargs_and_the_endpoint_keeps_serving(
 def test_the_countdown_is_answered_early_once_the_delete_commands_finish(endpoints, tmp_path):
     gate, ran = tmp_path / "gate", tmp_path / "ran"
     ep, helper = endpoints(f'echo "$ELASTICSLICE_DELETE_NODES" > {ran}',
-                           f"i=0; while [ ! -e {gate} ] && [ $i -lt 600 ]; do sleep 0.05; "
-                           "i=$((i+1)); done")
+                           gated(gate))
     first = ep.NotifyDeletePending(notice(("pc1", 60), ("pc2", 60)))
     assert waits(first) == {"pc1": 60, "pc2": 60}  # answered at once, commands still running
     assert ep.has_pending_deletes() and not ep.delete_finished("pc1")
@@ -207,10 +211,12 @@ def test_one_job_per_node_when_not_deleting_in_group(endpoints):
     assert all(len(c) == 1 for c in helper.calls)
 
 
-def test_max_wait_time_zero_means_gone_no_commands_and_answered_zero(endpoints):
-    ep, helper = endpoints("true")
+def test_max_wait_time_zero_means_gone_no_commands_and_answered_zero(endpoints, tmp_path):
+    gate = tmp_path / "gate"
+    ep, helper = endpoints(gated(gate))
     assert waits(ep.NotifyDeletePending(notice(("pc1", 0), ("pc2", 40)))) == \
         {"pc1": 0, "pc2": 40}
+    gate.touch()
     wait_for(lambda: len(ep.outcomes()) == 2, timeout=30, what="pc2's delete")
     assert ep.outcomes() == [(["pc1"], "no-time"), (["pc2"], "done")]
     assert [[n["node_id"] for n in c] for c in helper.calls] == [["pc2"]]
@@ -219,6 +225,17 @@ def test_max_wait_time_zero_means_gone_no_commands_and_answered_zero(endpoints):
 def test_no_helper_releases_at_the_first_answer():
     ep = SimpleElasticSliceClientEndpoint()
     assert waits(ep.NotifyDeletePending(notice(("pc1", 30)))) == {"pc1": 0}
+
+
+def test_pending_deletes_are_bounded():
+    ep = SimpleElasticSliceClientEndpoint()
+    many = [(f"pc{i}", 60) for i in range(MAX_NODES)]
+    assert ep.NotifyDeletePending(notice(*many))["code"] == GeniCode.SUCCESS
+    assert ep.NotifyDeletePending(notice(*many[:5]))["code"] == GeniCode.SUCCESS  # countdown
+    with pytest.raises(BadArgs, match=f"more than {MAX_NODES} nodes would be pending"):
+        ep.NotifyDeletePending(notice(("one-more", 60)))
+    ep.NotifyDeleteComplete(notice(*many[:1]))
+    assert waits(ep.NotifyDeletePending(notice(("one-more", 60)))) == {"one-more": 0}
 
 
 def test_failing_commands_and_helpers_still_release(endpoints, caplog):
@@ -284,8 +301,7 @@ def test_the_stub_endpoint_checks_and_answers_success():
 
 def test_many_concurrent_notices_never_block_the_handlers(endpoints, tmp_path):
     gate = tmp_path / "gate"
-    ep, _ = endpoints(f"i=0; while [ ! -e {gate} ] && [ $i -lt 600 ]; do sleep 0.05; "
-                      "i=$((i+1)); done", delete_in_group=False)
+    ep, _ = endpoints(gated(gate), delete_in_group=False)
     nodes = [(f"pc{i}", 120) for i in range(50)]
     answers: list[dict[str, Any]] = []
     threads = [threading.Thread(target=lambda: answers.append(ep.NotifyDeletePending(

@@ -176,26 +176,28 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(emulator_pki, caller
 def test_idle_connections_cannot_exhaust_the_workers(emulator_pki, callers):
     """A peer that opens TCP connections and says nothing holds a worker only until the
     handshake timeout; beyond the workers a connection is refused at once, never queued."""
+    hogs: list[socket.socket] = []
+
+    def refused_while_busy() -> bool:
+        # connections are accepted in order: fresh hogs hold both workers before the CM's call
+        hogs.extend(socket.create_connection(("127.0.0.1", server.port)) for _ in range(2))
+        before = server.refused
+        try:
+            call(server.url, callers.cm(), "Echo", {})
+        except (OSError, ssl.SSLError, xmlrpc.client.ProtocolError):
+            pass
+        return server.refused > before
     with serving(emulator_pki, Recorder(), workers=2) as server:
         server.handshake_timeout = 1.0
-        hogs = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
         try:
-            wait_for(lambda: _refused_while_busy(server, callers), timeout=30,
+            wait_for(refused_while_busy, timeout=60,
                      what="a connection refused while both workers are held")
-            wait_for(lambda: _cm_gets_in(server, callers), timeout=30,
-                     what="the CM served once the idle peers timed out")
+            # the hogs stay open: their handshake timeout frees the workers
+            wait_for(lambda: _cm_gets_in(server, callers), timeout=60,
+                     what="the CM served while the idle peers are still connected")
         finally:
             for hog in hogs:
                 hog.close()
-
-
-def _refused_while_busy(server: EndpointServer, callers: Callers) -> bool:
-    before = server.refused
-    try:
-        call(server.url, callers.cm(), "Echo", {})
-    except (OSError, ssl.SSLError, xmlrpc.client.ProtocolError):
-        pass
-    return server.refused > before
 
 
 def _cm_gets_in(server: EndpointServer, callers: Callers) -> bool:
