@@ -11,7 +11,8 @@ own certificate. The server trusts nobody else:
 - one params struct in, ``{code, value, output}`` out; an unknown method is XML-RPC fault
   -32497; malformed params BADARGS; a method that raises SERVERERROR (logged with context);
 - bounded: request body size, worker threads (a connection beyond them is refused at once),
-  handshake and read timeouts, so a slow or hostile peer can neither stall nor exhaust it.
+  handshake and read timeouts, and a lifetime per connection (a peer trickling bytes is cut
+  off), so a slow or hostile peer can neither stall nor exhaust it.
 
 The served object knows nothing of HTTP: it is a :class:`ProtoGeniClientServerEndpoint`
 whose ``RPC_METHODS`` name the methods that may be called.
@@ -24,6 +25,7 @@ import socket
 import socketserver
 import ssl
 import threading
+import time
 import xmlrpc.client
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 5.0
 READ_TIMEOUT = 10.0
+CONNECTION_LIFETIME = 60.0  # a connection older than this is closed, however busy it looks
 MAX_OUTPUT = 200
 
 
@@ -147,6 +150,9 @@ class _Listener(socketserver.TCPServer):
     def handle_error(self, request: object, client_address: Any) -> None:
         log.exception("unexpected error serving %s", client_address[0])
 
+    def service_actions(self) -> None:  # every poll of the accept loop
+        self.owner.reap()
+
 
 class EndpointServer:
     """Serve ``endpoint`` over HTTPS on ``host:port`` (port 0: any free port)."""
@@ -173,7 +179,8 @@ class EndpointServer:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(workers)
-        self._open: set[socket.socket] = set()
+        self._open: dict[socket.socket, float] = {}  # connection -> when it was accepted
+        self.connection_lifetime = CONNECTION_LIFETIME
         self._open_lock = threading.Lock()
         self.refused = 0  # connections refused because every worker was busy
 
@@ -267,9 +274,12 @@ class EndpointServer:
 
     def _serve(self, request: socket.socket, client_address: Any) -> None:
         tls: ssl.SSLSocket | None = None
+        accepted = time.monotonic()
         try:
             request.settimeout(self.handshake_timeout)
             request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._open_lock:
+                self._open[request] = accepted
             try:
                 tls = self._context.wrap_socket(request, server_side=True)
             except (ssl.SSLError, OSError) as err:
@@ -277,7 +287,8 @@ class EndpointServer:
                 return
             tls.settimeout(self.read_timeout)
             with self._open_lock:
-                self._open.add(tls)
+                self._open.pop(request, None)
+                self._open[tls] = accepted
             listener = self._listener
             if listener is not None:
                 _Handler(tls, client_address, listener)
@@ -286,11 +297,23 @@ class EndpointServer:
         except Exception:
             log.exception("unexpected error serving %s", client_address[0])
         finally:
-            if tls is not None:
-                with self._open_lock:
-                    self._open.discard(tls)
+            with self._open_lock:
+                self._open.pop(request, None)
+                if tls is not None:
+                    self._open.pop(tls, None)
             _close(tls or request)
             self._slots.release()
+
+    def reap(self, now: float | None = None) -> int:
+        """Close connections open longer than ``connection_lifetime`` (a peer trickling a
+        request one byte at a time must not keep a worker); how many were closed."""
+        now = time.monotonic() if now is None else now
+        with self._open_lock:
+            old = [c for c, t in self._open.items() if now - t > self.connection_lifetime]
+        for conn in old:
+            log.warning("closing a connection open for over %.0f s", self.connection_lifetime)
+            _shutdown(conn)
+        return len(old)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -321,10 +344,7 @@ class EndpointServer:
         with self._open_lock:
             conns = list(self._open)
         for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shutdown(conn)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -352,6 +372,13 @@ def _answer(result: dict[str, Any]) -> bytes:
 
 def _fault(code: int, message: str) -> bytes:
     return xmlrpc.client.dumps(xmlrpc.client.Fault(code, message), methodresponse=True).encode()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _close(sock: socket.socket) -> None:

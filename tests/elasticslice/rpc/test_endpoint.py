@@ -200,6 +200,31 @@ def test_idle_connections_cannot_exhaust_the_workers(emulator_pki, callers):
                 hog.close()
 
 
+def test_a_peer_trickling_its_request_is_cut_off(emulator_pki, callers):
+    """Slowloris: a same-CA peer sends a header byte at a time, each within the read timeout;
+    the connection lifetime closes it anyway, and the CM is served meanwhile."""
+    with serving(emulator_pki, Recorder(), workers=2) as server:
+        server.connection_lifetime = 1.0
+        raw = socket.create_connection(("127.0.0.1", server.port))
+        slow = callers.user().wrap_socket(raw, server_hostname="127.0.0.1")
+        slow.sendall(b"POST / HTTP/1.1\r\n")
+
+        def cut_off() -> bool:
+            try:
+                slow.sendall(b"X")
+                slow.settimeout(0.2)
+                return slow.recv(1) == b""
+            except (TimeoutError, socket.timeout):
+                return False
+            except (OSError, ssl.SSLError):
+                return True
+        try:
+            assert _cm_gets_in(server, callers)
+            wait_for(cut_off, timeout=60, what="the trickling connection closed")
+        finally:
+            slow.close()
+
+
 def _cm_gets_in(server: EndpointServer, callers: Callers) -> bool:
     try:
         return call(server.url, callers.cm(), "Echo", {})["code"] == 0
