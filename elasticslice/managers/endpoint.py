@@ -82,7 +82,7 @@ def parse_nodelist(params: object, *, kind: str) -> list[dict[str, Any]]:
     ``kind``: "pending" (NotifyDeletePending: node_id, max_wait_time required), "complete"
     (NotifyDeleteComplete: node_id required) or "values" (SetResourceValues: node_id and value
     0..1 required). client_id and component_urn are optional strings. Unknown keys are kept
-    (the answer to NotifyDeletePending is a copy of the list). Raises :class:`BadArgs` with
+    (the answer to NotifyDeletePending is a copy of the list); a ``<nil/>`` value is dropped. Raises :class:`BadArgs` with
     one line naming the item and key.
     """
     if kind not in KINDS:
@@ -108,7 +108,7 @@ def parse_nodelist(params: object, *, kind: str) -> list[dict[str, Any]]:
         seen.add(node_id)
         _string(item, "client_id", where, MAX_ID, False)
         _string(item, "component_urn", where, MAX_URN, False)
-        copy = dict(item)
+        copy = {k: v for k, v in item.items() if v is not None}  # <nil/>: as if absent
         if kind != "values" and ("max_wait_time" in item or kind == "pending"):
             wait = item.get("max_wait_time")
             if isinstance(wait, bool) or not isinstance(wait, int) or \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.endpoint import BadArgs
 from tests.conftest import REPO, process_alive, wait_for
 from tests.elasticslice.emulator.helpers import REQUEST
-from tests.elasticslice.rpc.endpointkit import CM_URN, Callers, call, serving
+from tests.elasticslice.rpc.endpointkit import CM_URN, Callers, call, post, serving
 
 
 class Commands:
@@ -150,6 +151,14 @@ def test_malformed_params_over_tls_are_badargs_and_the_endpoint_keeps_serving(
                 assert answer["code"] == GeniCode.BADARGS, (method, params, answer)
                 assert answer["output"].startswith(f"{method}: nodelist")
         assert helper.calls == [] and ep.events == []  # nothing acted on bad input
+        # a <nil/> client_id is as if absent: it must not make the answer unsendable
+        nil = xmlrpc.client.dumps(({"nodelist": [{"node_id": "pc9", "client_id": None,
+                                                  "max_wait_time": 30}]},),
+                                  "NotifyDeletePending", allow_none=True).encode()
+        _, body = post(server.port, cm, nil)
+        (answer,), _ = xmlrpc.client.loads(body)
+        assert answer["code"] == 0 and answer["value"] == [{"node_id": "pc9",
+                                                             "max_wait_time": 30}]
         assert waits(call(server.url, cm, "NotifyDeletePending", notice(("pc1", 30)))) == \
             {"pc1": 30}
 
