@@ -74,11 +74,14 @@ class Cycle:
                         for m in self.order}
         self._lock = threading.Lock()
         self._scheduler: BackgroundScheduler | None = None
+        self._stopping = False
 
     # ---- one method, with bookkeeping (used by the jobs and by run_once)
     def run_method(self, name: str) -> bool:
         """Run ``name`` once; True when it succeeded. Never raises."""
         info = self.methods[name]
+        if self._stopping:
+            return False
         with self._lock:
             info.running = True
             info.rerun = False
@@ -149,9 +152,12 @@ class Cycle:
         (default: each method's interval, as after a :meth:`run_once`)."""
         # With one worker, a due run of a busy method is skipped (it runs again anyway):
         # APScheduler's WARNING for that is noise here.
-        sched_log = logging.getLogger("apscheduler.scheduler")
-        if sched_log.level == logging.NOTSET:
-            sched_log.setLevel(logging.ERROR)
+        # Its INFO lines (every run of every job) would drown the manager's own.
+        for name, level in (("apscheduler", logging.WARNING),
+                            ("apscheduler.scheduler", logging.ERROR)):
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(level)
+        self._stopping = False
         scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(1)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -168,6 +174,8 @@ class Cycle:
         scheduler.start()
 
     def stop(self, wait: bool = True) -> None:
+        """Stop scheduling; the method running finishes, queued runs are dropped."""
+        self._stopping = True
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None and scheduler.running:
             scheduler.shutdown(wait=wait)

@@ -193,7 +193,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             maxthreshold=mconfig.maxthreshold,
             percent_available_minimum=mconfig.percent_available_minimum,
             manage_intervals=dict(mconfig.intervals), retry_interval=mconfig.retry_interval,
-            nodetype=mconfig.nodetype, cmlist=list(mconfig.cmlist) or None,
+            nodetype=mconfig.nodetype, cmlist=list(mconfig.cms([c.url for c in server.cms])),
             enable_delete=mconfig.enable_delete, email=Notifier(mconfig.email),
             helper=helper, state_dir=mconfig.state_dir, policy=mconfig.policy(),
             renew_hours=mconfig.renew_hours, renew_margin=mconfig.renew_margin,
@@ -309,10 +309,16 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         return added
 
     def should_delete_nodes(self, cm: Any = None) -> Any:
-        """The client_ids to give back at ``cm`` (what DeleteNodes takes), or None."""
+        """The client_ids to give back at ``cm`` (what DeleteNodes takes), or None: the
+        policy's victims, and added nodes that failed to boot (they only hold a machine;
+        the policy does not count them, so they are replaced)."""
         url = self._cms(cm)[0].url
-        victims = self.decide().delete.get(url, ())
-        return list(victims) or None
+        victims = list(self.decide().delete.get(url, ()))
+        busy = {c for i in self.state.open_intents() for c in i.client_ids}
+        victims += [n.client_id for n in self.state.nodes(url)
+                    if n.state == "failed" and not n.initial and n.client_id not in busy
+                    and n.client_id not in victims]
+        return victims or None
 
     def delete_nodes(self, cm: Any = None) -> Any:
         deleted = 0

@@ -166,3 +166,20 @@ def test_seed_constants_and_defaults() -> None:
     assert cls.METHOD_RESET_TRIGGERS["add_nodes"] == [
         "update_sliver_status", "update_available", "get_system_state", "set_system_state"]
     assert "add_nodes" in cls.CM_METHODS
+
+
+def test_added_nodes_that_fail_to_boot_are_given_back_and_replaced(
+        emulator_factory, make_manager, tmp_path: Path) -> None:
+    emulator = emulator_factory(boot_failure_rate=1.0)
+    manager = make_manager(emulator, maxthreshold=3)
+    manager.manage_once()
+    wait_for(lambda: manager.update_sliver_status() is not None and all(
+        n.state == "failed" for n in manager.state.nodes()), what="failed boots")
+    emulator.server.faults.boot_rate = 0.0
+    manager.manage_once()  # gives node-2 and node-3 back ...
+    manager.manage_once()  # ... and adds two new ones
+    # node-1 (initial) is never given back, but being failed it does not count either.
+    assert sorted(cm_nodes(emulator, tmp_path)) == ["node-1", "node-4", "node-5", "node-6"]
+    gone = {n.client_id: n.gone_reason for n in manager.state.nodes(include_gone=True)
+            if n.gone_at is not None}
+    assert set(gone) == {"node-2", "node-3"}
