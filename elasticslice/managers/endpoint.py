@@ -285,10 +285,11 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
             return
         job = DeleteJob(node_ids, [dict(n) for n in nodelist], commands, deadline)
         with self._ep_lock:
-            for node_id in node_ids:
-                pending = self._ep_pending.get(node_id)
-                if pending is not None:
-                    pending.job = job
+            for pending in [self._ep_pending[i] for i in node_ids if i in self._ep_pending]:
+                # a countdown that came in meanwhile may have brought the deadline closer
+                pending.job = job
+                deadline = min(deadline, pending.notice.deadline)
+            job.deadline = deadline
             self._ep_jobs.add(job)
             if self._ep_pool is None:
                 self._ep_pool = ThreadPoolExecutor(MAX_PARALLEL_DELETES,
