@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from elasticslice.emulator.server import peer_from_socket
-from elasticslice.errors import ElasticSliceError
+from elasticslice.errors import CredentialError, ElasticSliceError
+from elasticslice.rpc import pki
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, FAULT_PARSE, GeniCode
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,18 @@ def _one_line(text: str, limit: int = MAX_OUTPUT) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def caller_urn(sock: ssl.SSLSocket) -> str | None:
+    """The URN of the verified peer certificate (its ``urn:publicid:IDN+`` subjectAltName URI,
+    as ProtoGENI reads it), or None."""
+    der = sock.getpeercert(binary_form=True)
+    if not der:
+        return None
+    try:
+        return pki.urn_from_certificate(der)
+    except CredentialError:
+        return None
+
+
 class ProtoGeniClientServerEndpoint:
     """The base of client endpoints: the methods named in ``RPC_METHODS`` are served, each
     called with the caller's params struct and answering a ``{code, value, output}`` dict."""
@@ -85,7 +97,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.timeout = self.server.owner.read_timeout
         super().setup()
         assert isinstance(self.connection, ssl.SSLSocket)
-        self.caller = peer_from_socket(self.connection, self.client_address[0]).urn
+        self.caller = caller_urn(self.connection)
 
     def _reply(self, status: int, payload: bytes, close: bool = False) -> None:
         self.send_response(status)
