@@ -172,7 +172,7 @@ class EndpointServer:
     def __init__(self, endpoint: ProtoGeniClientServerEndpoint, *, certfile: Path,
                  keyfile: Path | None = None, password: str | None = None, ca_file: Path,
                  allowed_urns: Callable[[], Collection[str]] | Collection[str],
-                 host: str = "127.0.0.1", port: int = 0, max_body: int = 1 << 20,
+                 host: str = "127.0.0.1", port: int = 0, max_body: int = 8 << 20,
                  workers: int = 4) -> None:
         if workers < 1:
             raise EndpointError(f"workers must be at least 1, not {workers}")

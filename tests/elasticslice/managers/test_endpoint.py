@@ -236,6 +236,21 @@ def test_no_helper_releases_at_the_first_answer():
     assert waits(ep.NotifyDeletePending(notice(("pc1", 30)))) == {"pc1": 0}
 
 
+def test_ten_thousand_nodes_fit_the_default_body_limit(emulator_pki, tmp_path):
+    """The bounds agree: the largest nodelist accepted also fits in the largest body read."""
+    ep = SimpleElasticSliceClientEndpoint()
+    cm = Callers(emulator_pki, tmp_path).cm()
+    urn = "urn:publicid:IDN+utah.cloudlab.us+node+"
+    values = {"nodelist": [{"node_id": f"ms{i:05d}", "client_id": f"node-{i}", "value": 0.5,
+                            "component_urn": urn + f"ms{i:05d}"} for i in range(MAX_NODES)]}
+    with serving(emulator_pki, ep) as server:
+        assert call(server.url, cm, "SetResourceValues", values)["code"] == 0
+        answer = call(server.url, cm, "NotifyDeletePending",
+                      notice(*[(f"ms{i:05d}", 600) for i in range(MAX_NODES)]))
+    assert len(ep.resource_values()) == MAX_NODES
+    assert set(waits(answer).values()) == {0}  # no helper: every node released at once
+
+
 def test_pending_deletes_are_bounded():
     ep = SimpleElasticSliceClientEndpoint()
     many = [(f"pc{i}", 60) for i in range(MAX_NODES)]
