@@ -186,3 +186,18 @@ def test_sigterm_stops_cleanly_and_removes_the_endpoint(emulator, tmp_path: Path
     assert store.all_endpoints() == []
     assert "removed the endpoint" in log.read_text()
     assert _live_nodes(tmp_path / "state") == ["node-1", "node-2", "node-3"]
+
+
+def test_the_systemd_unit_runs_manage_and_restarts_on_failure(tmp_path: Path) -> None:
+    import configparser
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(REPO / "etc" / "elasticslice.service")
+    service = unit["Service"]
+    command = service["ExecStart"].split()
+    assert command[-1] == "manage" and "--config" in command
+    assert service["Restart"] == "on-failure" and service["KillSignal"] == "SIGTERM"
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+    # The command line it runs exists.
+    result = run("manage", "--help")
+    assert result.exit_code == 0 and "--once" in result.output
