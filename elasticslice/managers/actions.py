@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("elasticslice.managers.manager")
 
 DONE_STATES = (NodeState.READY.value, NodeState.FAILED.value)
+FRESH = 1.0  # seconds an advertisement counts as current
 
 
 def _when(ts: float) -> dt.datetime:
@@ -213,9 +214,13 @@ def reconcile(m: Manager) -> int:
 
 
 def update_resources(m: Manager, cm: Any, *, available: bool) -> None:
-    """Availability per hardware type ("*": all nodes) from DiscoverResources."""
+    """Availability per hardware type ("*": all nodes) from DiscoverResources. The full
+    advertisement counts free nodes too: an available-only one right after it is skipped."""
     if available and cm.url not in m.totals:
         update_resources(m, cm, available=False)
+        return
+    if available and m.clock() - m.availability_at.get(cm.url, float("-inf")) < FRESH:
+        return
     ad = parse_rspec(cm.discover_resources(available=available), f"advertisement of {cm.url}")
     if available:
         avail = dict(ad.available_by_type or ad.total_by_type)
@@ -227,6 +232,7 @@ def update_resources(m: Manager, cm: Any, *, available: bool) -> None:
         avail = dict(ad.available_by_type)
         avail["*"] = sum(1 for n in ad.nodes if n.available)
     totals = m.totals[cm.url]
+    m.availability_at[cm.url] = m.clock()
     m.availability[cm.url] = {t: Availability(min(avail.get(t, 0), total), total)
                               for t, total in totals.items()}
 

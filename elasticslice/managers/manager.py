@@ -25,7 +25,7 @@ from elasticslice.managers.cycle import Cycle
 from elasticslice.managers.endpoint import SimpleElasticSliceClientEndpoint
 from elasticslice.managers.helpers import ElasticSliceHelper, PluginElasticSliceHelper
 from elasticslice.managers.notify import Notifier
-from elasticslice.managers.policy import Decision, PolicyConfig, decide
+from elasticslice.managers.policy import Decision, NodeState, Observed, PolicyConfig, decide
 from elasticslice.managers.state import ManagerState
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,8 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.totals: dict[str, dict[str, int]] = {}
         self.last_status: dict[str, Any] = {}
         self.last_decision: Decision | None = None
+        self.last_observed: Observed | None = None
+        self.availability_at: dict[str, float] = {}
         self.cycle = Cycle(self._run_method, order=self.manage_order,
                            intervals=self.manage_intervals, default_interval=self.DEF_INTERVAL,
                            reset_triggers=self.method_reset_triggers,
@@ -284,8 +286,9 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
 
     def decide(self) -> Decision:
         """The policy's decision on what the manager observes now (no I/O)."""
-        decision = decide(actions.observe(self), self.policy)
-        self.last_decision = decision
+        observed = actions.observe(self)
+        decision = decide(observed, self.policy)
+        self.last_observed, self.last_decision = observed, decision
         return decision
 
     def should_add_nodes(self, count: int = 0, cm: Any = None) -> Any:
@@ -314,9 +317,10 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         the policy does not count them, so they are replaced)."""
         url = self._cms(cm)[0].url
         victims = list(self.decide().delete.get(url, ()))
-        busy = {c for i in self.state.open_intents() for c in i.client_ids}
-        victims += [n.client_id for n in self.state.nodes(url)
-                    if n.state == "failed" and not n.initial and n.client_id not in busy
+        observed = self.last_observed
+        victims += [n.client_id for n in observed.nodes
+                    if n.cm == url and n.state is NodeState.FAILED and not n.initial
+                    and n.client_id not in observed.deleting and not n.pending_delete
                     and n.client_id not in victims]
         return victims or None
 

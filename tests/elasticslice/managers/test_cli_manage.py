@@ -201,3 +201,31 @@ def test_the_systemd_unit_runs_manage_and_restarts_on_failure(tmp_path: Path) ->
     # The command line it runs exists.
     result = run("manage", "--help")
     assert result.exit_code == 0 and "--once" in result.output
+
+
+def test_the_code_blocks_of_docs_manager_md_run(emulator, tmp_path: Path,
+                                                monkeypatch) -> None:
+    import re
+
+    from elasticslice.managers.config import load_manager_config
+    text = (REPO / "docs" / "manager.md").read_text(encoding="utf-8")
+    # The INI block is a valid [manager]/[endpoint] configuration.
+    (ini,) = re.findall(r"```ini\n(.*?)```", text, flags=re.S)
+    conf = tmp_path / "doc.conf"
+    conf.write_text(emulator.config_path.read_text() + "\n" + ini)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    mcfg = load_manager_config(conf, env={})
+    assert mcfg.maxthreshold == 10 and mcfg.intervals["add_nodes"] == 300
+    assert mcfg.tarballs == (("https://example.org/exp.tar.gz", "/local"),)
+    # The status example has the shape `status --json` prints.
+    (doc,) = re.findall(r"```json\n(.*?)```", text, flags=re.S)
+    assert set(json.loads(doc)) == {"slice", "nodes", "cycle"}
+    # The python blocks run.
+    namespace: dict[str, Any] = {"__name__": "docs_manager"}
+    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        exec(compile(block, "docs/manager.md", "exec"), namespace)  # noqa: S102
+    # The shell lines name commands that exist.
+    for line in re.findall(r"```sh\n(.*?)```", text, flags=re.S)[0].splitlines():
+        words = line.split("#")[0].split()
+        assert run(*[w for w in words[1:] if not w.startswith("~")
+                     and w != "--config"], "--help").exit_code == 0
