@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("elasticslice.managers.manager")
 
 DONE_STATES = (NodeState.READY.value, NodeState.FAILED.value)
-FRESH = 1.0  # seconds an advertisement counts as current
 
 
 def _when(ts: float) -> dt.datetime:
@@ -215,11 +214,12 @@ def reconcile(m: Manager) -> int:
 
 def update_resources(m: Manager, cm: Any, *, available: bool) -> None:
     """Availability per hardware type ("*": all nodes) from DiscoverResources. The full
-    advertisement counts free nodes too: an available-only one right after it is skipped."""
+    advertisement counts free nodes too: in one ``manage_once`` the available-only one
+    right after it is skipped."""
     if available and cm.url not in m.totals:
         update_resources(m, cm, available=False)
         return
-    if available and m.clock() - m.availability_at.get(cm.url, float("-inf")) < FRESH:
+    if available and m.full_pass and m.full_advertisement_in.get(cm.url) == m.full_pass:
         return
     ad = parse_rspec(cm.discover_resources(available=available), f"advertisement of {cm.url}")
     if available:
@@ -229,10 +229,10 @@ def update_resources(m: Manager, cm: Any, *, available: bool) -> None:
         totals = dict(ad.total_by_type)
         totals["*"] = len(ad.nodes)
         m.totals[cm.url] = totals
+        m.full_advertisement_in[cm.url] = m.full_pass
         avail = dict(ad.available_by_type)
         avail["*"] = sum(1 for n in ad.nodes if n.available)
     totals = m.totals[cm.url]
-    m.availability_at[cm.url] = m.clock()
     m.availability[cm.url] = {t: Availability(min(avail.get(t, 0), total), total)
                               for t, total in totals.items()}
 

@@ -80,8 +80,6 @@ class Cycle:
     def run_method(self, name: str) -> bool:
         """Run ``name`` once; True when it succeeded. Never raises."""
         info = self.methods[name]
-        if self._stopping:
-            return False
         with self._lock:
             info.running = True
             info.rerun = False
@@ -125,6 +123,11 @@ class Cycle:
             self.wake(name)
         return error is None
 
+    def _job(self, name: str) -> None:
+        """A scheduled run: dropped once stopping (runs queued before the stop)."""
+        if not self._stopping:
+            self.run_method(name)
+
     def backoff(self, name: str) -> float:
         info = self.methods[name]
         cap = max(self.retry_interval, min(info.interval,
@@ -167,7 +170,7 @@ class Cycle:
             info = self.methods[name]
             # Staggered, so that the first runs keep the order (ties would go by name).
             delay = (info.interval if first_delay is None else first_delay) + index * 0.01
-            scheduler.add_job(self.run_method, IntervalTrigger(seconds=info.interval),
+            scheduler.add_job(self._job, IntervalTrigger(seconds=info.interval),
                               args=[name], id=name, name=name,
                               next_run_time=now + dt.timedelta(seconds=delay))
         self._scheduler = scheduler

@@ -170,7 +170,9 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.last_status: dict[str, Any] = {}
         self.last_decision: Decision | None = None
         self.last_observed: Observed | None = None
-        self.availability_at: dict[str, float] = {}
+        self.full_pass = 0  # the manage_once running (0: none)
+        self.full_advertisement_in: dict[str, int] = {}
+        self._passes = 0
         self.cycle = Cycle(self._run_method, order=self.manage_order,
                            intervals=self.manage_intervals, default_interval=self.DEF_INTERVAL,
                            reset_triggers=self.method_reset_triggers,
@@ -375,7 +377,12 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     # ------------------------------------------------------------------ running
     def manage_once(self, force: bool = False) -> dict[str, str | None]:
         """Every method once, in order; method -> its error (None when it worked)."""
-        return self.cycle.run_once()
+        self._passes += 1
+        self.full_pass = self._passes
+        try:
+            return self.cycle.run_once()
+        finally:
+            self.full_pass = 0
 
     def start(self) -> None:
         """Start the callback endpoint (registered at every CM) and the cycle: one full

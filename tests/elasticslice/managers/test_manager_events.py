@@ -90,3 +90,38 @@ def test_a_demand_change_wakes_add_nodes_at_once(emulator, make_manager) -> None
     assert manager.cycle.methods["add_nodes"].runs >= 1
     manager.set_demand(5)  # with hour-long intervals only the wake can do it
     wait_for(lambda: len(manager.state.nodes()) == 5, timeout=60, what="5 nodes")
+
+
+def cm_context(emulator: Any) -> ssl.SSLContext:
+    """What the CM presents when it calls a client endpoint (as the emulator's callbacks)."""
+    ctx = ssl.create_default_context(cafile=str(emulator.dir / "ca.pem"))
+    ctx.load_cert_chain(str(emulator.dir / "cm.pem"), str(emulator.dir / "cm-key.pem"))
+    return ctx
+
+
+def test_resource_values_are_stored_and_the_lowest_valued_node_goes_first(
+        emulator, make_manager, tmp_path: Path) -> None:
+    from tests.elasticslice.managers.conftest import with_policy
+    from tests.elasticslice.managers.test_manager import POOL, load
+    manager = make_manager(emulator, maxthreshold=4, enable_delete=True,
+                           policy=with_policy(max_delete_per_cycle=1),
+                           endpoint=EndpointConfig())
+    manager.start()
+    wait_for(lambda: ready_nodes(manager, 4) and manager.registered, timeout=60,
+             what="4 ready nodes and the endpoint registered")
+    nodes = {n.client_id: n.node_id for n in manager.state.nodes()}
+    values = {"node-2": 0.9, "node-3": 0.1, "node-4": 0.8}  # node-4 is the newest
+    proxy = xmlrpc.client.ServerProxy(manager.endpoint_url, context=cm_context(emulator))
+    try:
+        answer = proxy.SetResourceValues({"nodelist": [
+            {"node_id": nodes[c], "client_id": c, "value": v} for c, v in values.items()]})
+    finally:
+        proxy("close")()
+    assert answer["code"] == GeniCode.SUCCESS
+    assert manager.state.values()[nodes["node-3"]] == 0.1
+    manager.stop()
+    load(emulator, POOL - 4 - 10)  # CloudLab runs short: one node goes back
+    assert manager.cycle.run_method("update_available")
+    assert manager.cycle.run_method("delete_nodes"), manager.cycle.methods["delete_nodes"]
+    assert sorted(cm_nodes(emulator, tmp_path)) == ["node-1", "node-2", "node-4"], \
+        (manager.last_decision, manager.availability)
