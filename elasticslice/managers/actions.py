@@ -238,19 +238,22 @@ def update_resources(m: Manager, cm: Any, *, available: bool) -> None:
 
 
 def observe(m: Manager) -> Observed:
-    """What the policy sees now."""
-    values = m.state.values()
-    nodes = []
-    for rec in m.state.nodes():
-        value = rec.value if rec.value is not None else values.get(rec.node_id or "")
-        nodes.append(NodeView(client_id=rec.client_id, cm=rec.cm, state=NodeState(rec.state),
-                              added_at=rec.added_at or 0.0, node_id=rec.node_id,
-                              initial=bool(rec.initial), value=value,
-                              pending_delete=rec.pending_deadline is not None))
+    """What the policy sees now (the node views are rebuilt only after a state change)."""
+    writes = m.state.writes
+    if m.views is None or m.views[0] != writes:
+        values = m.state.values()
+        m.views = (writes, tuple(
+            NodeView(client_id=rec.client_id, cm=rec.cm, state=NodeState(rec.state),
+                     added_at=rec.added_at or 0.0, node_id=rec.node_id,
+                     initial=bool(rec.initial),
+                     value=rec.value if rec.value is not None else values.get(rec.node_id or ""),
+                     pending_delete=rec.pending_deadline is not None)
+            for rec in m.state.nodes()))
+    nodes = m.views[1]
     intents = m.state.open_intents()
     adding = sum(len(i.client_ids) for i in intents if i.kind == "add")
     deleting = frozenset(c for i in intents if i.kind == "delete" for c in i.client_ids)
-    return Observed(now=m.clock(), nodes=tuple(nodes), availability=dict(m.availability),
+    return Observed(now=m.clock(), nodes=nodes, availability=dict(m.availability),
                     demand=m.demand, last_add=_meta_float(m, "last_add"),
                     last_delete=_meta_float(m, "last_delete"), adding=adding, deleting=deleting)
 

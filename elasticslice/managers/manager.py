@@ -31,6 +31,33 @@ from elasticslice.managers.state import ManagerState
 log = logging.getLogger(__name__)
 
 
+class TrackedState:
+    """The manager's :class:`ManagerState`, counting the writes that change what the policy
+    sees (nodes, notices, values, intents), so the policy's view of a large slice is built
+    again only when one happened. Everything else passes through."""
+
+    OBSERVED_WRITES = frozenset({"upsert_node", "mark_gone", "add_pending_delete",
+                                 "finish_pending_delete", "forget_pending_delete",
+                                 "set_values", "begin_intent", "finish_intent"})
+
+    def __init__(self, state: ManagerState) -> None:
+        self.inner = state
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in self.OBSERVED_WRITES:
+            return attr
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            self.writes += 1
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.writes += 1
+        return write
+
+
 class ElasticSliceManager(ElasticSliceHelper):
     """The abstract manager: a helper too (the seed's OO style); subclasses implement the
     cycle methods."""
@@ -163,7 +190,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             if state_dir is None:
                 raise ElasticSliceError("a manager needs a state_dir (or a state)")
             state = ManagerState.open(Path(state_dir).expanduser())
-        self.state = state
+        self.state: Any = state if isinstance(state, TrackedState) else TrackedState(state)
         self.demand: int | None = None
         self.availability: dict[str, dict[str, Any]] = {}
         self.totals: dict[str, dict[str, int]] = {}
@@ -173,6 +200,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.full_pass = 0  # the manage_once running (0: none)
         self.full_advertisement_in: dict[str, int] = {}
         self._passes = 0
+        self.views: tuple[int, tuple[Any, ...]] | None = None  # (state writes, NodeViews)
         self.cycle = Cycle(self._run_method, order=self.manage_order,
                            intervals=self.manage_intervals, default_interval=self.DEF_INTERVAL,
                            reset_triggers=self.method_reset_triggers,
