@@ -155,10 +155,12 @@ def update_sliver_status(m: Manager, cm: Any) -> int:
             changes += 1
     for rec, state in settled:
         log.info("node %s (%s) is %s", rec.client_id, rec.node_id, state)
-        m.notify(f"node {rec.client_id} {state}", f"{rec.client_id} ({rec.node_id}) at "
-                                                  f"{rec.cm} is {state}")
         m.handle_added_node(_node_dict(rec), state)
     if settled:
+        lines = [f"{r.client_id} ({r.node_id}) at {r.cm}: {st}" for r, st in settled]
+        first = f"node {settled[0][0].client_id} {settled[0][1]}"
+        m.notify(first if len(settled) == 1 else f"{len(settled)} nodes settled",
+                 "\n".join(lines))
         m.wake("get_system_state", "set_system_state", "add_nodes")
     return changes
 
@@ -441,17 +443,37 @@ def start_endpoint(m: Manager) -> None:
     if client.ca_bundle is None:
         raise ElasticSliceError("the callback endpoint needs [protogeni] ca_bundle (the CA "
                                 "the CM's certificate chains to)")
-    urns = [ecfg.cm_urn] if ecfg.cm_urn else [str(c.get_version().get("urn", ""))
-                                               for c in m.cms]
     server = EndpointServer(m, certfile=certfile, keyfile=getattr(ecfg, "keyfile", None),
                             password=password, ca_file=client.ca_bundle,
-                            allowed_urns=frozenset(u for u in urns if u),
+                            allowed_urns=CmUrns(m, ecfg.cm_urn),
                             host=ecfg.address, port=ecfg.port)
     server.start()
     m.endpoint_server = server
     m.endpoint_url = ecfg.url or server.url
     m.registered = set()
-    log.info("callback endpoint at %s (callers: %s)", m.endpoint_url, ", ".join(urns))
+    log.info("callback endpoint at %s", m.endpoint_url)
+
+
+class CmUrns:
+    """Who may call the endpoint: ``[endpoint] cm_urn``, else each CM's GetVersion ``urn``,
+    asked when first needed (a CM that is down at start is asked again later; until then
+    nobody is let in)."""
+
+    def __init__(self, m: Manager, configured: str | None) -> None:
+        self.m = m
+        self.urns: frozenset[str] | None = frozenset({configured}) if configured else None
+
+    def __call__(self) -> frozenset[str]:
+        if self.urns is None:
+            try:
+                urns = [str(c.get_version().get("urn", "")) for c in self.m.cms]
+            except ElasticSliceError as err:
+                log.warning("cannot ask the CMs who they are (%s): refusing callbacks for "
+                            "now", one_line(err))
+                return frozenset()
+            self.urns = frozenset(u for u in urns if u)
+            log.info("callbacks accepted from %s", ", ".join(sorted(self.urns)))
+        return self.urns
 
 
 def register_endpoint(m: Manager, cm: Any) -> None:
