@@ -252,6 +252,10 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         if failures == 1 or failures % 10 == 0:
             self.notify(f"{name} failed", f"{name} failed ({failures} in a row): {err}")
 
+    def get_email(self) -> tuple[str, ...]:
+        """Where mail goes (the seed's accessor); empty when email is off."""
+        return tuple(self.notifier.config.to) if self.notifier.enabled else ()
+
     def notify(self, subject: str, body: str) -> None:
         self.notifier.send(f"[elasticslice] {subject}", body)
 

@@ -33,9 +33,13 @@ def client_for(emulator: Any, cache: Path, retry: RetryPolicy = FAST_RETRY) -> P
     return ProtoGeniServer(config, retry=retry)
 
 
+PATIENT_RETRY = RetryPolicy(attempts=80, base_delay=0.01, max_delay=0.05)
+
+
 def cm_nodes(emulator: Any, tmp_path: Path) -> list[str]:
-    """The client_ids the emulator's CM holds in the sliver (a fresh client, no cache)."""
-    with client_for(emulator, tmp_path / f"look-cache-{id(emulator)}") as look:
+    """The client_ids the emulator's CM holds in the sliver (a fresh client, patient enough
+    for an emulator that faults every call)."""
+    with client_for(emulator, tmp_path / f"look-cache-{id(emulator)}", PATIENT_RETRY) as look:
         return [n.client_id for n in look.sliver_status().nodes]
 
 

@@ -146,7 +146,7 @@ def test_sigkill_mid_addnodes_then_restart_has_the_right_nodes_and_no_duplicates
             proc.kill()
             proc.wait()
     assert intents[0].kind == "add"
-    time.sleep(1.0)  # the CM finishes the (slowed) call it was given, as CloudLab would
+    time.sleep(2.0)  # the CM finishes the (slowed) call it was given, as CloudLab would
     proc = _manage(conf, log, **FAST_CLIENT)
     try:
         def settled() -> bool:
@@ -176,6 +176,12 @@ def test_sigterm_stops_cleanly_and_removes_the_endpoint(emulator, tmp_path: Path
     try:
         wait_for(lambda: _alive(proc, log) or store.all_endpoints(), timeout=120, what="the endpoint registered")
         wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 3, timeout=120, what="3 nodes")
+        # status reads the state while the daemon runs; a second manager is refused.
+        wait_for(lambda: len(json.loads(run("--config", str(conf), "status", "--json")
+                                        .output)["nodes"]) == 3, what="status: 3 nodes")
+        second = run("--config", str(conf), "manage", "--once")
+        assert second.exit_code == 1 and second.output.count("\n") == 1
+        assert f"another manager (pid {proc.pid})" in second.output
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
