@@ -178,9 +178,13 @@ def _gone(m: Manager, rec: Any, now: float, reason: str) -> None:
 
 
 def reconcile(m: Manager) -> int:
-    """Settle every open intent with what the CM's sliver holds (after a crash)."""
+    """Settle every open intent with what the CM's sliver holds (after a crash, or an
+    answer that never came). An AddNodes none of whose nodes are there yet stays open for
+    the client's call timeout after it was written: a CM may still carry out a call whose
+    caller died, and the open intent keeps the policy from adding again meanwhile."""
     done = 0
     statuses: dict[str, Any] = {}
+    grace = float(getattr(m.server.config, "timeout", 60.0))
     for intent in m.state.open_intents():
         m.note_client_ids(intent.client_ids)
         cm = next((c for c in m.cms if c.url == intent.cm), None)
@@ -196,6 +200,11 @@ def reconcile(m: Manager) -> int:
                 statuses[cm.url] = {}
         present = statuses[cm.url]
         now = m.clock()
+        if intent.kind == "add" and not any(c in present for c in intent.client_ids) \
+                and now - intent.created < grace:
+            log.info("add intent %d at %s: nothing there yet; waiting up to %.0f s for a "
+                     "late AddNodes", intent.id, cm.url, intent.created + grace - now)
+            continue
         for cid in intent.client_ids:
             node = present.get(cid)
             rec = m.state.node(cm.url, cid)

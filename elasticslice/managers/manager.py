@@ -285,7 +285,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         return sum(actions.ensure_sliver(self, c) for c in self._cms(cm))
 
     def update_sliver_status(self, cm: Any = None, force: bool = False) -> Any:
-        if not self._reconciled:
+        if not self._reconciled or self.state.open_intents():
             self.reconcile()
         return sum(actions.update_sliver_status(self, c) for c in self._cms(cm))
 

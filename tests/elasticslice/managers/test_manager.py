@@ -132,9 +132,16 @@ def test_restart_after_addnodes_never_reached_the_cm(emulator, make_manager,
     for method in ("ensure_slice", "ensure_sliver"):
         first.cycle.run_method(method)
     args = first.get_add_args(2)
-    first.state.begin_intent("add", first.cmlist[0], list(args), now=first.clock())
-    first.close()  # died before the call
+    died = first.clock()
+    intent = first.state.begin_intent("add", first.cmlist[0], list(args), now=died)
+    first.close()  # died before the call (or the CM has not carried it out yet)
     second = make_manager(emulator, maxthreshold=3, state_dir=tmp_path / "state")
+    second.manage_once()
+    # Within the call timeout the CM might still add them: nothing is added meanwhile.
+    assert cm_nodes(emulator, tmp_path) == ["node-1"]
+    assert [i.id for i in second.state.open_intents()] == [intent]
+    timeout = second.server.config.timeout
+    second.clock = lambda: died + timeout + 1  # ... and once it has passed
     second.manage_once()
     nodes = sorted(cm_nodes(emulator, tmp_path))
     assert len(nodes) == 3 and len(set(nodes)) == 3
