@@ -1,4 +1,5 @@
-"""What the manager's cycle methods do, one function each (the I/O side of the manager).
+"""What the manager's cycle methods do (the I/O side of the manager); renewals, notices
+and the endpoint are in :mod:`.lifecycle`.
 
 Every function takes the manager (``m``: a :class:`~.manager.SimpleElasticSliceManager`) and
 acts through its ``server`` (a ``ProtoGeniServer``) and its ``state`` (a ``ManagerState``).
@@ -12,7 +13,6 @@ import subprocess
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from elasticslice.config import load_passphrase
 from elasticslice.errors import ElasticSliceError, RPCError, RSpecError, TransportError
 from elasticslice.managers.cycle import one_line
 from elasticslice.managers.policy import Availability, NodeState, NodeView, Observed
@@ -28,12 +28,12 @@ log = logging.getLogger("elasticslice.managers.manager")
 DONE_STATES = (NodeState.READY.value, NodeState.FAILED.value)
 
 
-def _when(ts: float) -> dt.datetime:
+def utc(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc)
 
 
-def _iso(ts: float | None) -> str:
-    return _when(ts).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "unknown"
+def iso_utc(ts: float | None) -> str:
+    return utc(ts).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "unknown"
 
 
 def node_id_of(component_id: str | None) -> str | None:
@@ -49,7 +49,7 @@ def _node_dict(rec: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- slice and sliver
 def create_slice(m: Manager) -> int:
-    expires = _when(m.clock() + m.renew_hours * 3600)
+    expires = utc(m.clock() + m.renew_hours * 3600)
     cred = m.server.register_slice(expiration=expires)
     m.state.set_slice(m.server.slice_urn(), expires_of(cred).timestamp())
     log.info("registered slice %s until %s", m.server.slice_urn(), expires_of(cred))
@@ -86,12 +86,9 @@ def ensure_sliver(m: Manager, cm: Any) -> int:
     except RPCError as err:
         if err.code != GeniCode.SEARCHFAILED:
             raise
-        created = create_sliver(m, cm)
-        register_endpoint(m, cm)
-        return created
+        return create_sliver(m, cm)
     info = parse_credential(cred)
     m.state.set_sliver(cm.url, info.target_urn, info.expires.timestamp(), "exists")
-    register_endpoint(m, cm)
     return 0
 
 
@@ -151,7 +148,7 @@ def update_sliver_status(m: Manager, cm: Any) -> int:
     m.note_client_ids(seen)
     for cid, rec in records.items():
         if cid not in seen and cid not in in_flight:
-            _gone(m, rec, now, "not in the sliver any more")
+            forget_node(m, rec, now, "not in the sliver any more")
             changes += 1
     for rec, state in settled:
         log.info("node %s (%s) is %s", rec.client_id, rec.node_id, state)
@@ -165,7 +162,7 @@ def update_sliver_status(m: Manager, cm: Any) -> int:
     return changes
 
 
-def _gone(m: Manager, rec: Any, now: float, reason: str) -> None:
+def forget_node(m: Manager, rec: Any, now: float, reason: str) -> None:
     m.state.mark_gone(rec.cm, rec.client_id, now=now, reason=reason)
     if rec.node_id:
         for p in m.state.pending_deletes():
@@ -214,7 +211,7 @@ def reconcile(m: Manager) -> int:
                                     added_at=intent.created)
             elif intent.kind == "delete" and node is None and rec is not None \
                     and rec.gone_at is None:
-                _gone(m, rec, now, "deleted (reconciled)")
+                forget_node(m, rec, now, "deleted (reconciled)")
         log.info("reconciled %s intent %d at %s: %s", intent.kind, intent.id, cm.url,
                  " ".join(f"{c}:{'present' if c in present else 'absent'}"
                           for c in intent.client_ids))
@@ -328,7 +325,7 @@ def delete(m: Manager, cm: Any, cids: list[str]) -> int:
         raise
     now = m.clock()
     for rec in recs:
-        _gone(m, rec, now, "given back")
+        forget_node(m, rec, now, "given back")
     m.state.finish_intent(intent, now=now, outcome="done")
     m.state.set_meta("last_delete", repr(now))
     return len(cids)
@@ -351,162 +348,3 @@ def run_delete_commands(m: Manager, nodelist: list[dict[str, Any]]) -> None:
         if done.returncode != 0:
             log.warning("delete command exited %d: %s", done.returncode, command[:200])
 
-
-# ---------------------------------------------------------------------- renewals
-def renew(m: Manager) -> int:
-    """Renew the slice at the SA and each sliver at its CM well before they expire."""
-    now = m.clock()
-    margin = max(m.renew_margin, 2 * m.manage_intervals.get("renew", 3600) + m.retry_interval)
-    target = now + max(m.renew_hours * 3600, margin + 600)
-    record = m.state.slice()
-    if record is None:
-        ensure_slice(m)
-        record = m.state.slice()
-    renewed = 0
-    problems: list[str] = []
-    slice_expires = record.expires if record and record.expires else None
-    if slice_expires is None or slice_expires - now < margin:
-        try:
-            cred = m.server.renew_slice_sa(_when(target))
-            slice_expires = expires_of(cred).timestamp()
-            m.state.set_slice(m.server.slice_urn(), slice_expires)
-            renewed += 1
-            log.info("renewed the slice until %s", _iso(slice_expires))
-        except ElasticSliceError as err:
-            problems.append(f"slice (expires {_iso(slice_expires)}): {one_line(err)}")
-    slivers = {s.cm: s for s in m.state.slivers()}
-    for cm in m.cms:
-        sliver = slivers.get(cm.url)
-        if sliver is None or sliver.urn is None:
-            continue
-        if sliver.expires is not None and sliver.expires - now >= margin:
-            continue
-        until = min(target, slice_expires) if slice_expires else target
-        try:
-            cm.renew_slice(_when(until))
-            m.state.set_sliver(cm.url, sliver.urn, until, sliver.status)
-            renewed += 1
-            log.info("renewed the sliver at %s until %s", cm.url, _iso(until))
-        except ElasticSliceError as err:
-            problems.append(f"sliver at {cm.url} (expires {_iso(sliver.expires)}): "
-                            f"{one_line(err)}")
-    if problems:
-        text = "; ".join(problems)
-        log.error("RENEWAL FAILED, the slice may lapse: %s", text)
-        m.notify("RENEWAL FAILED", f"The slice may lapse: {text}")
-        raise ElasticSliceError(f"renewal failed: {text}")
-    return renewed
-
-
-# ---------------------------------------------------------------------- CloudLab's notices
-def _cm_of(m: Manager, node_id: str) -> tuple[str, Any]:
-    rec = m.state.find_node(node_id)
-    return (rec.cm if rec else m.cmlist[0]), rec
-
-
-def record_delete_pending(m: Manager, notices: list[Any]) -> None:
-    known = {p.node_id for p in m.state.pending_deletes() if not p.finished}
-    now = m.clock()
-    for n in notices:
-        cm, rec = _cm_of(m, n.node_id)
-        cid = n.client_id or (rec.client_id if rec else None)
-        m.state.add_pending_delete(cm, n.node_id, cid, deadline=n.received + n.max_wait_time,
-                                   now=now)
-        if n.node_id not in known:
-            log.warning("CloudLab is taking back %s (%s) within %d s", n.node_id, cid,
-                        n.max_wait_time)
-            m.notify(f"node {cid or n.node_id} revoked",
-                     f"CloudLab takes back {n.node_id} ({cid}) within {n.max_wait_time} s")
-
-
-def record_delete_complete(m: Manager, notices: list[Any]) -> None:
-    now = m.clock()
-    for n in notices:
-        m.state.finish_pending_delete(n.node_id, now=now, outcome="complete")
-        cm, rec = _cm_of(m, n.node_id)
-        if rec is not None and rec.gone_at is None:
-            _gone(m, rec, now, "taken back by CloudLab")
-
-
-def record_values(m: Manager, values: list[Any]) -> None:
-    by_cm: dict[str, dict[str, float]] = {}
-    for v in values:
-        cm, _ = _cm_of(m, v.node_id)
-        by_cm.setdefault(cm, {})[v.node_id] = float(v.value)
-    for cm, vals in by_cm.items():
-        m.state.set_values(cm, vals, now=m.clock())
-
-
-# ---------------------------------------------------------------------- the endpoint
-def start_endpoint(m: Manager) -> None:
-    from elasticslice.rpc.endpoint import EndpointServer
-    ecfg = m.endpoint_config
-    client = m.server.config
-    certfile = ecfg.certificate or client.certificate
-    if ecfg.certificate is None:
-        password = m.server._passphrase or load_passphrase(client)
-    elif getattr(ecfg, "passphrase_file", None) is not None:
-        password = ecfg.passphrase_file.read_text().strip()
-    else:
-        password = None
-    if client.ca_bundle is None:
-        raise ElasticSliceError("the callback endpoint needs [protogeni] ca_bundle (the CA "
-                                "the CM's certificate chains to)")
-    server = EndpointServer(m, certfile=certfile, keyfile=getattr(ecfg, "keyfile", None),
-                            password=password, ca_file=client.ca_bundle,
-                            allowed_urns=CmUrns(m, ecfg.cm_urn),
-                            host=ecfg.address, port=ecfg.port)
-    server.start()
-    m.endpoint_server = server
-    m.endpoint_url = ecfg.url or server.url
-    m.registered = set()
-    log.info("callback endpoint at %s", m.endpoint_url)
-
-
-class CmUrns:
-    """Who may call the endpoint: ``[endpoint] cm_urn``, else each CM's GetVersion ``urn``,
-    asked when first needed (a CM that is down at start is asked again later; until then
-    nobody is let in)."""
-
-    def __init__(self, m: Manager, configured: str | None) -> None:
-        self.m = m
-        self.urns: frozenset[str] | None = frozenset({configured}) if configured else None
-
-    def __call__(self) -> frozenset[str]:
-        if self.urns is None:
-            try:
-                urns = [str(c.get_version().get("urn", "")) for c in self.m.cms]
-            except ElasticSliceError as err:
-                log.warning("cannot ask the CMs who they are (%s): refusing callbacks for "
-                            "now", one_line(err))
-                return frozenset()
-            self.urns = frozenset(u for u in urns if u)
-            log.info("callbacks accepted from %s", ", ".join(sorted(self.urns)))
-        return self.urns
-
-
-def register_endpoint(m: Manager, cm: Any) -> None:
-    if m.endpoint_server is None or cm.url in m.registered:
-        return
-    try:
-        wait = int(cm.get_server_defaults().get("maxwaittime", 0))
-    except (RPCError, AttributeError, TypeError, ValueError):
-        wait = 0
-    cm.set_slice_client_endpoint(m.endpoint_url, policy="LIFO", defwaittime=max(0, wait))
-    m.registered.add(cm.url)
-    log.info("registered the endpoint %s at %s", m.endpoint_url, cm.dynslice_url)
-
-
-def stop_endpoint(m: Manager) -> None:
-    server, m.endpoint_server = m.endpoint_server, None
-    for url in sorted(getattr(m, "registered", ())):
-        cm = next(c for c in m.cms if c.url == url)
-        try:
-            cm.remove_slice_client_endpoint()
-            log.info("removed the endpoint at %s", cm.dynslice_url)
-        except ElasticSliceError as err:
-            log.warning("cannot remove the endpoint at %s: %s", cm.dynslice_url, one_line(err))
-    m.registered = set()
-    if server is not None:
-        m.shutdown_deletes()
-        server.stop()

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from elasticslice.errors import ElasticSliceError
-from elasticslice.managers import actions
+from elasticslice.managers import actions, lifecycle
+from elasticslice.managers.base import ElasticSliceManager, TrackedState
 from elasticslice.managers.cycle import Cycle
 from elasticslice.managers.endpoint import SimpleElasticSliceClientEndpoint
 from elasticslice.managers.helpers import ElasticSliceHelper, PluginElasticSliceHelper
@@ -29,89 +30,6 @@ from elasticslice.managers.policy import Decision, NodeState, Observed, PolicyCo
 from elasticslice.managers.state import ManagerState
 
 log = logging.getLogger(__name__)
-
-
-class TrackedState:
-    """The manager's :class:`ManagerState`, counting the writes that change what the policy
-    sees (nodes, notices, values, intents), so the policy's view of a large slice is built
-    again only when one happened. Everything else passes through."""
-
-    OBSERVED_WRITES = frozenset({"upsert_node", "mark_gone", "add_pending_delete",
-                                 "finish_pending_delete", "forget_pending_delete",
-                                 "set_values", "begin_intent", "finish_intent"})
-
-    def __init__(self, state: ManagerState) -> None:
-        self.inner = state
-        self.writes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if name not in self.OBSERVED_WRITES:
-            return attr
-
-        def write(*args: Any, **kwargs: Any) -> Any:
-            self.writes += 1
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                self.writes += 1
-        return write
-
-
-class ElasticSliceManager(ElasticSliceHelper):
-    """The abstract manager: a helper too (the seed's OO style); subclasses implement the
-    cycle methods."""
-
-    def __init__(self, server: Any, config: Any = None) -> None:
-        ElasticSliceHelper.__init__(self, server, config)
-
-    def _abstract(self, name: str) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not implement {name}")
-
-    def create_slice(self) -> Any:
-        return self._abstract("create_slice")
-
-    def create_sliver(self, cm: Any = None) -> Any:
-        return self._abstract("create_sliver")
-
-    def ensure_slice(self) -> Any:
-        return self._abstract("ensure_slice")
-
-    def ensure_sliver(self, cm: Any = None) -> Any:
-        return self._abstract("ensure_sliver")
-
-    def update_sliver_status(self, cm: Any = None) -> Any:
-        return self._abstract("update_sliver_status")
-
-    def update_all(self, cm: Any = None) -> Any:
-        return self._abstract("update_all")
-
-    def update_available(self, cm: Any = None) -> Any:
-        return self._abstract("update_available")
-
-    def get_system_state(self) -> Any:
-        return None
-
-    def set_system_state(self) -> Any:
-        return None
-
-    def add_nodes(self, count: int = 0, cm: Any = None) -> Any:
-        return self._abstract("add_nodes")
-
-    def should_add_nodes(self, count: int = 0, cm: Any = None) -> Any:
-        return None
-
-    def delete_nodes(self, cm: Any = None) -> Any:
-        return self._abstract("delete_nodes")
-
-    def should_delete_nodes(self, cm: Any = None) -> Any:
-        return None
-
-    def manage(self) -> None:
-        self._abstract("manage")
-
-    def manage_once(self, force: bool = False) -> Any:
-        return self._abstract("manage_once")
 
 
 class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
@@ -282,7 +200,11 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         return actions.create_sliver(self, self._cms(cm)[0])
 
     def ensure_sliver(self, cm: Any = None) -> Any:
-        return sum(actions.ensure_sliver(self, c) for c in self._cms(cm))
+        created = 0
+        for c in self._cms(cm):
+            created += actions.ensure_sliver(self, c)
+            lifecycle.register_endpoint(self, c)
+        return created
 
     def update_sliver_status(self, cm: Any = None, force: bool = False) -> Any:
         if not self._reconciled or self.state.open_intents():
@@ -296,7 +218,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         return done
 
     def renew(self) -> Any:
-        return actions.renew(self)
+        return lifecycle.renew(self)
 
     def update_all(self, cm: Any = None, force: bool = False,
                    lastFetchBefore: float | None = None) -> Any:  # noqa: N803 (seed name)
@@ -395,15 +317,15 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
 
     # ------------------------------------------------------------------ endpoint hooks
     def on_delete_pending(self, nodes: list[Any]) -> None:
-        actions.record_delete_pending(self, nodes)
+        lifecycle.record_delete_pending(self, nodes)
         self.wake("update_sliver_status", "update_available")
 
     def on_delete_complete(self, nodes: list[Any]) -> None:
-        actions.record_delete_complete(self, nodes)
+        lifecycle.record_delete_complete(self, nodes)
         self.wake("update_sliver_status", "update_available")
 
     def on_resource_values(self, values: list[Any]) -> None:
-        actions.record_values(self, values)
+        lifecycle.record_values(self, values)
         self.wake("set_system_state")
 
     # ------------------------------------------------------------------ running
@@ -423,7 +345,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             return
         self._started = True
         if self.endpoint_config is not None:
-            actions.start_endpoint(self)
+            lifecycle.start_endpoint(self)
         self.cycle.start(first_delay=0.0)
 
     def stop(self) -> None:
@@ -433,7 +355,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             return
         self._started = False
         self.cycle.stop()
-        actions.stop_endpoint(self)
+        lifecycle.stop_endpoint(self)
 
     def close(self) -> None:
         self.stop()
