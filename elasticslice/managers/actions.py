@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import subprocess
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from elasticslice.errors import ElasticSliceError, RPCError, RSpecError, TransportError
 from elasticslice.managers.cycle import one_line
+from elasticslice.managers.deletes import DeleteJob
 from elasticslice.managers.policy import Availability, NodeState, NodeView, Observed
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
@@ -332,19 +333,16 @@ def delete(m: Manager, cm: Any, cids: list[str]) -> int:
 
 
 def run_delete_commands(m: Manager, nodelist: list[dict[str, Any]]) -> None:
-    """The helper's delete commands before a voluntary give-back, serially, bounded."""
+    """The helper's delete commands before a voluntary give-back: serially, each in its own
+    process group, killed at ``delete_commands_timeout`` (never logging the commands)."""
     try:
         commands = m.get_delete_commands(nodelist) or []
     except Exception as err:
         log.warning("get_delete_commands failed: %s", one_line(err))
         return
-    for command in commands:
-        try:
-            done = subprocess.run(["/bin/sh", "-c", command], capture_output=True,
-                                  timeout=m.delete_commands_timeout, check=False)
-        except subprocess.TimeoutExpired:
-            log.warning("delete command timed out: %s", command[:200])
-            return
-        if done.returncode != 0:
-            log.warning("delete command exited %d: %s", done.returncode, command[:200])
-
+    if commands:
+        node_ids = [str(n.get("node_id") or n.get("client_id")) for n in nodelist]
+        outcome = DeleteJob(node_ids, nodelist, list(commands),
+                            deadline=time.time() + m.delete_commands_timeout).run()
+        if outcome != "done":
+            log.warning("delete commands for %s: %s", " ".join(node_ids), outcome)

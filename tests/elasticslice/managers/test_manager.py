@@ -190,3 +190,20 @@ def test_added_nodes_that_fail_to_boot_are_given_back_and_replaced(
     gone = {n.client_id: n.gone_reason for n in manager.state.nodes(include_gone=True)
             if n.gone_at is not None}
     assert set(gone) == {"node-2", "node-3"}
+
+
+def test_voluntary_give_back_runs_the_helpers_delete_commands_first(
+        emulator, make_manager, tmp_path: Path) -> None:
+    from elasticslice.managers import SimpleElasticSliceHelper
+
+    class Marking(SimpleElasticSliceHelper):
+        def get_delete_commands(self, nodelist: list[dict]) -> list[str]:
+            return [f"touch {tmp_path}/bye-$ELASTICSLICE_DELETE_NODES"]
+
+    manager = make_manager(emulator, maxthreshold=2, enable_delete=True, helper=Marking())
+    manager.manage_once()
+    victim = manager.state.node(manager.cmlist[0], "node-2").node_id
+    load(emulator, POOL - 2 - 5)
+    manager.manage_once()
+    assert cm_nodes(emulator, tmp_path) == ["node-1"]
+    assert (tmp_path / f"bye-{victim}").exists()
