@@ -1,0 +1,306 @@
+"""The scaling decision: a pure function of what the manager observed.
+
+:func:`decide` reads an :class:`Observed` snapshot (nodes held and their states, availability
+per CM and hardware type, demand, the time of the last add and delete, work in flight) and a
+:class:`PolicyConfig`, and answers a :class:`Decision`: how many nodes to add at which CM, or
+which nodes to give back. It does no I/O and reads no clock (time is ``Observed.now``), so it
+is tested on its own and a virtual-clock simulation (:mod:`elasticslice.managers.policysim`)
+can drive it through hours of load in milliseconds.
+
+The rules (the seed's defaults, plus hysteresis and rate limits so it never flaps):
+
+* ``count`` = nodes held that are not failed, not pending delete and not being deleted, plus
+  the nodes of an AddNodes in flight. ``wanted`` = ``maxthreshold`` when demand is unknown
+  (grow while CloudLab has room, like the seed), else demand clamped to the thresholds.
+* Add while ``count < wanted`` at each CM (``cmlist`` order, else the availability's order)
+  whose available fraction stays at least ``percent_available_minimum`` after the add; below
+  ``minthreshold`` add even when nodes are scarce (as long as some are free). At most
+  ``max_add_per_cycle``, never more than available, not within ``add_cooldown`` of the last add
+  nor within ``delete_cooldown`` of the last delete (unless below ``minthreshold``).
+* Delete only with ``enable_delete``: at a CM whose fraction fell below
+  ``percent_available_minimum - hysteresis``, when demand (or ``maxthreshold``) is below the
+  count, never below ``minthreshold``. Victims: lowest value first (CloudLab's
+  SetResourceValues), else newest; never initial, pending-delete, in-flight or busy nodes; with
+  ``idle_timeout`` a surplus is taken only from nodes idle that long. At most
+  ``max_delete_per_cycle``, not within ``delete_cooldown`` of the last delete nor within
+  ``add_cooldown`` of the last add.
+* Never both in one decision, and no add anywhere while a CM is scarce enough to give back.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+ALL_TYPES = "*"
+_EPS = 1e-9
+
+
+class NodeState(str, Enum):
+    """A node's state, normalised from the CM's SliverStatus per-node ``status``."""
+
+    NOTREADY = "notready"
+    CHANGING = "changing"
+    READY = "ready"
+    FAILED = "failed"
+
+    @classmethod
+    def from_cm(cls, status: str | None) -> NodeState:
+        """Map a CM status string (any case); unknown or empty strings are NOTREADY."""
+        return _FROM_CM.get((status or "").strip().lower(), cls.NOTREADY)
+
+
+_FROM_CM: dict[str, NodeState] = {
+    "ready": NodeState.READY,
+    "notready": NodeState.NOTREADY,
+    "unknown": NodeState.NOTREADY,
+    "stopped": NodeState.NOTREADY,
+    "changing": NodeState.CHANGING,
+    "mixed": NodeState.CHANGING,
+    "configuring": NodeState.CHANGING,
+    "booting": NodeState.CHANGING,
+    "failed": NodeState.FAILED,
+    "error": NodeState.FAILED,
+}
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node of the slice as the policy sees it."""
+
+    client_id: str
+    cm: str
+    state: NodeState
+    added_at: float
+    node_id: str | None = None
+    initial: bool = False          # part of the sliver as created: never given back by the policy
+    value: float | None = None     # CloudLab's SetResourceValues value 0..1 (lower = reclaimed sooner)
+    pending_delete: bool = False   # a NotifyDeletePending is open for it
+    busy: bool | None = None       # from the hosted system (Troy); None = unknown
+    idle_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Free and total nodes of one hardware type (or ``"*"``: all types) at one CM."""
+
+    available: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.available / self.total if self.total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything :func:`decide` may look at. ``adding`` counts the nodes of an AddNodes in
+    flight (an open intent) that are not yet in ``nodes``."""
+
+    now: float
+    nodes: tuple[NodeView, ...]
+    availability: Mapping[str, Mapping[str, Availability]]  # cm -> hardware type -> counts
+    demand: int | None = None      # total nodes the work wants; None = no opinion (grow to max)
+    last_add: float | None = None
+    last_delete: float | None = None
+    adding: int = 0
+    deleting: frozenset[str] = frozenset()  # client_ids with a DeleteNodes in flight
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The knobs of :func:`decide` (seed defaults for the first five)."""
+
+    minthreshold: int = 1
+    maxthreshold: int = 10
+    percent_available_minimum: float = 0.5
+    enable_delete: bool = False
+    nodetype: str | None = None
+    cmlist: tuple[str, ...] = ()
+    max_add_per_cycle: int = 10
+    add_cooldown: float = 60.0
+    delete_cooldown: float = 300.0
+    max_delete_per_cycle: int = 1
+    hysteresis: float = 0.1
+    idle_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do this cycle: ``add`` (cm -> count) or ``delete`` (cm -> client_ids), never
+    both, and why."""
+
+    add: Mapping[str, int] = field(default_factory=dict)
+    delete: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.add and not self.delete
+
+    @property
+    def add_total(self) -> int:
+        return sum(self.add.values())
+
+    @property
+    def delete_total(self) -> int:
+        return sum(len(ids) for ids in self.delete.values())
+
+
+def counted(observed: Observed) -> list[NodeView]:
+    """The nodes that count towards the thresholds."""
+    return [n for n in observed.nodes
+            if n.state is not NodeState.FAILED and not n.pending_delete
+            and n.client_id not in observed.deleting]
+
+
+def node_count(observed: Observed) -> int:
+    return len(counted(observed)) + max(observed.adding, 0)
+
+
+def wanted_count(observed: Observed, config: PolicyConfig) -> int:
+    if observed.demand is None:
+        return config.maxthreshold
+    return max(config.minthreshold, min(config.maxthreshold, observed.demand))
+
+
+def availability_for(observed: Observed, cm: str, nodetype: str | None) -> Availability | None:
+    """The CM's counts for ``nodetype``, else for all types ("*"), else None (unknown)."""
+    per_type = observed.availability.get(cm)
+    if not per_type:
+        return None
+    if nodetype and nodetype in per_type:
+        return per_type[nodetype]
+    return per_type.get(ALL_TYPES)
+
+
+def cm_order(observed: Observed, config: PolicyConfig) -> list[str]:
+    if config.cmlist:
+        return list(config.cmlist)
+    return list(observed.availability)
+
+
+def decide(observed: Observed, config: PolicyConfig) -> Decision:
+    """The decision for this snapshot; see the module docstring for the rules."""
+    count = node_count(observed)
+    wanted = wanted_count(observed, config)
+    head = f"count {count}, wanted {wanted}"
+    if config.enable_delete:
+        delete, reasons, blocking = _deletes(observed, config, count, wanted)
+        if delete:
+            return Decision(delete=delete, reasons=(head, *reasons))
+        if blocking:
+            return Decision(reasons=(head, *reasons, "no add while a delete is wanted"))
+    else:
+        reasons = []
+    add, add_reasons = _adds(observed, config, count, wanted)
+    return Decision(add=add, reasons=(head, *reasons, *add_reasons))
+
+
+def _since(now: float, then: float | None) -> float:
+    return math.inf if then is None else now - then
+
+
+def _adds(observed: Observed, config: PolicyConfig, count: int,
+          wanted: int) -> tuple[dict[str, int], list[str]]:
+    if count >= wanted:
+        return {}, ["nothing to add: at the wanted count"]
+    below_min = count < config.minthreshold
+    now = observed.now
+    if not below_min:
+        if _since(now, observed.last_add) < config.add_cooldown:
+            return {}, [f"add cooldown: last add {now - observed.last_add:.0f}s ago "
+                        f"(< {config.add_cooldown:g}s)"]
+        if _since(now, observed.last_delete) < config.delete_cooldown:
+            return {}, [f"no add within {config.delete_cooldown:g}s of the last delete"]
+    budget = min(wanted - count, max(config.max_add_per_cycle, 0))
+    if below_min:  # reaching the minimum is not rate-limited by max_add_per_cycle
+        budget = max(budget, config.minthreshold - count)
+    add: dict[str, int] = {}
+    reasons: list[str] = []
+    held = count
+    for cm in cm_order(observed, config):
+        if budget <= 0:
+            break
+        avail = availability_for(observed, cm, config.nodetype)
+        if avail is None or avail.total <= 0 or avail.available <= 0:
+            reasons.append(f"{cm}: no free nodes known")
+            continue
+        # Keep the fraction after the add at or above the minimum, so that our own add never
+        # makes the CM look scarce (and never triggers a give-back by itself).
+        room = math.floor(avail.available - config.percent_available_minimum * avail.total + _EPS)
+        room = max(room, 0)
+        if held < config.minthreshold:
+            room = max(room, config.minthreshold - held)
+        n = min(budget, room, avail.available)
+        if n <= 0:
+            reasons.append(f"{cm}: available {avail.available}/{avail.total} "
+                           f"({avail.fraction:.2f}) below {config.percent_available_minimum:g}")
+            continue
+        add[cm] = n
+        budget -= n
+        held += n
+        reasons.append(f"{cm}: add {n} (available {avail.available}/{avail.total})")
+    return add, reasons
+
+
+def victim_order(nodes: Iterable[NodeView]) -> list[NodeView]:
+    """Lowest value first (nodes without a value after those with one), then newest."""
+    return sorted(nodes, key=lambda n: (n.value is None, n.value if n.value is not None else 0.0,
+                                        -n.added_at, n.client_id))
+
+
+def _deletable(observed: Observed) -> list[NodeView]:
+    return [n for n in counted(observed) if not n.initial and n.busy is not True]
+
+
+def _idle(node: NodeView, observed: Observed, config: PolicyConfig) -> bool:
+    if config.idle_timeout is None:
+        return True
+    return node.idle_since is not None and observed.now - node.idle_since >= config.idle_timeout
+
+
+def _deletes(observed: Observed, config: PolicyConfig, count: int, wanted: int
+             ) -> tuple[dict[str, tuple[str, ...]], list[str], bool]:
+    """(delete, reasons, blocking): ``blocking`` is True when some rule wants to give back a
+    node it could give back (whether or not the rate limits allow it now); that holds back
+    any add, so the slice never grows at one CM while shrinking at another."""
+    low = config.percent_available_minimum - config.hysteresis
+    candidates = _deletable(observed)
+    # (why, eligible nodes, at most how many for this reason)
+    wants: list[tuple[str, list[NodeView], int]] = []
+    if count > config.minthreshold:
+        for cm in cm_order(observed, config):
+            avail = availability_for(observed, cm, config.nodetype)
+            if avail is None or avail.total <= 0 or avail.fraction >= low - _EPS:
+                continue
+            wants.append((f"{cm}: available fraction {avail.fraction:.2f} below {low:.2f}",
+                          [n for n in candidates if n.cm == cm], count - config.minthreshold))
+    surplus = count - wanted
+    if surplus > 0:
+        why = "demand" if observed.demand is not None else "maxthreshold"
+        wants.append((f"{surplus} above {why}",
+                      [n for n in candidates if _idle(n, observed, config)], surplus))
+    reasons = [why for why, _, _ in wants]
+    blocking = config.max_delete_per_cycle > 0 and any(pool for _, pool, _ in wants)
+    if not blocking:
+        if wants:
+            reasons.append("no node may be given back (initial, busy or not idle)")
+        return {}, reasons, False
+    now = observed.now
+    if _since(now, observed.last_delete) < config.delete_cooldown:
+        return {}, reasons + [f"delete cooldown: last delete {now - observed.last_delete:.0f}s "
+                              f"ago (< {config.delete_cooldown:g}s)"], True
+    if _since(now, observed.last_add) < config.add_cooldown:
+        return {}, reasons + [f"no delete within {config.add_cooldown:g}s of the last add"], True
+    limit = min(config.max_delete_per_cycle, count - config.minthreshold)
+    chosen: list[NodeView] = []
+    for _, pool, cap in wants:
+        need = min(limit, cap) - len(chosen)  # each reason caps the total given back
+        taken = {n.client_id for n in chosen}
+        chosen.extend(victim_order(n for n in pool if n.client_id not in taken)[:max(need, 0)])
+    delete: dict[str, tuple[str, ...]] = {}
+    for node in chosen:
+        delete[node.cm] = (*delete.get(node.cm, ()), node.client_id)
+    return delete, reasons + [f"give back {', '.join(n.client_id for n in chosen)}"], True

@@ -1,0 +1,94 @@
+"""The records of the manager's state (:mod:`elasticslice.managers.state`): frozen
+dataclasses, plus the state's error and the intent log's kinds and outcomes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from elasticslice.errors import ElasticSliceError
+
+
+class StateError(ElasticSliceError):
+    """The manager's state directory cannot be opened, read or written."""
+
+
+class IntentKind(str, Enum):
+    ADD = "add"
+    DELETE = "delete"
+
+
+class IntentOutcome(str, Enum):
+    DONE = "done"
+    FAILED = "failed"
+    RECONCILED = "reconciled"
+
+
+@dataclass(frozen=True)
+class SliceRecord:
+    urn: str
+    expires: float | None
+    updated: float | None
+
+
+@dataclass(frozen=True)
+class SliverRecord:
+    cm: str
+    urn: str | None
+    expires: float | None
+    status: str | None
+    updated: float | None
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A node as last seen; ``value`` and ``pending_deadline`` come from CloudLab's calls."""
+
+    cm: str
+    client_id: str
+    node_id: str | None
+    hostname: str | None
+    state: str
+    initial: bool
+    added_at: float
+    gone_at: float | None = None
+    value: float | None = None
+    pending_deadline: float | None = None   # the open NotifyDeletePending's deadline
+    gone_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class PendingDelete:
+    cm: str
+    node_id: str
+    client_id: str | None
+    deadline: float
+    first_seen: float
+    finished: float | None = None
+    outcome: str | None = None
+
+
+@dataclass(frozen=True)
+class Intent:
+    id: int
+    kind: str
+    cm: str
+    client_ids: tuple[str, ...]
+    created: float
+    finished: float | None = None
+    outcome: str | None = None
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """One cycle method's runs. ``last_error`` is the most recent failure (kept after a later
+    success, with ``last_error_at``); ``failures`` counts consecutive ones (0: healthy)."""
+
+    method: str
+    last_run: float | None
+    last_ok: float | None
+    next_run: float | None
+    last_error: str | None
+    failures: int
+    last_error_at: float | None = None
+    runs: int = 0
+    last_duration: float | None = None

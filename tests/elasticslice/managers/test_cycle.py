@@ -1,0 +1,117 @@
+"""The cycle on APScheduler: intervals, failures retried with backoff, reset triggers, wakes."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from elasticslice.managers.cycle import Cycle
+from elasticslice.managers.state import ManagerState
+from tests.conftest import wait_for
+
+
+class Work:
+    """Real methods: each call is counted; ``broken`` ones raise, ``changes`` return 1."""
+
+    def __init__(self, broken: set[str] = frozenset(), changes: set[str] = frozenset()) -> None:
+        self.calls: list[str] = []
+        self.broken = set(broken)
+        self.changes = set(changes)
+        self.lock = threading.Lock()
+
+    def __call__(self, name: str) -> Any:
+        with self.lock:
+            self.calls.append(name)
+        if name in self.broken:
+            raise RuntimeError(f"{name} is broken\nsecond line")
+        return 1 if name in self.changes else None
+
+    def count(self, name: str) -> int:
+        with self.lock:
+            return self.calls.count(name)
+
+
+def test_run_once_runs_in_order_and_a_failure_does_not_stop_the_others(tmp_path: Path) -> None:
+    work = Work(broken={"b"})
+    state = ManagerState.open(tmp_path)
+    cycle = Cycle(work, order=["a", "b", "c"], intervals={}, recorder=state)
+    errors = cycle.run_once()
+    assert work.calls == ["a", "b", "c"]
+    assert errors == {"a": None, "b": "RuntimeError: b is broken second line", "c": None}
+    record = state.cycle()["b"]
+    assert record.failures == 1 and record.last_error.startswith("RuntimeError: b is broken")
+    assert state.cycle()["a"].last_error is None and state.cycle()["a"].next_run
+    state.close()
+
+
+def test_backoff_doubles_up_to_the_interval() -> None:
+    cycle = Cycle(Work(broken={"a"}), order=["a"], intervals={"a": 10}, retry_interval=1)
+    delays = []
+    for _ in range(6):
+        cycle.run_method("a")
+        delays.append(cycle.backoff("a"))
+    assert delays == [1, 2, 4, 8, 10, 10]
+    cycle.call = Work()
+    cycle.run_method("a")
+    assert cycle.methods["a"].failures == 0 and cycle.methods["a"].last_error is None
+
+
+def test_a_failing_method_is_retried_while_the_others_keep_running() -> None:
+    work = Work(broken={"bad"})
+    cycle = Cycle(work, order=["good", "bad"], intervals={"good": 0.05, "bad": 3600},
+                  retry_interval=0.05)
+    cycle.start(first_delay=0)
+    try:
+        wait_for(lambda: work.count("bad") >= 3, timeout=30, what="bad retried")
+        wait_for(lambda: work.count("good") >= 5, timeout=30, what="good running")
+    finally:
+        cycle.stop()
+    assert cycle.methods["bad"].failures >= 3
+
+
+def test_reset_triggers_run_the_listed_methods_after_a_change() -> None:
+    work = Work(changes={"add"})
+    cycle = Cycle(work, order=["add", "status", "other"], retry_interval=1,
+                  intervals={"add": 3600, "status": 3600, "other": 3600},
+                  reset_triggers={"add": ["status"]})
+    cycle.start()  # first runs an hour away
+    try:
+        cycle.wake("add")
+        wait_for(lambda: work.count("status") == 1, timeout=30, what="status triggered")
+    finally:
+        cycle.stop()
+    assert work.calls == ["add", "status"]
+
+
+def test_wake_runs_a_method_at_once_and_a_wake_while_running_runs_it_again() -> None:
+    gate = threading.Event()
+    work = Work()
+
+    def call(name: str) -> Any:
+        work(name)
+        if name == "slow" and work.count("slow") == 2:
+            gate.wait(30)
+        return None
+
+    cycle = Cycle(call, order=["slow"], intervals={"slow": 3600}, retry_interval=1)
+    cycle.start(first_delay=0)
+    try:
+        wait_for(lambda: work.count("slow") == 1 and not cycle.methods["slow"].running,
+                 what="first run")
+        cycle.wake("slow")
+        wait_for(lambda: cycle.methods["slow"].running, what="woken run")
+        cycle.wake("slow")  # while it runs: once more afterwards
+        gate.set()
+        wait_for(lambda: work.count("slow") == 3, what="the rerun")
+    finally:
+        cycle.stop()
+    assert cycle.next_run("slow") is None  # stopped
+
+
+def test_stop_drops_scheduled_runs_but_not_explicit_ones() -> None:
+    work = Work()
+    cycle = Cycle(work, order=["a"], intervals={"a": 3600})
+    cycle.stop()
+    cycle._job("a")  # a run the scheduler had queued before the stop
+    assert work.calls == []
+    assert cycle.run_once() == {"a": None} and work.calls == ["a"]
