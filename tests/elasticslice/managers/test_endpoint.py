@@ -4,7 +4,6 @@ BADARGS with one line; over real TLS, and end to end with a running emulator."""
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import xmlrpc.client
 from pathlib import Path
@@ -374,15 +373,3 @@ def test_a_revocation_is_answered_and_the_node_released_early(emulator, tmp_path
 def _ready(client: ProtoGeniServer) -> Any:
     status = client.sliver_status()
     return status if status.ready else None
-
-
-# -- docs/endpoint.md: every code block runs ----------------------------------------------
-def test_the_code_blocks_of_docs_endpoint_md_run(emulator_pki, tmp_path, monkeypatch):
-    text = (REPO / "docs" / "endpoint.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert blocks, "docs/endpoint.md has no python blocks"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EMULATOR_DIR", str(emulator_pki))
-    namespace: dict[str, Any] = {"__name__": "docs_endpoint"}
-    for block in blocks:
-        exec(compile(block, "docs/endpoint.md", "exec"), namespace)  # noqa: S102

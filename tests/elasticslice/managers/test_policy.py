@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import doctest
 import random
-import re
 
 import pytest
 
@@ -350,12 +349,3 @@ def test_simulation_follows_demand_with_boot_delay():
 
 def test_policysim_doctest():
     assert doctest.testmod(policysim).failed == 0
-
-
-def test_the_code_blocks_of_docs_manager_policy_md_run(repo_root):
-    text = (repo_root / "docs" / "manager-policy.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) >= 5
-    namespace: dict = {"__name__": "docs_manager_policy"}
-    for block in blocks:
-        exec(compile(block, "docs/manager-policy.md", "exec"), namespace)  # noqa: S102
