@@ -33,6 +33,7 @@ from elasticslice.managers import (SimpleElasticSliceHelper,  # noqa: E402
 from elasticslice.managers.policy import PolicyConfig  # noqa: E402
 from elasticslice.rpc.client import ProtoGeniServer  # noqa: E402
 from elasticslice.rpc.transport import RetryPolicy  # noqa: E402
+from table import print_table  # noqa: E402  (bench/table.py; this folder is on sys.path)
 
 HOUR = {m: 3600.0 for m in SimpleElasticSliceManager.DEF_ORDER}
 
@@ -157,11 +158,7 @@ def main() -> int:
     took = demand_jump(10)
     rows.append(("demand jump -> AddNodes call (daemon running, hour-long intervals)",
                  f"{took * 1000:8.1f} ms"))
-    width = max(len(r[0]) for r in rows)
-    print(f"{'measure':<{width}}  result")
-    print("-" * (width + 30))
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print_table(rows)
     return 0
 
 

@@ -24,6 +24,7 @@ from elasticslice.config import load_config  # noqa: E402
 from elasticslice.emulator import EmulatorServer, init_emulator  # noqa: E402
 from elasticslice.rpc.client import ProtoGeniServer  # noqa: E402
 from elasticslice.rspec import NodeSpec, add_nodes_args, build_request  # noqa: E402
+from table import print_table  # noqa: E402  (bench/table.py; this folder is on sys.path)
 
 
 def _rate(fn, calls: int) -> tuple[float, float]:
@@ -103,11 +104,7 @@ def main() -> int:
                              f"{took * 1000:8.0f} ms"))
                 _wait_ready(server, args.nodes + 1 - len(victims), 60)
                 server.delete_slice()
-    width = max(len(r[0]) for r in rows)
-    print(f"{'measure':<{width}}  result")
-    print("-" * (width + 30))
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print_table(rows)
     return 0
 
 
