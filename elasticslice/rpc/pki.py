@@ -206,16 +206,6 @@ def os_error_reason(path: str | os.PathLike[str], err: OSError) -> str:
     return f"cannot read {path}: {err.strerror or err}"
 
 
-def read_pem_file(path: str | os.PathLike[str], what: str = "certificate") -> bytes:
-    """The bytes of a PEM file; ``CredentialError`` saying why it cannot be read (missing,
-    a directory, not readable by this user) instead of Python's ``OSError``."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as err:
-        raise CredentialError(f"{what}: {os_error_reason(path, err)}") from err
-
-
 def load_pem_cert(data: CertLike) -> x509.Certificate:
     """A certificate from an x509 object, PEM (the first certificate in it) or DER."""
     if isinstance(data, x509.Certificate):
