@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticslice.errors import ConfigError
+from elasticslice.rpc.pki import os_error_reason
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +105,24 @@ def load_config(path: str | os.PathLike[str] | None = None,
     env = os.environ if env is None else env
     cfg_path = Path(path).expanduser() if path else default_config_path()
     where = str(cfg_path)
-    if not cfg_path.is_file():
+    try:  # read here: configparser.read() skips a file it cannot open without a word
+        text = cfg_path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError) as err:
         raise ConfigError("config file not found (give --config or create it; see "
-                          "etc/elasticslice.conf.example)", path=where)
+                          "etc/elasticslice.conf.example)", path=where) from err
+    except IsADirectoryError as err:
+        raise ConfigError("is a directory, not a config file", path=where) from err
+    except OSError as err:
+        reason = "permission denied" if isinstance(err, PermissionError) else err.strerror
+        raise ConfigError(f"cannot read the config file: {reason}", path=where) from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"unreadable config: not UTF-8 text (byte {err.start})",
+                          path=where) from err
     parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
     try:
-        parser.read(cfg_path, encoding="utf-8")
+        parser.read_string(text, source=where)
     except configparser.Error as err:
         raise ConfigError(ini_error(err), path=where) from err
-    except (UnicodeDecodeError, OSError) as err:
-        raise ConfigError(f"unreadable config: {err}".splitlines()[0], path=where) from err
     if not parser.has_section(SECTION):
         raise ConfigError(f"no [{SECTION}] section", path=where)
     # Other sections belong to other tools sharing the file (the emulator, the manager).
@@ -155,8 +164,12 @@ def _build(values: dict[str, str], cfg_path: Path,
             return None
         p = Path(raw).expanduser()
         p = p if p.is_absolute() else base / p
-        if must_exist and not p.is_file():
-            raise err(key, f"no such file: {p}")
+        if must_exist:  # open it: missing, a directory, or unreadable are told apart
+            try:
+                with open(p, "rb"):
+                    pass
+            except OSError as e:
+                raise err(key, os_error_reason(p, e)) from e
         return p
 
     verify = _bool(values.get("verify", "true"), err)
@@ -235,7 +248,7 @@ def key_is_encrypted(config: ClientConfig) -> bool:
     try:
         data = config.certificate.read_bytes()
     except OSError as e:
-        raise config.error(f"cannot read: {e}", "certificate") from e
+        raise config.error(os_error_reason(config.certificate, e), "certificate") from e
     return b"ENCRYPTED" in data
 
 
@@ -251,8 +264,11 @@ def load_passphrase(config: ClientConfig, env: Mapping[str, str] | None = None,
     if config.passphrase_file is not None:
         try:
             text = config.passphrase_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise config.error(f"cannot read: {e}", "passphrase_file") from e
+        except OSError as e:
+            raise config.error(os_error_reason(config.passphrase_file, e),
+                               "passphrase_file") from e
+        except UnicodeDecodeError as e:
+            raise config.error(f"not UTF-8 text (byte {e.start})", "passphrase_file") from e
         phrase = text.rstrip("\r\n")
         if not phrase:
             raise config.error("passphrase file is empty", "passphrase_file")

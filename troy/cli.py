@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from troy.errors import BadParameter, TroyError
+from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
 
 log = logging.getLogger("troy")
 
@@ -91,7 +92,14 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
     m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*", spec)
     if not m or int(m.group(2)) < 1 or (m.group(1) is not None and int(m.group(1)) < 1):
         raise BadParameter(f"--pilots {spec!r}: expected COUNTxCORES such as 4x2")
-    return int(m.group(1) or 1), int(m.group(2))
+    count, cores = int(m.group(1) or 1), int(m.group(2))
+    if count > MAX_PILOTS:
+        raise BadParameter(f"--pilots {spec!r}: {count} pilots is more than the limit of "
+                           f"{MAX_PILOTS}")
+    if cores > MAX_PILOT_CORES:
+        raise BadParameter(f"--pilots {spec!r}: {cores} cores per pilot is more than the "
+                           f"limit of {MAX_PILOT_CORES}")
+    return count, cores
 
 
 @cli.command("run")
@@ -99,7 +107,8 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
 @click.option("--framework", type=click.Choice(["local", "dask"]), default="local",
               show_default=True, help="Pilot framework running the units.")
 @click.option("--pilots", metavar="COUNTxCORES", default=None,
-              help="Pilots to start, e.g. 4x2 (default: one pilot with every core).")
+              help=f"Pilots to start, e.g. 4x2 (default: one pilot with every core; at "
+                   f"most {MAX_PILOTS} pilots of {MAX_PILOT_CORES} cores).")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="WfFormat files: multiply recorded runtimes by this.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None,
@@ -131,14 +140,18 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
     if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
         raise BadParameter(f"--report {report}: no directory "
                            f"{os.path.dirname(os.path.abspath(report))}")
-    workload = load_workload(file, time_scale=time_scale, max_cores=cores)
     options: dict[str, Any] = {}
-    if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
-        quiet_dask()
     if framework == "dask" and dask_address:
-        options["scheduler_address"] = dask_address
+        from troy.frameworks.dask.framework import scheduler_url
+        try:
+            options["scheduler_address"] = scheduler_url(dask_address)
+        except BadParameter as err:
+            raise BadParameter(f"--dask-scheduler: {err}") from None
     elif dask_address:
         raise BadParameter("--dask-scheduler needs --framework dask")
+    workload = load_workload(file, time_scale=time_scale, max_cores=cores)
+    if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
+        quiet_dask()
     manager: dict[str, Any] = {}
     if scheduler:
         manager["scheduler"] = scheduler

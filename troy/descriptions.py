@@ -7,13 +7,29 @@ did, but unknown keys and wrong types are refused with ``BadParameter`` naming t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from troy.errors import BadParameter
+from troy.limits import MAX_TASKS, is_finite_number
 
 D = TypeVar("D", bound="Description")
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a message quoting a huge or deeply
+    nested value stays one short line."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<a too deeply nested {type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 class Description:
@@ -61,35 +77,44 @@ class Description:
         if v is None and optional:
             return
         if not isinstance(v, str) or (not optional and not v):
-            raise BadParameter(f"{self._kind}.{name}: expected a string, got {v!r}")
+            raise BadParameter(f"{self._kind}.{name}: expected a string, got {short_repr(v)}")
 
-    def _check_int(self, name: str, minimum: int, optional: bool = False) -> None:
+    def _check_int(self, name: str, minimum: int, optional: bool = False,
+                   maximum: int | None = None) -> None:
         v = getattr(self, name)
         if v is None and optional:
             return
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise BadParameter(f"{self._kind}.{name}: expected an integer >= {minimum}, got {v!r}")
+            raise BadParameter(f"{self._kind}.{name}: expected an integer >= {minimum}, "
+                               f"got {short_repr(v)}")
+        if maximum is not None and v > maximum:
+            raise BadParameter(f"{self._kind}.{name}: {v} is more than the limit of {maximum}")
 
     def _check_number(self, name: str, optional: bool = True) -> None:
         v = getattr(self, name)
         if v is None and optional:
             return
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise BadParameter(f"{self._kind}.{name}: expected a number >= 0, got {v!r}")
+        if not is_finite_number(v) or v < 0:
+            raise BadParameter(f"{self._kind}.{name}: expected a finite number >= 0, "
+                               f"got {short_repr(v)}")
 
     def _check_str_list(self, name: str) -> None:
         v = getattr(self, name)
         if isinstance(v, tuple):
             v = list(v)
             object.__setattr__(self, name, v)
-        if not isinstance(v, list) or not all(isinstance(x, (str, int, float)) for x in v):
-            raise BadParameter(f"{self._kind}.{name}: expected a list of strings, got {v!r}")
+        if not isinstance(v, list) or not all(isinstance(x, (str, int, float))
+                                              and not _non_finite(x) for x in v):
+            raise BadParameter(f"{self._kind}.{name}: expected a list of strings, "
+                               f"got {short_repr(v)}")
         object.__setattr__(self, name, [str(x) for x in v])
 
     def _check_env(self, name: str) -> None:
         v = getattr(self, name)
-        if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
-            raise BadParameter(f"{self._kind}.{name}: expected a mapping of strings, got {v!r}")
+        if not isinstance(v, Mapping) or not all(
+                isinstance(k, str) and not _non_finite(x) for k, x in v.items()):
+            raise BadParameter(f"{self._kind}.{name}: expected a mapping of strings, "
+                               f"got {short_repr(v)}")
         object.__setattr__(self, name, {k: str(x) for k, x in v.items()})
 
 
@@ -152,7 +177,7 @@ class TaskDescription(_WorkFields):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_int("cardinality", 1)
+        self._check_int("cardinality", 1, maximum=MAX_TASKS)
 
 
 @dataclass

@@ -7,6 +7,9 @@ replaced by the instance number. Relations follow: between two expanded tasks of
 cardinality instance *i* relates to instance *i* (a pipeline per instance); otherwise every
 instance of the head relates to every instance of the tail.
 
+At most ``troy.limits.MAX_TASKS`` tasks after expansion: a workload that would grow past it
+is refused (``BadParameter`` naming the widest task) before anything is expanded.
+
 Overlay: ``derive_overlay`` sizes one pilot for the workload's peak concurrency: the largest
 sum of cores over a dependency level, capped at the machine's cores (config
 ``machine_cores``, default ``os.cpu_count()``) but never below the widest task.
@@ -18,7 +21,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from troy.descriptions import PilotDescription, TaskDescription
-from troy.errors import IncorrectState
+from troy.errors import BadParameter, IncorrectState
+from troy.limits import MAX_TASKS
 from troy.overlay.overlay import Overlay
 from troy.states import FINAL_STATES, State
 from troy.workload.workload import Relation, Workload
@@ -67,6 +71,13 @@ class Planner:
             wide = [t for t in workload.tasks.values() if t.description.cardinality > 1]
             if not wide:
                 return
+            total = sum(t.description.cardinality for t in workload.tasks.values())
+            if total > MAX_TASKS:  # refused before a single instance is made
+                widest = max(wide, key=lambda t: t.description.cardinality)
+                raise BadParameter(f"workload {workload.id}: expanding cardinality would make "
+                                   f"{total} tasks, more than the limit of {MAX_TASKS} (task "
+                                   f"{widest.id!r} has cardinality "
+                                   f"{widest.description.cardinality})")
             relations = list(workload.relations)
             for task in wide:
                 n = task.description.cardinality

@@ -19,7 +19,7 @@ from elasticslice.errors import RPCError, RSpecError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import SliverStatus
-from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args
+from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args, request_problem
 from elasticslice.rspec import parse as parse_rspec
 from elasticslice.rspec import validate as validate_rspec
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES as RSPEC_MAX_BYTES
@@ -153,7 +153,7 @@ def create_sliver(ctx: click.Context, rspec: str, cm: str | None) -> None:
 
 def _check_rspec(text: str, source: str) -> None:
     """Refuse, before sending it, an RSpec that is unreadable, hostile, not a request, empty,
-    or (GENI v3) not valid against request.xsd."""
+    with a node client_id the CM refuses, or (GENI v3) not valid against request.xsd."""
     rspec = parse_rspec(text, source)
     if rspec.type != RSpecType.REQUEST:
         raise RSpecError(f"a {rspec.type.value} RSpec, not a request", source=source)
@@ -166,6 +166,9 @@ def _check_rspec(text: str, source: str) -> None:
                 if len(problems) > 1 else ""
             raise RSpecError(f"invalid request: {problems[0].message}{more}", source=source,
                              line=problems[0].line)
+    problem = request_problem(rspec)  # the client_id rule of AddNodes and the CM (v2 too)
+    if problem:
+        raise RSpecError(f"invalid request: {problem}", source=source)
 
 
 def _status_lines(status: SliverStatus) -> list[str]:

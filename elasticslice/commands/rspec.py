@@ -18,6 +18,8 @@ from elasticslice.rspec import (
 
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
+#: ``validate`` prints at most this many problems per file by default (``--max-problems``).
+MAX_PROBLEMS_SHOWN = 20
 
 
 class BadInput(click.ClickException):
@@ -129,11 +131,18 @@ def build_cmd(count: int, prefix: str, hardware_type: str | None, image: str | N
               help="Use the XSDs exactly as published (refuse host@ipv4 and extra "
                    "emulab:vnode attributes that real CloudLab manifests carry).")
 @click.option("--quiet", "-q", is_flag=True, default=False, help="Print only problems.")
-def validate_cmd(files: tuple[str, ...], strict: bool, quiet: bool) -> None:
+@click.option("--max-problems", type=click.IntRange(0), default=MAX_PROBLEMS_SHOWN,
+              show_default=True, metavar="N",
+              help="Print at most N problems per file, then how many more (0: all).")
+def validate_cmd(files: tuple[str, ...], strict: bool, quiet: bool, max_problems: int) -> None:
     """Validate RSpec FILEs against the GENI v3 schema of their type ('-' reads stdin).
 
+    Requests are also checked for node client_ids that AddNodes and CreateSliver refuse
+    (1-64 letters, digits, '-', '_' or '.', unique).
+
     Exit status: 0 all valid, 1 one or more invalid (each problem printed as FILE:LINE:
-    message), 2 a file is unreadable, not XML, or hostile (DTDs, entities, oversize).
+    message, at most --max-problems of them per file, then '... and N more'), 2 a file is
+    unreadable, not XML, or hostile (DTDs, entities, oversize).
     """
     status = 0
     for path in files:
@@ -148,8 +157,13 @@ def validate_cmd(files: tuple[str, ...], strict: bool, quiet: bool) -> None:
             status = EXIT_BAD_INPUT
             continue
         if problems:
-            for problem in problems:
+            shown = problems[:max_problems] if max_problems else problems
+            for problem in shown:
                 click.echo(f"{path}:{problem.line}: {problem.message}", err=True)
+            if len(problems) > len(shown):
+                click.echo(f"{path}: ... and {len(problems) - len(shown)} more problem(s) "
+                           f"({len(problems)} in all; --max-problems 0 prints every one)",
+                           err=True)
             status = max(status, EXIT_INVALID)
         elif not quiet:
             click.echo(f"{path}: valid")

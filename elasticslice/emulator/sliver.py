@@ -80,6 +80,7 @@ class SliverOps:
             raise GeniFault(GeniCode.BADARGS, "The request rspec has no nodes")
         ids = [n.client_id or "" for n in request.nodes]
         self._check_client_ids(ids, set())
+        request.check_request(lambda problem: GeniFault(GeniCode.BADARGS, problem))
         iface_owner = {i.client_id: n.client_id for n in request.nodes for i in n.interfaces}
         for link in request.links:
             for ref in link.interfaces:

@@ -193,6 +193,19 @@ def write_private_file(path: str | os.PathLike[str], data: bytes) -> Path:
     return target
 
 
+def os_error_reason(path: str | os.PathLike[str], err: OSError) -> str:
+    """Why ``path`` could not be read, in words a user acts on (one line, names the path)."""
+    if isinstance(err, FileNotFoundError):
+        return f"no such file: {path}"
+    if isinstance(err, IsADirectoryError):
+        return f"{path} is a directory, not a file"
+    if isinstance(err, NotADirectoryError):
+        return f"no such file: {path} (part of the path is a file, not a directory)"
+    if isinstance(err, PermissionError):
+        return f"cannot read {path}: permission denied"
+    return f"cannot read {path}: {err.strerror or err}"
+
+
 def load_pem_cert(data: CertLike) -> x509.Certificate:
     """A certificate from an x509 object, PEM (the first certificate in it) or DER."""
     if isinstance(data, x509.Certificate):

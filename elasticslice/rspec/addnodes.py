@@ -9,16 +9,15 @@ out.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import NodeSpec
+from elasticslice.rspec.rules import CLIENT_ID_RULE, client_id_problem, shown
 
 #: The keys the CM accepts per node.
 ADD_NODE_KEYS = frozenset({"diskimage", "startup", "tarballs", "lans", "hardware_type", "node"})
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
 class BadAddNodesArgs(RSpecError):
@@ -92,11 +91,9 @@ def _lans(names: list[str], spec: NodeSpec) -> list[str | dict[str, str]]:
 def _checked_key(cid: Any) -> str:
     """``nodes[<client_id>]`` for a valid client_id; BadAddNodesArgs otherwise (naming at
     most the first 32 characters: a hostile id must not flood the answer)."""
-    if isinstance(cid, str) and cid and _CLIENT_ID.fullmatch(cid):
+    if client_id_problem(cid) is None:
         return f"nodes[{cid}]"
-    shown = cid if isinstance(cid, str) and len(cid) <= 32 else f"{str(cid)[:32]}..."
-    raise BadAddNodesArgs("client_id must be 1-64 letters, digits, '-', '_' or '.'",
-                          key=f"nodes[{shown}]")
+    raise BadAddNodesArgs(CLIENT_ID_RULE, key=f"nodes[{shown(cid)}]")
 
 
 def _str(value: Any, key: str) -> str:

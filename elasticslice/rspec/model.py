@@ -7,10 +7,13 @@ what a user asks for; the builders turn them into XML or CM v2 ``AddNodes`` argu
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
+
+from elasticslice.errors import RSpecError
 
 #: GENI RSpec v3 namespace, and the ProtoGENI v2 one (still the CM's default output).
 NS_V3 = "http://www.geni.net/resources/rspec/3"
@@ -157,6 +160,15 @@ class RSpec:
             if node.client_id == client_id:
                 return node
         raise KeyError(client_id)
+
+    def check_request(self, fail: Callable[[str], Exception] | None = None) -> None:
+        """Raise ``fail(problem)`` (default: ``RSpecError``) when this is a request with a
+        node client_id that ``AddNodes`` would refuse, or one given twice: the one rule of
+        :mod:`elasticslice.rspec.rules`, which the emulator's CreateSliver applies too."""
+        from elasticslice.rspec.rules import request_problem  # (rules imports this module)
+        problem = request_problem(self)
+        if problem:
+            raise fail(problem) if fail is not None else RSpecError(problem)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The shape ``elasticslice rspec show --json`` prints."""

@@ -9,6 +9,9 @@ Real CloudLab manifests carry two things the published XSDs lack: ``host@ipv4`` 
 attributes on ``emulab:vnode`` (``hardware_type``, ``disk_image``). By default (``strict=False``)
 these are allowed, by patching the in-memory copy of the schema; ``strict=True`` uses the
 XSDs exactly as published.
+
+Requests are also held to the node client_id rule of :mod:`elasticslice.rspec.rules` (the
+one ``AddNodes`` and ``CreateSliver`` apply), reported as problems like the schema's.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from lxml import etree
 
 from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import NS_EMULAB, NS_V3, RSpecType, rspec_type_problem
+from elasticslice.rspec.rules import client_id_problems
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
 
 log = logging.getLogger(__name__)
@@ -152,6 +156,11 @@ def validate_element(root: etree._Element, *, strict: bool = False) -> list[Sche
     # A compiled schema keeps its error_log on itself: one validation at a time per process
     # (the emulator validates from several server threads).
     with _validation_lock:
-        if schema.validate(root):
-            return []
-        return [SchemaProblem(err.line or 0, err.message) for err in schema.error_log]
+        problems = [] if schema.validate(root) else \
+            [SchemaProblem(err.line or 0, err.message) for err in schema.error_log]
+    if rtype is RSpecType.REQUEST:  # the rule AddNodes and CreateSliver apply (rules.py)
+        ids = ((n.get("client_id"), n.sourceline or 0)  # (a missing one: the schema says)
+               for n in root.iterchildren(f"{{{NS_V3}}}node") if n.get("client_id") is not None)
+        problems += [SchemaProblem(line, message) for line, message in client_id_problems(ids)]
+        problems.sort(key=lambda p: p.line)
+    return problems

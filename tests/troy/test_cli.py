@@ -98,6 +98,18 @@ def test_run_troy_json_with_a_failing_task(tmp_path):
     # broke: waited forever for a pilot wide enough
     (["run", "{wide}", "--pilots", "2x1"], "wide.json: task 'a' needs 64 cores; the pilots "
                                            "have 1 (--pilots 2x1)"),
+    # broke: hung after the tasks finished (100,000 pilots closed one scan each)
+    (["run", "{good}", "--pilots", "100000x1000"],
+     "--pilots '100000x1000': 100000 pilots is more than the limit of 1000"),
+    (["run", "{good}", "--pilots", "2x5000"],
+     "--pilots '2x5000': 5000 cores per pilot is more than the limit of 1024"),
+    # broke: accepted (NaN), memory without end (cardinality), internal error (nesting)
+    (["run", "{nan}"], "nan.json: tasks[0] (task 'a'): task.walltime: expected a finite"),
+    (["run", "{huge}"], "huge.json: tasks[0] (task 'a'): task.cardinality: 1000000000 is "
+                        "more than the limit of 100000"),
+    (["run", "{deep}"], "deep.json: JSON nested too deeply"),
+    (["run", "{good}", "--framework", "dask", "--dask-scheduler", "dask://host"],
+     "--dask-scheduler: Dask scheduler address 'dask://host': missing port number"),
 ])
 def test_errors_are_one_line(tmp_path, args, message):
     (tmp_path / "bad.json").write_text("{nope")
@@ -106,9 +118,13 @@ def test_errors_are_one_line(tmp_path, args, message):
     (tmp_path / "noexe.json").write_text('{"tasks": [{"id": "a"}]}')
     (tmp_path / "wide.json").write_text(
         '{"tasks": [{"id": "a", "executable": "/bin/true", "cores": 64}]}')
-    args = [a.format(bad=tmp_path / "bad.json", good=tmp_path / "good.json",
-                     empty=tmp_path / "empty.json", noexe=tmp_path / "noexe.json",
-                     wide=tmp_path / "wide.json") for a in args]
+    (tmp_path / "nan.json").write_text(
+        '{"tasks": [{"id": "a", "executable": "/bin/true", "walltime": NaN}]}')
+    (tmp_path / "huge.json").write_text(
+        '{"tasks": [{"id": "a", "executable": "/bin/true", "cardinality": 1000000000}]}')
+    (tmp_path / "deep.json").write_text('{"tasks": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    names = ("bad", "good", "empty", "noexe", "wide", "nan", "huge", "deep")
+    args = [a.format(**{n: tmp_path / f"{n}.json" for n in names}) for a in args]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
@@ -164,6 +180,30 @@ def test_real_subprocess_bad_file_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0
     assert "tasks[0] (task 'a'): task.cores" in proc.stderr
+
+
+def test_malformed_dask_scheduler_address_is_one_line_at_once(tmp_path):
+    """Broke: ValueError as an internal error, then Dask's half-made client hung for 30 s
+    closing and printed a traceback."""
+    good = tmp_path / "good.json"
+    good.write_text('{"tasks": [{"executable": "/bin/true"}]}')
+    proc = subprocess.run([sys.executable, "-m", "troy.cli", "run", str(good), "--framework",
+                           "dask", "--dask-scheduler", "dask://[::zz"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "Error: --dask-scheduler: Dask scheduler address 'dask://[::zz': invalid address "
+        "'[::zz'; maybe: ipv6 needs brackets like [::1]"]
+
+
+def test_a_thousand_pilots_end_when_the_tasks_do(tmp_path):
+    """At the pilot limit the run ends (closing the pilots took a scan of every pilot per
+    pilot: 100,000 pilots never ended)."""
+    good = tmp_path / "good.json"
+    good.write_text('{"tasks": [{"executable": "/bin/true"}]}')
+    result = CliRunner().invoke(cli, ["run", str(good), "--pilots", "1000x1"])
+    assert result.exit_code == 0, result.output
+    assert "DONE: 1/1 tasks done" in result.output
 
 
 def test_run_attached_to_a_running_dask_scheduler(tmp_path):

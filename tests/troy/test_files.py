@@ -103,11 +103,32 @@ def test_troy_json(tmp_path):
     ('{"tasks": [{"id": "a", "parents": ["b"]}, {"id": "b", "parents": ["a"]}]}', "cycle"),
     ('{"tasks": [], "extra": 1}', "top level: unknown key(s) extra"),
     ('{"workflow": {"tasks": [{"name": "a", "runtime": -1}]}}',
-     "workflow.tasks[0] (a).runtime: expected a number >= 0"),
+     "workflow.tasks[0] (a).runtime: expected a finite number >= 0"),
     ('{"workflow": {"tasks": [{"name": "a", "parents": ["nope"]}]}}',
      "workflow.tasks[0].parents[0] (task 'a'): unknown task 'nope'"),
     ('{"workflow": {"specification": {"tasks": [{"parents": []}]}}}',
      "workflow.specification.tasks[0]: task without an id or name"),
+    # broke: NaN and Infinity were accepted as numbers
+    ('{"tasks": [{"id": "a", "executable": "/bin/true", "walltime": NaN}]}',
+     "tasks[0] (task 'a'): task.walltime: expected a finite number >= 0, got nan"),
+    ('{"tasks": [{"id": "a", "executable": "/bin/true", "runtime": Infinity}]}',
+     "tasks[0] (task 'a'): task.runtime: expected a finite number >= 0, got inf"),
+    ('{"tasks": [{"id": "a", "executable": "/bin/echo", "arguments": [-Infinity]}]}',
+     "tasks[0] (task 'a'): task.arguments: expected a list of strings"),
+    ('{"workflow": {"tasks": [{"name": "a", "runtime": NaN}]}}',
+     "workflow.tasks[0] (a).runtime: expected a finite number >= 0, got nan"),
+    ('{"workflow": {"tasks": [{"name": "a", "cores": Infinity}]}}',
+     "workflow.tasks[0] (a).cores: expected a finite number >= 1, got inf"),
+    # broke: memory grew without end expanding it later
+    ('{"tasks": [{"id": "a", "executable": "/bin/true", "cardinality": 1000000000}]}',
+     "tasks[0] (task 'a'): task.cardinality: 1000000000 is more than the limit of 100000"),
+    ('{"tasks": [{"id": "a", "executable": "/bin/true", "cardinality": 60000},'
+     ' {"id": "b", "executable": "/bin/true", "cardinality": 60000}]}',
+     "tasks[1] (task 'b'): cardinality 60000 brings the workload to at least 120000 tasks "
+     "after expansion, more than the limit of 100000"),
+    # broke: an internal error (TypeError: unhashable type: 'list')
+    ('{"tasks": [{"id": "a", "executable": "/bin/true", "parents": [["b"]]}]}',
+     "tasks[0].parents[0]: expected a task id (a string), got ['b']"),
 ])
 def test_bad_files_name_file_and_place(tmp_path, content, message):
     f = tmp_path / "bad.json"
@@ -121,3 +142,26 @@ def test_bad_files_name_file_and_place(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(WorkloadFileError, match="nope.json: cannot read"):
         load_workload(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("depth, message", [
+    (100_000, "JSON nested too deeply"),   # broke: RecursionError, an internal error
+    (900, "task.cores: expected an integer >= 1, got [[[["),  # parsed; the message stays short
+])
+def test_deeply_nested_json(tmp_path, depth, message):
+    f = tmp_path / "deep.json"
+    f.write_text('{"tasks": [{"executable": "/bin/true", "cores": '
+                 + "[" * depth + "]" * depth + "}]}")
+    with pytest.raises(WorkloadFileError) as info:
+        load_workload(f)
+    text = str(info.value)
+    assert text.startswith(f"{f}: ") and message in text and len(text) < 300
+
+
+def test_more_tasks_than_the_limit(tmp_path):
+    from troy.limits import MAX_TASKS
+    f = tmp_path / "many.json"
+    f.write_text('{"tasks": [' + ", ".join(["{}"] * (MAX_TASKS + 1)) + "]}")
+    with pytest.raises(WorkloadFileError, match=f"many.json: tasks: {MAX_TASKS + 1} tasks is "
+                                                f"more than the limit of {MAX_TASKS}"):
+        load_workload(f)

@@ -1,6 +1,8 @@
 """Planner: cardinality expansion with %(cardinal)s, relation rewiring, derived overlays."""
 from __future__ import annotations
 
+import pytest
+
 import troy
 from troy import Planner, Relation, State, Workload
 
@@ -53,3 +55,20 @@ def test_derived_overlay_is_sized_by_concurrency_and_capped(tmp_path):
         w3 = Workload()
         w3.add_task({"executable": "/bin/true", "cores": 16})
         assert Planner(s).derive_overlay(w3).size == 16  # never below the widest task
+
+
+def test_cardinality_past_the_task_limit_is_refused_before_expanding():
+    """Broke: cardinality 1,000,000,000 expanded until memory ran out."""
+    from troy.limits import MAX_TASKS
+    w = Workload()
+    big = w.add_task({"executable": "/bin/true", "cardinality": MAX_TASKS // 2 + 1})
+    w.add_task({"executable": "/bin/true", "cardinality": MAX_TASKS // 2 + 1})
+    with pytest.raises(troy.BadParameter) as info:
+        Planner().plan(w)
+    assert f"more than the limit of {MAX_TASKS}" in str(info.value)
+    assert repr(big) in str(info.value)
+    assert len(w.tasks) == 2 and not w.expansions  # nothing was expanded
+    with pytest.raises(troy.BadParameter, match=f"cardinality: {10**9} is more than the "
+                                                f"limit of {MAX_TASKS}"):
+        w.add_task({"executable": "/bin/true", "cardinality": 10**9})
+

@@ -75,6 +75,7 @@ class Overlay(Lockable, Observable):
         self._locked = False
         self._lock = threading.RLock()
         self._callbacks: list[OverlayCallback] = []
+        self._cancelling = False
         for pd in pilots or ():
             self.add_pilot(pd)
 
@@ -102,9 +103,13 @@ class Overlay(Lockable, Observable):
 
     def cancel(self) -> None:
         """Cancel all pilots; the overlay ends COMPLETED."""
-        for p in list(self.pilots.values()):
-            if p.state not in FINAL_STATES:
-                p.cancel()
+        self._cancelling = True  # one look at every pilot at the end, not one per pilot
+        try:
+            for p in list(self.pilots.values()):
+                if p.state not in FINAL_STATES:
+                    p.cancel()
+        finally:
+            self._cancelling = False
         self._pilot_changed()
 
     # -- for the OverlayManager ---------------------------------------------------------
@@ -117,7 +122,12 @@ class Overlay(Lockable, Observable):
         self._run_callbacks(callbacks, state)
 
     def _pilot_changed(self, *args: Any) -> None:
-        """A pilot changed: derive FAILED / COMPLETED once pilots end."""
+        """A pilot changed: derive FAILED / COMPLETED once pilots end. A framework pilot's
+        callback passes ``(pilot, state)``: a state that is not final changes nothing here."""
+        if len(args) == 2 and isinstance(args[1], State) and args[1] not in FINAL_STATES:
+            return
+        if self._cancelling and not (len(args) == 2 and args[1] is State.FAILED):
+            return
         states = [p.state for p in self.pilots.values()]
         if State.FAILED in states:
             self._set_state(State.FAILED)

@@ -21,7 +21,10 @@ that occupies its cores for its recorded runtime times ``time_scale``: ``/bin/sl
 task's ``runtime`` hint (so short tasks get bundled).
 
 Any problem is a ``WorkloadFileError`` whose one-line message names the file and the place:
-a JSON line and column, a JSON path (``tasks[3].cores``) or a task id.
+a JSON line and column, a JSON path (``tasks[3].cores``) or a task id. Limits (see
+``troy.limits``): at most ``MAX_BYTES`` bytes, ``MAX_TASKS`` tasks after cardinality
+expansion; numbers must be finite (``NaN`` and ``Infinity`` are refused where a number is
+read); JSON nested deeper than Python's parser allows (about 1,000 levels) is refused.
 """
 from __future__ import annotations
 
@@ -32,7 +35,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from troy.descriptions import short_repr
 from troy.errors import BadParameter, WorkloadFileError
+from troy.limits import MAX_TASKS, is_finite_number
 from troy.workload.workload import Relation, Workload
 
 __all__ = ["load_workload", "WorkloadFileError"]
@@ -60,13 +65,19 @@ def load_workload(path: str | os.PathLike[str], *, time_scale: float = 1.0,
     except json.JSONDecodeError as err:
         raise WorkloadFileError(f"{where}: line {err.lineno} column {err.colno}: "
                                 f"invalid JSON: {err.msg}") from err
+    except RecursionError:
+        raise WorkloadFileError(f"{where}: JSON nested too deeply (more levels of lists "
+                                f"and objects than Python's JSON parser allows)") from None
     if not isinstance(data, dict):
         raise WorkloadFileError(f"{where}: expected a JSON object at the top, "
                                 f"got {type(data).__name__}")
-    if "workflow" in data:
-        return _Loader(where).wfformat(data, float(time_scale), max_cores)
-    if "tasks" in data:
-        return _Loader(where).troy(data)
+    try:
+        if "workflow" in data:
+            return _Loader(where).wfformat(data, float(time_scale), max_cores)
+        if "tasks" in data:
+            return _Loader(where).troy(data)
+    except RecursionError:  # a value nested ~1,000 deep, in a message or a check
+        raise WorkloadFileError(f"{where}: a value is nested too deeply") from None
     raise WorkloadFileError(f"{where}: neither Troy JSON (no 'tasks' key) nor WfFormat "
                             f"(no 'workflow' key)")
 
@@ -83,12 +94,19 @@ class _Loader:
             raise self.fail(place, f"expected a list, got {type(value).__name__}")
         return value
 
+    def _tasks(self, value: Any, place: str) -> list[Any]:
+        tasks = self._list(value, place)
+        if len(tasks) > MAX_TASKS:
+            raise self.fail(place, f"{len(tasks)} tasks is more than the limit of {MAX_TASKS}")
+        return tasks
+
     def _build(self, specs: list[tuple[str, str, dict[str, Any]]],
                edges: list[tuple[str, str, str]], tasks_place: str) -> Workload:
         """``specs``: (id, place, TaskDescription fields); ``edges``: (head, tail, place)."""
         if not specs:
             raise self.fail(tasks_place, "no tasks")
         w = Workload()
+        total = 0
         for uid, place, fields in specs:
             if uid in w.tasks:
                 raise self.fail(place, f"duplicate task id {uid!r}")
@@ -96,11 +114,20 @@ class _Loader:
                 w.add_task(fields, uid=uid)
             except BadParameter as err:
                 raise self.fail(f"{place} (task {uid!r})", str(err)) from err
+            total += w.tasks[uid].description.cardinality
+            if total > MAX_TASKS:  # checked as we go: the sum never runs away
+                raise self.fail(f"{place} (task {uid!r})",
+                                f"cardinality {w.tasks[uid].description.cardinality} brings "
+                                f"the workload to at least {total} tasks after expansion, "
+                                f"more than the limit of {MAX_TASKS}")
         rels, seen = [], set()
         for head, tail, place in edges:
             for end in (head, tail):
+                if not isinstance(end, str):
+                    raise self.fail(place, f"expected a task id (a string), "
+                                           f"got {short_repr(end)}")
                 if end not in w.tasks:
-                    raise self.fail(place, f"unknown task {end!r}")
+                    raise self.fail(place, f"unknown task {short_repr(end)}")
             if (head, tail) not in seen:  # a parent listed twice is one relation
                 seen.add((head, tail))
                 rels.append(Relation(head, tail))
@@ -118,7 +145,7 @@ class _Loader:
             raise self.fail("top level", f"unknown key(s) {', '.join(unknown)}; known: "
                             "tasks, relations, name, description")
         specs, edges = [], []
-        for i, task in enumerate(self._list(data["tasks"], "tasks")):
+        for i, task in enumerate(self._tasks(data["tasks"], "tasks")):
             place = f"tasks[{i}]"
             if not isinstance(task, Mapping):
                 raise self.fail(place, f"expected an object, got {type(task).__name__}")
@@ -126,7 +153,7 @@ class _Loader:
             uid = fields.pop("id", None) or fields.get("name") or f"task.{i}"
             fields.pop("name", None)
             if not isinstance(uid, str):
-                raise self.fail(f"{place}.id", f"expected a string, got {uid!r}")
+                raise self.fail(f"{place}.id", f"expected a string, got {short_repr(uid)}")
             for j, parent in enumerate(self._list(fields.pop("parents", []),
                                                   f"{place}.parents")):
                 edges.append((parent, uid, f"{place}.parents[{j}]"))
@@ -156,14 +183,14 @@ class _Loader:
             raise self.fail("workflow", "expected an object")
         if "specification" in wf:  # schema 1.5
             spec = wf["specification"]
-            tasks = self._list(spec.get("tasks") if isinstance(spec, Mapping) else None,
-                               "workflow.specification.tasks")
+            tasks = self._tasks(spec.get("tasks") if isinstance(spec, Mapping) else None,
+                                "workflow.specification.tasks")
             execution = wf.get("execution") or {}
             recorded = self._list(execution.get("tasks", []), "workflow.execution.tasks")
             base = "workflow.specification.tasks"
         else:
             key = "tasks" if "tasks" in wf else "jobs"
-            tasks = self._list(wf.get(key), f"workflow.{key}")
+            tasks = self._tasks(wf.get(key), f"workflow.{key}")
             recorded = []
             base = f"workflow.{key}"
         runs: dict[str, Mapping[str, Any]] = {}
@@ -199,8 +226,9 @@ class _Loader:
         for k in keys:
             if k in run:
                 v = run[k]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                    raise self.fail(f"{place}.{k}", f"expected a number >= 0, got {v!r}")
+                if not is_finite_number(v) or v < 0:
+                    raise self.fail(f"{place}.{k}", f"expected a finite number >= 0, "
+                                                    f"got {short_repr(v)}")
                 return float(v)
         return 0.0
 
@@ -208,7 +236,8 @@ class _Loader:
         for k in ("coreCount", "cores"):
             if k in run and run[k] is not None:
                 v = run[k]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1:
-                    raise self.fail(f"{place}.{k}", f"expected a number >= 1, got {v!r}")
+                if not is_finite_number(v) or v < 1:
+                    raise self.fail(f"{place}.{k}", f"expected a finite number >= 1, "
+                                                    f"got {short_repr(v)}")
                 return int(round(v))
         return 1

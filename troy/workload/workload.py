@@ -22,6 +22,7 @@ from typing import Any, overload
 
 from troy.descriptions import TaskDescription
 from troy.errors import BadParameter, IncorrectState
+from troy.limits import MAX_TASKS
 from troy.states import FINAL_STATES, Lockable, Observable, State
 from troy.workload.task import Task
 
@@ -177,6 +178,8 @@ class Workload(Lockable, Observable):
                 uid = f"task.{next(self._seq):04d}"
         elif uid in self.tasks:
             raise BadParameter(f"workload {self.id} already has a task {uid!r}")
+        if len(self.tasks) >= MAX_TASKS:
+            raise BadParameter(f"workload {self.id}: more than the limit of {MAX_TASKS} tasks")
         task = Task(uid, td, self)
         task._state = self._state if self._state is State.PLANNED else State.DESCRIBED
         self.tasks[uid] = task

@@ -26,6 +26,14 @@ def test_hours_that_overflowed_or_slipped_through_are_usage_errors(tmp_path, com
     (f'<rspec {V3} type="manifest"><node client_id="a"/></rspec>', "a manifest RSpec, not a request"),
     (f'<rspec {V3} type="request"></rspec>', "the request has no nodes"),
     (f'<rspec {V3} type="request"><node/></rspec>', ":1: invalid request: Element"),
+    # broke: sent to the CM, which took a client_id that AddNodes refuses
+    (f'<rspec {V3} type="request"><node client_id="../../x"/></rspec>',
+     "invalid request: node client_id '../../x': client_id must be 1-64 letters"),
+    ('<rspec xmlns="http://www.protogeni.net/resources/rspec/2" type="request">'
+     '<node client_id="a/b"/></rspec>', "invalid request: node client_id 'a/b'"),
+    (f'<rspec {V3} xmlns:a="urn:x" xmlns:b="urn:x" type="request">'
+     '<node client_id="n" a:f="1" b:f="2"/></rspec>',
+     ":1: not well-formed XML: Namespaced Attribute f in 'urn:x' redefined"),
 ])
 def test_create_sliver_refuses_a_bad_request_locally(tmp_path, body, expected):
     rspec = tmp_path / "req.xml"

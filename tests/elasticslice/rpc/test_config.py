@@ -1,10 +1,16 @@
 """The INI client configuration and the passphrase sources."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 
 from elasticslice.config import ClientConfig, load_config, load_passphrase
 from elasticslice.errors import ConfigError
+from tests.conftest import REPO
 
 from .tlsserver import Pki
 
@@ -126,3 +132,67 @@ def test_slice_name_required_only_when_used(tmp_path, certs):
     cfg = load_config(_write(tmp_path, certs, slice_name=None), env={})
     with pytest.raises(ConfigError, match=r"\[slice_name\] missing"):
         cfg.require_slice_name()
+
+
+@pytest.mark.parametrize("key", ["certificate", "ca_bundle", "passphrase_file"])
+def test_a_directory_where_a_file_belongs_is_named_as_such(tmp_path, certs, key):
+    """Broke: a certificate path that is a directory was reported as "no such file"."""
+    folder = tmp_path / "pems"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, certs, **{key: str(folder)}), env={})
+    assert info.value.key == key
+    assert str(info.value).endswith(f"[{key}] {folder} is a directory, not a file")
+
+
+def test_a_path_under_a_file(tmp_path, certs):
+    below = f"{certs.user}/x"
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, certs, certificate=below), env={})
+    assert str(info.value).endswith(f"[certificate] no such file: {below} (part of the path is "
+                                    f"a file, not a directory)")
+
+
+def test_config_path_that_is_a_directory(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory, not a config file"):
+        load_config(tmp_path, env={})
+
+
+def _run_unprivileged(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The CLI in a process that cannot read a mode-000 file, even as root (root loses
+    CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH for that process), so that reading one really
+    fails with PermissionError."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        probe = subprocess.run([setpriv, "--bounding-set", "-dac_override,-dac_read_search",
+                                "true"], capture_output=True) if setpriv else None
+        if probe is None or probe.returncode != 0:
+            pytest.skip("running as root without setpriv able to drop CAP_DAC_OVERRIDE")
+        prefix = [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
+    return subprocess.run([*prefix, sys.executable, "-m", "elasticslice.cli", *args],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, **env},
+                          timeout=120)
+
+
+@pytest.mark.parametrize("key", [None, "certificate", "ca_bundle"])
+def test_an_unreadable_config_or_pem_is_one_line(tmp_path, certs, key):
+    """Broke: an unreadable config was "no [protogeni] section"; unreadable PEMs quoted
+    Python's OSError."""
+    home = tmp_path / "home"
+    (home / ".protogeni").mkdir(parents=True)
+    secret = tmp_path / "secret.pem"
+    if key is None:  # the default config, ~/.protogeni/elasticslice.conf
+        secret = home / ".protogeni" / "elasticslice.conf"
+        secret.write_text(_write(tmp_path, certs).read_text())
+        expected = f"Error: {secret}: cannot read the config file: permission denied"
+    else:
+        secret.write_bytes(getattr(certs, {"certificate": "user"}.get(key, "ca")).read_bytes())
+        conf = _write(tmp_path, certs, **{key: str(secret)})
+        os.replace(conf, home / ".protogeni" / "elasticslice.conf")
+        expected = (f"Error: {home / '.protogeni' / 'elasticslice.conf'}: [{key}] cannot read "
+                    f"{secret}: permission denied")
+    secret.chmod(0)
+    proc = _run_unprivileged(["getversion"], {"HOME": str(home)})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [expected]

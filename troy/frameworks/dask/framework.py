@@ -2,6 +2,7 @@
 package documentation, ``troy.frameworks.dask``, for the design)."""
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import logging
 import os
@@ -43,6 +44,36 @@ class DaskPilot(Pilot):
             else prefetch
 
 
+SCHEMES = ("tcp", "tls")
+
+
+def scheduler_url(address: str) -> str:
+    """``address`` (``dask://host:port``, ``tcp://host:port`` or ``tls://host:port``) as Dask
+    wants it, checked here: Dask's own refusal of a malformed address comes after it has
+    half-made a client, whose clean-up then hangs for 30 s. ``BadParameter`` names what is
+    wrong."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    given = address
+    if not isinstance(address, str) or not address.strip():
+        raise BadParameter(f"Dask scheduler address {address!r}: expected dask://host:port")
+    if address.startswith("dask://"):
+        address = "tcp://" + address[len("dask://"):]
+    try:
+        scheme, location = parse_address(address, strict=True)
+        if scheme not in SCHEMES:
+            raise ValueError(f"unsupported scheme {scheme!r} (want dask://, tcp:// or tls://)")
+        host, port = parse_host_port(location)
+        if ":" in host:
+            ipaddress.IPv6Address(host)
+    except ValueError as err:
+        reason = "the port is not a number" if "invalid literal" in str(err) else err
+        raise BadParameter(f"Dask scheduler address {given!r}: {reason}") from None
+    if not host or not isinstance(port, int) or not 0 < port < 65536:
+        raise BadParameter(f"Dask scheduler address {given!r}: expected host:port with a "
+                           f"port from 1 to 65535")
+    return address
+
+
 @dataclass
 class _Worker:
     pilot: Pilot
@@ -82,9 +113,8 @@ class DaskFramework(UnitEvents, PilotFramework):
         super().__init__(name, **options)
         self.tls = DaskTLS.coerce(tls, f"framework {self.name!r}")
         self._security = self.tls.security() if self.tls is not None else None
-        if scheduler_address and scheduler_address.startswith("dask://"):
-            scheduler_address = "tcp://" + scheduler_address[len("dask://"):]
-        self.scheduler_address = scheduler_address
+        self.scheduler_address = None if scheduler_address is None \
+            else scheduler_url(scheduler_address)
         self.worker_saturation = float(worker_saturation)
         self.threads_per_pilot = threads_per_pilot
         self.sandbox = sandbox

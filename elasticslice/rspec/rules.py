@@ -1,0 +1,58 @@
+"""Rules a request keeps beyond the GENI schema: one rule for node client_ids, everywhere.
+
+A node's client_id names the node in ``AddNodes`` and ``DeleteNodes``, in hostnames
+(``<client_id>.<slice>.<project>.<domain>``) and on disk; so it must be 1-64 letters,
+digits, ``-``, ``_`` or ``.``, starting with a letter or digit (never ``..`` or ``/``), and
+unique in the request. ``AddNodes`` (:func:`~elasticslice.rspec.addnodes.nodespecs_from_add_args`),
+``CreateSliver`` at the emulator, ``elasticslice rspec validate`` and the client's
+``create-sliver`` check all apply :func:`client_id_problem`.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from elasticslice.rspec.model import RSpec, RSpecType
+
+CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+CLIENT_ID_RULE = "client_id must be 1-64 letters, digits, '-', '_' or '.'"
+
+
+def shown(value: Any, limit: int = 32) -> str:
+    """A client_id as quoted in a message: at most ``limit`` characters (a hostile id must
+    not flood the answer)."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def client_id_problem(cid: Any) -> str | None:
+    """None for a valid node client_id, else what is wrong with it (one line)."""
+    if isinstance(cid, str) and CLIENT_ID.fullmatch(cid):
+        return None
+    if cid is None or cid == "":
+        return "a node has no client_id"
+    return f"node client_id {shown(cid)!r}: {CLIENT_ID_RULE}"
+
+
+def client_id_problems(cids: Iterable[tuple[Any, int]]) -> list[tuple[int, str]]:
+    """``(line, problem)`` for every bad or repeated client_id of ``(client_id, line)``."""
+    seen: set[str] = set()
+    out = []
+    for cid, line in cids:
+        problem = client_id_problem(cid)
+        if problem is None and cid in seen:
+            problem = f"node client_id {shown(cid)!r} given twice"
+        if problem:
+            out.append((line, problem))
+        seen.add(cid)
+    return out
+
+
+def request_problem(rspec: RSpec) -> str | None:
+    """The first node client_id of a request that breaks the rule (None: all good, or not a
+    request). The emulator's CreateSliver answers it with BADARGS."""
+    if rspec.type is not RSpecType.REQUEST:
+        return None
+    problems = client_id_problems((node.client_id, 0) for node in rspec.nodes)
+    return problems[0][1] if problems else None

@@ -1,0 +1,30 @@
+"""Descriptions: what they refuse (field checks beyond the types)."""
+from __future__ import annotations
+
+import pytest
+
+import troy
+
+
+@pytest.mark.parametrize("field, value", [
+    ("walltime", float("nan")), ("runtime", float("inf")), ("walltime", float("-inf"))])
+def test_non_finite_numbers_are_refused(field, value):
+    """Broke: walltime NaN and runtime Infinity were accepted."""
+    with pytest.raises(troy.BadParameter, match=f"task.{field}: expected a finite number"):
+        troy.TaskDescription(executable="/bin/true", **{field: value})
+    with pytest.raises(troy.BadParameter, match="unit.arguments: expected a list of strings"):
+        troy.ComputeUnitDescription(executable="/bin/echo", arguments=[value])
+    with pytest.raises(troy.BadParameter, match="unit.environment: expected a mapping"):
+        troy.ComputeUnitDescription(executable="/bin/echo", environment={"X": value})
+    with pytest.raises(troy.BadParameter, match="pilot.walltime: expected a finite number"):
+        troy.PilotDescription(size=1, walltime=value)
+
+
+def test_a_deeply_nested_value_makes_a_short_message():
+    value: list = []
+    for _ in range(5000):
+        value = [value]
+    with pytest.raises(troy.BadParameter) as info:
+        troy.TaskDescription(executable="/bin/true", cores=value)
+    assert "task.cores: expected an integer >= 1" in str(info.value)
+    assert len(str(info.value)) < 200
