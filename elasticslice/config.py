@@ -103,6 +103,31 @@ def load_config(path: str | os.PathLike[str] | None = None,
                 env: Mapping[str, str] | None = None) -> ClientConfig:
     """Read, override from the environment, and check a config file."""
     env = os.environ if env is None else env
+    cfg_path, parser = read_ini(path)
+    where = str(cfg_path)
+    if not parser.has_section(SECTION):
+        raise ConfigError(f"no [{SECTION}] section", path=where)
+    # Other sections belong to other tools sharing the file (the emulator, the manager).
+    values: dict[str, str] = {}
+    for key, value in parser.items(SECTION):
+        if key not in KNOWN:
+            raise ConfigError(f"unknown key (known: {', '.join(KNOWN)})", key=key, path=where)
+        values[key] = value.strip()
+    from_env: dict[str, str] = {}
+    for key in KNOWN:
+        override = env.get(ENV_PREFIX + key.upper())
+        if override:
+            values[key] = override.strip()
+            from_env[key] = ENV_PREFIX + key.upper()
+    if env.get("PROTOGENI_CERTIFICATE"):
+        values["certificate"] = env["PROTOGENI_CERTIFICATE"].strip()
+        from_env["certificate"] = "PROTOGENI_CERTIFICATE"
+    return _build(values, cfg_path, from_env)
+
+
+def read_ini(path: str | os.PathLike[str] | None) -> tuple[Path, configparser.ConfigParser]:
+    """The config file (``path``, else the default) parsed; every problem reading it is a
+    ``ConfigError`` of one line naming the file. Shared by the tools that read it."""
     cfg_path = Path(path).expanduser() if path else default_config_path()
     where = str(cfg_path)
     try:  # read here: configparser.read() skips a file it cannot open without a word
@@ -123,24 +148,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
         parser.read_string(text, source=where)
     except configparser.Error as err:
         raise ConfigError(ini_error(err), path=where) from err
-    if not parser.has_section(SECTION):
-        raise ConfigError(f"no [{SECTION}] section", path=where)
-    # Other sections belong to other tools sharing the file (the emulator, the manager).
-    values: dict[str, str] = {}
-    for key, value in parser.items(SECTION):
-        if key not in KNOWN:
-            raise ConfigError(f"unknown key (known: {', '.join(KNOWN)})", key=key, path=where)
-        values[key] = value.strip()
-    from_env: dict[str, str] = {}
-    for key in KNOWN:
-        override = env.get(ENV_PREFIX + key.upper())
-        if override:
-            values[key] = override.strip()
-            from_env[key] = ENV_PREFIX + key.upper()
-    if env.get("PROTOGENI_CERTIFICATE"):
-        values["certificate"] = env["PROTOGENI_CERTIFICATE"].strip()
-        from_env["certificate"] = "PROTOGENI_CERTIFICATE"
-    return _build(values, cfg_path, from_env)
+    return cfg_path, parser
 
 
 def _build(values: dict[str, str], cfg_path: Path,

@@ -30,9 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from elasticslice.config import (
-    ENV_PREFIX, _bool, _check_url, _number, default_config_path, ini_error,
-)
+from elasticslice.config import ENV_PREFIX, _bool, _check_url, _number, read_ini
 from elasticslice.errors import ConfigError
 from elasticslice.managers.policy import PolicyConfig
 
@@ -171,18 +169,8 @@ def load_manager_config(path: str | os.PathLike[str] | None = None,
                         env: Mapping[str, str] | None = None) -> ManagerConfig:
     """Read ``[manager]`` and ``[endpoint]`` of the config file, with environment overrides."""
     env = os.environ if env is None else env
-    cfg_path = Path(path).expanduser() if path else default_config_path()
+    cfg_path, parser = read_ini(path)
     where = str(cfg_path)
-    if not cfg_path.is_file():
-        raise ConfigError("config file not found (give --config or create it; see "
-                          "etc/elasticslice.conf.example)", path=where)
-    parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(";", "#"))
-    try:
-        parser.read(cfg_path, encoding="utf-8")
-    except configparser.Error as err:
-        raise ConfigError(ini_error(err), path=where) from err
-    except (UnicodeDecodeError, OSError) as err:
-        raise ConfigError(f"unreadable config: {err}".splitlines()[0], path=where) from err
     manager = _section(parser, MANAGER, where, _manager_key_ok)
     endpoint = _section(parser, ENDPOINT, where, lambda key: key in ENDPOINT_KEYS)
     from_env: dict[str, str] = {}
