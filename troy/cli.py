@@ -142,7 +142,7 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
                            f"{os.path.dirname(os.path.abspath(report))}")
     options: dict[str, Any] = {}
     if framework == "dask" and dask_address:
-        from troy.frameworks.dask.framework import scheduler_url
+        from troy.frameworks.dask.address import scheduler_url
         try:
             options["scheduler_address"] = scheduler_url(dask_address)
         except BadParameter as err:

@@ -2,7 +2,6 @@
 package documentation, ``troy.frameworks.dask``, for the design)."""
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import logging
 import os
@@ -22,6 +21,7 @@ from troy.frameworks.dask import agent
 from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
                                             resolve_dask_log_level)
+from troy.frameworks.dask.address import scheduler_url
 from troy.frameworks.dask.tls import DaskTLS
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
@@ -42,36 +42,6 @@ class DaskPilot(Pilot):
         super().__init__(description, framework)
         self.backlog = DEFAULT_BACKLOG_PER_CORE * description.size if prefetch is None \
             else prefetch
-
-
-SCHEMES = ("tcp", "tls")
-
-
-def scheduler_url(address: str) -> str:
-    """``address`` (``dask://host:port``, ``tcp://host:port`` or ``tls://host:port``) as Dask
-    wants it, checked here: Dask's own refusal of a malformed address comes after it has
-    half-made a client, whose clean-up then hangs for 30 s. ``BadParameter`` names what is
-    wrong."""
-    from distributed.comm.addressing import parse_address, parse_host_port
-    given = address
-    if not isinstance(address, str) or not address.strip():
-        raise BadParameter(f"Dask scheduler address {address!r}: expected dask://host:port")
-    if address.startswith("dask://"):
-        address = "tcp://" + address[len("dask://"):]
-    try:
-        scheme, location = parse_address(address, strict=True)
-        if scheme not in SCHEMES:
-            raise ValueError(f"unsupported scheme {scheme!r} (want dask://, tcp:// or tls://)")
-        host, port = parse_host_port(location)
-        if ":" in host:
-            ipaddress.IPv6Address(host)
-    except ValueError as err:
-        reason = "the port is not a number" if "invalid literal" in str(err) else err
-        raise BadParameter(f"Dask scheduler address {given!r}: {reason}") from None
-    if not host or not isinstance(port, int) or not 0 < port < 65536:
-        raise BadParameter(f"Dask scheduler address {given!r}: expected host:port with a "
-                           f"port from 1 to 65535")
-    return address
 
 
 @dataclass
