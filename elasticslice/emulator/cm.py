@@ -87,7 +87,7 @@ class ComponentManager(Service):
             raise GeniFault(GeniCode.BADARGS, f"Malformed urn: {urn}")
         if parsed.kind == "node":
             self.ctx.authority.pick(require(call.params, "credentials", (list, str)),
-                                    call.caller, None)
+                                    call.caller, None, Privilege.INFO)
             node = self.ctx.store.get_node(parsed.name)
             if node is None:
                 raise GeniFault(GeniCode.SEARCHFAILED, f"No such node: {urn}")
@@ -116,7 +116,8 @@ class ComponentManager(Service):
 
     def DiscoverResources(self, call: Call) -> Any:  # noqa: N802
         params = call.params
-        self.ctx.authority.pick(require(params, "credentials", (list, str)), call.caller, None)
+        self.ctx.authority.pick(require(params, "credentials", (list, str)), call.caller, None,
+                                Privilege.INFO)
         version = str(params.get("rspec_version") or "2")
         if version not in ("2", "3"):
             raise GeniFault(GeniCode.BADVERSION, f"Unsupported rspec_version: {version}")

@@ -207,6 +207,9 @@ def test_delegated_slice_credential_works_within_what_it_grants(world, emulator)
     info = v.delegate(mallory_pem, privileges=["info"], expires=_in(hours=1))
     args = {"slice_urn": v.urn, "credentials": [info]}
     assert ok(mallory.cm.SliverStatus(args))["details"]
+    # reading is all 'info' needs, the advertisement included (it asked for 'control')
+    assert "advertisement" in ok(mallory.cm.DiscoverResources({"credentials": [info],
+                                                               "rspec_version": "3"}))
     for method, extra in (("AddNodes", {"nodes": {"m2": {}}}), ("DeleteSlice", {}),
                           ("DeleteNodes", {"nodes": ["m1"]})):
         got = getattr(mallory.cm, method)({**args, **extra})
