@@ -1,11 +1,13 @@
 """`elasticslice manage [--once]` and `status [--json]`, in process and as real processes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,24 @@ def _manage(conf: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
                             env=environ, cwd=str(REPO))
 
 
+@contextlib.contextmanager
+def _managing(conf: Path, log: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A real `elasticslice manage` for the block; killed if the block left it running."""
+    proc = _manage(conf, log, **env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _terminate(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM, as systemd stops it: a clean exit, status 0."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+
+
 def _alive(proc: subprocess.Popen[bytes], log: Path) -> None:
     if proc.poll() is not None:
         pytest.fail(f"manage exited {proc.returncode}: {log.read_text()[-2000:]}")
@@ -132,23 +152,17 @@ def test_sigkill_mid_addnodes_then_restart_has_the_right_nodes_and_no_duplicates
                           manager="maxthreshold = 5\nmax_add_per_cycle = 2\n")
     state_dir = tmp_path / "state"
     log = tmp_path / "manage.log"
-    proc = _manage(conf, log, **FAST_CLIENT)
-    try:
+    with _managing(conf, log, **FAST_CLIENT) as proc:
         def in_flight() -> list[Any]:
             _alive(proc, log)
             return _open_intents(state_dir)
         intents = wait_for(in_flight, timeout=120, interval=0.01, what="an AddNodes in flight")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert intents[0].kind == "add"
     # Restarted at once: the CM may still carry out the (slowed) call it was given, as
     # CloudLab may; the manager waits out the call timeout before adding again.
-    proc = _manage(conf, log, **FAST_CLIENT)
-    try:
+    with _managing(conf, log, **FAST_CLIENT) as proc:
         def settled() -> bool:
             _alive(proc, log)
             if _open_intents(state_dir):
@@ -156,12 +170,7 @@ def test_sigkill_mid_addnodes_then_restart_has_the_right_nodes_and_no_duplicates
             held = cm_nodes(emulator, tmp_path)
             return len(held) == 5 and _live_nodes(state_dir) == sorted(held)
         wait_for(settled, timeout=180, interval=0.5, what="5 nodes, recorded, no intent open")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _terminate(proc, log)
     held = cm_nodes(emulator, tmp_path)
     assert len(held) == len(set(held)) == 5
     assert _live_nodes(state_dir) == sorted(held)
@@ -171,9 +180,8 @@ def test_sigkill_mid_addnodes_then_restart_has_the_right_nodes_and_no_duplicates
 def test_sigterm_stops_cleanly_and_removes_the_endpoint(emulator, tmp_path: Path) -> None:
     conf = manager_config(emulator, tmp_path, endpoint="enabled = true\n")
     log = tmp_path / "manage.log"
-    proc = _manage(conf, log)
     store = emulator.server.ctx.store
-    try:
+    with _managing(conf, log) as proc:
         wait_for(lambda: _alive(proc, log) or store.all_endpoints(), timeout=120, what="the endpoint registered")
         wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 3, timeout=120, what="3 nodes")
         # status reads the state while the daemon runs; a second manager is refused.
@@ -182,12 +190,7 @@ def test_sigterm_stops_cleanly_and_removes_the_endpoint(emulator, tmp_path: Path
         second = run("--config", str(conf), "manage", "--once")
         assert second.exit_code == 1 and second.output.count("\n") == 1
         assert f"another manager (pid {proc.pid})" in second.output
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _terminate(proc, log)
     assert not process_alive(proc.pid)
     assert store.all_endpoints() == []
     assert "removed the endpoint" in log.read_text()
