@@ -29,6 +29,7 @@ from typing import Protocol
 
 from elasticslice.emulator.bounds import (Admission, Body, Limits, peek_method, read_head,
                                           trim_memory, tune_malloc)
+from elasticslice.rpc import pki
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,9 @@ class Dispatcher(Protocol):
 
 
 def peer_from_socket(sock: ssl.SSLSocket, address: str) -> Peer:
-    info = sock.getpeercert() or {}
-    urn = None
-    for kind, value in info.get("subjectAltName", ()):
-        if kind == "URI" and value.startswith("urn:publicid:IDN+"):
-            urn = value
-            break
     der = sock.getpeercert(binary_form=True)
     pem = ssl.DER_cert_to_PEM_cert(der) if der else ""
-    return Peer(urn, pem, address)
+    return Peer(pki.peer_urn(sock), pem, address)
 
 
 def server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:

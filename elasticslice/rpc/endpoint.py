@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from elasticslice.errors import CredentialError, ElasticSliceError
+from elasticslice.errors import ElasticSliceError
 from elasticslice.rpc import pki
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, FAULT_PARSE, GeniCode
 
@@ -62,18 +62,6 @@ def _one_line(text: str, limit: int = MAX_OUTPUT) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def caller_urn(sock: ssl.SSLSocket) -> str | None:
-    """The URN of the verified peer certificate (its ``urn:publicid:IDN+`` subjectAltName URI,
-    as ProtoGENI reads it), or None."""
-    der = sock.getpeercert(binary_form=True)
-    if not der:
-        return None
-    try:
-        return pki.urn_from_certificate(der)
-    except CredentialError:
-        return None
-
-
 class ProtoGeniClientServerEndpoint:
     """The base of client endpoints: the methods named in ``RPC_METHODS`` are served, each
     called with the caller's params struct and answering a ``{code, value, output}`` dict."""
@@ -97,7 +85,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.timeout = self.server.owner.read_timeout
         super().setup()
         assert isinstance(self.connection, ssl.SSLSocket)
-        self.caller = caller_urn(self.connection)
+        self.caller = pki.peer_urn(self.connection)
 
     def _reply(self, status: int, payload: bytes, close: bool = False) -> None:
         self.send_response(status)

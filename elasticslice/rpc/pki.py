@@ -12,6 +12,7 @@ import datetime as dt
 import functools
 import ipaddress
 import os
+import ssl
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -244,6 +245,15 @@ def urn_from_certificate(cert: CertLike) -> str | None:
     for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
         if uri.startswith(URN_PREFIX):
             return uri
+    return None
+
+
+def peer_urn(sock: ssl.SSLSocket) -> str | None:
+    """The ``urn:publicid:IDN+...`` subjectAltName URI of a TLS peer's verified certificate,
+    from what ``ssl`` already parsed (servers call this per connection), or None."""
+    for kind, value in (sock.getpeercert() or {}).get("subjectAltName", ()):
+        if kind == "URI" and value.startswith(URN_PREFIX):
+            return value
     return None
 
 
