@@ -9,7 +9,8 @@ own certificate. The server trusts nobody else:
   way ProtoGENI reads it) must be one of ``allowed_urns``, else the answer is FORBIDDEN and
   no method runs; the request body is not even parsed;
 - one params struct in, ``{code, value, output}`` out; an unknown method is XML-RPC fault
-  -32497; malformed params BADARGS; a method that raises SERVERERROR (logged with context);
+  -32497; a body that is not XML-RPC, or carries a DOCTYPE (entities, external references:
+  XML-RPC has no use for them), fault -32700; malformed params BADARGS; a method that raises SERVERERROR (logged with context);
 - bounded: request body size, worker threads (a connection beyond them is refused at once),
   handshake and read timeouts, and a lifetime per connection (a peer trickling bytes is cut
   off), so a slow or hostile peer can neither stall nor exhaust it.
@@ -31,6 +32,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from xml.parsers import expat
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rpc import pki
@@ -46,6 +48,25 @@ MAX_OUTPUT = 200
 
 class EndpointError(ElasticSliceError):
     """The callback endpoint could not start or serve."""
+
+
+def _no_doctype(*_: Any) -> None:
+    raise ValueError("a DOCTYPE is not allowed in an XML-RPC call")
+
+
+def loads_call(body: bytes) -> tuple[tuple[Any, ...], str | None]:
+    """Params and method name of an XML-RPC call, as ``xmlrpc.client.loads`` gives them,
+    refusing a DOCTYPE (its entities would be expanded, its external ones silently dropped)."""
+    target = xmlrpc.client.Unmarshaller()
+    parser = expat.ParserCreate(None, None)
+    parser.buffer_text = True
+    parser.StartElementHandler = target.start
+    parser.EndElementHandler = target.end
+    parser.CharacterDataHandler = target.data
+    parser.StartDoctypeDeclHandler = _no_doctype
+    target.xml(None, None)
+    parser.Parse(body, True)
+    return target.close(), target.getmethodname()
 
 
 class BadArgs(EndpointError):
@@ -221,7 +242,7 @@ class EndpointServer:
     def dispatch(self, body: bytes, caller: str | None) -> bytes:
         """The XML-RPC answer to one request body from an allowed caller."""
         try:
-            args, method = xmlrpc.client.loads(body)
+            args, method = loads_call(body)
         except Exception as err:  # expat, marshalling: the caller sent something unreadable
             return _fault(FAULT_PARSE, f"cannot parse the request: {_one_line(str(err))}")
         if not method or method not in self.endpoint.RPC_METHODS or \
