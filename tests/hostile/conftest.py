@@ -1,12 +1,12 @@
-"""The hostile-input corpus: one emulator and one real `elasticslice manage` per module.
+"""The hostile-input corpus: one emulator and one real `elasticslice manage` for the package.
 
-Starting an emulator and a manager takes seconds, so the tests of a module share them and
+Starting an emulator and a manager takes seconds, so the tests of tests/hostile share them and
 each test checks, after its hostile call, that they still serve and that their state is what
 it was (``ManagedSlice.assert_intact``).
 
-``hostile_emulator``: a running emulator (module scope) with the session's PKI.
+``hostile_emulator``: a running emulator (package scope) with the session's PKI.
 ``managed``: a real `elasticslice manage` process on that emulator, with its callback endpoint
-registered and 3 nodes held (module scope).
+registered and 3 nodes held, logging with --debug (package scope).
 ``corpus(edge)``: the data files of ``tests/hostile/corpus/<edge>/``, with the expected
 fragment of their one-line error from ``expected.json`` there.
 """
@@ -47,7 +47,7 @@ def one_line_error(output: str) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def hostile_emulator(emulator_pki: Path,  # noqa: F811
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEmulator]:
     directory = tmp_path_factory.mktemp("hostile") / "emu"
@@ -90,14 +90,14 @@ class ManagedSlice:
         assert "Traceback" not in self.log.read_text()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def managed(hostile_emulator: RunningEmulator,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedSlice]:
     work = tmp_path_factory.mktemp("managed")
     conf = manager_config(hostile_emulator, work, endpoint="enabled = true\n")
     log = work / "manage.log"
     store = hostile_emulator.server.ctx.store
-    with _managing(conf, log) as proc:
+    with _managing(conf, log, ELASTICSLICE_DEBUG="1") as proc:
         def registered() -> list:
             assert proc.poll() is None, log.read_text()[-3000:]
             return store.all_endpoints()

@@ -245,6 +245,10 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
     import distributed  # noqa: F401  (configures its loggers on import)
     if "DASK_LOGGING__DISTRIBUTED" not in os.environ:  # a node's log: warnings and errors
         logging.getLogger("distributed").setLevel(logging.WARNING)
+    if host is None:  # listen where the scheduler reaches us, not on every interface
+        from distributed.comm import get_address_host
+        from distributed.utils import get_ip
+        host = get_ip(get_address_host(scheduler))
     w = await _start_worker(scheduler, nthreads=cores, resources={"cores": cores},
                             name=name, host=host)
     loop = asyncio.get_running_loop()
