@@ -28,6 +28,14 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}..."
 
 
+def _word(value: Any) -> bool:
+    """Whether ``value`` can become one argument or environment string: a string without
+    NUL, or a finite number (a struct, a list or None cannot)."""
+    if isinstance(value, str):
+        return "\0" not in value
+    return isinstance(value, (int, float)) and not _non_finite(value)
+
+
 def _non_finite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
@@ -78,6 +86,9 @@ class Description:
             return
         if not isinstance(v, str) or (not optional and not v):
             raise BadParameter(f"{self._kind}.{name}: expected a string, got {short_repr(v)}")
+        if "\0" in v:  # exec and open refuse these; say so now, not when the unit runs
+            raise BadParameter(f"{self._kind}.{name}: contains a NUL character: "
+                               f"{short_repr(v)}")
 
     def _check_int(self, name: str, minimum: int, optional: bool = False,
                    maximum: int | None = None) -> None:
@@ -103,8 +114,7 @@ class Description:
         if isinstance(v, tuple):
             v = list(v)
             object.__setattr__(self, name, v)
-        if not isinstance(v, list) or not all(isinstance(x, (str, int, float))
-                                              and not _non_finite(x) for x in v):
+        if not isinstance(v, list) or not all(_word(x) for x in v):
             raise BadParameter(f"{self._kind}.{name}: expected a list of strings, "
                                f"got {short_repr(v)}")
         object.__setattr__(self, name, [str(x) for x in v])
@@ -112,7 +122,8 @@ class Description:
     def _check_env(self, name: str) -> None:
         v = getattr(self, name)
         if not isinstance(v, Mapping) or not all(
-                isinstance(k, str) and not _non_finite(x) for k, x in v.items()):
+                isinstance(k, str) and k and "=" not in k and _word(k) and _word(x)
+                for k, x in v.items()):
             raise BadParameter(f"{self._kind}.{name}: expected a mapping of strings, "
                                f"got {short_repr(v)}")
         object.__setattr__(self, name, {k: str(x) for k, x in v.items()})

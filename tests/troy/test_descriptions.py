@@ -28,3 +28,17 @@ def test_a_deeply_nested_value_makes_a_short_message():
         troy.TaskDescription(executable="/bin/true", cores=value)
     assert "task.cores: expected an integer >= 1" in str(info.value)
     assert len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize("fields, where", [
+    ({"environment": {"A": {"x": 1}}}, "environment"),   # became the text "{'x': 1}"
+    ({"environment": {"A": None}}, "environment"),       # became the text "None"
+    ({"environment": {"A=B": "1"}}, "environment"),      # set A to "B=1"
+    ({"environment": {"": "1"}}, "environment"),
+    ({"executable": "/bin/tr\0ue"}, "executable"),       # FAILED at exec: embedded null byte
+    ({"arguments": ["a\0b"]}, "arguments"),
+    ({"environment": {"A": "1\0"}}, "environment"),
+])
+def test_values_that_reached_a_unit_as_repr_text_or_failed_at_exec_are_refused(fields, where):
+    with pytest.raises(troy.BadParameter, match=rf"task\.{where}: "):
+        troy.TaskDescription(**{"executable": "/bin/true", **fields})
