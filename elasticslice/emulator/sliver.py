@@ -74,8 +74,10 @@ class SliverOps:
     def create(self, slice_row: SliceRow, owner_urn: str, request: RSpec,
                keys: list[dict[str, Any]]) -> Change:
         ctx = self.ctx
-        if request.type is RSpecType.ADVERTISEMENT:
-            raise GeniFault(GeniCode.BADARGS, "An advertisement is not a request rspec")
+        if request.type is not RSpecType.REQUEST:  # (a manifest was taken as a request)
+            raise GeniFault(GeniCode.BADARGS,
+                            f"{'An' if request.type is RSpecType.ADVERTISEMENT else 'A'} "
+                            f"{request.type.value} is not a request rspec")
         if not request.nodes:
             raise GeniFault(GeniCode.BADARGS, "The request rspec has no nodes")
         ids = [n.client_id or "" for n in request.nodes]

@@ -9,12 +9,13 @@ out.
 """
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import NodeSpec
-from elasticslice.rspec.rules import CLIENT_ID_RULE, client_id_problem, shown
+from elasticslice.rspec.rules import CLIENT_ID_RULE, client_id_problem, command_problem, shown
 
 #: The keys the CM accepts per node.
 ADD_NODE_KEYS = frozenset({"diskimage", "startup", "tarballs", "lans", "hardware_type", "node"})
@@ -146,11 +147,31 @@ def nodespecs_from_add_args(nodes: Any) -> list[NodeSpec]:
 
 def _startup(value: Any, key: str) -> tuple[str, str]:
     if isinstance(value, str):
-        return ("sh", _str(value, key))
+        return ("sh", _command(value, key))
     if isinstance(value, (list, tuple)) and len(value) == 2:
-        return (_str(value[1], f"{key}[1]"), _str(value[0], f"{key}[0]"))
+        return (_str(value[1], f"{key}[1]"), _command(value[0], f"{key}[0]"))
     raise BadAddNodesArgs(f"expected a command string or [command, shell], got {_kind(value)}",
                           key=key)
+
+
+def _command(value: Any, key: str) -> str:
+    problem = command_problem(_str(value, key))
+    if problem:
+        raise BadAddNodesArgs(problem, key=key)
+    return value
+
+
+def _ip(value: Any, key: str, netmask: bool = False) -> str:
+    text = _str(value, key)
+    try:
+        if netmask:
+            ipaddress.IPv4Network(f"0.0.0.0/{text}")
+        else:
+            ipaddress.IPv4Address(text)
+    except ValueError:
+        raise BadAddNodesArgs(f"expected an IPv4 {'netmask' if netmask else 'address'}, "
+                              f"got {_kind(value)}", key=key) from None
+    return text
 
 
 def _tarballs(value: Any, key: str) -> list[tuple[str, str]]:
@@ -185,7 +206,7 @@ def _parse_lans(spec: NodeSpec, value: Any, key: str) -> None:
             netmask = item.get("netmask")
             spec.interfaces.append((
                 f"{spec.client_id}:if{index}",
-                _str(address, f"{where}.address") if address is not None else None,
-                _str(netmask, f"{where}.netmask") if netmask is not None else None))
+                _ip(address, f"{where}.address") if address is not None else None,
+                _ip(netmask, f"{where}.netmask", True) if netmask is not None else None))
         else:
             raise BadAddNodesArgs(f"expected a LAN name or struct, got {_kind(item)}", key=where)

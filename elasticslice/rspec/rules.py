@@ -15,6 +15,9 @@ from typing import Any
 
 from elasticslice.rspec.model import RSpec, RSpecType
 
+# A node runs its startup command as one argument of ``sh -c``: Linux refuses an argument over
+# 128 KiB (MAX_ARG_STRLEN), so the node would fail to boot. Half that leaves room.
+MAX_COMMAND_BYTES = 65536
 CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 CLIENT_ID_RULE = "client_id must be 1-64 letters, digits, '-', '_' or '.'"
 
@@ -49,10 +52,28 @@ def client_id_problems(cids: Iterable[tuple[Any, int]]) -> list[tuple[int, str]]
     return out
 
 
+def command_problem(command: str) -> str | None:
+    """Why a node could not run ``command`` at boot (None: it could)."""
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        return f"the command is {size} bytes, more than the limit of {MAX_COMMAND_BYTES}"
+    if "\0" in command:
+        return "the command contains a NUL character"
+    return None
+
+
 def request_problem(rspec: RSpec) -> str | None:
-    """The first node client_id of a request that breaks the rule (None: all good, or not a
-    request). The emulator's CreateSliver answers it with BADARGS."""
+    """The first node client_id of a request that breaks the rule, or the first node
+    execute a node could not run (None: all good, or not a request). The emulator's
+    CreateSliver answers it with BADARGS."""
     if rspec.type is not RSpecType.REQUEST:
         return None
     problems = client_id_problems((node.client_id, 0) for node in rspec.nodes)
-    return problems[0][1] if problems else None
+    if problems:
+        return problems[0][1]
+    for node in rspec.nodes:
+        for _, command in node.executes:
+            problem = command_problem(command)
+            if problem:
+                return f"node {shown(node.client_id)}: execute: {problem}"
+    return None

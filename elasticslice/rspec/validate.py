@@ -27,7 +27,7 @@ from lxml import etree
 
 from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import NS_EMULAB, NS_V3, RSpecType, rspec_type_problem
-from elasticslice.rspec.rules import client_id_problems
+from elasticslice.rspec.rules import client_id_problems, command_problem, shown
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
 
 log = logging.getLogger(__name__)
@@ -162,5 +162,11 @@ def validate_element(root: etree._Element, *, strict: bool = False) -> list[Sche
         ids = ((n.get("client_id"), n.sourceline or 0)  # (a missing one: the schema says)
                for n in root.iterchildren(f"{{{NS_V3}}}node") if n.get("client_id") is not None)
         problems += [SchemaProblem(line, message) for line, message in client_id_problems(ids)]
+        for execute in root.iterfind(f"{{{NS_V3}}}node/{{{NS_V3}}}services/{{{NS_V3}}}execute"):
+            problem = command_problem(execute.get("command") or "")
+            if problem:
+                node = shown(execute.getparent().getparent().get("client_id"))
+                problems.append(SchemaProblem(execute.sourceline or 0,
+                                              f"node {node}: execute: {problem}"))
         problems.sort(key=lambda p: p.line)
     return problems

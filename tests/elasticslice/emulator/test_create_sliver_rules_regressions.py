@@ -17,6 +17,13 @@ V3 = 'xmlns="http://www.geni.net/resources/rspec/3"'
     (f'<rspec {V3} xmlns:a="urn:x" xmlns:b="urn:x" type="request">'
      '<node client_id="n" a:f="1" b:f="2"/></rspec>',
      "not well-formed XML: Namespaced Attribute f in 'urn:x' redefined"),
+    # broke: a manifest was allocated as if it were a request (the client refuses it)
+    (f'<rspec {V3} type="manifest"><node client_id="n"/></rspec>',
+     "A manifest is not a request rspec"),
+    # broke: accepted, then the node failed to boot: "Argument list too long"
+    (f'<rspec {V3} type="request"><node client_id="n"><services>'
+     f'<execute shell="sh" command="{"true;" * 14000}"/></services></node></rspec>',
+     "node n: execute: the command is 70000 bytes, more than the limit of 65536"),
 ])
 def test_create_sliver_refuses_what_the_other_paths_refuse(emulator, rspec, output):
     s = Session(emulator)

@@ -20,3 +20,23 @@ def test_bad_client_ids_are_refused_both_ways(cid):
         nodespecs_from_add_args({cid: {}})
     with pytest.raises(BadAddNodesArgs):
         add_nodes_args([NodeSpec(cid)])
+
+
+@pytest.mark.parametrize("args, key, words", [
+    # broke: accepted, then the node failed to boot: "Argument list too long"
+    ({"startup": "true;" * 14000}, "nodes[n].startup", "70000 bytes, more than the limit"),
+    ({"startup": ["true;" * 14000, "sh"]}, "nodes[n].startup[0]", "more than the limit"),
+    ({"startup": "true\0"}, "nodes[n].startup", "NUL"),
+    # broke: accepted, and the address went into the manifest as given
+    ({"lans": [{"name": "lan0", "address": "999.1.1.1"}]}, "nodes[n].lans[0].address",
+     "expected an IPv4 address"),
+    ({"lans": [{"name": "lan0", "address": "10.0.0.1", "netmask": "255.0.255.0"}]},
+     "nodes[n].lans[0].netmask", "expected an IPv4 netmask"),
+])
+def test_startup_commands_no_node_could_run_and_bad_lan_addresses_are_refused(args, key, words):
+    with pytest.raises(BadAddNodesArgs, match=words) as err:
+        nodespecs_from_add_args({"n": args})
+    assert err.value.key == key
+    good = {"startup": "true", "lans": [{"name": "l", "address": "10.0.0.1",
+                                          "netmask": "255.255.255.0"}]}
+    assert nodespecs_from_add_args({"n": good})[0].executes == [("sh", "true")]
