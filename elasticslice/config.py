@@ -22,10 +22,12 @@ Relative paths are relative to the config file. Environment overrides:
 from __future__ import annotations
 
 import configparser
+import errno
 import getpass
 import logging
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -125,12 +127,36 @@ def load_config(path: str | os.PathLike[str] | None = None,
     return _build(values, cfg_path, from_env)
 
 
+MAX_FILE_BYTES = 16 << 20  # a config, certificate, passphrase or CA bundle file
+
+
+def small_file_problem(path: Path, limit: int = MAX_FILE_BYTES) -> str | None:
+    """Why ``path`` is no file to read whole (None: it is one): not a regular file (a FIFO
+    would block the read, /dev/zero never end it) or larger than ``limit``. Opens it without
+    blocking; raises ``OSError`` when it cannot be opened at all."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode):
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        return f"{path} is not a regular file (a device, FIFO or socket)"
+    if info.st_size > limit:
+        return f"{path} is {info.st_size} bytes, larger than the limit of {limit}"
+    return None
+
+
 def read_ini(path: str | os.PathLike[str] | None) -> tuple[Path, configparser.ConfigParser]:
     """The config file (``path``, else the default) parsed; every problem reading it is a
     ``ConfigError`` of one line naming the file. Shared by the tools that read it."""
     cfg_path = Path(path).expanduser() if path else default_config_path()
     where = str(cfg_path)
     try:  # read here: configparser.read() skips a file it cannot open without a word
+        problem = small_file_problem(cfg_path)
+        if problem:
+            raise ConfigError(problem, path=where)
         text = cfg_path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError) as err:
         raise ConfigError("config file not found (give --config or create it; see "
@@ -174,10 +200,11 @@ def _build(values: dict[str, str], cfg_path: Path,
         p = p if p.is_absolute() else base / p
         if must_exist:  # open it: missing, a directory, or unreadable are told apart
             try:
-                with open(p, "rb"):
-                    pass
+                problem = small_file_problem(p)
             except OSError as e:
                 raise err(key, os_error_reason(p, e)) from e
+            if problem:
+                raise err(key, problem)
         return p
 
     verify = _bool(values.get("verify", "true"), err)

@@ -33,6 +33,7 @@ from pathlib import Path
 from elasticslice.config import ENV_PREFIX, _bool, _check_url, _number, read_ini
 from elasticslice.errors import ConfigError
 from elasticslice.managers.policy import PolicyConfig
+from elasticslice.rspec.rules import command_problem
 
 MANAGER = "manager"
 ENDPOINT = "endpoint"
@@ -59,6 +60,9 @@ MANAGER_KEYS = (
 ENDPOINT_KEYS = ("address", "port", "url", "cm_urn", "certificate", "keyfile",
                  "passphrase_file", "enabled")
 INTERVAL_PREFIX = "interval."
+# Longer than any slice lives; beyond it timedelta and the scheduler overflow (1e300 did).
+MAX_SECONDS = 366 * 86400
+MAX_NUM_PCS = 10_000  # nodes in the initial request (1e8 built a request without end)
 
 _PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,30}$")
 _URN_RE = re.compile(r"^urn:publicid:IDN\+\S+$")
@@ -275,8 +279,17 @@ def _intervals(values: Mapping[str, str], err: Err) -> dict[str, float]:
         method = key[len(INTERVAL_PREFIX):]
         if method not in DEF_ORDER:
             raise err(key, f"unknown cycle method {method!r} (known: {', '.join(DEF_ORDER)})")
-        intervals[method] = _float(values, key, DEF_INTERVAL, err, minimum=0.1)
+        intervals[method] = _float(values, key, DEF_INTERVAL, err, minimum=0.1,
+                                   maximum=MAX_SECONDS)
     return intervals
+
+
+def _command(values: Mapping[str, str], err: Err) -> str | None:
+    command = values.get("startup_command") or None
+    problem = command_problem(command) if command else None
+    if problem:  # no node could run it (and AddNodes would refuse it)
+        raise err("startup_command", problem)
+    return command
 
 
 def _tarballs(values: Mapping[str, str], err: Err) -> tuple[tuple[str, str], ...]:
@@ -310,10 +323,11 @@ def _manager(v: Mapping[str, str], base: Path, err: Err) -> ManagerConfig:
         percent_available_minimum=_float(v, "percent_available_minimum", 0.5, err,
                                          minimum=0.0, maximum=1.0),
         enable_delete=_flag(v, "enable_delete", False, err),
-        retry_interval=_float(v, "retry_interval", 30.0, err, minimum=0.1),
+        retry_interval=_float(v, "retry_interval", 30.0, err, minimum=0.1,
+               maximum=MAX_SECONDS),
         nodetype=nodetype, cmlist=cmlist,
-        num_pcs=_int(v, "num_pcs", 1, err, minimum=0),
-        image_urn=image_urn, startup_command=v.get("startup_command") or None,
+        num_pcs=_int(v, "num_pcs", 1, err, minimum=0, maximum=MAX_NUM_PCS),
+        image_urn=image_urn, startup_command=_command(v, err),
         tarballs=_tarballs(v, err),
         node_prefix=_name(v, "node_prefix", "node", err),
         lan_prefix=_name(v, "lan_prefix", "lan", err),
@@ -322,12 +336,16 @@ def _manager(v: Mapping[str, str], base: Path, err: Err) -> ManagerConfig:
         state_dir=(_path(v, "state_dir", base, err, must_exist=False)
                    or DEFAULT_STATE_DIR.expanduser()),
         intervals=_intervals(v, err),
-        renew_hours=_float(v, "renew_hours", 6.0, err, minimum=0.1),
-        renew_margin=_float(v, "renew_margin", 3600.0, err, minimum=0.0),
+        renew_hours=_float(v, "renew_hours", 6.0, err, minimum=0.1,
+                           maximum=MAX_SECONDS / 3600),
+        renew_margin=_float(v, "renew_margin", 3600.0, err, minimum=0.0,
+               maximum=MAX_SECONDS),
         idle_timeout=(None if idle in ("", "none", "off")
                       else _float(v, "idle_timeout", 0.0, err, minimum=0.0)),
-        add_cooldown=_float(v, "add_cooldown", 60.0, err, minimum=0.0),
-        delete_cooldown=_float(v, "delete_cooldown", 300.0, err, minimum=0.0),
+        add_cooldown=_float(v, "add_cooldown", 60.0, err, minimum=0.0,
+               maximum=MAX_SECONDS),
+        delete_cooldown=_float(v, "delete_cooldown", 300.0, err, minimum=0.0,
+               maximum=MAX_SECONDS),
         max_add_per_cycle=_int(v, "max_add_per_cycle", 10, err, minimum=1),
         max_delete_per_cycle=_int(v, "max_delete_per_cycle", 1, err, minimum=0),
         hysteresis=_float(v, "hysteresis", 0.1, err, minimum=0.0, maximum=1.0),
