@@ -19,6 +19,7 @@ import os
 import shlex
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             for arcname, data, mode in members:
                 info = tarfile.TarInfo(arcname)
-                info.size, info.mode = len(data), mode
+                info.size, info.mode, info.mtime = len(data), mode, int(time.time())
                 tar.addfile(info, io.BytesIO(data))
         self.tarball_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         pki.write_private_file(path, buf.getvalue())
