@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -79,7 +80,9 @@ class ElasticCluster:
         base = policy or PolicyConfig(add_cooldown=1.0, delete_cooldown=5.0,
                                       max_add_per_cycle=max(1, maxthreshold),
                                       max_delete_per_cycle=1)
-        self.policy = dataclasses.replace(base, idle_timeout=idle_timeout)
+        # None: idle pilots are never given back (the policy's None means "no idle rule")
+        self.policy = dataclasses.replace(
+            base, idle_timeout=math.inf if idle_timeout is None else idle_timeout)
         self.node_cores = node_cores
         self.keep = keep
         self.manager_options = dict(manager_options or {})
