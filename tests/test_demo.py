@@ -85,7 +85,8 @@ def emulator_port(report: dict) -> int:
 
 def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -> None:
     d, out_json = tmp_path / "run", tmp_path / "out.json"
-    run = DemoRun("--dir", str(d), *FAST, "--report", str(out_json), cwd=tmp_path)
+    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.5", "--report", str(out_json),
+                  cwd=tmp_path)
     code, out, err = run.finish()
     assert code == 0, err[-3000:]
     assert err == "" and "Traceback" not in out
@@ -119,7 +120,9 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
 
 def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     d = tmp_path / "run"
-    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "5", cwd=tmp_path)
+    emu = tmp_path / "emu"     # --emulator-dir: made, started and stopped by the demo
+    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "5", "--emulator-dir", str(emu),
+                  cwd=tmp_path)
     wait_for(lambda: run.saw("units queued") or run.proc.poll() is not None, 180,
              what="the workload's first progress line")
     wait_for(lambda: any(f"pilots {n}" in line for line in run.lines for n in range(1, 9))
@@ -134,7 +137,8 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     report = json.loads((d / "report.json").read_text())
     assert not report["ok"]
     assert not port_accepts(emulator_port(report))
-    assert leftovers(run.proc.pid, d) == []
+    assert leftovers(run.proc.pid, d) == [] and leftovers(run.proc.pid, emu) == []
+    assert (emu / "ca.pem").exists() and not (d / "emulator").exists()
 
 
 @pytest.mark.parametrize("args, message", [

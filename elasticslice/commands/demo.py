@@ -22,7 +22,7 @@ from elasticslice.demo.runner import run_demo, static_summary
 STATIC_ONLY = ("nodes", "add_nodes", "hardware_type", "framework")
 ELASTIC_ONLY = ("emulator_dir", "nodes_min", "nodes_max", "node_cores", "pool", "notice",
                 "margin", "revocations", "idle_timeout", "report")
-DEFAULTS = {"time_scale": (0.5, 0.1), "timeout": (240.0, 60.0)}   # (elastic, static)
+DEFAULTS = {"time_scale": (1.0, 0.1), "timeout": (240.0, 60.0)}   # (elastic, static)
 
 
 class OneLineUsageError(click.UsageError):
@@ -72,7 +72,7 @@ def check_mode(ctx: click.Context, static: bool) -> None:
               help="Workflow to run: a WfFormat instance (WfCommons) or Troy JSON.")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Multiply the workflow's recorded task runtimes by this "
-                   "[default: 0.5; --static: 0.1].")
+                   "[default: 1 (the recorded runtimes); --static: 0.1].")
 @click.option("--nodes-min", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Nodes the cluster always holds (the manager's minthreshold).")
 @click.option("--nodes-max", type=click.IntRange(1, 16), default=4, show_default=True,

@@ -68,6 +68,10 @@ class Console:
         if not self.quiet:
             self.write(f"      {label:<14}{text}" if text else f"      {label}")
 
+    def event(self, text: str) -> None:
+        """A line of its own, shown even with ``quiet`` (something happened)."""
+        self.write(f"        {text}")
+
     def progress(self, text: str, final: bool) -> None:
         """A line updated in place on a terminal; one line per call elsewhere."""
         if self.quiet:

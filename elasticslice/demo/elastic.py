@@ -52,7 +52,7 @@ class ElasticOptions:
     directory: Path = Path("demo-run")
     emulator_dir: Path | None = None
     workload: Path = DEFAULT_WORKLOAD
-    time_scale: float = 0.5
+    time_scale: float = 1.0
     nodes_min: int = 1
     nodes_max: int = 4
     node_cores: int = 4
@@ -202,7 +202,7 @@ class ElasticDemo:
                 snap, stats, work_left=alive and done[0] < total)
             last_stats = stats
             for line in lines:
-                self.c.detail("event", f"{progress.elapsed:5.1f}s  {line}")
+                self.c.event(f"{progress.elapsed:5.1f}s  * {line}")
             printer.show(progress, final=not alive)
             if not alive:
                 break
