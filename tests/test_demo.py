@@ -18,6 +18,7 @@ import pytest
 
 from elasticslice.demo.console import Console
 from elasticslice.demo.report import Progress, ProgressPrinter, event_lines
+from elasticslice.emulator.adminclient import AdminClient
 from tests.conftest import REPO, wait_for
 
 DEMO = REPO / "bin" / "demo"
@@ -139,6 +140,46 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     assert not port_accepts(emulator_port(report))
     assert leftovers(run.proc.pid, d) == [] and leftovers(run.proc.pid, emu) == []
     assert (emu / "ca.pem").exists() and not (d / "emulator").exists()
+
+
+def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) -> None:
+    """--emulator-dir of an emulator that serves already (its own inventory, 8-core
+    nodes): the demo uses it, gives its nodes back, puts the tenant load back, and leaves
+    it running."""
+    emu, d, out_json = tmp_path / "emu", tmp_path / "run", tmp_path / "out.json"
+    subprocess.run([str(ELASTICSLICE), "emulator", "init", "--dir", str(emu), "--port", "0"],
+                   check=True, capture_output=True, timeout=120)
+    serve = subprocess.Popen([str(ELASTICSLICE), "emulator", "serve", "--dir", str(emu),
+                              "--boot-delay", "0.2", "--notify-interval", "2",
+                              "--max-wait", "30"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def serving() -> int:
+            try:
+                port = int(json.loads((emu / "server.json").read_text())["port"])
+            except (OSError, ValueError, KeyError):
+                return 0
+            return port if port_accepts(port) else 0
+        port = wait_for(serving, 120, what="the emulator serving")
+        run = DemoRun("--dir", str(d), "--emulator-dir", str(emu), "--time-scale", "0.5",
+                      "--report", str(out_json), cwd=tmp_path)
+        code, out, err = run.finish()
+        assert code == 0, err[-3000:]
+        assert f"serves already (port {port}): used as it is, left running" in out
+        report = json.loads(out_json.read_text())
+        assert report["units_done"] == report["units_total"] == 58
+        assert report["units_lost"] == 0
+        assert report["revocations"] >= 1 and report["early_releases"] >= 1
+        assert port_accepts(port) and serve.poll() is None
+        status = AdminClient(emu).call("Status")
+        assert status["tenant_target"] == 0
+        assert sum(row["slice"] for row in status["pool"].values()) == 0
+        assert leftovers(run.proc.pid, d) == []
+        # the nodes' agents end with the nodes, which the emulator now holds for no one
+        wait_for(lambda: leftovers(-1, emu) == [], 60, what="the node agents gone")
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=60)
 
 
 @pytest.mark.parametrize("args, message", [

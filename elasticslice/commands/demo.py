@@ -151,9 +151,8 @@ def demo(ctx: click.Context, **o: Any) -> None:
     if options.nodes_min > options.nodes_max:
         raise OneLineUsageError(f"--nodes-min {options.nodes_min} is above --nodes-max "
                                 f"{options.nodes_max}", ctx=ctx)
-    extra = [options.emulator_dir] if options.emulator_dir else []
     result = run_demo(options.directory, lambda: ElasticDemo(options, console), console,
-                      dask=True, also_watch=extra,
+                      dask=True,
                       banner="elasticslice demo: elastic Troy on CloudLab in a box "
                              "(every node a pilot)")
     result.summary(console, [*filter(None, [options.directory / "report.json",

@@ -85,6 +85,7 @@ class ElasticDemo:
         self.cluster: Any = None
         self.tenants: TenantLoad | None = None
         self.node_cores: int | None = None
+        self.owned_dirs: list[Path] = []   # emulators we started: their nodes are ours
         self.t0 = time.monotonic()
 
     @property
@@ -117,6 +118,7 @@ class ElasticDemo:
                                   notify_interval=self.o.notify_interval,
                                   max_wait=self.o.notice)
         self.emu.start()
+        self.owned_dirs.append(d)
         self.node_cores = self.o.node_cores
         self.report.emulator_url = self.emu.url
         self.c.detail("directory", f"{rel(d)}/  (node sandboxes in nodes/<node>/)")
@@ -198,6 +200,8 @@ class ElasticDemo:
                                 int(snap.pilots), int(snap.units_queued),
                                 int(snap.units_running), done[0], total,
                                 int(stats.get("revocations", snap.revocations)))
+            if self.tenants.node_cores is None:     # a shared emulator: the pilots say
+                self.tenants.node_cores = self.pilot_cores()
             lines = event_lines(last_stats, stats) + self.tenants.step(
                 snap, stats, work_left=alive and done[0] < total)
             last_stats = stats
@@ -209,6 +213,11 @@ class ElasticDemo:
             time.sleep(TICK)
         self.report.makespan_s = time.monotonic() - started
         self.finish_workload(workload, outcome)
+
+    def pilot_cores(self) -> int | None:
+        manager = getattr(self.cluster, "manager", None)
+        cores = manager.cores_per_node() if manager is not None else None
+        return int(cores) if cores else None
 
     def load_workload(self, max_cores: int | None) -> Any:
         from troy.workload.files import load_workload

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from elasticslice.demo.static import DemoResult
 from elasticslice.errors import ElasticSliceError
 
 log = logging.getLogger("elasticslice.demo")
+LEFTOVER_GRACE = 10.0
 
 
 class RunnableDemo(Protocol):
@@ -64,7 +66,10 @@ def run_demo(directory: Path, make: Callable[[], RunnableDemo], console: Console
                 demo.close()
             except KeyboardInterrupt:      # a second Ctrl-C while closing: close again
                 demo.close()
-    left = leftover_processes(directory, *also_watch)
+    watch = [*also_watch, *getattr(demo, "owned_dirs", [])]
+    deadline = time.monotonic() + LEFTOVER_GRACE      # processes take a moment to exit
+    while (left := leftover_processes(directory, *watch)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     if left:
         fail(None, console, f"processes still running after the demo: "
                             f"{', '.join(map(str, left))}", 1)
