@@ -34,7 +34,8 @@ def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_clus
     nodes = {line for lines in ran_on(tmp_path / "out").values() for line in lines}
     assert len(nodes) >= 2 and nodes <= set(cluster.manager.known_client_ids)
     # Idle: back down to minthreshold (the initial node stays); no busy node was taken.
-    wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 1, timeout=120,
+    wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 1
+             and len(cluster.manager.state.nodes()) == 1, timeout=120,
              what="idle nodes given back")
     assert [r.initial for r in cluster.manager.state.nodes()] == [True]
     assert cluster.stats()["units_requeued"] == 0
