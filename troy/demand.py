@@ -19,7 +19,8 @@ class Demand:
     ``running``, and ``waiting`` (units of workloads being executed that are held until the
     tasks they depend on are done). ``max_unit_cores``: the widest unit not yet running
     (queued or waiting; 0 if none): a pilot must be at least that wide for it. ``cores``:
-    queued + running, what would keep every unit busy now."""
+    queued + running, what would keep every unit busy now. ``units_done``: units of the
+    session's unit services that ended DONE so far (for progress reports)."""
 
     queued_cores: int = 0
     running_cores: int = 0
@@ -28,6 +29,7 @@ class Demand:
     units_queued: int = 0
     units_running: int = 0
     units_waiting: int = 0
+    units_done: int = 0
 
     @property
     def cores(self) -> int:
@@ -38,10 +40,13 @@ def session_demand(session: Session) -> Demand:
     """The demand of every unit the session's unit services, frameworks and workload
     managers hold."""
     live: dict[str, ComputeUnit] = {}
+    done = 0
     for us in list(session._services):
         for u in us.list_units():
             if u.state not in FINAL_STATES:
                 live[u.id] = u
+            elif u.state is State.DONE:
+                done += 1
     for fw in list(session.frameworks.values()):
         for u in fw.live_units():
             live[u.id] = u
@@ -59,4 +64,4 @@ def session_demand(session: Session) -> Demand:
             qc, nq, widest = qc + c, nq + 1, max(widest, c)
     wc = sum(u.description.cores for u in waiting.values())
     widest = max([widest] + [u.description.cores for u in waiting.values()])
-    return Demand(qc, rc, wc, widest, nq, nr, len(waiting))
+    return Demand(qc, rc, wc, widest, nq, nr, len(waiting), done)

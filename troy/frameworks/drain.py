@@ -93,10 +93,10 @@ def keeps(unit: ComputeUnit, until: float | None, now: float, ample: float = AMP
     seconds; None: always). Only a RUNNING unit may: one still queued on a doomed pilot is
     better off elsewhere. With a runtime hint: its start plus the hint; without: if at least
     ``ample`` seconds are left."""
-    if until is None:
-        return True
     if unit.state is not State.RUNNING:
         return False
+    if until is None:
+        return True
     hint = unit.description.runtime
     if hint:
         return (unit.start or now) + float(hint) <= until
@@ -108,7 +108,7 @@ class Drain:
     """A framework's bookkeeping of one drain in progress."""
 
     plan: DrainPlan
-    on_empty: Callable[[Pilot], None] | None = None
+    on_empty: list[Callable[[Pilot], None]] = field(default_factory=list)
     timer: threading.Timer | None = None
     holding: set[str] = field(default_factory=set)   # unit ids still on the pilot
     fired: bool = False
@@ -129,17 +129,31 @@ class Drain:
         self.timer.daemon = True
         self.timer.start()
 
+    def add_callback(self, pilot: Pilot, cb: Callable[[Pilot], None] | None) -> None:
+        """Another ``on_empty`` (a drain asked again): called once too, at once if the
+        pilot is empty already."""
+        if cb is None or cb in self.on_empty:
+            return
+        self.on_empty.append(cb)
+        if self.fired:
+            _start(cb, pilot)
+
     def fire_if_empty(self, pilot: Pilot) -> None:
-        """Call ``on_empty(pilot)`` once, on a thread of its own, when nothing is left."""
+        """Call every ``on_empty(pilot)`` once, on a thread of its own, when nothing is
+        left."""
         if self.holding or self.fired:
             return
         self.fired = True
         self.plan.emptied_at = time.time()
         if self.timer is not None:
             self.timer.cancel()
-        if self.on_empty is not None:
-            threading.Thread(target=_call, args=(self.on_empty, pilot), daemon=True,
-                             name=f"troy-{pilot.id}-empty").start()
+        for cb in self.on_empty:
+            _start(cb, pilot)
+
+
+def _start(cb: Callable[[Pilot], None], pilot: Pilot) -> None:
+    threading.Thread(target=_call, args=(cb, pilot), daemon=True,
+                     name=f"troy-{pilot.id}-empty").start()
 
 
 def _call(cb: Callable[[Pilot], None], pilot: Pilot) -> None:

@@ -144,15 +144,15 @@ class LocalFramework(PilotFramework):
             d = self._drains.get(pilot.id)
             if d is None:
                 d = self._drains[pilot.id] = Drain(DrainPlan(pilot.id, deadline, margin, now),
-                                                   on_empty)
+                                                   [on_empty] if on_empty else [])
                 pilot.draining = True
                 d.plan.dispatch_stopped_at = time.time()
                 self._queue = [(u, None if b is pilot else b) for u, b in self._queue]
             elif deadline is not None and (d.plan.deadline is None
                                            or deadline < d.plan.deadline):
                 d.plan.deadline, d.plan.margin = deadline, margin
-            if on_empty is not None and d.on_empty is None:
-                d.on_empty, d.fired = on_empty, False
+            else:
+                d.add_callback(pilot, on_empty)
             runs = [r for r in self._running.values() if r.pilot is pilot]
             d.holding = {r.unit.id for r in runs}
         self._drain_runs(pilot, d, [r for r in runs if not keeps(

@@ -199,14 +199,10 @@ class PilotMoves:
                                              or deadline < d.plan.deadline):
                     d.plan.deadline = deadline
                     d.plan.margin = margin
-                if on_empty is not None and d.on_empty is None:
-                    d.on_empty = on_empty
-                    if d.fired:
-                        d.fired = False
-                        d.fire_if_empty(pilot)
+                d.add_callback(pilot, on_empty)
                 self._drain_decide(pilot, d)
                 return d.plan
-            d = Drain(DrainPlan(pilot.id, deadline, margin, now), on_empty)
+            d = Drain(DrainPlan(pilot.id, deadline, margin, now), [on_empty] if on_empty else [])
             self._drains[pilot.id] = d
             pilot.draining = True
         addr = pilot.native_id
