@@ -45,6 +45,7 @@ class PilotMoves:
     _moved: dict[str, ComputeUnit]
     _drains: dict[str, Drain]
     _workers: dict[str, Any]
+    _tags_lock: Any
     _submitq: Any
     _dispatch_lock: Any
     _lock: Any
@@ -74,13 +75,14 @@ class PilotMoves:
         """Grant the long-unit tag to the pilots that may take long units, and only them."""
         if self.client is None:
             return
-        eligible = {p.id for p in self.long_pilots()}
-        for p in self.list_pilots():
-            if p.state is not State.RUNNING or p.draining or not p.native_id:
-                continue
-            want = p.id in eligible
-            if getattr(p, "long_ok", None) is not want:
-                if self._grant(p.native_id, {self.long_tag: agent.TAG_AMOUNT if want else 0}):
+        with self._tags_lock:  # one placement at a time (values, joins and leaves race)
+            eligible = {p.id for p in self.long_pilots()}
+            for p in self.list_pilots():
+                if p.state is not State.RUNNING or p.draining or not p.native_id:
+                    continue
+                want = p.id in eligible
+                if getattr(p, "long_ok", None) is not want and self._grant(
+                        p.native_id, {self.long_tag: agent.TAG_AMOUNT if want else 0}):
                     p.long_ok = want
 
     # -------------------------------------------------------------- moves --------------

@@ -136,6 +136,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         self._started = False
         self._dispatch_lock = threading.RLock()
         self._drains: dict[str, Drain] = {}
+        self._tags_lock = threading.Lock()
         self._moved: dict[str, ComputeUnit] = {}   # units requeued at least once
 
     # ------------------------------------------------------------ lifecycle ---------------
@@ -206,6 +207,9 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         if not self._started:
             return
         self._started = False
+        for d in self._drains.values():
+            if d.timer is not None:
+                d.timer.cancel()
         for rec in list(self._records.values()):
             self._records.pop(rec.unit.id, None)
             self._unreserve(rec)
