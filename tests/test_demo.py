@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticslice.demo.console import Console
+from elasticslice.demo.console import Console, port_open
 from elasticslice.demo.report import Progress, ProgressPrinter, event_lines
 from elasticslice.emulator.adminclient import AdminClient
 from tests.conftest import REPO, wait_for
@@ -71,14 +70,6 @@ def leftovers(session_id: int, directory: Path) -> list[str]:
     return found
 
 
-def port_accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def emulator_port(report: dict) -> int:
     url = report.get("url") or report["emulator_url"]
     return int(url.split(":")[2].split("/")[0])
@@ -115,7 +106,7 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
             f"0 lost, {report['units_requeued']} requeued") in out
     assert (f"  revocations     {report['revocations']}: {report['early_releases']} released "
             f"early") in out
-    assert not port_accepts(emulator_port(report))
+    assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -137,7 +128,7 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     assert "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
     assert not report["ok"]
-    assert not port_accepts(emulator_port(report))
+    assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == [] and leftovers(run.proc.pid, emu) == []
     assert (emu / "ca.pem").exists() and not (d / "emulator").exists()
 
@@ -159,7 +150,7 @@ def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) ->
                 port = int(json.loads((emu / "server.json").read_text())["port"])
             except (OSError, ValueError, KeyError):
                 return 0
-            return port if port_accepts(port) else 0
+            return port if port_open(port) else 0
         port = wait_for(serving, 120, what="the emulator serving")
         run = DemoRun("--dir", str(d), "--emulator-dir", str(emu), "--time-scale", "0.5",
                       "--report", str(out_json), cwd=tmp_path)
@@ -170,7 +161,7 @@ def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) ->
         assert report["units_done"] == report["units_total"] == 58
         assert report["units_lost"] == 0
         assert report["revocations"] >= 1 and report["early_releases"] >= 1
-        assert port_accepts(port) and serve.poll() is None
+        assert port_open(port) and serve.poll() is None
         status = AdminClient(emu).call("Status")
         assert status["tenant_target"] == 0
         assert sum(row["slice"] for row in status["pool"].values()) == 0

@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from elasticslice.demo.console import port_open
 from tests.conftest import WORKFLOWS, wait_for
-from tests.test_demo import DEMO, DemoRun, emulator_port, leftovers, port_accepts
+from tests.test_demo import DemoRun, emulator_port, leftovers
 
 FAST = ["--static", "--boot-delay", "0.2", "--timeout", "30"]
 
@@ -57,7 +57,7 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert [n["released_by"] for n in report["nodes"]] == \
         ["DeleteSlice", "DeleteSlice", "DeleteNodes", "DeleteNodes"]
     assert not list(d.glob("nodes/*/started"))         # released nodes are wiped
-    assert not port_accepts(emulator_port(report))
+    assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -75,7 +75,7 @@ def test_demo_on_dask_pilots(tmp_path: Path) -> None:
     assert "SliverStatus" not in out                    # --quiet: steps and summary only
     report = json.loads((d / "report.json").read_text())
     assert report["troy"]["framework"] == "dask"
-    assert not port_accepts(emulator_port(report))
+    assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -91,7 +91,7 @@ def test_interrupt_stops_everything(tmp_path: Path) -> None:
     assert err.startswith("demo: interrupted in step 4/5 (Troy workflow)")
     assert "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
-    assert not port_accepts(emulator_port(report))
+    assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -109,7 +109,7 @@ def test_failures_are_one_line_and_clean(tmp_path: Path, args: list[str],
     assert code == 1
     assert err.count("\n") == 1 and message in err and "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
-    assert not port_accepts(emulator_port(report))
+    assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 
 

@@ -233,9 +233,12 @@ class ElasticDemo:
         r.units_failed = sum(1 for s in states if s is troy.State.FAILED)
         r.workload_state = str(getattr(workload.state, "value", workload.state))
         self.take_counts()
-        if r.revocations == 0 and self.o.revocations:
-            self.c.detail("note", "the workload ended before a node was reclaimed (a larger "
-                                  "--time-scale leaves time for it)")
+        caused = self.tenants.forced if self.tenants is not None else 0
+        if caused < self.o.revocations:
+            self.c.event(f"note: {caused} of the {self.o.revocations} revocation(s) asked "
+                         f"for happened: the workload ended, or never ran on two busy "
+                         f"pilots again, before the next (a larger --time-scale leaves "
+                         f"time for it)")
         err = outcome.get("error")
         if isinstance(err, NoSuccess) and r.units_done < r.units_total:
             raise DemoError(f"the workload did not finish within --timeout "
