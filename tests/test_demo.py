@@ -110,6 +110,25 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
     assert leftovers(run.proc.pid, d) == []
 
 
+def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> None:
+    """The same demo through ``elasticslice demo`` (the CLI group): --revocations 0 leaves
+    the other tenants alone; --quiet keeps the progress lines out, not the summary."""
+    d, out_json = tmp_path / "run", tmp_path / "out.json"
+    run = DemoRun("demo", "--dir", str(d), *FAST, "--time-scale", "0.2", "--revocations",
+                  "0", "--quiet", "--report", str(out_json), cwd=tmp_path,
+                  command=[str(ELASTICSLICE)])
+    code, out, err = run.finish()
+    assert code == 0, err[-3000:]
+    assert err == "" and "Traceback" not in out
+    report = json.loads(out_json.read_text())
+    assert report["units_done"] == report["units_total"] and report["units_lost"] == 0
+    assert report["revocations"] == report["early_releases"] == 0
+    assert report["reclamations"] == [] and report["tenant_load"]["events"] == []
+    assert "units queued" not in out and "CloudLab reclaims" not in out
+    assert "  revocations     0: 0 released early after a drain, 0 forced" in out
+    assert leftovers(run.proc.pid, d) == []
+
+
 def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     d = tmp_path / "run"
     emu = tmp_path / "emu"     # --emulator-dir: made, started and stopped by the demo
