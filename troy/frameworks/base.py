@@ -248,11 +248,10 @@ class PilotFramework(ABC):
 
     def long_pilots(self) -> list[Pilot]:
         """The pilots that may take long units now: RUNNING, not draining, valued at least
-        ``low_value`` (or not valued), and the lower-valued ones wider than all of those."""
+        ``low_value`` (or not valued); if there is none, every RUNNING pilot that is not
+        draining. A long unit no such pilot is wide enough for may go to any pilot."""
         live = [p for p in self.list_pilots() if p.state is State.RUNNING and not p.draining]
-        high = [p for p in live if p.value is None or p.value >= self.low_value]
-        widest = max((p.size for p in high), default=0)
-        return high + [p for p in live if p not in high and p.size > widest]
+        return [p for p in live if p.value is None or p.value >= self.low_value] or live
 
     def drain_pilot(self, pilot: Pilot, deadline: float | None = None, *, margin: float = 5.0,
                     on_empty: Callable[[Pilot], None] | None = None) -> DrainPlan:

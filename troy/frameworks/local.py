@@ -181,6 +181,11 @@ class LocalFramework(PilotFramework):
         log.warning("pilot %s: %s; requeuing its units", pilot.id, reason)
         pilot.draining = True
         with self._lock:
+            d = self._drains.get(pilot.id)
+            if d is not None:  # gone before it emptied: no on_empty, no watchdog
+                d.fired = True
+                if d.timer is not None:
+                    d.timer.cancel()
             units = [u for u, b in self._queue if b is pilot]
             units += [r.unit for r in self._running.values() if r.pilot is pilot]
         self._cancel_pilot(pilot)

@@ -171,6 +171,7 @@ class PilotMoves:
                                                "" if drained else " unexpectedly")
         self._dead_addrs.add(addr)
         pilot.draining = True
+        self._end_drain(pilot)
         self._evacuate(pilot, ask=False)
         pilot._set_state(State.DONE if drained else State.FAILED)
         self._values_changed()
@@ -254,6 +255,15 @@ class PilotMoves:
                             "requeued", pilot.id, len(d.holding))
                 self._drain_decide(pilot, d, at_deadline=True)
 
+    def _end_drain(self, pilot: Pilot) -> None:
+        """The pilot is gone before it emptied: its drain's watchdog and ``on_empty`` are
+        moot (the units are requeued by whoever ends it)."""
+        d = self._drains.get(pilot.id)
+        if d is not None:
+            d.fired = True
+            if d.timer is not None:
+                d.timer.cancel()
+
     def drain_plan(self, pilot: Pilot) -> DrainPlan | None:
         """The plan of ``pilot``'s drain, if it is being drained."""
         d = self._drains.get(pilot.id)
@@ -267,10 +277,8 @@ class PilotMoves:
                 self._dead_addrs.add(pilot.native_id)
             pilot.draining = True
         log.warning("pilot %s: %s; requeuing its units", pilot.id, reason)
+        self._end_drain(pilot)
         units = self._evacuate(pilot)
-        d = self._drains.get(pilot.id)
-        if d is not None and d.timer is not None:
-            d.timer.cancel()
         pilot._set_state(State.FAILED)
         self._values_changed()
         w = self._workers.get(pilot.id)

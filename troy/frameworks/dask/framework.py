@@ -397,7 +397,8 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             self._dispatch_locked(batch)
 
     def _dispatch_locked(self, batch: list[UnitRecord]) -> None:
-        groups: dict[tuple[int, str | None], list[UnitRecord]] = {}
+        groups: dict[tuple[int, str | None, bool], list[UnitRecord]] = {}
+        valued = max((p.size for p in self.long_pilots()), default=0)
         for rec in batch:
             if rec.unit.state in FINAL_STATES or not self._started:
                 continue
@@ -408,15 +409,16 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                     self._parked.setdefault(rec.bound.id, []).append(rec)
                     continue
             addr = rec.bound.native_id if rec.bound is not None else None
-            groups.setdefault((rec.unit.description.cores, addr,
-                               self.is_long(rec.unit.description)), []).append(rec)
+            cores = rec.unit.description.cores  # long: to a valued pilot, if one fits it
+            long = addr is None and cores <= valued and self.is_long(rec.unit.description)
+            groups.setdefault((cores, addr, long), []).append(rec)
         for (cores, addr, long), recs in groups.items():
             for rec in recs:
                 # One Dask task prefix for all units: unique prefixes cost the scheduler
                 # a task group each (a third of the throughput).
                 rec.key = f"troy-unit-{next(self._attempt)}-{self.topic}"
                 self._by_key[rec.key] = rec
-            resources = self._unit_resources(cores, long and addr is None)
+            resources = self._unit_resources(cores, long)
             futures = self.client.map(
                 agent.run_unit, [r.unit.description for r in recs], [r.unit.id for r in recs],
                 [self.topic] * len(recs), [self.sandbox] * len(recs),
