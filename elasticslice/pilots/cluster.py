@@ -48,6 +48,8 @@ class ClusterSnapshot:
     units_running: int
     units_done: int
     revocations: int
+    nodes_wanted: int | None = None   # what Troy's demand asks for (None: not known yet)
+    pilot_cores: tuple[int, ...] = ()  # the size of each live pilot
 
 
 class ElasticCluster:
@@ -97,13 +99,22 @@ class ElasticCluster:
     # ------------------------------------------------------------------ running
     def start(self) -> None:
         """Make (or reopen) the CA, start the Dask scheduler over TLS and the Troy session,
-        then the manager with its callback endpoint."""
-        import troy
+        then the manager with its callback endpoint. On failure what started is stopped."""
         try:
             self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as err:
             raise ElasticSliceError(f"{self.state_dir}: cannot use it as the cluster's "
                                     f"state directory: {err.strerror or err}") from err
+        try:
+            self._start()
+        except BaseException:
+            self.close(keep=True)  # what started stops; nodes (if any) stay for a retry
+            raise
+        log.info("elastic cluster up: scheduler %s, state %s", self.framework.scheduler_address,
+                 self.state_dir)
+
+    def _start(self) -> None:
+        import troy
         self.ca = ClusterCA.open(self.state_dir / "pki")
         if self.session is None:
             self.session = troy.Session(self.state_dir / "troy.db")
@@ -117,8 +128,6 @@ class ElasticCluster:
             worker_host=self.listen if self.listen in ("127.0.0.1", "localhost") else None)
         self.manager = self.new_manager()
         self.manager.start()
-        log.info("elastic cluster up: scheduler %s, state %s", self.framework.scheduler_address,
-                 self.state_dir)
 
     def new_manager(self) -> PilotSliceManager:
         """A manager on the cluster's state, helper, framework and session (not started)."""
@@ -155,11 +164,15 @@ class ElasticCluster:
         return [p for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
 
     def snapshot(self) -> ClusterSnapshot:
+        """Now, from memory and the local state store (no network call)."""
         manager = self.manager
         nodes = len(manager.state.nodes()) if manager is not None else 0
         demand = self.session.demand()
+        pilots = self.pilots()
         return ClusterSnapshot(
-            nodes_held=nodes, pilots=len(self.pilots()),
+            nodes_held=nodes, pilots=len(pilots),
+            nodes_wanted=manager.demand if manager is not None else None,
+            pilot_cores=tuple(p.size for p in pilots),
             units_queued=demand.units_queued, units_running=demand.units_running,
             units_done=int(getattr(demand, "units_done", 0)),
             revocations=len(manager.revocations.seen) if manager is not None else 0)
@@ -176,19 +189,27 @@ class ElasticCluster:
     # ------------------------------------------------------------------ stopping
     def close(self, keep: bool | None = None) -> None:
         """Stop the manager, the framework (and our session); give the slice back unless
-        ``keep`` (default: the constructor's)."""
+        ``keep`` (default: the constructor's). Idempotent; safe after a failed ``start``."""
         keep = self.keep if keep is None else keep
         manager, self.manager = self.manager, None
         if manager is not None:
-            manager.stop()
-            if not keep:
-                for cm in manager.cms:
-                    try:
-                        cm.delete_slice(cancel=True)
-                    except ElasticSliceError as err:
-                        log.warning("cannot give the slice back at %s: %s", cm.url, err)
-            manager.state.close()
-        if self.session is not None and self._own_session:
-            self.session.close()
-        elif self.framework is not None:
-            self.framework.close()
+            try:
+                manager.stop()
+                if not keep:
+                    self._give_back(manager)
+            finally:
+                manager.state.close()
+        framework, self.framework = self.framework, None
+        if self._own_session and self.session is not None:
+            session, self.session = self.session, None
+            session.close()
+        elif framework is not None:
+            framework.close()
+
+    @staticmethod
+    def _give_back(manager: PilotSliceManager) -> None:
+        for cm in manager.cms:
+            try:
+                cm.delete_slice(cancel=True)
+            except ElasticSliceError as err:
+                log.warning("cannot give the slice back at %s: %s", cm.url, err)

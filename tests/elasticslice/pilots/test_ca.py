@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from elasticslice.pilots import ClusterCA, ClusterCAError, PilotElasticSliceHelper
+from elasticslice.errors import ElasticSliceError
+from elasticslice.pilots import (ClusterCA, ClusterCAError, ElasticCluster,
+                               PilotElasticSliceHelper)
 
 
 def mode(path: Path) -> int:
@@ -66,3 +68,12 @@ def test_the_helper_refuses_a_scheduler_in_the_clear(tmp_path: Path) -> None:
     ca = ClusterCA.open(tmp_path / "pki")
     with pytest.raises(ValueError, match="must be tls://"):
         PilotElasticSliceHelper(ca, "tcp://127.0.0.1:1", tmp_path / "t")
+
+
+def test_a_cluster_that_cannot_start_says_why_and_closes_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    cluster = ElasticCluster(None, tmp_path / "file" / "cluster")
+    with pytest.raises(ElasticSliceError, match="cannot use it as the cluster's state"):
+        cluster.start()
+    cluster.close()
+    cluster.close()  # idempotent
