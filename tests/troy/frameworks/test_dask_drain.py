@@ -3,6 +3,7 @@ deadline-aware drains, lost pilots, long units kept off low-valued pilots, adopt
 No timing is asserted: deadlines are generous and every wait is a deadline-wait."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -237,3 +238,23 @@ def test_a_worker_the_filter_refuses_is_never_given_a_unit(fw, ca, tmp_path) -> 
         busy = fw.client.processing()
         assert not any(busy.get(addr) for addr, info in fw.workers_info().items()
                        if info.get("name") == "intruder-1")
+
+
+def test_a_unit_killed_with_its_draining_node_is_requeued_not_failed(fw, ca,
+                                                                     tmp_path) -> None:
+    """Regression: a node given back after its drain kills the units still on it; such a
+    unit ended FAILED (seen in the demo) instead of running elsewhere."""
+    pidfile = tmp_path / "pid"
+    cud = CUD(executable="/bin/sh", arguments=[
+        "-c", f"[ -e {pidfile} ] && exit 0; echo $$ > {pidfile}.new; "
+              f"mv {pidfile}.new {pidfile}; exec sleep 600"])
+    with nodes(fw, ca, tmp_path, ["node-a", "node-b"]):
+        pa, pb = fw.find_pilot("node-a"), fw.find_pilot("node-b")
+        (u,) = submit(fw, [cud], pilot=pa)
+        wait_for(lambda: u.state is State.RUNNING and pidfile.exists(), WAIT,
+                 what="the unit running")
+        plan = fw.drain_pilot(pa, None)      # no hint, no deadline: it may run on
+        assert plan.kept == [u.id]
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)   # the node goes: so does it
+        assert u.wait(WAIT) is State.DONE and u.pilot == pb.id and u.attempts == 2
+        assert fw.unit_stats().lost == 0

@@ -37,6 +37,15 @@ class UnitRecord:
 
 
 
+def _killed(result: UnitResult) -> bool:
+    """Whether a failed unit (or a bundle member) died of a signal or was stopped: what a
+    machine going away does to it."""
+    if result.members:
+        return any(_killed(m) for m in result.members)
+    return (result.exit_code is not None and result.exit_code < 0) \
+        or result.error == "canceled"
+
+
 def _release_all(futures: list[Any]) -> None:
     for fut in futures:
         fut.release()
@@ -168,6 +177,13 @@ class UnitEvents:
                 result = rec.future.result() if rec.future is not None else None
                 if result is None:
                     return  # canceled meanwhile
+            if not result.ok and pilot is not None and pilot.draining \
+                    and _killed(result) and rec.unit.attempts < MAX_ATTEMPTS:
+                log.info("unit %s was killed with its pilot %s: requeued", rec.unit.id,
+                         pilot.id)  # the machine went away under it: not its failure
+                with self._dispatch_lock:
+                    self._requeue_rec(rec, addr)
+                return
             self._mark_running(rec, addr, pilot, result.start)
             self._finish(rec, State.DONE if result.ok else State.FAILED, result)
 

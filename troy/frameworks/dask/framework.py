@@ -311,10 +311,11 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             self._pilots[pilot.id] = pilot
             self._workers[pilot.id] = _Worker(pilot, None)
             self._by_addr[addr] = pilot
-        if not self._grant(addr, {self.topic: agent.TAG_AMOUNT}):
-            self._dead_addrs.add(addr)
-            pilot._set_state(State.FAILED)
-            return
+        with self._dispatch_lock:  # a drain that came first keeps it closed
+            if not pilot.draining and not self._grant(addr, {self.topic: agent.TAG_AMOUNT}):
+                self._dead_addrs.add(addr)
+                pilot._set_state(State.FAILED)
+                return
         pilot.long_ok = False
         pilot._set_state(State.RUNNING)
         self._values_changed()
