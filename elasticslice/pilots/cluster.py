@@ -118,7 +118,11 @@ class ElasticCluster:
         self.ca = ClusterCA.open(self.state_dir / "pki")
         if self.session is None:
             self.session = troy.Session(self.state_dir / "troy.db")
-        options = {"adopt_workers": True, "listen": self.listen, **self.framework_options}
+        # prefetch 0: a pilot takes only what it can start now, so the queue waits in Troy
+        # for the nodes being added (a backlog on the first pilot would keep them idle) and a
+        # doomed pilot holds nothing that has not started
+        options = {"adopt_workers": True, "listen": self.listen, "prefetch": 0,
+                   **self.framework_options}
         self.framework = self.session.add_framework(
             "dask", "cloudlab", tls=self.ca.dask_tls("scheduler"),
             adopt_filter=self._adopt_filter, **options)
