@@ -258,3 +258,19 @@ def test_a_unit_killed_with_its_draining_node_is_requeued_not_failed(fw, ca,
         os.kill(int(pidfile.read_text()), signal.SIGKILL)   # the node goes: so does it
         assert u.wait(WAIT) is State.DONE and u.pilot == pb.id and u.attempts == 2
         assert fw.unit_stats().lost == 0
+
+
+def test_a_member_posing_as_another_node_is_not_adopted(fw, ca, tmp_path) -> None:
+    """A worker with a valid cluster certificate for node-b that calls itself node-a."""
+    from tests.troy.frameworks.nodes import node_agent, stop
+    poser = node_agent(fw.scheduler_address, 4, member(tmp_path / "p", ca, "node-b"),
+                       tmp_path / "poser.log", name="node-a")
+    try:
+        wait_for(lambda: len(fw.workers_info()) == 1, WAIT, what="the poser to connect")
+        with nodes(fw, ca, tmp_path, ["node-c"], cores=1):
+            assert fw.find_pilot("node-a") is None and len(fw.list_pilots()) == 1
+            units = submit(fw, [sleeper(0.05) for _ in range(6)])
+            all_done(units)
+            assert {u.pilot for u in units} == {fw.find_pilot("node-c").id}
+    finally:
+        stop(poser)

@@ -50,7 +50,7 @@ def test_units_run_over_tls_and_nothing_listens_in_the_clear(tls_framework) -> N
 def test_node_agent_with_a_cluster_certificate_becomes_a_pilot(tls_framework, tmp_path,
                                                                cluster_ca) -> None:
     fw = tls_framework
-    agent = node_agent(fw.scheduler_address, 3, member(tmp_path / "n1", cluster_ca, "node1"),
+    agent = node_agent(fw.scheduler_address, 3, member(tmp_path / "n1", cluster_ca, "node-x"),
                        tmp_path / "agent.log")
     try:
         wait_for(lambda: any(p.size == 3 and p.state is State.RUNNING

@@ -208,6 +208,19 @@ def schedule_unrunnable(worker: str, dask_scheduler=None) -> int:  # noqa: ANN00
     return len(recs)
 
 
+def peer_common_name(worker: str, dask_scheduler=None) -> str | None:  # noqa: ANN001
+    """On the scheduler: the common name of the TLS certificate the worker at ``worker``
+    connected with (None: no TLS, or no such worker)."""
+    stream = dask_scheduler.stream_comms.get(worker)
+    comm = getattr(stream, "comm", None)
+    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
 def _kill_all() -> None:
     _stopping.set()
     with _procs_lock:

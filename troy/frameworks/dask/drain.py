@@ -1,5 +1,6 @@
-"""Pilots leaving the ``dask`` framework: drains (deadline-aware), losses, evacuations,
-and where long units may go (``DaskFramework`` mixes ``PilotMoves`` in).
+"""Pilots joining and leaving the ``dask`` framework: who may be adopted, drains
+(deadline-aware), losses, evacuations, and where long units may go (``DaskFramework`` mixes
+``PilotMoves`` in).
 
 Every worker of a framework carries the framework's tag (``topic``) and long-unit tag
 (``topic-long``) as resources; units ask for one of them. Our own workers get both when they
@@ -46,6 +47,8 @@ class PilotMoves:
     _drains: dict[str, Drain]
     _workers: dict[str, Any]
     _tags_lock: Any
+    verify_names: bool
+    adopt_filter: Any
     _submitq: Any
     _dispatch_lock: Any
     _lock: Any
@@ -84,6 +87,17 @@ class PilotMoves:
                 if getattr(p, "long_ok", None) is not want and self._grant(
                         p.native_id, {self.long_tag: agent.TAG_AMOUNT if want else 0}):
                     p.long_ok = want
+
+    def _refusal(self, addr: str, name: str | None, resources: dict[str, float]) -> str:
+        """Why the worker may not be adopted ("" if it may)."""
+        if self.verify_names:
+            cn = self.client.run_on_scheduler(agent.peer_common_name, addr)
+            if cn is None or cn != name:
+                return f"its name is not its certificate's ({cn})"
+        if self.adopt_filter is not None and not self.adopt_filter(str(name), addr,
+                                                                   dict(resources)):
+            return "refused by the filter"
+        return ""
 
     # -------------------------------------------------------------- moves --------------
     def _processing(self, addr: str) -> set[str]:

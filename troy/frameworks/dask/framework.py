@@ -77,7 +77,9 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
     worker without a certificate from the cluster CA cannot join), ``listen`` and ``port``
     (where the scheduler we start listens: 127.0.0.1, any port), ``adopt_filter``
     (``callable(name, address, resources) -> bool``: a joining worker it refuses is never
-    adopted and never receives a unit), ``long_unit`` and ``low_value`` (see
+    adopted and never receives a unit), ``verify_names`` (with ``tls``, default: adopt a
+    worker only if its name is its certificate's common name, so that a member cannot pose
+    as another), ``long_unit`` and ``low_value`` (see
     ``PilotFramework``). Pilots are drained, lost and valued as ``troy.frameworks.dask.
     drain`` describes.
     """
@@ -92,7 +94,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                  dask_log_level: str | int | None = "auto",
                  tls: DaskTLS | dict[str, Any] | None = None, listen: str = "127.0.0.1",
                  port: int = 0, adopt_filter: AdoptFilter | None = None,
-                 **options: Any) -> None:
+                 verify_names: bool = True, **options: Any) -> None:
         super().__init__(name, **options)
         if adopt_filter is not None and not callable(adopt_filter):
             raise BadParameter(f"framework {self.name!r}: adopt_filter: expected a callable "
@@ -102,6 +104,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                                f"got {port!r}")
         self.listen, self.port, self.adopt_filter = str(listen), port, adopt_filter
         self.tls = DaskTLS.coerce(tls, f"framework {self.name!r}")
+        self.verify_names = bool(verify_names) and self.tls is not None
         self._security = self.tls.security() if self.tls is not None else None
         self.scheduler_address = None if scheduler_address is None \
             else scheduler_url(scheduler_address)
@@ -295,10 +298,10 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         if "cores" not in resources or any(str(k).startswith("troy-") for k in resources):
             return
         name = None if name is None else str(name)
-        if self.adopt_filter is not None and not self.adopt_filter(str(name), addr,
-                                                                   dict(resources)):
-            log.warning("framework %s: worker %s (%s) not adopted: refused by the filter",
-                        self.name, addr, name)
+        why = self._refusal(addr, name, resources)
+        if why:
+            log.warning("framework %s: worker %s (%s) not adopted: %s", self.name, addr,
+                        name, why)
             return
         with self._lock:
             if addr in self._by_addr or addr in self._dead_addrs:
