@@ -196,19 +196,21 @@ class ElasticCluster:
         ``keep`` (default: the constructor's). Idempotent; safe after a failed ``start``."""
         keep = self.keep if keep is None else keep
         manager, self.manager = self.manager, None
-        if manager is not None:
-            try:
+        try:
+            if manager is not None:
                 manager.stop()
-                if not keep:
-                    self._give_back(manager)
-            finally:
+            # Troy first (its pilots then leave quietly), the nodes after
+            framework, self.framework = self.framework, None
+            if self._own_session and self.session is not None:
+                session, self.session = self.session, None
+                session.close()
+            elif framework is not None:
+                framework.close()
+            if manager is not None and not keep:
+                self._give_back(manager)
+        finally:
+            if manager is not None:
                 manager.state.close()
-        framework, self.framework = self.framework, None
-        if self._own_session and self.session is not None:
-            session, self.session = self.session, None
-            session.close()
-        elif framework is not None:
-            framework.close()
 
     @staticmethod
     def _give_back(manager: PilotSliceManager) -> None:

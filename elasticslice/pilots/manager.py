@@ -28,7 +28,9 @@ import threading
 import time
 from typing import Any
 
+from elasticslice.errors import ElasticSliceError
 from elasticslice.managers import actions
+from elasticslice.managers.cycle import one_line
 from elasticslice.managers.endpoint import DeleteNotice
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import Decision, NodeView, decide
@@ -206,21 +208,35 @@ class PilotSliceManager(SimpleElasticSliceManager):
                         client_id, deadline - now)
             self.framework.drain_pilot(
                 pilot, deadline, margin=self.margin,
-                on_empty=lambda p, nid=node_id, cid=client_id: self._release_soon(nid, cid))
-
-    def _release_soon(self, node_id: str, client_id: str | None) -> None:
-        # on a framework thread: never wait there for the manager's lock
-        threading.Thread(target=self._release, args=(node_id, client_id, "pilot drained"),
-                         name=f"release-{node_id}", daemon=True).start()
+                on_empty=lambda p, nid=node_id, cid=client_id: self._release(nid, cid, "drained"))
 
     def _release(self, node_id: str, client_id: str | None, why: str) -> None:
+        """Release a revoked node early: the next countdown answer says max_wait_time 0,
+        and a DeleteNodes goes at once (CloudLab may count down for up to
+        ``notify_interval`` more otherwise)."""
         with self._rev_lock:
-            if node_id in self.revocations.forced:
+            if node_id in self.revocations.forced or node_id in self.revocations.early:
                 return
             self.revocations.early.add(node_id)
         self._save()
         log.info("releasing %s (%s) early: %s", node_id, client_id, why)
         self.end_delete([{"node_id": node_id, "client_id": client_id}])
+        # not on the caller's thread: that may be the CM's own NotifyDeletePending call
+        threading.Thread(target=self._delete_released, args=(node_id,),
+                         name=f"release-{node_id}", daemon=True).start()
+
+    def _delete_released(self, node_id: str) -> None:
+        rec = self.state.find_node(node_id)
+        cm = next((c for c in self.cms if rec is not None and c.url == rec.cm), None)
+        if rec is None or rec.gone_at is not None or cm is None:
+            return
+        try:
+            with self.rlock:
+                cm.delete_nodes([rec.client_id])
+        except ElasticSliceError as err:
+            log.info("DeleteNodes of %s refused (%s): the countdown answer releases it",
+                     rec.client_id, one_line(err))
+        self.wake("update_sliver_status")
 
     def _note_forced(self, node_id: str) -> None:
         with self._rev_lock:
