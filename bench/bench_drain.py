@@ -122,7 +122,8 @@ def revocation(notice: float, quick: bool) -> dict[str, float]:
         emptied.wait(notice + 60)
         moved = set(plan.requeued + plan.late_requeued)
         starts_elsewhere = [u.start for u in units if u.id in moved and u.pilot == survivor.id]
-        late_starts = [u for u in units if u.pilot == doomed.id and u.start
+        held = set(plan.kept) | moved   # what the drain found there: handed out before
+        late_starts = [u for u in units if u.pilot == doomed.id and u.start and u.id not in held
                        and u.start >= (plan.dispatch_stopped_at or t0)]
         lost = sum(u.state is not State.DONE for u in units) + fw.unit_stats().lost
         return {
@@ -205,7 +206,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         figures.update({f"{k}_{n}": v for k, v in r.items()})
         table += [
             (f"{n} notice: no new dispatch after (goal < 1 s)",
-             f"{r['stop_s'] * 1000:.0f} ms, {r['late_starts']} unit(s) started after"),
+             f"{r['stop_s'] * 1000:.0f} ms, {r['late_starts']} new unit(s) started after"),
             (f"{n} notice: pilot empty after / slack (goal >= {MARGIN:g} s)",
              f"{r['empty_s']:.1f} s / {r['slack_s']:.1f} s "
              f"({r['kept']} kept, {r['requeued']} requeued)"),

@@ -69,6 +69,15 @@ def submit(fw: DaskFramework, cuds: list[CUD], starts: Starts | None = None,
     return units
 
 
+def assert_no_new_dispatch(starts: Starts, pilot: troy.Pilot, plan: troy.DrainPlan) -> None:
+    """Nothing started on ``pilot`` once its dispatch stopped, but the units Dask had handed
+    it before (the drain found them there: kept or moved; a busy machine may start one a
+    moment late)."""
+    held = set(plan.kept + plan.requeued + plan.late_requeued)
+    late = {u for u, s in starts.on(pilot) if s is None or s >= plan.dispatch_stopped_at}
+    assert late <= held, late - held
+
+
 def all_done(units: list[troy.ComputeUnit]) -> None:
     for u in units:
         assert u.wait(WAIT) is State.DONE, (u, u.result)
@@ -91,8 +100,7 @@ def test_drain_keeps_units_ending_before_the_deadline_and_moves_the_others(fw, c
         assert short.pilot == pa.id and short.attempts == 1
         assert long.pilot == pb.id and long.attempts == 2
         assert {u.pilot for u in queued} == {pb.id}
-        # nothing started on the drained pilot once dispatch stopped
-        assert all(s is not None and s < plan.dispatch_stopped_at for _, s in starts.on(pa))
+        assert_no_new_dispatch(starts, pa, plan)
         wait_for(lambda: emptied == [pa], WAIT, what="on_empty")
         assert pa.state is State.RUNNING and pa.draining and not pa.busy
         stats = fw.unit_stats()
@@ -112,7 +120,7 @@ def test_no_new_unit_reaches_a_pilot_once_its_drain_began(fw, ca, tmp_path) -> N
         emptied = threading.Event()
         plan = fw.drain_pilot(pa, None, on_empty=lambda p: emptied.set())
         all_done(units)
-        assert all(s < plan.dispatch_stopped_at for _, s in starts.on(pa))
+        assert_no_new_dispatch(starts, pa, plan)
         assert emptied.wait(WAIT)
         assert fw.unit_stats().lost == 0
 
