@@ -178,7 +178,7 @@ class ElasticCluster:
             nodes_wanted=manager.demand if manager is not None else None,
             pilot_cores=tuple(p.size for p in pilots),
             units_queued=demand.units_queued, units_running=demand.units_running,
-            units_done=int(getattr(demand, "units_done", 0)),
+            units_done=demand.units_done,
             revocations=len(manager.revocations.seen) if manager is not None else 0)
 
     def stats(self) -> dict[str, Any]:

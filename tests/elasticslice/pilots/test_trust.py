@@ -11,7 +11,7 @@ from troy import State
 from troy.frameworks.dask.tls import DaskTLS
 from tests.conftest import wait_for
 from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
-from tests.troy.frameworks.test_dask_tls import member, node_agent, stop
+from tests.troy.frameworks.nodes import member, node_agent, stop
 
 
 def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_cluster,
