@@ -104,7 +104,7 @@ def revocation(notice: float, quick: bool) -> dict[str, float]:
     c = Cluster(root)
     try:
         doomed, survivor = c.node(f"doomed-{notice:g}", 2), c.node(f"survivor-{notice:g}", 8)
-        long_s = 8.0 if quick else 40.0   # fits a 60 s notice, not a 10 s one
+        long_s = 8.0 if quick else 20.0   # fits a 60 s notice, not a 10 s one
         fw = c.fw
         first = [fw.submit_unit(sleeper(2, 2), doomed), fw.submit_unit(sleeper(long_s, long_s),
                                                                        doomed)]
@@ -168,7 +168,7 @@ class Feeder:
 def throughput(quick: bool) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="bench-drain-tp-"))
     c = Cluster(root)
-    window = 6.0 if quick else 15.0
+    window = 6.0 if quick else 10.0
     try:
         pilots = [c.node(f"n{i}", 2) for i in range(4)]
         feeder = Feeder(c.fw, depth=16, seconds=0.5)
