@@ -16,7 +16,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
-	$(BIN)/python bin/demo
+	$(BIN)/python bin/demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

@@ -18,7 +18,7 @@ import click
 from elasticslice import __version__
 from elasticslice.errors import ElasticSliceError
 
-COMMAND_MODULES = ("rspec", "client", "emulator", "manage")
+COMMAND_MODULES = ("rspec", "client", "emulator", "manage", "demo")
 
 log = logging.getLogger("elasticslice")
 

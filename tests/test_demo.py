@@ -1,11 +1,13 @@
-"""``bin/demo`` as users run it: a real subprocess, the emulator over TLS, real node
-processes, real Troy pilots; assertions on what the user sees and on what is left behind."""
+"""The elastic demo (``bin/demo``, ``elasticslice demo``, ``make demo``) as users run it: a
+real subprocess, the emulator over TLS, the manager, a TLS Dask scheduler, a node agent on
+every emulated node, tenant load that takes a node back mid-run; assertions on what the
+user sees (progress, events, summary, report, exit codes) and on what is left behind.
+The helpers here are shared with tests/test_demo_static.py (``--static``)."""
 from __future__ import annotations
 
+import io
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,18 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, WORKFLOWS, wait_for
+from elasticslice.demo.console import Console, port_open
+from elasticslice.demo.report import Progress, ProgressPrinter, event_lines
+from elasticslice.emulator.adminclient import AdminClient
+from tests.conftest import REPO, wait_for
 
 DEMO = REPO / "bin" / "demo"
-FAST = ["--boot-delay", "0.2", "--timeout", "30"]
+ELASTICSLICE = Path(sys.executable).parent / "elasticslice"
+FAST = ["--boot-delay", "0.2"]
 
 
 class DemoRun:
     """``bin/demo`` in its own session, its stdout read line by line as it comes."""
 
-    def __init__(self, *args: str, cwd: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(DEMO), *args], cwd=cwd,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    def __init__(self, *args: str, cwd: Path, command: list[str] | None = None) -> None:
+        self.proc = subprocess.Popen([*(command or [sys.executable, str(DEMO)]), *args],
+                                     cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -36,9 +42,9 @@ class DemoRun:
             self.lines.append(line.rstrip("\n"))
 
     def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
+        return any(text in line for line in list(self.lines))
 
-    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
         """Exit code, stdout, stderr (stdout is drained by the reader thread alone)."""
         assert self.proc.stderr is not None
         err = self.proc.stderr.read()
@@ -64,137 +70,209 @@ def leftovers(session_id: int, directory: Path) -> list[str]:
     return found
 
 
-def port_accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def emulator_port(report: dict) -> int:
-    return int(report["url"].split(":")[2].split("/")[0])
+    url = report.get("url") or report["emulator_url"]
+    return int(url.split(":")[2].split("/")[0])
 
 
-def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> None:
-    d = tmp_path / "run"
-    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.1", cwd=tmp_path)
-    # While Troy runs (step 4, two seconds of tasks) the nodes are still held: their
-    # sandboxes hold what the startup command wrote. The demo is frozen while we look.
-    wait_for(lambda: run.saw("[4/5]") or run.proc.poll() is not None, 60, what="step 4")
-    os.kill(run.proc.pid, signal.SIGSTOP)
-    try:
-        started = sorted(d.glob("nodes/*/started"))
-        contents = [p.read_text() for p in started]
-        assert not run.saw("[5/5]")
-    finally:
-        os.kill(run.proc.pid, signal.SIGCONT)
+def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -> None:
+    d, out_json = tmp_path / "run", tmp_path / "out.json"
+    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.5", "--report", str(out_json),
+                  cwd=tmp_path)
     code, out, err = run.finish()
-    assert code == 0, err
-    assert "Traceback" not in out + err and err == ""
-    for n in range(1, 6):
-        assert f"[{n}/5] " in out
-    assert len(started) == 4 and {p.parent.name for p in started} == \
-        {"ms1001", "ms1002", "ms1003", "ms1004"}
-    assert all(c.startswith("node-") and "cores=8" in c for c in contents)
-    assert "SliverStatus: sliver ready     ready 2/2  startup done 2/2" in out
-    assert "node-0: exit 0; run/nodes/ms1001/started: node-0.elastic.elasticslice" in out
-    table = [line.split() for line in out.splitlines() if line.strip().startswith("node-")
-             and line.strip().endswith("ready")]
-    assert [row[0] for row in table] == ["node-0", "node-1", "node-2", "node-3"]
-    assert all(row[-2:] == ["8", "ready"] for row in table)
-    assert "today these pilots run on THIS machine" in out
-    assert "tasks run       58/58 done, 0 failed, 0 canceled" in out
-    assert "nodes acquired  4 (2 by CreateSliver, 2 by AddNodes)" in out
-    assert "nodes released  4 (2 by DeleteNodes, 2 by DeleteSlice)" in out
-    report = json.loads((d / "report.json").read_text())
-    assert report["troy"]["tasks_done"] == 58 and report["troy"]["state"] == "DONE"
-    assert sum(p["units"] for p in report["troy"]["pilots"].values()) == \
-        report["troy"]["units_total"]
-    assert all(n["started"].startswith(n["hostname"]) for n in report["nodes"])
-    assert [n["released_by"] for n in report["nodes"]] == \
-        ["DeleteSlice", "DeleteSlice", "DeleteNodes", "DeleteNodes"]
-    assert not list(d.glob("nodes/*/started"))         # released nodes are wiped
-    assert not port_accepts(emulator_port(report))
+    assert code == 0, err[-3000:]
+    assert err == "" and "Traceback" not in out
+    for n in range(1, 5):
+        assert f"[{n}/4] " in out
+    report = json.loads(out_json.read_text())
+    assert report == json.loads((d / "report.json").read_text())
+    assert report["ok"] and report["units_total"] == 58
+    assert report["units_done"] == report["units_total"]
+    assert report["units_lost"] == 0
+    assert report["revocations"] >= 1 and report["early_releases"] >= 1
+    assert report["nodes_peak"] >= 2 and report["node_seconds"] > 0
+    assert report["makespan_s"] > 0
+    # the emulator's own record agrees: the node was given back early, not taken
+    assert any(r["outcome"] == "early" for r in report["reclamations"])
+    # a pipe gets progress lines (not a rewritten line) with every figure
+    progress = [line for line in out.splitlines() if "units queued" in line]
+    assert len(progress) >= 3 and "\r" not in out
+    assert all("nodes " in p and "pilots " in p and "revocations " in p for p in progress)
+    assert progress[-1].split("done ")[1].startswith("58/58")
+    assert "revocation: CloudLab wants 1 node(s) back" in out
+    assert "early release: 1 drained node(s) given back before the deadline" in out
+    assert "CloudLab reclaims one of ours" in out
+    assert (f"  workload        montage-chameleon-2mass-005d-001.json: 58/58 units done, "
+            f"0 lost, {report['units_requeued']} requeued") in out
+    assert (f"  revocations     {report['revocations']}: {report['early_releases']} released "
+            f"early") in out
+    assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 
 
-def test_demo_on_dask_pilots(tmp_path: Path) -> None:
-    d = tmp_path / "run"
-    run = DemoRun("--dir", str(d), *FAST, "--framework", "dask", "--nodes", "1",
-                  "--add-nodes", "1", "--workflow",
-                  str(WORKFLOWS / "helloworld-forkjoin-10-chameleon.json"),
-                  "--time-scale", "0.005", "--quiet", cwd=tmp_path)
+def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> None:
+    """The same demo through ``elasticslice demo`` (the CLI group): --revocations 0 leaves
+    the other tenants alone; --quiet keeps the progress lines out, not the summary."""
+    d, out_json = tmp_path / "run", tmp_path / "out.json"
+    run = DemoRun("demo", "--dir", str(d), *FAST, "--time-scale", "0.2", "--revocations",
+                  "0", "--quiet", "--report", str(out_json), cwd=tmp_path,
+                  command=[str(ELASTICSLICE)])
     code, out, err = run.finish()
-    assert code == 0, err
-    assert "Traceback" not in out + err
-    assert "tasks run       10/10 done, 0 failed, 0 canceled" in out
-    assert "on 2 dask pilots" in out
-    assert "SliverStatus" not in out                    # --quiet: steps and summary only
-    report = json.loads((d / "report.json").read_text())
-    assert report["troy"]["framework"] == "dask"
-    assert not port_accepts(emulator_port(report))
+    assert code == 0, err[-3000:]
+    assert err == "" and "Traceback" not in out
+    report = json.loads(out_json.read_text())
+    assert report["units_done"] == report["units_total"] and report["units_lost"] == 0
+    assert report["revocations"] == report["early_releases"] == 0
+    assert report["reclamations"] == [] and report["tenant_load"]["events"] == []
+    assert "units queued" not in out and "CloudLab reclaims" not in out
+    assert "  revocations     0: 0 released early after a drain, 0 forced" in out
     assert leftovers(run.proc.pid, d) == []
 
 
-def test_interrupt_stops_everything(tmp_path: Path) -> None:
+def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     d = tmp_path / "run"
-    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "5", cwd=tmp_path)
-    wait_for(lambda: run.saw("pilots up") or run.proc.poll() is not None, 60,
-             what="pilots up")
+    emu = tmp_path / "emu"     # --emulator-dir: made, started and stopped by the demo
+    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "5", "--emulator-dir", str(emu),
+                  cwd=tmp_path)
+    wait_for(lambda: run.saw("units queued") or run.proc.poll() is not None, 180,
+             what="the workload's first progress line")
+    wait_for(lambda: any(f"pilots {n}" in line for line in run.lines for n in range(1, 9))
+             or run.proc.poll() is not None, 120, what="a pilot")
     run.proc.send_signal(signal.SIGINT)
     code, out, err = run.finish()
     assert code == 130, f"exit {code}: {err[-2000:]}"
     assert err.strip().splitlines() == [err.strip()]
-    assert err.startswith("demo: interrupted in step 4/5 (Troy workflow)")
+    assert err.startswith("demo: interrupted in step 3/4 (workload); everything it started "
+                          "is stopped")
     assert "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
-    assert not port_accepts(emulator_port(report))
-    assert leftovers(run.proc.pid, d) == []
+    assert not report["ok"]
+    assert not port_open(emulator_port(report))
+    assert leftovers(run.proc.pid, d) == [] and leftovers(run.proc.pid, emu) == []
+    assert (emu / "ca.pem").exists() and not (d / "emulator").exists()
+
+
+def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) -> None:
+    """--emulator-dir of an emulator that serves already (its own inventory, 8-core
+    nodes): the demo uses it, gives its nodes back, puts the tenant load back, and leaves
+    it running."""
+    emu, d, out_json = tmp_path / "emu", tmp_path / "run", tmp_path / "out.json"
+    subprocess.run([str(ELASTICSLICE), "emulator", "init", "--dir", str(emu), "--port", "0"],
+                   check=True, capture_output=True, timeout=120)
+    serve = subprocess.Popen([str(ELASTICSLICE), "emulator", "serve", "--dir", str(emu),
+                              "--boot-delay", "0.2", "--notify-interval", "2",
+                              "--max-wait", "30"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def serving() -> int:
+            try:
+                port = int(json.loads((emu / "server.json").read_text())["port"])
+            except (OSError, ValueError, KeyError):
+                return 0
+            return port if port_open(port) else 0
+        port = wait_for(serving, 120, what="the emulator serving")
+        run = DemoRun("--dir", str(d), "--emulator-dir", str(emu), "--time-scale", "0.5",
+                      "--report", str(out_json), cwd=tmp_path)
+        code, out, err = run.finish()
+        assert code == 0, err[-3000:]
+        assert f"serves already (port {port}): used as it is, left running" in out
+        report = json.loads(out_json.read_text())
+        assert report["units_done"] == report["units_total"] == 58
+        assert report["units_lost"] == 0
+        assert report["revocations"] >= 1 and report["early_releases"] >= 1
+        assert port_open(port) and serve.poll() is None
+        status = AdminClient(emu).call("Status")
+        assert status["tenant_target"] == 0
+        assert sum(row["slice"] for row in status["pool"].values()) == 0
+        assert leftovers(run.proc.pid, d) == []
+        # the nodes' agents end with the nodes, which the emulator now holds for no one
+        wait_for(lambda: leftovers(-1, emu) == [], 60, what="the node agents gone")
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=60)
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--hardware-type", "nosuch"], "step 1/5 (emulator): --hardware-type nosuch: the "
-                                    "emulator has none; it has m400, m510, xl170, d430"),
-    (["--hardware-type", "d430", "--nodes", "5", "--add-nodes", "4"],
-     "step 2/5 (slice and sliver): 9 d430 nodes wanted, 8 available"),
+    (["--time-scale", "0"], "demo: Invalid value for '--time-scale': 0.0 is not in the "
+                            "range x>0."),
+    (["--nodes", "3"], "demo: --nodes: only with --static"),
+    (["--static", "--notice", "10"], "demo: --notice: not with --static"),
+    (["--nodes-min", "5", "--nodes-max", "2"], "demo: --nodes-min 5 is above --nodes-max 2"),
+    (["--workload", "nosuch.json"], "demo: --workload nosuch.json: no such file"),
+    (["--report", "no/such/dir/out.json"], "demo: --report no/such/dir/out.json: no such "
+                                           "directory no/such/dir"),
+    (["--bogus"], "demo: No such option '--bogus'"),
 ])
-def test_failures_are_one_line_and_clean(tmp_path: Path, args: list[str],
-                                         message: str) -> None:
-    d = tmp_path / "run"
-    run = DemoRun("--dir", str(d), *FAST, *args, cwd=tmp_path)
-    code, out, err = run.finish()
-    assert code == 1
-    assert err.count("\n") == 1 and message in err and "Traceback" not in out + err
-    report = json.loads((d / "report.json").read_text())
-    assert not port_accepts(emulator_port(report))
-    assert leftovers(run.proc.pid, d) == []
+def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str],
+                                             message: str) -> None:
+    out = subprocess.run([sys.executable, str(DEMO), "--dir", str(tmp_path / "run"), *args],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(message), out.stderr
+    assert out.stdout == "" and not (tmp_path / "run").exists()
 
 
-def test_bad_workflow_fails_before_anything_starts(tmp_path: Path) -> None:
+def test_bad_workload_fails_before_anything_starts(tmp_path: Path) -> None:
     bad = tmp_path / "wf.json"
     bad.write_text('{"workflow": {"tasks": [{"id": "a", "runtime": -1}]}}')
-    run = DemoRun("--dir", str(tmp_path / "run"), "--workflow", str(bad), cwd=tmp_path)
+    run = DemoRun("--dir", str(tmp_path / "run"), "--workload", str(bad), cwd=tmp_path)
     code, out, err = run.finish()
     assert code == 1
     assert err.count("\n") == 1 and "demo: failed in setup:" in err and str(bad) in err
-    assert "[1/5]" not in out and "Traceback" not in out + err
+    assert "[1/4]" not in out and "Traceback" not in out + err
 
 
-def test_refuses_to_wipe_a_directory_it_did_not_make(tmp_path: Path) -> None:
-    mine = tmp_path / "precious"
-    mine.mkdir()
-    (mine / "thesis.tex").write_text("keep me")
-    run = DemoRun("--dir", str(mine), cwd=tmp_path)
-    code, out, err = run.finish()
-    assert code == 1 and "was not made by the demo" in err and "Traceback" not in err
-    assert (mine / "thesis.tex").read_text() == "keep me"
+def test_bin_demo_and_elasticslice_demo_are_the_same_command(tmp_path: Path) -> None:
+    """``make demo`` runs ``bin/demo``; both it and ``elasticslice demo`` have one help."""
+    mine = subprocess.run([sys.executable, str(DEMO), "--help"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)
+    cli = subprocess.run([str(ELASTICSLICE), "demo", "--help"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=60)
+    assert mine.returncode == cli.returncode == 0
+    assert mine.stdout.replace("Usage: demo", "Usage: elasticslice demo") == cli.stdout
+    for option in ("--dir", "--emulator-dir", "--workload", "--time-scale", "--nodes-max",
+                   "--notice", "--margin", "--revocations", "--report", "--static",
+                   "--quiet"):
+        assert option in mine.stdout
+    make = subprocess.run(["make", "-n", "demo"], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert "bin/demo" in make.stdout
 
 
-def test_help_lists_the_options(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(DEMO), "--help"], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=30)
-    assert out.returncode == 0
-    for option in ("--dir", "--nodes", "--add-nodes", "--framework", "--workflow",
-                   "--time-scale", "--quiet"):
-        assert option in out.stdout
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def progress_at(elapsed: float, done: int) -> Progress:
+    return Progress(elapsed, nodes=2, pilots=2, queued=3, running=4, done=done, total=10,
+                    revocations=0)
+
+
+def test_a_terminal_gets_one_updating_line_and_a_pipe_periodic_lines() -> None:
+    tty, pipe = FakeTerminal(), io.StringIO()
+    shows = [(0.0, 0), (0.5, 1), (1.0, 2), (2.5, 3), (2.6, 4), (20.0, 4)]
+    for stream in (tty, pipe):
+        printer = ProgressPrinter(Console(stream))
+        for elapsed, done in shows:
+            printer.show(progress_at(elapsed, done))
+        printer.show(progress_at(21.0, 10), final=True)
+    assert tty.getvalue().count("\r") == len(shows) + 1 and tty.getvalue().count("\n") == 1
+    lines = pipe.getvalue().splitlines()
+    # changes at most every 2 s, a line every 10 s even without one, and the last
+    assert [line.split("done ")[1].split()[0] for line in lines] == \
+        ["0/10", "3/10", "4/10", "10/10"]
+    assert "\r" not in pipe.getvalue()
+
+
+def test_events_say_what_the_counters_did() -> None:
+    before = {"revocations": 0, "early_releases": 0, "units_requeued": 0}
+    after = {"revocations": 1, "early_releases": 1, "units_requeued": 2,
+             "forced_releases": 0}
+    assert event_lines(before, after) == [
+        "revocation: CloudLab wants 1 node(s) back; no new unit goes there, the pilot "
+        "drains before the deadline",
+        "requeued: 2 unit(s) would not end before the deadline; they run elsewhere",
+        "early release: 1 drained node(s) given back before the deadline"]
+    assert event_lines(after, after) == []
+

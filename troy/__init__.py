@@ -16,10 +16,12 @@ and ``troy.execute_workload(session, workload, overlay)`` for whole workloads.
 """
 from __future__ import annotations
 
+from troy.demand import Demand
 from troy.descriptions import ComputeUnitDescription, PilotDescription, TaskDescription
 from troy.errors import BadParameter, DoesNotExist, IncorrectState, NoSuccess, TroyError
 from troy.execute import execute_workload
 from troy.frameworks.base import Pilot, PilotFramework
+from troy.frameworks.drain import DrainPlan, UnitStats
 from troy.overlay import Overlay, OverlayManager
 from troy.overlay import Pilot as OverlayPilot
 from troy.planner import Planner
@@ -35,4 +37,4 @@ __all__ = ["State", "TaskDescription", "ComputeUnitDescription", "PilotDescripti
            "IncorrectState", "DoesNotExist", "Session", "UnitService", "PilotFramework",
            "Pilot", "OverlayPilot", "Overlay", "OverlayManager", "Planner", "Task",
            "Relation", "Workload", "WorkloadManager", "BaseScheduler", "register_scheduler",
-           "execute_workload"]
+           "execute_workload", "Demand", "DrainPlan", "UnitStats"]

@@ -13,12 +13,15 @@ import shutil
 import tempfile
 import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from troy.demand import Demand, session_demand
 from troy.errors import BadParameter, DoesNotExist, IncorrectState
 from troy.frameworks import framework_class
 from troy.frameworks.base import Pilot, PilotFramework
+from troy.frameworks.drain import UnitStats
 from troy.schedulers import BaseScheduler
 from troy.states import State
 from troy.store import Store
@@ -57,6 +60,7 @@ class Session:
         self._tmpdir: str | None = None
         self._store: Store | None = None
         self._services: list[UnitService] = []
+        self._managers: weakref.WeakSet[Any] = weakref.WeakSet()  # dispatching workloads
         self._lock = threading.RLock()
         self._closed = False
 
@@ -213,6 +217,19 @@ class Session:
         if units:
             us.submit_units(units)
         return resumed + units
+
+    # -- for scaling and reports --------------------------------------------------------
+    def demand(self) -> Demand:
+        """Cores and units of the work not final now: queued, running, and held by the
+        workloads being executed (see ``troy.demand.Demand``)."""
+        return session_demand(self)
+
+    def unit_stats(self) -> UnitStats:
+        """Requeues, duplicate completions and lost units of every framework so far."""
+        total = UnitStats()
+        for fw in list(self.frameworks.values()):
+            total = total + fw.unit_stats()
+        return total
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

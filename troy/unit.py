@@ -69,6 +69,9 @@ class ComputeUnit:
     Attributes the user reads: ``id``, ``description``, ``state``, ``framework`` (name of the
     framework it went to), ``pilot`` (pilot id once bound), ``result`` (``UnitResult`` once
     final), ``start``/``end`` (epoch seconds). ``task_ids`` names the tasks it serves.
+    ``attempts``: times it was dispatched (a requeue dispatches it again); ``completions``:
+    times its work ran to the end (more than one: a duplicate, e.g. an attempt on a pilot
+    being drained that ended after the unit had been requeued).
     """
 
     def __init__(self, description: ComputeUnitDescription | dict[str, Any],
@@ -81,7 +84,8 @@ class ComputeUnit:
         self.result: UnitResult | None = None
         self.start: float | None = None
         self.end: float | None = None
-        self.attempts = 0
+        self.attempts = 0       # times dispatched to a framework
+        self.completions = 0    # times its work ran to the end (> 1: duplicates)
         self._state = State.DESCRIBED
         self._cond = threading.Condition()
         self._callbacks: list[UnitCallback] = []

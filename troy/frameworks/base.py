@@ -15,12 +15,14 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from troy.descriptions import ComputeUnitDescription, PilotDescription
-from troy.errors import DoesNotExist, IncorrectState
+from troy.errors import BadParameter, DoesNotExist, IncorrectState
+from troy.frameworks.drain import DrainPlan, StatCounter, UnitStats
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit
 
@@ -39,6 +41,12 @@ class Pilot:
     (started or not). ``backlog`` is how many cores' worth of units beyond its size the
     pilot accepts to queue (frameworks with a costly hand-off keep their queue fed with it);
     ``room`` is what it accepts now: ``size + backlog`` less those units' cores.
+
+    For elastic clusters: ``value`` (the resource owner's value of it, 0..1, lower is
+    reclaimed sooner; None: unknown; see ``PilotFramework.set_pilot_values``), ``busy``
+    (units not final are handed to it), ``idle_since`` (``time.time()`` it last became empty
+    or RUNNING; None while busy or not yet running), ``worker_name`` (a Dask pilot that
+    joined on its own: the worker's name, e.g. the node agent's NAME).
     """
 
     def __init__(self, description: PilotDescription, framework: PilotFramework,
@@ -53,6 +61,9 @@ class Pilot:
         self.backlog = 0
         self._lock = threading.Lock()
         self._callbacks: list[PilotCallback] = []
+        self.value: float | None = None
+        self.worker_name: str | None = None
+        self.idle_since: float | None = None
 
     def __repr__(self) -> str:
         return (f"<Pilot {self.id} {self._state.value} size={self.description.size} "
@@ -78,13 +89,20 @@ class Pilot:
             return 0
         return max(0, self.description.size + self.backlog - self._used)
 
+    @property
+    def busy(self) -> bool:
+        return self._used > 0
+
     def _reserve(self, cores: int) -> None:
         with self._lock:
             self._used += cores
+            self.idle_since = None
 
     def _release(self, cores: int) -> None:
         with self._lock:
             self._used = max(0, self._used - cores)
+            if self._used == 0 and self.idle_since is None:
+                self.idle_since = time.time()
 
     def add_callback(self, cb: PilotCallback) -> None:
         self._callbacks.append(cb)
@@ -93,6 +111,8 @@ class Pilot:
         if self._state in FINAL_STATES or self._state is state:
             return
         self._state = state
+        if state is State.RUNNING and self._used == 0:
+            self.idle_since = time.time()
         watchers = list(getattr(self.framework, "_pilot_watchers", ()))
         for cb in list(self._callbacks) + watchers:
             try:
@@ -110,15 +130,29 @@ class Pilot:
 
 
 class PilotFramework(ABC):
-    """Base of every pilot framework (``local``, ``dask``, ...)."""
+    """Base of every pilot framework (``local``, ``dask``, ...).
+
+    Options every framework takes: ``long_unit`` (seconds: units with a runtime hint at
+    least this long are *long*, default 30) and ``low_value`` (pilots valued below it,
+    default 0.5, get no long unit while another live pilot could take it; see
+    ``set_pilot_values``)."""
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, name: str | None = None, **options: Any) -> None:
+    def __init__(self, name: str | None = None, *, long_unit: float = 30.0,
+                 low_value: float = 0.5, **options: Any) -> None:
         self.name = name or self.kind
         self.options = options
         self._pilots: dict[str, Pilot] = {}
         self._lock = threading.RLock()
+        for opt, v in (("long_unit", long_unit), ("low_value", low_value)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise BadParameter(f"framework {self.name!r}: {opt}: expected a number "
+                                   f">= 0, got {v!r}")
+        self.long_unit = float(long_unit)
+        self.low_value = float(low_value)
+        self._stats = StatCounter()
+        self._values: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} pilots={len(self._pilots)}>"
@@ -177,6 +211,74 @@ class PilotFramework(ABC):
                 break
             time.sleep(0.01)
         return pilot.state
+
+    def find_pilot(self, key: str) -> Pilot | None:
+        """The pilot whose id, ``native_id`` or ``worker_name`` is ``key`` (live pilots
+        first: a worker name may come back after its pilot ended), or None."""
+        found = [p for p in self.list_pilots() if key in (p.id, p.native_id, p.worker_name)]
+        live = [p for p in found if p.state not in FINAL_STATES]
+        return (live or found or [None])[-1]
+
+    def set_pilot_values(self, values: Mapping[str, float]) -> None:
+        """Record the resource owner's value of pilots (keys: pilot id, ``native_id`` or
+        ``worker_name``; values 0..1, lower is reclaimed sooner); a pilot that appears later
+        under a known key gets its value then. Long units (runtime hint >= ``long_unit``)
+        go to no pilot valued below ``low_value`` while another RUNNING pilot that is not
+        draining could take them."""
+        with self._lock:
+            for key, v in values.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise BadParameter(f"framework {self.name!r}: value of {key!r}: "
+                                       f"expected a number, got {v!r}")
+                self._values[str(key)] = float(v)
+            for p in self._pilots.values():
+                self._apply_value(p)
+        self._values_changed()
+
+    def _apply_value(self, pilot: Pilot) -> None:
+        for key in (pilot.id, pilot.native_id, pilot.worker_name):
+            if key is not None and key in self._values:
+                pilot.value = self._values[key]
+
+    def _values_changed(self) -> None:
+        """Pilot values or the set of live pilots changed (frameworks re-place long units)."""
+
+    def is_long(self, cud: ComputeUnitDescription) -> bool:
+        return bool(cud.runtime) and float(cud.runtime) >= self.long_unit
+
+    def long_pilots(self) -> list[Pilot]:
+        """The pilots that may take long units now: RUNNING, not draining, valued at least
+        ``low_value`` (or not valued); if there is none, every RUNNING pilot that is not
+        draining. A long unit no such pilot is wide enough for may go to any pilot."""
+        live = [p for p in self.list_pilots() if p.state is State.RUNNING and not p.draining]
+        return [p for p in live if p.value is None or p.value >= self.low_value] or live
+
+    def drain_pilot(self, pilot: Pilot, deadline: float | None = None, *, margin: float = 5.0,
+                    on_empty: Callable[[Pilot], None] | None = None) -> DrainPlan:
+        """Empty ``pilot`` before ``deadline`` (epoch seconds; None: let everything finish).
+
+        Within a second nothing new goes to it. Units not expected to end by ``deadline -
+        margin`` (runtime hint less elapsed time; without a hint, expected to end if at
+        least ``max(long_unit, 30)`` s are left) are requeued at once and run elsewhere; the
+        others run on. At ``deadline - margin`` whatever is still there is requeued (killed
+        on the pilot). ``on_empty(pilot)`` is called once, on a thread of its own, when the
+        pilot holds no unit (at once if it is empty already). Calling again may only bring
+        the deadline closer. The pilot stays RUNNING (draining) until it goes away."""
+        raise IncorrectState(f"framework {self.name!r} ({self.kind}) cannot drain pilots")
+
+    def lose_pilot(self, pilot: Pilot, reason: str = "lost") -> list[ComputeUnit]:
+        """``pilot``'s machine is gone (forced revocation, crash): requeue at once every
+        unit it had (returned), the pilot goes FAILED. Idempotent; nothing waits for the
+        machine."""
+        raise IncorrectState(f"framework {self.name!r} ({self.kind}) cannot lose pilots")
+
+    def unit_stats(self) -> UnitStats:
+        """Requeues, duplicate completions and lost units so far (see ``UnitStats``)."""
+        return self._stats.snapshot()
+
+    def live_units(self) -> list[ComputeUnit]:
+        """The units this framework holds that are not final (queued or running)."""
+        return []
 
     @property
     def free_cores(self) -> int:

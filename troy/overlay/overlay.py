@@ -101,6 +101,13 @@ class Overlay(Lockable, Observable):
             self.pilots[uid] = Pilot(uid, pd, self)
             return uid
 
+    @classmethod
+    def following(cls, framework: Any) -> Overlay:
+        """An overlay that is whatever pilots ``framework`` has, now and later (elastic;
+        see ``troy.overlay.following``)."""
+        from troy.overlay.following import FollowingOverlay
+        return FollowingOverlay(framework)
+
     def cancel(self) -> None:
         """Cancel all pilots; the overlay ends COMPLETED."""
         self._cancelling = True  # one look at every pilot at the end, not one per pilot

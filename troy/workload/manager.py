@@ -192,7 +192,16 @@ class WorkloadManager:
         store.add_units(plan.units, session=self.session.id, workload=workload.id)
         self._start(plan)
 
+    def held_units(self) -> list[ComputeUnit]:
+        """Units of dispatched workloads held back until the tasks they depend on are done
+        (not final, not submitted yet)."""
+        with self._lock:
+            plans = list(self._plans.values())
+            return [u for p in plans if p.workload.state not in FINAL_STATES
+                    for u in p.units if u.id not in p.released and u.state not in FINAL_STATES]
+
     def _start(self, plan: _Plan) -> None:
+        self.session._managers.add(self)
         workload, store = plan.workload, self.session.store
         workload.add_callback(lambda w, s: store.put_workload(w.id, s, len(w.tasks),
                                                               self.session.id))

@@ -2,33 +2,20 @@
 can join, as a worker or as a client; units run as before."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from elasticslice.rpc.pki import issue_certificate, make_ca
+from elasticslice.rpc.pki import make_ca
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.errors import BadParameter
 from troy.frameworks.dask import DaskFramework
-from troy.frameworks.dask.tls import DaskTLS
 from tests.conftest import wait_for
 from tests.troy.frameworks.conftest import running_pilot
-
-
-def member(directory: Path, ca: tuple[bytes, bytes], name: str) -> DaskTLS:
-    """A member's files: the CA certificate, and a certificate + key signed by it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    cert, key = issue_certificate(*ca, name, hostnames=["localhost"], ips=["127.0.0.1"])
-    (directory / "ca.pem").write_bytes(ca[0])
-    (directory / f"{name}.pem").write_bytes(cert)
-    (directory / f"{name}-key.pem").write_bytes(key)
-    return DaskTLS(str(directory / "ca.pem"), str(directory / f"{name}.pem"),
-                   str(directory / f"{name}-key.pem"))
+from tests.troy.frameworks.nodes import member, node_agent, stop
 
 
 @pytest.fixture(scope="module")
@@ -49,26 +36,6 @@ def tls_framework(tmp_path, cluster_ca):  # noqa: ANN001, ANN201
     fw.close()
 
 
-def node_agent(scheduler: str, cores: int, tls: DaskTLS | None, log: Path) -> subprocess.Popen:
-    """``python -m troy.frameworks.dask node``, as a node's startup command runs it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
-    env["DASK_LOGGING__DISTRIBUTED"] = "info"   # the tests read "Waiting to connect"
-    if tls is not None:
-        env.update(tls.environ())
-    return subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask", "node", scheduler,
-                             str(cores), "node-x"], env=env, stdout=subprocess.PIPE,
-                            stderr=open(log, "wb"), stdin=subprocess.DEVNULL)
-
-
-def stop(proc: subprocess.Popen) -> int:
-    proc.terminate()
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
 def test_units_run_over_tls_and_nothing_listens_in_the_clear(tls_framework) -> None:
     fw = tls_framework
     assert fw.scheduler_address.startswith("tls://127.0.0.1:")
@@ -83,7 +50,7 @@ def test_units_run_over_tls_and_nothing_listens_in_the_clear(tls_framework) -> N
 def test_node_agent_with_a_cluster_certificate_becomes_a_pilot(tls_framework, tmp_path,
                                                                cluster_ca) -> None:
     fw = tls_framework
-    agent = node_agent(fw.scheduler_address, 3, member(tmp_path / "n1", cluster_ca, "node1"),
+    agent = node_agent(fw.scheduler_address, 3, member(tmp_path / "n1", cluster_ca, "node-x"),
                        tmp_path / "agent.log")
     try:
         wait_for(lambda: any(p.size == 3 and p.state is State.RUNNING

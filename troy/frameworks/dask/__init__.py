@@ -22,8 +22,17 @@ done-callbacks catch what events cannot: Dask errors, cancellations, lost keys. 
 states are translated once, in ``events.DASK_FINAL``.
 
 Modules: ``framework`` (``DaskFramework``, ``DaskPilot``), ``events`` (unit records and
-state handling), ``agent`` (what runs in the worker and scheduler processes),
-``processes`` (starting and stopping those processes, or a scheduler in this process).
+state handling), ``drain`` (pilots joining and leaving: adoption, deadline-aware drains,
+losses, long units kept off low-valued pilots), ``agent`` (what runs in the worker and
+scheduler processes), ``processes`` (starting and stopping those processes, or a scheduler
+in this process), ``tls`` (mutual TLS), ``address`` (scheduler addresses).
+
+Elastic pilots. Every worker carries the framework's tag as a resource (units ask for it):
+our own workers from the start, workers that join on their own (node agents) once adopted,
+so a worker that is not adopted never runs a unit. A drain sets the worker's tags to 0 (it
+starts nothing new; the scheduler sends nothing new), requeues what it should not keep under
+new Dask keys, and watches the rest (``drain``). A unit killed with its draining pilot, or
+whose workers kept dying (Dask's ``KilledWorker``), is requeued, not failed.
 
 Cancelling a running unit kills its process group on the worker (``client.run``); a Python
 callable cannot be interrupted (it runs on to completion in its worker thread, its result is

@@ -183,6 +183,44 @@ def kill_unit(unit_id: str) -> bool:
     return bool(procs)
 
 
+def kill_units(unit_ids: list[str]) -> int:
+    """Kill several units' processes on this worker (units moved away from it)."""
+    return sum(kill_unit(uid) for uid in unit_ids)
+
+
+async def set_tags(tags: dict[str, float], dask_worker=None) -> dict[str, float]:  # noqa: ANN001
+    """On a worker (``client.run``): set resources ``tags`` here and at the scheduler. A tag
+    at 0 stops the worker from starting the queued tasks that ask for it, at once."""
+    await dask_worker.set_resources(**tags)
+    return dict(dask_worker.state.total_resources)
+
+
+def schedule_unrunnable(worker: str, dask_scheduler=None) -> int:  # noqa: ANN001
+    """On the scheduler (``client.run_on_scheduler``): hand the tasks that had no worker
+    to ``worker`` if it may run them now (Dask re-checks them only when a worker joins)."""
+    import uuid
+    ws = dask_scheduler.workers.get(worker)
+    if ws is None:
+        return 0
+    recs = dask_scheduler.bulk_schedule_unrunnable_after_adding_worker(ws)
+    if recs:
+        dask_scheduler.transitions(recs, f"troy-tags-{uuid.uuid4().hex[:8]}")
+    return len(recs)
+
+
+def peer_common_name(worker: str, dask_scheduler=None) -> str | None:  # noqa: ANN001
+    """On the scheduler: the common name of the TLS certificate the worker at ``worker``
+    connected with (None: no TLS, or no such worker)."""
+    stream = dask_scheduler.stream_comms.get(worker)
+    comm = getattr(stream, "comm", None)
+    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
 def _kill_all() -> None:
     _stopping.set()
     with _procs_lock:
@@ -207,7 +245,8 @@ async def _start_worker(scheduler: str, **options: object):  # noqa: ANN202 - a 
 async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
                         tag: str) -> None:
     w = await _start_worker(scheduler, nthreads=nthreads,
-                            resources={"cores": cores, tag: TAG_AMOUNT}, name=name,
+                            resources={"cores": cores, tag: TAG_AMOUNT,
+                                       f"{tag}-long": TAG_AMOUNT}, name=name,
                             host="127.0.0.1")
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -225,11 +264,11 @@ async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
     _kill_all()
 
 
-async def _serve_scheduler(saturation: float) -> None:
+async def _serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int = 0) -> None:
     import dask
     from distributed import Scheduler
     with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
-        s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
+        s = Scheduler(host=host, port=port, dashboard=False,
                       dashboard_address="127.0.0.1:0",
                       **tls_options(security_from_config()))
     await s
@@ -272,8 +311,8 @@ def main(argv: list[str]) -> None:
     ``... scheduler SATURATION``: serve until stdin closes, after printing the address;
     ``... node SCHEDULER CORES [NAME [HOST]]``: a node's pilot agent, until SIGTERM."""
     logging.basicConfig(level=logging.WARNING)
-    if len(argv) == 2 and argv[0] == "scheduler":
-        asyncio.run(_serve_scheduler(float(argv[1])))
+    if len(argv) in (2, 4) and argv[0] == "scheduler":
+        asyncio.run(_serve_scheduler(float(argv[1]), *argv[2:3], *map(int, argv[3:4])))
         return
     if argv[:1] == ["node"]:
         if not 3 <= len(argv) <= 5 or not argv[2].isdigit() or int(argv[2]) < 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from troy.frameworks.base import Pilot
@@ -15,6 +15,9 @@ from troy.unit import ComputeUnit, UnitResult
 log = logging.getLogger(__name__)
 
 # Dask future status -> Troy state, for futures that end without our ``end`` event.
+# A unit whose Dask task kills its workers is requeued, up to this many dispatches.
+MAX_ATTEMPTS = 10
+
 DASK_FINAL = {"finished": State.DONE, "error": State.FAILED, "cancelled": State.CANCELED,
                "lost": State.FAILED}
 
@@ -30,7 +33,17 @@ class UnitRecord:
     future: Any = None
     addr: str | None = None          # worker it runs on (from the ``run`` event)
     canceling: bool = False
+    left: set[str] = field(default_factory=set)  # workers it was moved away from
 
+
+
+def _killed(result: UnitResult) -> bool:
+    """Whether a failed unit (or a bundle member) died of a signal or was stopped: what a
+    machine going away does to it."""
+    if result.members:
+        return any(_killed(m) for m in result.members)
+    return (result.exit_code is not None and result.exit_code < 0) \
+        or result.error == "canceled"
 
 
 def _release_all(futures: list[Any]) -> None:
@@ -51,12 +64,21 @@ class UnitEvents:
     _dead_addrs: set[str]
     _inbox: Any
     _lock: Any
+    _dispatch_lock: Any
+    _stats: Any
+    _moved: dict[str, ComputeUnit]
     name: str
 
     _releasing: list[Any] | None = None  # futures to release after the current batch
 
     def _handle_cluster(self, msg: dict) -> None:
         raise NotImplementedError
+
+    def _requeue_rec(self, rec: UnitRecord, addr: str | None) -> None:
+        raise NotImplementedError
+
+    def _unit_gone(self, rec: UnitRecord, addr: str | None) -> None:
+        """``rec``'s unit is no longer on the worker at ``addr`` (drains watch this)."""
 
     def _reserve(self, rec: UnitRecord, pilot: Pilot | None) -> None:
         with self._lock:  # several threads move reservations: count each exactly once
@@ -140,7 +162,10 @@ class UnitEvents:
             return
         _, uid, addr, payload = msg
         rec = self._records.get(uid)
-        if rec is None or addr in self._dead_addrs or rec.unit.state in FINAL_STATES:
+        if rec is None or addr in self._dead_addrs or addr in rec.left \
+                or rec.unit.state in FINAL_STATES:
+            if kind == "end" and payload is not None:  # an attempt we moved away from
+                self._late_end(uid, rec, payload)
             return
         pilot = self._by_addr.get(addr)
         if kind == "run":
@@ -152,6 +177,13 @@ class UnitEvents:
                 result = rec.future.result() if rec.future is not None else None
                 if result is None:
                     return  # canceled meanwhile
+            if not result.ok and pilot is not None and pilot.draining \
+                    and _killed(result) and rec.unit.attempts < MAX_ATTEMPTS:
+                log.info("unit %s was killed with its pilot %s: requeued", rec.unit.id,
+                         pilot.id)  # the machine went away under it: not its failure
+                with self._dispatch_lock:
+                    self._requeue_rec(rec, addr)
+                return
             self._mark_running(rec, addr, pilot, result.start)
             self._finish(rec, State.DONE if result.ok else State.FAILED, result)
 
@@ -167,8 +199,18 @@ class UnitEvents:
             rec.unit.start = start
         rec.unit._set_state(State.RUNNING, pilot=pilot.id if pilot else addr)
 
+    def _late_end(self, uid: str, rec: UnitRecord | None, payload: list) -> None:
+        """An attempt ended where the unit no longer is: its work ran anyway (a duplicate
+        once the unit completes, or already did)."""
+        unit = rec.unit if rec is not None else self._moved.get(uid)
+        if unit is not None and agent.result_from_wire(payload).ok:
+            self._stats.completed(unit)
+
     def _finish(self, rec: UnitRecord, state: State, result: UnitResult) -> None:
         self._records.pop(rec.unit.id, None)
+        if state is State.DONE:
+            self._stats.completed(rec.unit)
+        self._unit_gone(rec, rec.addr)
         self._unreserve(rec)
         fut, rec.future = rec.future, None
         self._by_key.pop(rec.key, None)
@@ -189,10 +231,16 @@ class UnitEvents:
             result = fut.result() or UnitResult(error="unit result lost")
             self._finish(rec, State.DONE if result.ok else State.FAILED, result)
         elif status == "error":
-            self._finish(rec, State.FAILED, UnitResult(error=f"dask: {fut.exception()!r}"))
+            err = fut.exception()
+            if type(err).__name__ == "KilledWorker" and rec.unit.attempts < MAX_ATTEMPTS:
+                with self._dispatch_lock:  # its workers died under it: not its fault
+                    self._requeue_rec(rec, rec.addr)
+                return
+            self._finish(rec, State.FAILED, UnitResult(error=f"dask: {err!r}"))
         elif status == "cancelled" and rec.canceling:
             self._finish(rec, State.CANCELED, UnitResult(error="canceled"))
         else:  # canceled or lost behind our back (scheduler gone, client closed)
+            self._stats.add(lost=1)
             self._finish(rec, State.FAILED if state is not State.DONE else state,
                          UnitResult(error=f"dask future {status}"))
 

@@ -11,13 +11,16 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from troy.descriptions import PilotDescription
+from troy.frameworks.drain import Drain
 from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.dask import agent
+from troy.frameworks.dask.drain import PilotMoves
 from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
                                             resolve_dask_log_level)
@@ -51,7 +54,10 @@ class _Worker:
     timer: threading.Timer | None = None
 
 
-class DaskFramework(UnitEvents, PilotFramework):
+AdoptFilter = Callable[[str, str, dict[str, float]], bool]
+
+
+class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
     """Pilots are Dask workers; units are Dask tasks that run ``troy.execution.execute``.
 
     Options: ``scheduler_address`` (None: start a scheduler in-process on 127.0.0.1),
@@ -68,7 +74,14 @@ class DaskFramework(UnitEvents, PilotFramework):
     ``"auto"``: WARNING unless the root logger is at DEBUG; None: as Dask configures them),
     ``tls`` (a ``DaskTLS``, or a dict of its files: mutual TLS between the client, the
     scheduler and every worker; the scheduler we start listens on ``tls://`` only, and a
-    worker without a certificate from the cluster CA cannot join).
+    worker without a certificate from the cluster CA cannot join), ``listen`` and ``port``
+    (where the scheduler we start listens: 127.0.0.1, any port), ``adopt_filter``
+    (``callable(name, address, resources) -> bool``: a joining worker it refuses is never
+    adopted and never receives a unit), ``verify_names`` (with ``tls``, default: adopt a
+    worker only if its name is its certificate's common name, so that a member cannot pose
+    as another), ``long_unit`` and ``low_value`` (see
+    ``PilotFramework``). Pilots are drained, lost and valued as ``troy.frameworks.dask.
+    drain`` describes.
     """
 
     kind = "dask"
@@ -79,9 +92,19 @@ class DaskFramework(UnitEvents, PilotFramework):
                  connect_timeout: float = 15.0, pilot_start_timeout: float = 60.0,
                  scheduler_process: bool = False, prefetch: int | None = None,
                  dask_log_level: str | int | None = "auto",
-                 tls: DaskTLS | dict[str, Any] | None = None, **options: Any) -> None:
+                 tls: DaskTLS | dict[str, Any] | None = None, listen: str = "127.0.0.1",
+                 port: int = 0, adopt_filter: AdoptFilter | None = None,
+                 verify_names: bool = True, **options: Any) -> None:
         super().__init__(name, **options)
+        if adopt_filter is not None and not callable(adopt_filter):
+            raise BadParameter(f"framework {self.name!r}: adopt_filter: expected a callable "
+                               f"(name, address, resources) -> bool, got {adopt_filter!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise BadParameter(f"framework {self.name!r}: port: expected 0..65535, "
+                               f"got {port!r}")
+        self.listen, self.port, self.adopt_filter = str(listen), port, adopt_filter
         self.tls = DaskTLS.coerce(tls, f"framework {self.name!r}")
+        self.verify_names = bool(verify_names) and self.tls is not None
         self._security = self.tls.security() if self.tls is not None else None
         self.scheduler_address = None if scheduler_address is None \
             else scheduler_url(scheduler_address)
@@ -115,6 +138,9 @@ class DaskFramework(UnitEvents, PilotFramework):
         self._by_key: dict[str, UnitRecord] = {}
         self._started = False
         self._dispatch_lock = threading.RLock()
+        self._drains: dict[str, Drain] = {}
+        self._tags_lock = threading.Lock()
+        self._moved: dict[str, ComputeUnit] = {}   # units requeued at least once
 
     # ------------------------------------------------------------ lifecycle ---------------
     def start(self) -> None:
@@ -150,14 +176,15 @@ class DaskFramework(UnitEvents, PilotFramework):
         self._started = True
         if self.adopt_workers:
             for addr, info in self.workers_info().items():
-                self._adopt(addr, info.get("resources", {}))
+                self._adopt(addr, info)
 
     def _start_scheduler(self) -> str:
         if not self.scheduler_process:
             self._scheduler = InProcessScheduler(self.name, self.worker_saturation,
-                                                 self._security)
+                                                 self._security, self.listen, self.port)
             return self._scheduler.start()
-        proc = AgentProcess(["scheduler", str(self.worker_saturation)],
+        proc = AgentProcess(["scheduler", str(self.worker_saturation), self.listen,
+                             str(self.port)],
                             os.path.join(self.sandbox, "scheduler.log"), self._log_level,
                             self._tls_environ())
         address = proc.read_address(self.connect_timeout + 30)
@@ -183,6 +210,9 @@ class DaskFramework(UnitEvents, PilotFramework):
         if not self._started:
             return
         self._started = False
+        for d in self._drains.values():
+            if d.timer is not None:
+                d.timer.cancel()
         for rec in list(self._records.values()):
             self._records.pop(rec.unit.id, None)
             self._unreserve(rec)
@@ -250,18 +280,28 @@ class DaskFramework(UnitEvents, PilotFramework):
             w.timer = threading.Timer(pilot.description.walltime, self._expire, (pilot,))
             w.timer.daemon = True
             w.timer.start()
+        pilot.long_ok = True  # our workers start with both tags
         pilot._set_state(State.RUNNING)
         with self._dispatch_lock:
             parked = self._parked.pop(pilot.id, [])
         for rec in parked:
             self._submitq.put(rec)
+        self._values_changed()
 
-    def _adopt(self, addr: str, resources: dict[str, float]) -> None:
-        """Register a worker that joined on its own as a RUNNING pilot. Workers of Troy
-        frameworks (they carry a ``troy-...`` resource: their own pilots, maybe leaving) are
-        never adopted; called from ``start`` and the event thread, so check and register
-        under the lock (one pilot per worker)."""
-        if "cores" not in resources or any(k.startswith("troy-") for k in resources):
+    def _adopt(self, addr: str, info: dict[str, Any]) -> None:
+        """Register a worker that joined on its own as a RUNNING pilot, once granted our
+        tag (before, no unit can go to it). Workers of Troy frameworks (they carry a
+        ``troy-...`` resource: their own pilots, maybe leaving) and workers ``adopt_filter``
+        refuses are never adopted; called from ``start`` and the event thread, so check and
+        register under the lock (one pilot per worker)."""
+        resources, name = info.get("resources", {}), info.get("name")
+        if "cores" not in resources or any(str(k).startswith("troy-") for k in resources):
+            return
+        name = None if name is None else str(name)
+        why = self._refusal(addr, name, resources)
+        if why:
+            log.warning("framework %s: worker %s (%s) not adopted: %s", self.name, addr,
+                        name, why)
             return
         with self._lock:
             if addr in self._by_addr or addr in self._dead_addrs:
@@ -269,11 +309,19 @@ class DaskFramework(UnitEvents, PilotFramework):
             pilot = DaskPilot(PilotDescription(size=max(1, int(resources["cores"])),
                                                framework=self.name, resource=addr), self,
                               prefetch=self.prefetch)
-            pilot.native_id = addr
+            pilot.native_id, pilot.worker_name = addr, name
+            self._apply_value(pilot)
             self._pilots[pilot.id] = pilot
             self._workers[pilot.id] = _Worker(pilot, None)
             self._by_addr[addr] = pilot
+        with self._dispatch_lock:  # a drain that came first keeps it closed
+            if not pilot.draining and not self._grant(addr, {self.topic: agent.TAG_AMOUNT}):
+                self._dead_addrs.add(addr)
+                pilot._set_state(State.FAILED)
+                return
+        pilot.long_ok = False
         pilot._set_state(State.RUNNING)
+        self._values_changed()
 
     def _expire(self, pilot: Pilot) -> None:
         """The pilot's walltime is over: its units requeue, the pilot is DONE."""
@@ -288,49 +336,6 @@ class DaskFramework(UnitEvents, PilotFramework):
             self._dead_addrs.add(pilot.native_id)
         self._evacuate(pilot)
         self._stop_worker(pilot)
-
-    def _evacuate(self, pilot: Pilot) -> None:
-        """Requeue the units of a pilot that is going away (at-least-once)."""
-        with self._dispatch_lock:
-            self._evacuate_locked(pilot)
-
-    def _evacuate_locked(self, pilot: Pilot) -> None:
-        for pid, parked in list(self._parked.items()):
-            if pid == pilot.id:
-                for rec in self._parked.pop(pid):
-                    rec.bound = None
-                    self._submitq.put(rec)
-        for rec in list(self._records.values()):
-            if rec.unit.state in FINAL_STATES:
-                continue
-            if rec.bound is pilot:  # Dask cannot move it: resubmit unbound
-                rec.bound = None
-                old, rec.future = rec.future, None
-                if old is not None:
-                    old.cancel()
-                self._unreserve(rec)
-                rec.addr = None
-                rec.unit._requeue()
-                self._submitq.put(rec)
-            elif rec.reserved is pilot or (rec.addr and rec.addr == pilot.native_id):
-                self._unreserve(rec)  # Dask reschedules it when the worker leaves
-                rec.addr = None
-                rec.unit._requeue()
-
-    def _stop_worker(self, pilot: Pilot) -> None:
-        w = self._workers.get(pilot.id)
-        if w is None:
-            return
-        if w.timer is not None:
-            w.timer.cancel()
-        if w.proc is None:  # adopted: ask the scheduler to retire it
-            if pilot.native_id and self.client is not None:
-                try:
-                    self.client.retire_workers([pilot.native_id], close_workers=True)
-                except Exception:
-                    log.exception("retiring worker %s", pilot.native_id)
-            return
-        w.proc.stop()
 
     def workers_info(self) -> dict[str, dict[str, Any]]:
         """The scheduler's workers (address -> info, with ``resources``), asked now.
@@ -396,26 +401,28 @@ class DaskFramework(UnitEvents, PilotFramework):
             self._dispatch_locked(batch)
 
     def _dispatch_locked(self, batch: list[UnitRecord]) -> None:
-        groups: dict[tuple[int, str | None], list[UnitRecord]] = {}
+        groups: dict[tuple[int, str | None, bool], list[UnitRecord]] = {}
+        valued = max((p.size for p in self.long_pilots()), default=0)
         for rec in batch:
             if rec.unit.state in FINAL_STATES or not self._started:
                 continue
-            if rec.bound is not None and rec.bound.native_id is None:
-                if rec.bound.state in FINAL_STATES:  # its pilot went away before it started
+            if rec.bound is not None and (rec.bound.draining or rec.bound.native_id is None):
+                if rec.bound.state in FINAL_STATES or rec.bound.draining:  # going away
                     rec.bound = None
                 else:
                     self._parked.setdefault(rec.bound.id, []).append(rec)
                     continue
             addr = rec.bound.native_id if rec.bound is not None else None
-            groups.setdefault((rec.unit.description.cores, addr), []).append(rec)
-        for (cores, addr), recs in groups.items():
+            cores = rec.unit.description.cores  # long: to a valued pilot, if one fits it
+            long = addr is None and cores <= valued and self.is_long(rec.unit.description)
+            groups.setdefault((cores, addr, long), []).append(rec)
+        for (cores, addr, long), recs in groups.items():
             for rec in recs:
                 # One Dask task prefix for all units: unique prefixes cost the scheduler
                 # a task group each (a third of the throughput).
                 rec.key = f"troy-unit-{next(self._attempt)}-{self.topic}"
                 self._by_key[rec.key] = rec
-            resources = {"cores": cores} if self.adopt_workers else \
-                {"cores": cores, self.topic: 1}
+            resources = self._unit_resources(cores, long)
             futures = self.client.map(
                 agent.run_unit, [r.unit.description for r in recs], [r.unit.id for r in recs],
                 [self.topic] * len(recs), [self.sandbox] * len(recs),
@@ -431,21 +438,9 @@ class DaskFramework(UnitEvents, PilotFramework):
             if watched:
                 self.client.loop.add_callback(self._watch, watched)
 
-    def _handle_cluster(self, msg: dict) -> None:
-        addr = msg.get("worker")
-        if msg["action"] == "add-worker":
-            if self.adopt_workers and addr and self.client is not None:
-                info = self.workers_info().get(addr, {})
-                self._adopt(addr, info.get("resources", {}))
-            return
-        pilot = self._by_addr.get(addr)
-        if pilot is None or addr in self._dead_addrs or pilot.state in FINAL_STATES:
-            return
-        log.warning("pilot %s: worker %s left unexpectedly", pilot.id, addr)
-        self._dead_addrs.add(addr)
-        pilot.draining = True
-        self._evacuate(pilot)
-        pilot._set_state(State.FAILED)
+    def live_units(self) -> list[ComputeUnit]:
+        return [r.unit for r in list(self._records.values())
+                if r.unit.state not in FINAL_STATES]
 
     def cancel_unit(self, unit: ComputeUnit) -> None:
         rec = self._records.get(unit.id)

@@ -111,11 +111,15 @@ class AgentProcess:
 
 
 class InProcessScheduler:
-    """A Dask scheduler on 127.0.0.1 (port 0, no dashboard) on its own event-loop thread;
+    """A Dask scheduler on ``host`` (127.0.0.1), ``port`` (0: any; no dashboard) on its own
+    event-loop thread;
     ``tls://`` only when given a ``security``."""
 
-    def __init__(self, name: str, saturation: float, security: Any = None) -> None:
+    def __init__(self, name: str, saturation: float, security: Any = None,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         self.name = name
+        self.host = host
+        self.port = port
         self.saturation = saturation
         self.security = security
         self.address = ""
@@ -133,7 +137,7 @@ class InProcessScheduler:
 
         async def make() -> Any:
             with dask.config.set({"distributed.scheduler.worker-saturation": self.saturation}):
-                s = Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                s = Scheduler(host=self.host, port=self.port, dashboard=False,
                               dashboard_address="127.0.0.1:0", **tls_options(self.security))
             return await s
 

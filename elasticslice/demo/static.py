@@ -8,15 +8,14 @@ sized to the node's cores; give every node back and stop. ``Demo(options, output
 returns a ``DemoResult`` and writes ``report.json``; ``close()`` stops whatever is still
 running (emulator, node processes, pilots, Dask) after a failure or an interrupt.
 
-The pilots run on this machine today: turning each acquired node into a pilot agent is the
-elastic manager's job. The demo says so in its output.
+The pilots run on this machine, sized to the nodes: this is ``--static``, the walkthrough of
+the client and Troy; the default demo (elastic.py) makes every node a pilot.
 """
 from __future__ import annotations
 
 import json
 import logging
 import queue
-import socket
 import threading
 import time
 from collections import Counter
@@ -26,14 +25,14 @@ from typing import Any, Protocol
 
 from elasticslice.config import load_config
 from elasticslice.emulator import EmulatorServer, init_emulator
-from elasticslice.errors import ElasticSliceError
+from elasticslice.demo.console import DemoError, port_open, rel
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import NodeStatus
 from elasticslice.rspec import NodeSpec, add_nodes_args, build_request, parse
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_WORKFLOW = REPO / "examples" / "workflows" / "montage-chameleon-2mass-005d-001.json"
 STEPS = 5
 # What each node runs at boot: it writes its name and cores into its sandbox (on CloudLab,
@@ -41,10 +40,6 @@ STEPS = 5
 STARTUP = ('printf "%s cores=%s\\n" "${ELASTICSLICE_HOSTNAME:-$(hostname)}" '
            '"${ELASTICSLICE_CORES:-$(nproc)}" > started; nproc')
 POLL = 0.2
-
-
-class DemoError(ElasticSliceError):
-    """The demo cannot go on (bad option, a node that failed, a deadline passed)."""
 
 
 @dataclass
@@ -115,24 +110,6 @@ class Output(Protocol):
     def step(self, title: str, short: str) -> None: ...
     def detail(self, label: str, text: str = "") -> None: ...
     def progress(self, text: str, final: bool) -> None: ...
-
-
-def rel(path: Path) -> str:
-    """``path`` relative to the current directory when it is below it (shorter lines)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def port_open(port: int | None, host: str = "127.0.0.1") -> bool:
-    if not port:
-        return False
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
 
 
 class Demo:
@@ -323,10 +300,9 @@ class Demo:
                                 for x in ready])
         self.c.detail("pilots", ", ".join(f"{x.client_id} ({x.cores} cores)" for x in ready)
                       + f" = {sum(x.cores for x in ready)} cores")
-        self.c.detail("note", "today these pilots run on THIS machine, one per acquired node "
-                              "and sized to its cores;")
-        self.c.detail("", "starting a pilot agent on each node is the elastic manager's job "
-                          "(coming).")
+        self.c.detail("note", "--static: these pilots run on THIS machine, one per acquired "
+                              "node and sized to its cores;")
+        self.c.detail("", "the default (elastic) demo makes every node a pilot instead.")
         started = time.monotonic()
         troy.OverlayManager(session).manage_overlay(overlay)    # every pilot RUNNING
         self.c.detail("pilots up", f"{len(ready)} {fw} pilots RUNNING after "

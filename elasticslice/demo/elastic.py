@@ -1,0 +1,353 @@
+"""The elastic demo (the default of ``elasticslice demo``, ``make demo`` and ``bin/demo``).
+
+Four steps: start CloudLab in a box (a fresh emulator in ``DIR/emulator``, or
+``--emulator-dir``); start the elastic cluster against it (``elasticslice.pilots``'
+``ElasticCluster``: the manager with the pilot helper, its CA, a Dask scheduler on TLS, a
+Troy session; every node it acquires boots a real node agent that joins as a pilot); run a
+real workflow with Troy on whatever pilots there are, while the other tenants' load takes
+one node back mid-run (drain, early release), with a live progress line; stop everything
+and give the nodes back. ``ElasticDemo(options, console).run()`` returns the
+``ElasticReport``; ``close()`` stops what is still running after a failure or Ctrl-C.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elasticslice.config import load_config
+from elasticslice.demo.console import Console, DemoError, port_open, rel
+from elasticslice.demo.report import ElasticReport, Progress, ProgressPrinter, event_lines
+from elasticslice.demo.tenantload import TenantLoad
+from elasticslice.emulator import EmulatorServer, init_emulator
+from elasticslice.emulator.adminclient import AdminClient
+from elasticslice.rpc.client import ProtoGeniServer
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DEFAULT_WORKLOAD = REPO / "examples" / "workflows" / "montage-chameleon-2mass-005d-001.json"
+STEPS = 4
+TICK = 0.5
+HARDWARE_TYPE = "m510"
+INVENTORY = """[inventory]
+default_hardware_type = {hw}
+
+[{hw}]
+count = {count}
+cores = {cores}
+memory = 16384
+prefix = ms10
+"""
+
+
+@dataclass
+class ElasticOptions:
+    """What ``elasticslice demo`` lets the user choose (see ``--help``)."""
+
+    directory: Path = Path("demo-run")
+    emulator_dir: Path | None = None
+    workload: Path = DEFAULT_WORKLOAD
+    time_scale: float = 1.0
+    nodes_min: int = 1
+    nodes_max: int = 4
+    node_cores: int = 4
+    pool: int = 8
+    notice: int = 30
+    notify_interval: float = 2.0
+    margin: float = 5.0
+    revocations: int = 1
+    idle_timeout: float = 10.0
+    boot_delay: float = 1.0
+    timeout: float = 240.0
+    report: Path | None = None
+    quiet: bool = False
+
+
+class ElasticDemo:
+    """The walkthrough; ``run()`` does every step, ``close()`` stops what is left."""
+
+    steps = STEPS
+
+    def __init__(self, options: ElasticOptions, console: Console) -> None:
+        self.o = options
+        self.c = console
+        self.dir = options.directory.resolve()
+        self.emu_dir = (options.emulator_dir or self.dir / "emulator").resolve()
+        self.report = ElasticReport(workload=options.workload.name,
+                                    time_scale=options.time_scale)
+        self.emu: EmulatorServer | None = None
+        self.server: ProtoGeniServer | None = None
+        self.cluster: Any = None
+        self.tenants: TenantLoad | None = None
+        self.node_cores: int | None = None
+        self.owned_dirs: list[Path] = []   # emulators we started: their nodes are ours
+        self.t0 = time.monotonic()
+
+    @property
+    def report_paths(self) -> list[Path]:
+        return [self.dir / "report.json", *([self.o.report] if self.o.report else [])]
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "demo.log"
+
+    # ---------------------------------------------------------------- step 1
+    def start_emulator(self) -> None:
+        self.c.step("Start CloudLab in a box (the emulator: SA + CM over TLS, its own CA)",
+                    "emulator")
+        d = self.emu_dir
+        running = self._running_port(d)
+        if running:
+            self.c.detail("emulator", f"{rel(d)}/ serves already (port {running}): used as "
+                                      f"it is, left running")
+            url = json.loads((d / "server.json").read_text(encoding="utf-8"))["url"]
+            self.report.emulator_url = str(url)
+            return
+        if not (d / "ca.pem").exists():
+            init_emulator(d, port=0)
+        inventory = self.dir / "inventory.ini"
+        inventory.write_text(INVENTORY.format(hw=HARDWARE_TYPE, count=self.o.pool,
+                                              cores=self.o.node_cores), encoding="utf-8")
+        self.emu = EmulatorServer(d, port=0, inventory=inventory,
+                                  boot_delay=self.o.boot_delay,
+                                  notify_interval=self.o.notify_interval,
+                                  max_wait=self.o.notice)
+        self.emu.start()
+        self.owned_dirs.append(d)
+        self.node_cores = self.o.node_cores
+        self.report.emulator_url = self.emu.url
+        self.c.detail("directory", f"{rel(d)}/  (node sandboxes in nodes/<node>/)")
+        self.c.detail("URL", f"{self.emu.url}")
+        self.c.detail("inventory", f"{self.o.pool} {HARDWARE_TYPE} nodes, "
+                                   f"{self.o.node_cores} cores each")
+        self.c.detail("notices", f"a reclaimed node gets {self.o.notice} s "
+                                 f"(NotifyDeletePending every {self.o.notify_interval:g} s)")
+
+    @staticmethod
+    def _running_port(d: Path) -> int:
+        try:
+            port = int(json.loads((d / "server.json").read_text(encoding="utf-8"))["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+        return port if port_open(port) else 0
+
+    # ---------------------------------------------------------------- step 2
+    def start_cluster(self) -> None:
+        self.c.step("Start the elastic cluster: manager, TLS Dask scheduler, Troy; every "
+                    "node a pilot", "elastic cluster")
+        try:
+            from elasticslice.pilots import ElasticCluster
+        except ImportError as err:
+            raise DemoError(f"the elastic cluster is not in this checkout ({err}); "
+                            f"`--static` runs the single-machine demo") from err
+        self.server = ProtoGeniServer(load_config(self.emu_dir / "elasticslice.conf"))
+        self.cluster = ElasticCluster(
+            self.server, self.dir / "cluster", minthreshold=self.o.nodes_min,
+            maxthreshold=self.o.nodes_max, margin=self.o.margin,
+            idle_timeout=self.o.idle_timeout, node_cores=self.node_cores)
+        self.cluster.start()
+        fw = self.cluster.framework
+        address = getattr(fw, "scheduler_address", None) or getattr(fw, "address", None)
+        if address:
+            self.c.detail("scheduler", f"{address} (TLS; certificates from the cluster's "
+                                       f"own CA)")
+        self.c.detail("nodes", f"{self.o.nodes_min} to {self.o.nodes_max}, as the "
+                               f"workload's demand says; drain margin {self.o.margin:g} s")
+
+    # ---------------------------------------------------------------- step 3
+    def run_workload(self) -> None:
+        import troy
+        self.c.step("Run the workload on the pilots, elastically; other tenants take a "
+                    "node back mid-run", "workload")
+        workload = self.load_workload(self.node_cores)
+        total = len(workload.tasks)
+        work = sum(t.description.runtime or 0.0 for t in workload.tasks.values())
+        self.report.units_total = total
+        self.c.detail("workload", f"{self.o.workload.name}: {total} tasks, {work:.0f} s of "
+                                  f"task time (recorded runtimes x {self.o.time_scale:g})")
+        self.tenants = TenantLoad(AdminClient(self.emu_dir), revocations=self.o.revocations,
+                                  node_cores=self.node_cores)
+        done = [0]
+        for task in workload.tasks.values():
+            task.add_callback(lambda t, s: done.__setitem__(0, done[0] + 1)
+                              if s is troy.State.DONE else None)
+        overlay = self.cluster.overlay()
+        outcome: dict[str, Any] = {}
+
+        def execute() -> None:
+            try:
+                outcome["state"] = troy.execute_workload(
+                    self.cluster.session, workload, overlay, bind_mode="late",
+                    timeout=self.o.timeout)
+            except Exception as err:   # handed to the main thread, raised there
+                outcome["error"] = err
+
+        started = time.monotonic()
+        thread = threading.Thread(target=execute, name="demo-workload", daemon=True)
+        thread.start()
+        printer = ProgressPrinter(self.c)
+        last_stats: dict[str, Any] = {}
+        while True:
+            alive = thread.is_alive()
+            snap = self.cluster.snapshot()
+            stats = dict(self.cluster.stats())
+            progress = Progress(time.monotonic() - started, int(snap.nodes_held),
+                                int(snap.pilots), int(snap.units_queued),
+                                int(snap.units_running), done[0], total,
+                                int(stats.get("revocations", snap.revocations)))
+            if self.tenants.node_cores is None:     # a shared emulator: the pilots say
+                self.tenants.node_cores = self.pilot_cores()
+            lines = event_lines(last_stats, stats) + self.tenants.step(
+                snap, stats, work_left=alive and done[0] < total)
+            last_stats = stats
+            for line in lines:
+                self.c.event(f"{progress.elapsed:5.1f}s  * {line}")
+            printer.show(progress, final=not alive)
+            if not alive:
+                break
+            time.sleep(TICK)
+        self.report.makespan_s = time.monotonic() - started
+        self.finish_workload(workload, outcome)
+
+    def pilot_cores(self) -> int | None:
+        manager = getattr(self.cluster, "manager", None)
+        cores = manager.cores_per_node() if manager is not None else None
+        return int(cores) if cores else None
+
+    def load_workload(self, max_cores: int | None) -> Any:
+        from troy.workload.files import load_workload
+        return load_workload(self.o.workload, time_scale=self.o.time_scale,
+                             max_cores=max_cores)
+
+    def finish_workload(self, workload: Any, outcome: dict[str, Any]) -> None:
+        import troy
+        from troy.errors import NoSuccess
+        states = [t.state for t in workload.tasks.values()]
+        r = self.report
+        r.units_done = sum(1 for s in states if s is troy.State.DONE)
+        r.units_failed = sum(1 for s in states if s is troy.State.FAILED)
+        r.workload_state = str(getattr(workload.state, "value", workload.state))
+        self.take_counts()
+        caused = self.tenants.forced if self.tenants is not None else 0
+        if caused < self.o.revocations:
+            self.c.event(f"note: {caused} of the {self.o.revocations} revocation(s) asked "
+                         f"for happened: the workload ended, or never ran on two busy "
+                         f"pilots again, before the next (a larger --time-scale leaves "
+                         f"time for it)")
+        err = outcome.get("error")
+        if isinstance(err, NoSuccess) and r.units_done < r.units_total:
+            raise DemoError(f"the workload did not finish within --timeout "
+                            f"{self.o.timeout:g}s ({r.units_done}/{r.units_total} units "
+                            f"done)") from err
+        if err is not None:
+            raise err
+        if r.units_done < r.units_total or r.units_lost:
+            raise DemoError(f"the workload ended {r.workload_state}: {r.units_done}/"
+                            f"{r.units_total} units done, {r.units_failed} failed, "
+                            f"{r.units_lost} lost (see {rel(self.report_paths[0])})")
+
+    def take_counts(self) -> None:
+        """The cluster's counters and Troy's unit counts into the report."""
+        if self.cluster is None:
+            return
+        stats = dict(self.cluster.stats())
+        self.report.take_stats(stats)
+        unit_stats = getattr(self.cluster.session, "unit_stats", None)
+        if unit_stats is not None:
+            us = unit_stats()
+            self.report.units_lost = int(us.lost)
+            self.report.units_requeued = max(self.report.units_requeued, int(us.requeued))
+            self.report.duplicates = max(self.report.duplicates, int(us.duplicates))
+        else:
+            self.report.units_lost = int(stats.get("units_lost", 0))
+
+    # ---------------------------------------------------------------- step 4
+    def stop(self) -> None:
+        self.c.step("Stop: give the nodes back, stop the Dask scheduler and the emulator",
+                    "stop")
+        self.collect_reclamations()
+        self.close_cluster()
+        self.take_nodes_back_detail()
+        port = self.emu.port if self.emu is not None else 0
+        self.stop_emulator()
+        if port:
+            if port_open(port):
+                raise DemoError(f"the emulator still answers on port {port} after stop")
+            self.c.detail("emulator", f"stopped; port {port} closed")
+
+    def collect_reclamations(self) -> None:
+        try:
+            self.report.reclamations = list(AdminClient(self.emu_dir).call("Report"))
+        except Exception:   # the report is a nicety; the log says why it is missing
+            log.exception("cannot read the emulator's reclamation report")
+
+    def take_nodes_back_detail(self) -> None:
+        outcomes: dict[str, int] = {}
+        for rec in self.report.reclamations:
+            outcomes[rec.get("outcome", "?")] = outcomes.get(rec.get("outcome", "?"), 0) + 1
+        if outcomes:
+            self.c.detail("emulator says", "reclamations: " + ", ".join(
+                f"{n} {k}" for k, n in sorted(outcomes.items())))
+        self.c.detail("cluster", "closed: nodes given back, Dask scheduler stopped")
+
+    # ---------------------------------------------------------------- life cycle
+    def run(self) -> ElasticReport:
+        """Every step; the report is written after a failure too (what was done so far)."""
+        self.load_workload(None)   # a bad workload file fails now, not after a minute
+        self.report.settings = {k: (str(v) if isinstance(v, Path) else v)
+                                for k, v in vars(self.o).items()}
+        try:
+            self.start_emulator()
+            self.start_cluster()
+            self.run_workload()
+            self.stop()
+            self.report.ok = True
+        except BaseException as err:
+            self.report.error = str(err) or type(err).__name__
+            raise
+        finally:
+            self.report.wall_s = time.monotonic() - self.t0
+            if self.report.tenant_load == {} and self.tenants is not None:
+                self.report.tenant_load = self.tenants.to_json()
+            self.report.write(*self.report_paths)
+        return self.report
+
+    def close_cluster(self) -> None:
+        if self.tenants is not None:
+            self.report.tenant_load = self.tenants.to_json()
+            if self.emu is None:      # a shared emulator: its load as it was
+                self.tenants.restore()
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            try:
+                self.report.take_stats(dict(cluster.stats()))
+            except Exception:
+                log.exception("cannot read the cluster's last counters")
+            log.info("closing the elastic cluster")
+            cluster.close()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def stop_emulator(self) -> None:
+        if self.emu is not None:
+            emu, self.emu = self.emu, None
+            log.info("stopping the emulator")
+            emu.stop()   # also kills every node process it started
+            log.info("emulator stopped")
+
+    def close(self) -> None:
+        """Stop whatever is still running (after a failure or an interrupt). Idempotent."""
+        try:
+            self.close_cluster()
+        except Exception:
+            log.exception("closing the elastic cluster failed")
+        try:
+            self.stop_emulator()
+        except Exception:
+            log.exception("stopping the emulator failed")

@@ -1,0 +1,23 @@
+"""Nodes as pilots: the bridge between the CloudLab side and Troy (the only package that
+imports both).
+
+Every node the manager acquires runs a Troy node agent (a Dask worker with the node's cores
+as its ``cores`` resource) that joins the control node's Dask scheduler over mutual TLS, with
+a certificate from the cluster's own CA; the manager adopts it as a pilot, scales the slice to
+Troy's demand, drains pilots against CloudLab's revocation deadlines and hands nodes back
+early. See docs/pilots.md.
+
+    from elasticslice.pilots import ElasticCluster
+
+``ClusterCA`` (the CA), ``PilotElasticSliceHelper`` (the nodes' startup), ``PilotSliceManager``
+(the manager), ``ElasticCluster`` (all of it in one object) and ``ClusterSnapshot``.
+"""
+from __future__ import annotations
+
+from elasticslice.pilots.ca import ClusterCA, ClusterCAError
+from elasticslice.pilots.cluster import ClusterSnapshot, ElasticCluster
+from elasticslice.pilots.helper import PilotElasticSliceHelper
+from elasticslice.pilots.manager import PilotSliceManager, Revocations
+
+__all__ = ["ClusterCA", "ClusterCAError", "ClusterSnapshot", "ElasticCluster",
+           "PilotElasticSliceHelper", "PilotSliceManager", "Revocations"]

@@ -1,0 +1,221 @@
+"""``ElasticCluster``: a CloudLab slice whose nodes are Troy pilots, in one object.
+
+    cluster = ElasticCluster(server, Path("~/.es-pilots"), maxthreshold=8)
+    cluster.start()                    # CA, Dask scheduler (TLS), Troy session, manager
+    troy.execute_workload(cluster.session, workload, cluster.overlay(), bind_mode="late")
+    print(cluster.snapshot(), cluster.stats())
+    cluster.close()                    # gives the nodes back (keep=True: leaves them)
+
+The scheduler listens on ``tls://<listen>`` only; every node joins it with a certificate
+of the cluster's own CA (``<state_dir>/pki``); the manager's state lives in
+``<state_dir>/state``. A manager that crashed is replaced with :meth:`replace_manager`: the
+new one resumes from the same state, and the pilots and the Troy session carry on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from elasticslice.errors import ElasticSliceError
+from elasticslice.managers.config import EndpointConfig
+from elasticslice.managers.policy import PolicyConfig
+from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.helper import PilotElasticSliceHelper
+from elasticslice.pilots.manager import PilotSliceManager
+from troy.states import FINAL_STATES
+
+log = logging.getLogger(__name__)
+
+# how often each cycle method runs (seconds): quick enough to follow a workload
+DEFAULT_INTERVALS = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver_status": 1.0,
+                     "renew": 600.0, "update_all": 3600.0, "update_available": 5.0,
+                     "get_system_state": 1.0, "add_nodes": 2.0, "delete_nodes": 2.0,
+                     "set_system_state": 5.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSnapshot:
+    """What the cluster looks like now (for progress lines)."""
+
+    nodes_held: int
+    pilots: int
+    units_queued: int
+    units_running: int
+    units_done: int
+    revocations: int
+    nodes_wanted: int | None = None   # what Troy's demand asks for (None: not known yet)
+    pilot_cores: tuple[int, ...] = ()  # the size of each live pilot
+
+
+class ElasticCluster:
+    """The facade: see the module docstring. ``server``: a ``ProtoGeniServer``;
+    ``state_dir``: the cluster's files (0700). ``margin``: seconds kept before a
+    revocation's deadline; ``idle_timeout``: seconds a pilot stays idle before its node is
+    given back (None: never); ``intervals``: cycle intervals over :data:`DEFAULT_INTERVALS`;
+    ``policy``: a :class:`PolicyConfig` (its thresholds and idle_timeout are set from the
+    arguments); ``session``: a Troy session to use (default: one of its own);
+    ``manager_options`` and ``framework_options`` go to the manager and the framework."""
+
+    def __init__(self, server: Any, state_dir: Path, *, minthreshold: int = 1,
+                 maxthreshold: int = 10, hardware_type: str | None = None,
+                 listen: str = "127.0.0.1", margin: float = 5.0,
+                 idle_timeout: float | None = 60.0, intervals: Mapping[str, float] | None = None,
+                 endpoint_port: int = 0, python: str = sys.executable,
+                 policy: PolicyConfig | None = None, node_cores: int | None = None,
+                 session: Any = None, keep: bool = False,
+                 manager_options: Mapping[str, Any] | None = None,
+                 framework_options: Mapping[str, Any] | None = None) -> None:
+        self.server = server
+        self.state_dir = Path(state_dir).expanduser().resolve()
+        self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
+        self.hardware_type = hardware_type
+        self.listen = listen
+        self.margin = margin
+        self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
+        self.endpoint_port = endpoint_port
+        self.python = python
+        base = policy or PolicyConfig(add_cooldown=1.0, delete_cooldown=5.0,
+                                      max_add_per_cycle=max(1, maxthreshold),
+                                      max_delete_per_cycle=1)
+        # None: idle pilots are never given back (the policy's None means "no idle rule")
+        self.policy = dataclasses.replace(
+            base, idle_timeout=math.inf if idle_timeout is None else idle_timeout)
+        self.node_cores = node_cores
+        self.keep = keep
+        self.manager_options = dict(manager_options or {})
+        self.framework_options = dict(framework_options or {})
+        self.session: Any = session
+        self._own_session = session is None
+        self.framework: Any = None
+        self.manager: PilotSliceManager | None = None
+        self.ca: ClusterCA | None = None
+        self.helper: PilotElasticSliceHelper | None = None
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> None:
+        """Make (or reopen) the CA, start the Dask scheduler over TLS and the Troy session,
+        then the manager with its callback endpoint. On failure what started is stopped."""
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as err:
+            raise ElasticSliceError(f"{self.state_dir}: cannot use it as the cluster's "
+                                    f"state directory: {err.strerror or err}") from err
+        try:
+            self._start()
+        except BaseException:
+            self.close(keep=True)  # what started stops; nodes (if any) stay for a retry
+            raise
+        log.info("elastic cluster up: scheduler %s, state %s", self.framework.scheduler_address,
+                 self.state_dir)
+
+    def _start(self) -> None:
+        import troy
+        self.ca = ClusterCA.open(self.state_dir / "pki")
+        if self.session is None:
+            self.session = troy.Session(self.state_dir / "troy.db")
+        # prefetch 0: a pilot takes only what it can start now, so the queue waits in Troy
+        # for the nodes being added (a backlog on the first pilot would keep them idle) and a
+        # doomed pilot holds nothing that has not started
+        options = {"adopt_workers": True, "listen": self.listen, "prefetch": 0,
+                   **self.framework_options}
+        self.framework = self.session.add_framework(
+            "dask", "cloudlab", tls=self.ca.dask_tls("scheduler"),
+            adopt_filter=self._adopt_filter, **options)
+        self.helper = PilotElasticSliceHelper(
+            self.ca, self.framework.scheduler_address, self.state_dir / "tarballs",
+            python=self.python, nodetype=self.hardware_type,
+            worker_host=self.listen if self.listen in ("127.0.0.1", "localhost") else None)
+        self.manager = self.new_manager()
+        self.manager.start()
+
+    def new_manager(self) -> PilotSliceManager:
+        """A manager on the cluster's state, helper, framework and session (not started)."""
+        if self.framework is None or self.helper is None:
+            raise ElasticSliceError("start the cluster first")
+        options: dict[str, Any] = dict(
+            minthreshold=self.minthreshold, maxthreshold=self.maxthreshold,
+            manage_intervals=self.intervals, retry_interval=1.0, nodetype=self.hardware_type,
+            enable_delete=True, email=False, helper=self.helper,
+            state_dir=self.state_dir / "state", policy=self.policy,
+            endpoint=EndpointConfig(address=self.listen, port=self.endpoint_port))
+        options.update(self.manager_options)
+        return PilotSliceManager(self.server, framework=self.framework, session=self.session,
+                                 margin=self.margin, node_cores=self.node_cores, **options)
+
+    def replace_manager(self) -> PilotSliceManager:
+        """Start a new manager from the same state (after the old one crashed or was
+        stopped); the pilots and the session are untouched."""
+        self.manager = self.new_manager()
+        self.manager.start()
+        return self.manager
+
+    def _adopt_filter(self, name: str | None, address: str, resources: Any = None) -> bool:
+        manager = self.manager
+        return manager is not None and manager.accepts(name, address, resources)
+
+    def overlay(self) -> Any:
+        """An overlay following the cluster's framework: its pilots as they come and go."""
+        from troy import Overlay
+        return Overlay.following(self.framework)
+
+    # ------------------------------------------------------------------ looking
+    def pilots(self) -> list[Any]:
+        return [p for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Now, from memory and the local state store (no network call)."""
+        manager = self.manager
+        nodes = len(manager.state.nodes()) if manager is not None else 0
+        demand = self.session.demand()
+        pilots = self.pilots()
+        return ClusterSnapshot(
+            nodes_held=nodes, pilots=len(pilots),
+            nodes_wanted=manager.demand if manager is not None else None,
+            pilot_cores=tuple(p.size for p in pilots),
+            units_queued=demand.units_queued, units_running=demand.units_running,
+            units_done=demand.units_done,
+            revocations=len(manager.revocations.seen) if manager is not None else 0)
+
+    def stats(self) -> dict[str, Any]:
+        """revocations, early_releases, forced_releases, nodes_peak, node_seconds,
+        units_requeued, duplicates, units_lost."""
+        out: dict[str, Any] = self.manager.stats() if self.manager is not None else {}
+        units = self.session.unit_stats()
+        out.update(units_requeued=units.requeued, duplicates=units.duplicates,
+                   units_lost=units.lost)
+        return out
+
+    # ------------------------------------------------------------------ stopping
+    def close(self, keep: bool | None = None) -> None:
+        """Stop the manager, the framework (and our session); give the slice back unless
+        ``keep`` (default: the constructor's). Idempotent; safe after a failed ``start``."""
+        keep = self.keep if keep is None else keep
+        manager, self.manager = self.manager, None
+        try:
+            if manager is not None:
+                manager.stop()
+            # Troy first (its pilots then leave quietly), the nodes after
+            framework, self.framework = self.framework, None
+            if self._own_session and self.session is not None:
+                session, self.session = self.session, None
+                session.close()
+            elif framework is not None:
+                framework.close()
+            if manager is not None and not keep:
+                self._give_back(manager)
+        finally:
+            if manager is not None:
+                manager.state.close()
+
+    @staticmethod
+    def _give_back(manager: PilotSliceManager) -> None:
+        for cm in manager.cms:
+            try:
+                cm.delete_slice(cancel=True)
+            except ElasticSliceError as err:
+                log.warning("cannot give the slice back at %s: %s", cm.url, err)

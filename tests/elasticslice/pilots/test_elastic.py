@@ -1,0 +1,114 @@
+"""Nodes as pilots, end to end: the emulator's nodes run real Troy node agents that join the
+cluster's Dask scheduler over TLS; the manager scales to Troy's demand, drains a revoked
+node's pilot against the notice's deadline and releases it early, requeues the units of a
+node taken without notice, gives idle nodes back, and survives its own crash."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import troy
+from troy import State
+from tests.conftest import wait_for
+from tests.elasticslice.managers.conftest import admin, cm_nodes
+from tests.elasticslice.managers.test_manager_events import reclaim_outcome
+from tests.elasticslice.pilots.conftest import Run, busy_added_node, node_of, ran_on, sleepers
+
+
+def assert_nothing_lost(cluster: Any, run: Run, out: Path, count: int) -> dict[str, Any]:
+    assert run.wait() is State.DONE
+    ran = ran_on(out)
+    assert len(ran) == count and all(ran.values()), ran  # every unit ran to its end
+    stats = cluster.stats()
+    assert stats["units_lost"] == 0, stats
+    return stats
+
+
+def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_cluster,
+                                                              tmp_path: Path) -> None:
+    cluster = make_cluster(emulator, maxthreshold=5, idle_timeout=1.0)
+    run = Run(cluster, sleepers(tmp_path / "out", 6, 3.0, cores=4))  # 24 cores, 8 a node
+    wait_for(lambda: len(cluster.pilots()) == 3, timeout=120, what="3 pilots under demand")
+    snap = cluster.snapshot()
+    assert snap.nodes_held == 3 and snap.pilot_cores == (8, 8, 8) and snap.nodes_wanted == 3
+    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 6)
+    assert stats["nodes_peak"] == 3  # what the demand asked for, not maxthreshold
+    nodes = {line for lines in ran_on(tmp_path / "out").values() for line in lines}
+    assert len(nodes) >= 2 and nodes <= set(cluster.manager.known_client_ids)
+    # Idle: back down to minthreshold (the initial node stays); no busy node was taken.
+    wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 1
+             and len(cluster.manager.state.nodes()) == 1, timeout=120,
+             what="idle nodes given back")
+    assert [r.initial for r in cluster.manager.state.nodes()] == [True]
+    assert cluster.stats()["units_requeued"] == 0
+    assert len(cluster.pilots()) == 1
+
+
+def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
+        emulator_factory, make_cluster, tmp_path: Path) -> None:
+    emulator = emulator_factory(max_wait=30, notify_interval=0.3)
+    cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
+    run = Run(cluster, sleepers(tmp_path / "out", 12, 3.0, cores=4))
+    victim = busy_added_node(cluster)
+    node_id = node_of(cluster, victim).node_id
+    survivors = [p for p in cluster.pilots() if p.worker_name != victim]
+    admin(emulator).call("Revoke", nodes=[node_id])
+    wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
+             what="the reclamation to end")
+    # its units could finish well before the 30 s deadline: the node went back early
+    assert reclaim_outcome(emulator, node_id) == "early"
+    # CloudLab's values (sent before the notice) reached Troy's pilots
+    wait_for(lambda: all(p.value is not None for p in survivors), timeout=60,
+             what="the resource values on the pilots")
+    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 12)
+    assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+        (1, 1, 0), stats
+    assert victim not in cm_nodes(emulator, tmp_path)
+
+
+def test_a_node_taken_without_notice_has_its_units_requeued(emulator_factory, make_cluster,
+                                                             tmp_path: Path) -> None:
+    emulator = emulator_factory(max_wait=0)  # CloudLab cannot wait: max_wait_time 0
+    cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
+    # units long enough to be still there when the victim goes, even on a loaded machine
+    run = Run(cluster, sleepers(tmp_path / "out", 8, 6.0, cores=4))
+    victim = busy_added_node(cluster)
+    node_id = node_of(cluster, victim).node_id
+    admin(emulator).call("Revoke", nodes=[node_id])
+    wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
+             what="the reclamation to end")
+    assert reclaim_outcome(emulator, node_id) == "forced"
+    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 8)
+    assert stats["units_requeued"] >= 1, stats  # what ran there ran again elsewhere
+    assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+        (1, 0, 1), stats
+
+
+def crash(manager: Any) -> None:
+    """Stop a manager as a crash would: its cycle and endpoint die, nothing is cleaned up
+    (the endpoint stays registered at the CM, notices in memory are lost)."""
+    manager.cycle.stop()
+    if manager.endpoint_server is not None:
+        manager.endpoint_server.stop()
+
+
+def test_a_manager_restarted_mid_workflow_resumes(emulator, make_cluster,
+                                                  tmp_path: Path) -> None:
+    cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
+    run = Run(cluster, sleepers(tmp_path / "out", 12, 4.0, cores=4))
+    wait_for(lambda: len(cluster.pilots()) == 3, timeout=120, what="3 pilots")
+    before = {p.id for p in cluster.pilots()}
+    old = cluster.manager
+    crash(old)
+    assert len(ran_on(tmp_path / "out")) < 12  # mid-workflow: work was left
+    manager = cluster.replace_manager()
+    old.state.close()
+    wait_for(lambda: manager.cycle.methods["add_nodes"].runs >= 3, timeout=60,
+             what="the new manager's cycle")
+    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 12)
+    held = cm_nodes(emulator, tmp_path)
+    assert len(held) == 3 and len(set(held)) == 3  # no duplicate adds
+    assert sorted(r.client_id for r in manager.state.nodes()) == sorted(held)
+    assert before <= {p.id for p in cluster.pilots()}  # the same pilots carried on
+    assert stats["units_requeued"] == 0 and stats["duplicates"] == 0, stats
+    assert troy.State.DONE is run.state

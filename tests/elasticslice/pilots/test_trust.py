@@ -1,0 +1,53 @@
+"""Who may join the pilots, tried as an attacker would: a worker without a certificate of the
+cluster CA (a stranger CA, even under a held node's name) is refused by the scheduler; a
+worker with a valid certificate but a name the manager does not hold gets no units."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from elasticslice.rpc.pki import make_ca
+from troy import State
+from troy.frameworks.dask.tls import DaskTLS
+from tests.conftest import wait_for
+from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
+from tests.troy.frameworks.nodes import member, node_agent, stop
+
+
+def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_cluster,
+                                                             tmp_path: Path) -> None:
+    cluster = make_cluster(emulator, maxthreshold=1, idle_timeout=None)
+    wait_for(lambda: len(cluster.pilots()) == 1, timeout=120, what="the initial node's pilot")
+    log = tmp_path / "stranger.log"
+    # a certificate from another CA, for the name of a node the manager holds
+    stranger = member(tmp_path / "stranger", make_ca("stranger CA"), "node-1")
+    agent = node_agent(cluster.framework.scheduler_address, 8, stranger, log)
+    try:
+        wait_for(lambda: b"Waiting to connect" in log.read_bytes(), timeout=60,
+                 what="the stranger trying to connect")
+        for _ in range(30):  # about 3 s of its retries: never in
+            assert len(cluster.framework.workers_info()) == 1 and agent.poll() is None
+            assert len(cluster.pilots()) == 1
+            time.sleep(0.1)
+    finally:
+        stop(agent)
+
+
+def test_a_hostile_worker_with_a_valid_certificate_gets_no_units(emulator, make_cluster,
+                                                                 tmp_path: Path) -> None:
+    cluster = make_cluster(emulator, maxthreshold=1, idle_timeout=None)
+    wait_for(lambda: len(cluster.pilots()) == 1, timeout=120, what="the initial node's pilot")
+    cert, key = cluster.ca.issue("node-x")  # a valid certificate; node-x is not ours
+    hostile = DaskTLS(str(cluster.ca.ca_file), str(cert), str(key))
+    agent = node_agent(cluster.framework.scheduler_address, 8, hostile, tmp_path / "x.log")
+    try:
+        wait_for(lambda: len(cluster.framework.workers_info()) == 2, timeout=60,
+                 what="the hostile worker to join the scheduler")  # so the test can fail
+        run = Run(cluster, sleepers(tmp_path / "out", 6, 0.5, cores=4))  # 24 cores, 8 ours
+        assert run.wait() is State.DONE
+        assert cluster.framework.find_pilot("node-x") is None
+        assert len(cluster.pilots()) == 1
+        ran = ran_on(tmp_path / "out")
+        assert len(ran) == 6 and all(lines == ["node-1"] for lines in ran.values()), ran
+    finally:
+        stop(agent)

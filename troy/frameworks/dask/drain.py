@@ -1,0 +1,310 @@
+"""Pilots joining and leaving the ``dask`` framework: who may be adopted, drains
+(deadline-aware), losses, evacuations, and where long units may go (``DaskFramework`` mixes
+``PilotMoves`` in).
+
+Every worker of a framework carries the framework's tag (``topic``) and long-unit tag
+(``topic-long``) as resources; units ask for one of them. Our own workers get both when they
+start; a worker that joins on its own gets them only once adopted (``_grant``), so a worker
+that is not adopted never receives a unit. Setting a worker's tags to 0 (on the worker and
+at the scheduler, one ``client.run``) stops it at once from starting queued units and the
+scheduler from sending new ones: that is how a drain stops dispatch. Units queued on it are
+then cancelled in Dask and resubmitted under a new key (they run elsewhere); units that
+run on are watched until they end or the watchdog at ``deadline - margin`` moves them too.
+Events from a worker a unit was moved away from never touch the unit again (their
+completions count as duplicates).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from troy.frameworks.base import Pilot
+from troy.frameworks.dask import agent
+from troy.frameworks.dask.events import UnitRecord
+from troy.frameworks.drain import AMPLE, Drain, DrainPlan, keeps
+from troy.states import FINAL_STATES, State
+from troy.unit import ComputeUnit
+
+log = logging.getLogger(__name__)
+
+
+class PilotMoves:
+    """Mixin of ``DaskFramework`` (which provides the attributes below)."""
+
+    client: Any
+    topic: str
+    name: str
+    long_unit: float
+    _records: dict[str, UnitRecord]
+    _by_key: dict[str, UnitRecord]
+    _by_addr: dict[str, Pilot]
+    _dead_addrs: set[str]
+    _parked: dict[str, list[UnitRecord]]
+    _moved: dict[str, ComputeUnit]
+    _drains: dict[str, Drain]
+    _workers: dict[str, Any]
+    _tags_lock: Any
+    verify_names: bool
+    adopt_filter: Any
+    _submitq: Any
+    _dispatch_lock: Any
+    _lock: Any
+    _stats: Any
+
+    # -------------------------------------------------------------- tags ---------------
+    @property
+    def long_tag(self) -> str:
+        return f"{self.topic}-long"
+
+    def _unit_resources(self, cores: int, long: bool) -> dict[str, float]:
+        return {"cores": cores, self.long_tag if long else self.topic: 1}
+
+    def _grant(self, addr: str, tags: dict[str, float]) -> bool:
+        """Set ``tags`` on the worker at ``addr`` (and at the scheduler); when one becomes
+        positive, hand the worker the tasks that were waiting for such a worker."""
+        try:
+            self.client.run(agent.set_tags, tags, workers=[addr], on_error="raise")
+            if any(v > 0 for v in tags.values()):
+                self.client.run_on_scheduler(agent.schedule_unrunnable, addr)
+            return True
+        except Exception as err:  # the worker left meanwhile
+            log.info("framework %s: setting tags on %s: %s", self.name, addr, err)
+            return False
+
+    def _values_changed(self) -> None:
+        """Grant the long-unit tag to the pilots that may take long units, and only them."""
+        if self.client is None:
+            return
+        with self._tags_lock:  # one placement at a time (values, joins and leaves race)
+            eligible = {p.id for p in self.long_pilots()}
+            for p in self.list_pilots():
+                if p.state is not State.RUNNING or p.draining or not p.native_id:
+                    continue
+                want = p.id in eligible
+                if getattr(p, "long_ok", None) is not want and self._grant(
+                        p.native_id, {self.long_tag: agent.TAG_AMOUNT if want else 0}):
+                    p.long_ok = want
+
+    def _refusal(self, addr: str, name: str | None, resources: dict[str, float]) -> str:
+        """Why the worker may not be adopted ("" if it may)."""
+        if self.verify_names:
+            cn = self.client.run_on_scheduler(agent.peer_common_name, addr)
+            if cn is None or cn != name:
+                return f"its name is not its certificate's ({cn})"
+        if self.adopt_filter is not None and not self.adopt_filter(str(name), addr,
+                                                                   dict(resources)):
+            return "refused by the filter"
+        return ""
+
+    # -------------------------------------------------------------- moves --------------
+    def _processing(self, addr: str) -> set[str]:
+        """Keys the scheduler has on the worker at ``addr`` (queued there or running)."""
+        try:
+            return {str(k) for k in self.client.processing(workers=[addr]).get(addr, ())}
+        except Exception as err:
+            log.info("framework %s: asking what runs on %s: %s", self.name, addr, err)
+            return set()
+
+    def _held_by(self, pilot: Pilot, keys: set[str]) -> list[UnitRecord]:
+        addr = pilot.native_id
+        return [r for r in self._records.values()
+                if r.unit.state not in FINAL_STATES and not r.canceling
+                and (addr is None or addr not in r.left)
+                and r.future is not None
+                and (r.bound is pilot or (addr is not None and r.addr == addr)
+                     or r.key in keys)]
+
+    def _requeue_rec(self, rec: UnitRecord, addr: str | None) -> None:
+        """Move ``rec``'s unit away from ``addr`` (its attempt there is dropped, killed by
+        the caller): a new Dask key, dispatched again. Under ``_dispatch_lock``."""
+        if addr:
+            rec.left.add(addr)
+        fut, rec.future = rec.future, None
+        self._by_key.pop(rec.key, None)
+        if fut is not None:
+            fut.cancel()
+        self._unreserve(rec)
+        if rec.bound is not None and (rec.bound.draining or rec.bound.state in FINAL_STATES):
+            rec.bound = None
+        rec.addr = None
+        self._moved[rec.unit.id] = rec.unit
+        self._stats.add(requeued=1)
+        rec.unit._requeue()
+        rec.unit.attempts += 1
+        self._submitq.put(rec)
+        self._unit_gone(rec, addr)
+
+    def _kill_later(self, addr: str, unit_ids: list[str]) -> None:
+        """Kill moved units' processes on the worker, without waiting for it."""
+        if not unit_ids or self.client is None:
+            return
+
+        def kill() -> None:
+            try:
+                self.client.run(agent.kill_units, unit_ids, workers=[addr])
+            except Exception as err:  # gone already: nothing runs there
+                log.info("framework %s: killing moved units on %s: %s", self.name, addr, err)
+
+        threading.Thread(target=kill, daemon=True, name=f"troy-kill-{addr}").start()
+
+    def _evacuate(self, pilot: Pilot, ask: bool = True) -> list[ComputeUnit]:
+        """Requeue every unit of a pilot that is going away (at-least-once)."""
+        addr = pilot.native_id
+        keys = self._processing(addr) if ask and addr else set()
+        with self._dispatch_lock:
+            for rec in self._parked.pop(pilot.id, []):
+                rec.bound = None
+                self._submitq.put(rec)
+            recs = self._held_by(pilot, keys)
+            for rec in recs:
+                self._requeue_rec(rec, addr)
+        if addr:
+            self._kill_later(addr, [r.unit.id for r in recs])
+        return [r.unit for r in recs]
+
+    def _unit_gone(self, rec: UnitRecord, addr: str | None) -> None:
+        for d in list(self._drains.values()):
+            if rec.unit.id in d.holding:
+                d.holding.discard(rec.unit.id)
+                d.fire_if_empty(self.get_pilot(d.plan.pilot))
+
+    def _handle_cluster(self, msg: dict) -> None:
+        addr = msg.get("worker")
+        if msg["action"] == "add-worker":
+            if self.adopt_workers and addr and self.client is not None:
+                self._adopt(addr, self.workers_info().get(addr, {}))
+            return
+        pilot = self._by_addr.get(addr)
+        if pilot is None or addr in self._dead_addrs or pilot.state in FINAL_STATES:
+            return
+        drained = pilot.draining  # a drained pilot's machine is given back: expected
+        (log.info if drained else log.warning)("pilot %s: worker %s left%s", pilot.id, addr,
+                                               "" if drained else " unexpectedly")
+        self._dead_addrs.add(addr)
+        pilot.draining = True
+        self._end_drain(pilot)
+        self._evacuate(pilot, ask=False)
+        pilot._set_state(State.DONE if drained else State.FAILED)
+        self._values_changed()
+
+    def _stop_worker(self, pilot: Pilot) -> None:
+        w = self._workers.get(pilot.id)
+        if w is None:
+            return
+        if w.timer is not None:
+            w.timer.cancel()
+        if w.proc is None:  # adopted: ask the scheduler to retire it
+            if pilot.native_id and self.client is not None:
+                try:
+                    self.client.retire_workers([pilot.native_id], close_workers=True)
+                except Exception:
+                    log.exception("retiring worker %s", pilot.native_id)
+            return
+        w.proc.stop()
+
+    # -------------------------------------------------------------- drain / lose -------
+    def drain_pilot(self, pilot: Pilot, deadline: float | None = None, *, margin: float = 5.0,
+                    on_empty: Callable[[Pilot], None] | None = None) -> DrainPlan:
+        now = time.time()
+        with self._dispatch_lock:
+            d = self._drains.get(pilot.id)
+            if d is not None:  # again: the deadline may only come closer
+                if deadline is not None and (d.plan.deadline is None
+                                             or deadline < d.plan.deadline):
+                    d.plan.deadline = deadline
+                    d.plan.margin = margin
+                d.add_callback(pilot, on_empty)
+                self._drain_decide(pilot, d)
+                return d.plan
+            d = Drain(DrainPlan(pilot.id, deadline, margin, now), [on_empty] if on_empty else [])
+            self._drains[pilot.id] = d
+            pilot.draining = True
+        addr = pilot.native_id
+        if addr and pilot.state is State.RUNNING and addr not in self._dead_addrs:
+            self._grant(addr, {self.topic: 0, self.long_tag: 0})
+        d.plan.dispatch_stopped_at = time.time()
+        log.info("pilot %s: draining (deadline in %s s)", pilot.id,
+                 "-" if deadline is None else f"{deadline - now:.1f}")
+        self._values_changed()  # long units may need another home
+        keys = self._processing(addr) if addr else set()
+        with self._dispatch_lock:
+            for rec in self._parked.pop(pilot.id, []):
+                rec.bound = None
+                self._submitq.put(rec)
+            held = self._held_by(pilot, keys)
+            d.holding = {r.unit.id for r in held}
+            for rec in self._records.values():  # guessed here, will run elsewhere
+                if rec.reserved is pilot and rec not in held:
+                    self._unreserve(rec)
+            self._drain_decide(pilot, d)
+        return d.plan
+
+    def _drain_decide(self, pilot: Pilot, d: Drain, at_deadline: bool = False) -> None:
+        """Requeue the held units not expected to end by ``deadline - margin`` (all of them
+        ``at_deadline``); arm the watchdog; fire ``on_empty`` if nothing is left."""
+        now = time.time()
+        ample = max(AMPLE, self.long_unit)
+        moved = []
+        for rec in [self._records[u] for u in list(d.holding) if u in self._records]:
+            if at_deadline or not keeps(rec.unit, d.until, now, ample):
+                self._requeue_rec(rec, pilot.native_id)
+                moved.append(rec.unit.id)
+        d.holding &= set(self._records)
+        (d.plan.late_requeued if at_deadline else d.plan.requeued).extend(moved)
+        d.plan.kept = sorted(d.holding)
+        if pilot.native_id:
+            self._kill_later(pilot.native_id, moved)
+        if not at_deadline and d.holding:
+            d.arm(lambda: self._drain_deadline(pilot))
+        d.fire_if_empty(pilot)
+
+    def _drain_deadline(self, pilot: Pilot) -> None:
+        with self._dispatch_lock:
+            d = self._drains.get(pilot.id)
+            if d is not None and d.holding and pilot.state not in FINAL_STATES:
+                log.warning("pilot %s: %d unit(s) still running at deadline - margin: "
+                            "requeued", pilot.id, len(d.holding))
+                self._drain_decide(pilot, d, at_deadline=True)
+
+    def _end_drain(self, pilot: Pilot) -> None:
+        """The pilot is gone before it emptied: its drain's watchdog and ``on_empty`` are
+        moot (the units are requeued by whoever ends it)."""
+        d = self._drains.get(pilot.id)
+        if d is not None:
+            d.fired = True
+            if d.timer is not None:
+                d.timer.cancel()
+
+    def drain_plan(self, pilot: Pilot) -> DrainPlan | None:
+        """The plan of ``pilot``'s drain, if it is being drained."""
+        d = self._drains.get(pilot.id)
+        return d.plan if d is not None else None
+
+    def lose_pilot(self, pilot: Pilot, reason: str = "lost") -> list[ComputeUnit]:
+        with self._lock:
+            if pilot.state in FINAL_STATES:
+                return []
+            if pilot.native_id:
+                self._dead_addrs.add(pilot.native_id)
+            pilot.draining = True
+        log.warning("pilot %s: %s; requeuing its units", pilot.id, reason)
+        self._end_drain(pilot)
+        units = self._evacuate(pilot)
+        pilot._set_state(State.FAILED)
+        self._values_changed()
+        w = self._workers.get(pilot.id)
+        if w is not None and w.proc is not None:
+            threading.Thread(target=w.proc.stop, daemon=True).start()
+        elif pilot.native_id and self.client is not None:  # adopted: let the scheduler
+            threading.Thread(target=self._retire, args=(pilot.native_id,),  # forget it
+                             daemon=True).start()
+        return units
+
+    def _retire(self, addr: str) -> None:
+        try:
+            self.client.retire_workers([addr], close_workers=True)
+        except Exception as err:
+            log.info("framework %s: retiring worker %s: %s", self.name, addr, err)
