@@ -12,6 +12,8 @@ the rounds (3; 1 with ``--quick``) with its min and max. Ratios are taken within
 - units/s (tasks/s): a burst submitted at once, until the last result is in;
 - bundled: bundles of 250 ``/bin/true`` members made directly, and the whole pipeline
   (``execute_workload``: planner, workload manager with bundling, unit service);
+- the spawn floor: ``/bin/true`` from a pool of 2 processes (forked before anything else
+  starts); the thread floor: from 2 threads of this process (where ``local`` runs units);
 - latency: back-to-back round trips of one null unit, median ms of the round.
 
 ``python bench/bench_troy.py [--quick]``; ``python -m bench --only troy``.
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing import Pool
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +105,14 @@ class Engines(ExitStack):
         self.sessions: dict[str, troy.Session] = {}
         self.parsl: Any = None
         self.pool: Any = None
+        self.threads: Any = None
 
     def __enter__(self) -> Engines:
         super().__enter__()
         # the spawn floor's pool first: forked from a process not yet holding the others
         self.pool = self.enter_context(Pool(CORES))
         self.pool.map(true_proc, range(20))
+        self.threads = self.enter_context(ThreadPool(CORES))
         for kind in ("dask", "local"):
             session = self.enter_context(troy.Session())
             fw = session.add_framework(kind)
@@ -171,6 +176,8 @@ def throughputs(e: Engines, s: Sizes) -> list[tuple[str, int, Callable[[], float
         ("troy_local_true_units_per_s", s.true, lambda: burst(e.local, true)),
         ("spawn_floor_true_tasks_per_s", s.bundled,
          lambda: timed(lambda: e.pool.map(true_proc, range(s.bundled), chunksize=16))),
+        ("spawn_floor_threads_true_tasks_per_s", s.bundled,
+         lambda: timed(lambda: e.threads.map(true_proc, range(s.bundled), chunksize=16))),
         ("troy_dask_bundled_true_tasks_per_s", s.bundled,
          lambda: burst(e.dask, bundles(s.bundled))),
         ("troy_local_bundled_true_tasks_per_s", s.bundled,
@@ -208,6 +215,8 @@ RATIOS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ratio_troy_dask_over_parsl_null": ("troy_dask_null_units_per_s",
                                         ("parsl_htex_null_tasks_per_s",)),
 }
+RATIOS["ratio_troy_local_bundled_true_over_thread_floor"] = (
+    "troy_local_bundled_true_tasks_per_s", ("spawn_floor_threads_true_tasks_per_s",))
 for _kind in ("dask", "local"):
     for _path in ("pipeline_" + _kind, _kind):
         RATIOS[f"ratio_troy_{_path}_bundled_true_over_floor"] = (

@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -51,28 +53,51 @@ def load(path: Path) -> ModuleType:
 
 
 def child(name: str, quick: bool, out: Path) -> int:
-    """In the child process: run one benchmark and write its figures as JSON to ``out``."""
+    """In the child process: run one benchmark and write its figures as JSON to ``out``; a
+    failure is one line here and its traceback in ``bench/results/<name>.error.log``."""
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    figures = load(available()[name]).run(quick=quick)
-    out.write_text(json.dumps(figures, default=str))
+    try:
+        figures = load(available()[name]).run(quick=quick)
+        out.write_text(json.dumps(figures, default=str))
+    except Exception as e:  # noqa: BLE001  (any failure of the benchmark: one line)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        trace = RESULTS / f"{name}.error.log"
+        trace.write_text(traceback.format_exc())
+        print(f"bench_{name}: {type(e).__name__}: {e} (traceback in "
+              f"{trace.relative_to(BENCH.parent)})", file=sys.stderr)
+        return 1
     return 0
 
 
 def run_one(name: str, quick: bool, timeout: float) -> dict[str, Any]:
+    """Run benchmark ``name`` in a child process (its own session: on timeout the whole
+    group, workers included, is stopped) and return its figures."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         out = Path(tmp) / "figures.json"
         cmd = [sys.executable, str(BENCH / "harness.py"), "--child", name, "--out", str(out)]
+        proc = subprocess.Popen(cmd + (["--quick"] if quick else []), stdout=sys.stderr,
+                                start_new_session=True)
         try:
-            proc = subprocess.run(cmd + (["--quick"] if quick else []), timeout=timeout,
-                                  stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise BenchError(f"bench_{name}: no result within {timeout:.0f} s") from None
-        if proc.returncode != 0 or not out.exists():
-            sys.stderr.write(proc.stderr)
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise BenchError(f"bench_{name}: exited {proc.returncode}: {last}")
-        sys.stderr.write(proc.stderr)
+            stop_group(proc)
+            raise BenchError(f"bench_{name}: no result within {timeout:g} s") from None
+        if rc != 0 or not out.exists():
+            raise BenchError(f"bench_{name}: failed (exit status {rc})")
         return json.loads(out.read_text())
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def meta(quick: bool, names: list[str]) -> dict[str, Any]:
@@ -115,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these benchmarks only")
     parser.add_argument("--json", type=Path, help="write the figures here instead of "
                         "bench/results/latest.json")
-    parser.add_argument("--timeout", type=float, default=900.0, help="per benchmark, s")
+    parser.add_argument("--timeout", type=float, default=900.0, help="per benchmark, s "
+                        "(default: %(default)s)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
