@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from troy.descriptions import ComputeUnitDescription, PilotDescription
 from troy.errors import DoesNotExist, IncorrectState
+from troy.frameworks.shapes import Shape, ShapeIndex, shape_of
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit
 
@@ -39,6 +40,8 @@ class Pilot:
     (started or not). ``backlog`` is how many cores' worth of units beyond its size the
     pilot accepts to queue (frameworks with a costly hand-off keep their queue fed with it);
     ``room`` is what it accepts now: ``size + backlog`` less those units' cores.
+    Every change of these is counted in the framework's :class:`ShapeIndex` (what the
+    built-in schedulers ask instead of looking at every pilot).
     """
 
     def __init__(self, description: PilotDescription, framework: PilotFramework,
@@ -46,13 +49,18 @@ class Pilot:
         self.id = uid or f"pilot.{next(_pilot_seq):04d}"
         self.description = description
         self.framework = framework
-        self.draining = False
         self.native_id: str | None = None  # e.g. the Dask worker address
         self._state = State.PENDING
         self._used = 0
-        self.backlog = 0
+        self._draining = False
+        self._backlog = 0
         self._lock = threading.Lock()
         self._callbacks: list[PilotCallback] = []
+        index = getattr(framework, "_shapes", None)
+        self._index: ShapeIndex | None = index if isinstance(index, ShapeIndex) else None
+        self._shape: Shape | None = None
+        with self._lock:
+            self._reshape()
 
     def __repr__(self) -> str:
         return (f"<Pilot {self.id} {self._state.value} size={self.description.size} "
@@ -61,6 +69,33 @@ class Pilot:
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        with self._lock:
+            self._draining = bool(value)
+            self._reshape()
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    @backlog.setter
+    def backlog(self, value: int) -> None:
+        with self._lock:
+            self._backlog = int(value)
+            self._reshape()
+
+    def _reshape(self) -> None:
+        """Count the pilot's current shape in its framework's index (own lock held)."""
+        if self._index is not None:
+            new = shape_of(self)
+            self._index.move(self._shape, new)
+            self._shape = new
 
     @property
     def size(self) -> int:
@@ -81,18 +116,22 @@ class Pilot:
     def _reserve(self, cores: int) -> None:
         with self._lock:
             self._used += cores
+            self._reshape()
 
     def _release(self, cores: int) -> None:
         with self._lock:
             self._used = max(0, self._used - cores)
+            self._reshape()
 
     def add_callback(self, cb: PilotCallback) -> None:
         self._callbacks.append(cb)
 
     def _set_state(self, state: State) -> None:
-        if self._state in FINAL_STATES or self._state is state:
-            return
-        self._state = state
+        with self._lock:
+            if self._state in FINAL_STATES or self._state is state:
+                return
+            self._state = state
+            self._reshape()
         watchers = list(getattr(self.framework, "_pilot_watchers", ()))
         for cb in list(self._callbacks) + watchers:
             try:
@@ -118,6 +157,7 @@ class PilotFramework(ABC):
         self.name = name or self.kind
         self.options = options
         self._pilots: dict[str, Pilot] = {}
+        self._shapes = ShapeIndex()  # pilots per shape: what the schedulers ask
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
