@@ -8,10 +8,11 @@ tenants' load, reclaims of our newest nodes with a countdown, nodes that boot fo
 The work is a campaign of the WfFormat workflows in ../shared/workloads/wfinstances (or
 examples/workflows): copies of each, in waves. Each policy meets the same work under three
 tenant-load patterns: ``steady`` (40% of the pool), ``bursty`` (the emulator's seeded load
-model around 60%, redrawn every 20 minutes) and ``reclaim50`` (12 minutes in, while the first wave is at its widest, the tenants take
-half of our nodes, for an hour). Reported per pattern and policy: makespan, makespan over the
-lower bound (max of the critical path and work / peak cores), node-hours held, idle
-node-hours (ready, running nothing), revocations and units lost (cut by a revocation and run
+model around 60%, redrawn every 20 minutes) and ``reclaim50`` (12 minutes in, while the
+first wave is at its widest, the tenants take half of our nodes, for an hour). Reported
+per pattern and policy: makespan, makespan over the lower bound (max of the critical path
+and work / peak cores), node-hours held, idle node-hours (ready, running nothing),
+revocations and units lost (cut by a revocation and run
 again). Plots: nodes held, units running and tenant load over time, a panel per policy.
 """
 from __future__ import annotations
@@ -111,7 +112,7 @@ def table(results: list[Result]) -> list[tuple[str, str]]:
 
 def plot(config: SimConfig, results: list[Result]) -> list[str]:
     """One PNG per pattern: a panel per policy (nodes held, units running in nodes' worth,
-    tenant load as a share of the pool). Paths relative to bench/."""
+    tenant load as a share of the pool). Paths relative to bench/results."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -144,7 +145,7 @@ def plot(config: SimConfig, results: list[Result]) -> list[str]:
         path = RESULTS / f"elasticity_{pattern}.png"
         fig.savefig(path, dpi=80)
         plt.close(fig)
-        paths.append(str(path.relative_to(RESULTS.parent)))
+        paths.append(path.name)
     return paths
 
 
