@@ -54,6 +54,11 @@ class ParslPeer:
         bindir = os.path.dirname(sys.executable)
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+        # the workers unpickle the apps by reference: they import this module
+        here = os.path.dirname(os.path.abspath(__file__))
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if here not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([here] + [p for p in paths if p])
         self._dir = tempfile.mkdtemp(prefix="bench-parsl-")
         executor = HighThroughputExecutor(
             label="htex", address="127.0.0.1", loopback_address="127.0.0.1",

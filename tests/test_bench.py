@@ -2,9 +2,13 @@
 (Benchmarks are never part of ``make test``: this runs the quickest one, credentials.)"""
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -43,3 +47,35 @@ def test_benchmark_out_of_time_is_one_line_and_a_failed_entry(tmp_path):
     assert "Traceback" not in proc.stderr
     assert json.loads(out.read_text())["credentials"] == {
         "error": "bench_credentials: no result within 0.01 s"}
+
+
+def listening_addresses(pid: int) -> set[str]:
+    import psutil
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    found = set()
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+    return found
+
+
+def test_parsl_peer_listens_on_loopback_only():
+    """The bench's Parsl HighThroughputExecutor (interchange, workers) binds 127.0.0.1 only:
+    by default it would offer every address of the machine to its workers."""
+    pytest.importorskip("parsl")  # the bench extra
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from parsl_peer import ParslPeer
+        with ParslPeer(1) as peer:
+            peer.once()
+            addresses = listening_addresses(os.getpid())
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert addresses, "the interchange listens somewhere"
+    # ZeroMQ binds IPv6 sockets: 127.0.0.1 shows as ::ffff:127.0.0.1 (still only loopback)
+    as_v4 = {getattr(ipaddress.ip_address(a), "ipv4_mapped", None) or ipaddress.ip_address(a)
+             for a in addresses}
+    assert as_v4 == {ipaddress.ip_address("127.0.0.1")}, addresses
