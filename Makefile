@@ -18,9 +18,10 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python bin/demo $(DEMO_ARGS)
 
+# every benchmark, one table, figures in bench/results/latest.json (BENCH_ARGS=--quick: smoke)
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
-	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -11,7 +11,9 @@ peak RSS, how the large calls were answered (HTTP status: 200 answered, 413 too 
 overloaded) and how long GetVersion took during and after the load; with ``--json`` one
 JSON object per scenario. Without ``--size-mb`` it runs two scenarios: RSpec bodies just
 under the CreateSliver limit with a real slice credential (so the CM parses them), and
-60 MB bodies. Exits 0 (1 when the emulator stopped answering).
+60 MB bodies. Exits 0 (1 when the emulator stopped answering). ``run(quick)`` is the
+harness's entry (``python -m bench --only emulator_bounds``; quick: the first scenario with 2
+parallel bodies).
 """
 from __future__ import annotations
 
@@ -133,8 +135,8 @@ def slice_credential(port: int, ctx: ssl.SSLContext) -> tuple[str, str]:
     return "urn:publicid:IDN+emulab.test+slice+bench", cred
 
 
-def run(d: Path, parallel: int, size: int, method: str, payload: str,
-        credential: str) -> dict[str, Any]:
+def scenario(d: Path, parallel: int, size: int, method: str, payload: str,
+             credential: str) -> dict[str, Any]:
     proc, port = start_emulator(d)
     ctx = user_tls(d)
     try:
@@ -194,6 +196,32 @@ def report(result: dict[str, Any]) -> str:
             f"{result['elapsed_s']} s in all")
 
 
+def run(quick: bool = False) -> dict[str, Any]:
+    """Both default scenarios (quick: the RSpec one, 2 bodies), as flat figures."""
+    parallel = 2 if quick else 20
+    named = [("rspec_at_limit_slice_cred", Limits().large_body, "rspec", "slice"),
+             ("plain_60mb_no_cred", 60 * 1024 * 1024, "plain", "none")][:1 if quick else 2]
+    figures: dict[str, Any] = {"parallel_bodies": parallel}
+    table = []
+    with tempfile.TemporaryDirectory(prefix="bench-bounds-") as tmp:
+        d = Path(tmp) / "emu"
+        init_emulator(d, port=0)
+        for name, size, payload, credential in named:
+            r = scenario(d, parallel, size, "CreateSliver", payload, credential)
+            for key in ("body_bytes", "baseline_rss_mb", "peak_rss_mb", "rss_after_mb",
+                        "getversion_during_s", "getversion_after_s", "elapsed_s", "alive"):
+                figures[f"{name}_{key}"] = r[key]
+            for status, count in r["statuses"].items():
+                figures[f"{name}_http_{status}_answers"] = count
+            table.append((f"{name}: emulator peak RSS / after", f"{r['peak_rss_mb']} MB / "
+                          f"{r['rss_after_mb']} MB (idle {r['baseline_rss_mb']} MB)"))
+            table.append((f"{name}: answers; GetVersion during / after",
+                          f"{r['statuses']}; {r['getversion_during_s']} s / "
+                          f"{r['getversion_after_s']} s"))
+    figures["table"] = table
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parallel", type=int, default=20)
@@ -219,7 +247,7 @@ def main() -> int:
         else:
             init_emulator(d, port=0)
         for size, method, payload, credential in scenarios:
-            result = run(d, args.parallel, size, method, payload, credential)
+            result = scenario(d, args.parallel, size, method, payload, credential)
             results.append(result)
             print(json.dumps(result) if args.json else report(result), flush=True)
     ok = all(r["alive"] and r["getversion_after_s"] is not None for r in results)

@@ -1,12 +1,14 @@
 """Other slices' CM calls while the emulator tears down a slice with stubborn processes.
 
-    .venv/bin/python bench/bench_emulator_teardown.py [--stubborn 5] [--rounds 3]
+    .venv/bin/python bench/bench_emulator_teardown.py [--stubborn 5] [--rounds 3] [--quick]
 
 Slice A has ``--stubborn`` nodes whose startup command ignores SIGTERM (each needs the
 3 s grace period before SIGKILL). While A is deleted (DeleteSlice, blocking), slice B's
 owner keeps calling RenewSlice, AddNodes+DeleteNodes, SliverStatus and GetVersion through
 the real client. Prints, per call kind, the time an answer took with the CM idle and
 during the teardown, and how many of B's calls were answered before the teardown ended.
+``run(quick)`` is the harness's entry (``python -m bench --only emulator_teardown``; quick:
+2 stubborn nodes, 1 round).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -93,14 +96,13 @@ def _round(a: ProtoGeniServer, b: ProtoGeniServer, stubborn: int,
     return time.perf_counter() - started, answered, before_end
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stubborn", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    samples = {name: {"idle": [], "teardown": []} for name in
-               ("RenewSlice", "AddNodes+DeleteNodes", "SliverStatus", "GetVersion")}
+Samples = dict[str, dict[str, list[float]]]
+
+
+def measure(stubborn: int, rounds_wanted: int) -> tuple[list[tuple[float, int, int]], Samples]:
+    """Per round (teardown s, B's calls answered, answered before it ended); call samples."""
+    samples: Samples = {name: {"idle": [], "teardown": []} for name in
+                        ("RenewSlice", "AddNodes+DeleteNodes", "SliverStatus", "GetVersion")}
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench-teardown-") as tmp:
         root = Path(tmp)
@@ -115,8 +117,48 @@ def main() -> int:
                 b.register_slice(expiration=expires)
                 b.create_sliver(build_request([NodeSpec("b0"), NodeSpec("b1")]))
                 _until(lambda: b.sliver_status().ready, "slice B ready")
-                for _ in range(args.rounds):
-                    rounds.append(_round(a, b, args.stubborn, samples))
+                for _ in range(rounds_wanted):
+                    rounds.append(_round(a, b, stubborn, samples))
+    return rounds, samples
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    stubborn, n = (2, 1) if quick else (5, 3)
+    rounds, samples = measure(stubborn, n)
+    teardown = [r[0] for r in rounds]
+    figures: dict[str, Any] = {
+        "stubborn_nodes": stubborn, "rounds": n,
+        "teardown_s": statistics.median(teardown), "teardown_s_min": min(teardown),
+        "teardown_s_max": max(teardown),
+        "other_slice_calls_answered_during_teardown": statistics.median(r[1] for r in rounds)}
+    table = [(f"teardown of {stubborn} SIGTERM-ignoring nodes (median of {n})",
+              f"{figures['teardown_s']:.1f} s; slice B answered "
+              f"{figures['other_slice_calls_answered_during_teardown']:.0f} calls meanwhile")]
+    for name, by in samples.items():
+        key = name.lower().replace("+", "_")
+        figures[f"{key}_idle_median_ms"] = statistics.median(by["idle"]) * 1000
+        if by["teardown"]:
+            figures[f"{key}_during_teardown_median_ms"] = \
+                statistics.median(by["teardown"]) * 1000
+            figures[f"{key}_during_teardown_max_ms"] = max(by["teardown"]) * 1000
+            table.append((f"slice B {name}: idle / during teardown (median, max)",
+                          f"{figures[f'{key}_idle_median_ms']:.1f} ms / "
+                          f"{figures[f'{key}_during_teardown_median_ms']:.1f} ms, "
+                          f"{figures[f'{key}_during_teardown_max_ms']:.0f} ms"))
+    figures["table"] = table
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stubborn", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="2 stubborn nodes, 1 round")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.quick:
+        args.stubborn, args.rounds = 2, 1
+    rounds, samples = measure(args.stubborn, args.rounds)
     print(f"teardown of a slice with {args.stubborn} SIGTERM-ignoring nodes, "
           f"{args.rounds} rounds")
     for total, answered, before_end in rounds:

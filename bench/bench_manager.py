@@ -1,13 +1,15 @@
-"""The elastic slice manager's own cost: CPU per full cycle, and reaction to a demand jump.
+"""The elastic slice manager's cost: CPU and memory per full cycle, reaction to demand.
 
-    .venv/bin/python bench/bench_manager.py [--sizes 10,100,1000] [--cycles 3]
+    .venv/bin/python bench/bench_manager.py [--quick] [--sizes 10,100,1000,5000] [--cycles 3]
 
 The emulator runs in ANOTHER process (`elasticslice emulator serve`), so the manager's CPU
 time (``time.process_time`` of this process) excludes the CM's work and all waiting on it.
 For each slice size N: the manager grows a slice to N nodes, waits until they are ready,
 then runs full cycles (``manage_once``: every method, in order) and reports the median CPU
-time per cycle. Then, with the daemon running (all intervals an hour long), the demand jumps
-and we time how long until the AddNodes call is made (the seed's default: up to 300 s).
+time per cycle (min and max too), the Python memory one full cycle allocates at its peak
+(tracemalloc, a separate cycle) and the process's max RSS so far. Then, with the daemon
+running (all intervals an hour long), the demand jumps and we time how long until the
+AddNodes call is made (the seed's default: up to 300 s).
 Prints a table; exits 0.
 """
 from __future__ import annotations
@@ -17,10 +19,13 @@ import json
 import logging
 import os
 import statistics
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +56,22 @@ class TimedHelper(SimpleElasticSliceHelper):
 
 def serve(root: Path, nodes: int) -> tuple[subprocess.Popen[bytes], Path]:
     inventory = root / "inventory.ini"
+    count = min(10000, nodes + max(50, nodes // 2))  # the emulator's inventory bound
     inventory.write_text("[inventory]\ndefault_hardware_type = bench\nimages = UBUNTU22-64-STD\n"
-                         f"\n[bench]\ncount = {nodes * 3 + 50}\ncores = 8\nmemory = 65536\n"
+                         f"\n[bench]\ncount = {count}\ncores = 8\nmemory = 65536\n"
                          "prefix = bn\n")
     d = init_emulator(root / "emu")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "elasticslice.cli", "emulator", "serve", "--dir", str(d),
-         "--port", "0", "--inventory", str(inventory), "--boot-delay", "0.2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+    errors = root / "emulator.err"
+    with errors.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "elasticslice.cli", "emulator", "serve", "--dir", str(d),
+             "--port", "0", "--inventory", str(inventory), "--boot-delay", "0.2"],
+            stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 120
     while not (d / "server.json").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the emulator did not start")
+            last = (errors.read_text(errors="replace").strip().splitlines() or ["no output"])
+            raise SystemExit(f"the emulator did not start ({nodes} nodes): {last[-1]}")
         time.sleep(0.1)
     json.loads((d / "server.json").read_text())
     return proc, d
@@ -73,26 +82,47 @@ def manager_for(d: Path, root: Path, size: int, helper: SimpleElasticSliceHelper
     os.environ["ELASTICSLICE_CREDENTIAL_CACHE_DIR"] = str(root / "cache")
     server = ProtoGeniServer(load_config(d / "elasticslice.conf"),
                              retry=RetryPolicy(attempts=10, base_delay=0.05, max_delay=0.5))
-    policy = PolicyConfig(add_cooldown=0.0, max_add_per_cycle=size)
-    return SimpleElasticSliceManager(server, maxthreshold=size, helper=helper, policy=policy,
+    policy = PolicyConfig(add_cooldown=0.0, max_add_per_cycle=size, percent_available_minimum=0.0)
+    return SimpleElasticSliceManager(server, maxthreshold=size, percent_available_minimum=0.0,
+                                     helper=helper, policy=policy,
                                      state_dir=root / "state", **options)
 
 
-def cycle_cpu(size: int, cycles: int) -> tuple[float, float, float]:
+@dataclass(frozen=True)
+class CycleCost:
+    cpu: list[float]         # seconds per full cycle (manage_once)
+    wall: list[float]
+    steady: list[float]      # seconds per cycle without the daily update_all
+    peak_kib: float          # tracemalloc peak of one full cycle
+    rss_mib: float           # the process's max RSS so far
+    ready: int               # nodes ready when the cycles were timed
+
+
+def cycle_cost(size: int, cycles: int) -> CycleCost:
     with tempfile.TemporaryDirectory(prefix="bench-manager-") as tmp:
         root = Path(tmp)
         proc, d = serve(root, size)
         try:
             manager = manager_for(d, root, size, SimpleElasticSliceHelper(num_pcs=1))
             manager.manage_once()
-            for _ in range(600):
+            # The emulator boots nodes one by one (a few ms each, much more on a loaded
+            # machine): beyond 1,000 nodes we wait at most 2 minutes, then measure the slice
+            # as it is (all nodes in it, some still booting; the figures say how many).
+            wait = 900 if size <= 1000 else 120
+            deadline = time.monotonic() + wait
+            while True:  # poll less often in big slices: each poll is a full SliverStatus
                 nodes = manager.state.nodes()
                 if len(nodes) == size and all(n.state == "ready" for n in nodes):
                     break
-                time.sleep(0.2)
+                if time.monotonic() > deadline:
+                    if len(nodes) == size and size > 1000:
+                        break
+                    ready = sum(1 for n in nodes if n.state == "ready")
+                    raise SystemExit(f"{size} nodes did not become ready in {wait} s "
+                                     f"({ready} ready)")
+                time.sleep(max(0.2, size / 1000))
                 manager.update_sliver_status()
-            else:
-                raise SystemExit(f"{size} nodes did not become ready")
+            ready = sum(1 for n in manager.state.nodes() if n.state == "ready")
             samples, walls, steady = [], [], []
             for _ in range(cycles):
                 cpu, wall = time.process_time(), time.perf_counter()
@@ -107,13 +137,17 @@ def cycle_cpu(size: int, cycles: int) -> tuple[float, float, float]:
                     if name != "update_all" and not manager.cycle.run_method(name):
                         raise SystemExit(f"{name} failed")
                 steady.append(time.process_time() - cpu)
+            tracemalloc.start()
+            manager.manage_once()
+            peak = tracemalloc.get_traced_memory()[1] / 1024
+            tracemalloc.stop()
             manager.close()
             manager.server.close()
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    return (statistics.median(samples), statistics.median(walls),
-            statistics.median(steady))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return CycleCost(samples, walls, steady, peak, rss, ready)
 
 
 def demand_jump(size: int) -> float:
@@ -142,23 +176,48 @@ def demand_jump(size: int) -> float:
     return took
 
 
+def run(quick: bool = False, sizes: tuple[int, ...] | None = None,
+        cycles: int = 3) -> dict[str, Any]:
+    """Figures per slice size (10, 100, 1,000, 5,000 nodes; quick: 10 and 100)."""
+    sizes = sizes or ((10, 100) if quick else (10, 100, 1000, 5000))
+    out: dict[str, Any] = {}
+    rows: list[tuple[str, str]] = []
+    for size in sizes:
+        cost = cycle_cost(size, cycles)
+        cpu, wall = statistics.median(cost.cpu) * 1000, statistics.median(cost.wall) * 1000
+        steady = statistics.median(cost.steady) * 1000
+        key = f"{size}_nodes"
+        out.update({f"manager_cycle_cpu_ms_{key}": round(cpu, 2),
+                    f"manager_cycle_cpu_ms_{key}_min": round(min(cost.cpu) * 1000, 2),
+                    f"manager_cycle_cpu_ms_{key}_max": round(max(cost.cpu) * 1000, 2),
+                    f"manager_cycle_wall_ms_{key}": round(wall, 2),
+                    f"manager_steady_cycle_cpu_ms_{key}": round(steady, 2),
+                    f"manager_cycle_peak_python_kib_{key}": round(cost.peak_kib, 1),
+                    f"manager_max_rss_mib_after_{key}": round(cost.rss_mib, 1),
+                    f"manager_ready_nodes_when_timed_{key}": cost.ready})
+        booting = "" if cost.ready == size else f", {size - cost.ready} still booting"
+        rows.append((f"one full cycle, {size}-node slice{booting}: manager CPU (wall incl. CM)",
+                     f"{cpu:8.1f} ms  ({wall:.0f} ms)"))
+        rows.append((f"a cycle without the daily update_all, {size}-node slice: CPU",
+                     f"{steady:8.1f} ms"))
+        rows.append((f"memory, {size}-node slice: peak of one cycle (max RSS so far)",
+                     f"{cost.peak_kib / 1024:8.1f} MiB  ({cost.rss_mib:.0f} MiB)"))
+    took = demand_jump(10) * 1000
+    out["manager_demand_jump_to_addnodes_ms"] = round(took, 2)
+    rows.append(("demand jump -> AddNodes call (daemon running, hour-long intervals)",
+                 f"{took:8.1f} ms"))
+    return {**out, "table": rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--quick", action="store_true", help="10- and 100-node slices")
+    parser.add_argument("--sizes", default=None, help="e.g. 10,100,1000,5000")
     parser.add_argument("--cycles", type=int, default=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    rows: list[tuple[str, str]] = []
-    for size in (int(s) for s in args.sizes.split(",")):
-        cpu, wall, steady = cycle_cpu(size, args.cycles)
-        rows.append((f"one full cycle, {size}-node slice: manager CPU (wall incl. CM)",
-                     f"{cpu * 1000:8.1f} ms  ({wall * 1000:.0f} ms)"))
-        rows.append((f"a cycle without the daily update_all, {size}-node slice: CPU",
-                     f"{steady * 1000:8.1f} ms"))
-    took = demand_jump(10)
-    rows.append(("demand jump -> AddNodes call (daemon running, hour-long intervals)",
-                 f"{took * 1000:8.1f} ms"))
-    print_table(rows)
+    sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
+    print_table(run(args.quick, sizes, args.cycles)["table"])
     return 0
 
 

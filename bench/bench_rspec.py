@@ -1,6 +1,7 @@
 """Benchmark: parse a generated 5,000-node advertisement and a 2,000-node manifest.
 
-Standalone (never part of pytest): ``.venv/bin/python bench/bench_rspec.py [--runs N]``.
+Standalone (never part of pytest): ``.venv/bin/python bench/bench_rspec.py [--quick] [--runs N]``
+(``python -m bench`` calls :func:`run`).
 Prints a small table: document size, wall-clock median / min parse time over N runs, the
 median CPU time of the parsing thread (``time.thread_time``: what the parse itself costs,
 less disturbed when other processes share the machine), the peak traced memory of one
@@ -20,12 +21,17 @@ import argparse
 import os
 import resource
 import statistics
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 
-from elasticslice.rspec import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from elasticslice.rspec import (  # noqa: E402
     Interface, Link, Login, Node, build_advertisement, build_manifest, parse, validate,
 )
 
@@ -87,22 +93,40 @@ def peak_kib(fn: Callable[[], object]) -> float:
     return peak / 1024
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=31, help="timed runs per case")
-    args = parser.parse_args()
-    cases = [("advertisement 5000 nodes", make_advertisement(5000), 100.0),
-             ("manifest 2000 nodes", make_manifest(2000), 50.0)]
-    print(f"{'case':<26} {'size KiB':>9} {'median ms':>10} {'min ms':>8} {'cpu ms':>8} "
-          f"{'goal ms':>8} {'peak KiB':>9} {'validate ms':>12}")
-    for name, xml, goal in cases:
+def run(quick: bool = False, runs: int | None = None) -> dict[str, Any]:
+    """Parse figures of both documents (``runs`` timed runs each; quick: 7, else 31)."""
+    runs = runs or (7 if quick else 31)
+    cases = [("advertisement", 5000, make_advertisement(5000), 100.0),
+             ("manifest", 2000, make_manifest(2000), 50.0)]
+    out: dict[str, Any] = {}
+    rows: list[tuple[str, str]] = []
+    for kind, count, xml, goal in cases:
         data = xml.encode()
         parse(data)  # warm up (imports, parser creation)
-        median, best, cpu = timed(lambda d=data: parse(d), args.runs)
+        median, best, cpu = timed(lambda d=data: parse(d), runs)
         validate(data)  # compile the schema outside the timing
-        vmedian, _, _ = timed(lambda d=data: validate(d), max(3, args.runs // 5))
-        print(f"{name:<26} {len(data) / 1024:>9.0f} {median:>10.1f} {best:>8.1f} {cpu:>8.1f} "
-              f"{goal:>8.0f} {peak_kib(lambda d=data: parse(d)):>9.0f} {vmedian:>12.1f}")
+        vmedian, _, _ = timed(lambda d=data: validate(d), max(3, runs // 5))
+        peak = peak_kib(lambda d=data: parse(d))
+        key = f"rspec_parse_{kind}_{count}_nodes"
+        out.update({f"{key}_ms": round(median, 2), f"{key}_ms_min": round(best, 2),
+                    f"{key}_cpu_ms": round(cpu, 2), f"{key}_peak_python_kib": round(peak),
+                    f"{key}_size_kib": round(len(data) / 1024),
+                    f"rspec_validate_{kind}_{count}_nodes_ms": round(vmedian, 2)})
+        rows.append((f"parse {kind}, {count} nodes ({len(data) / 1024:.0f} KiB; goal "
+                     f"{goal:.0f} ms)", f"{median:8.1f} ms (min {best:.1f}, CPU {cpu:.1f}, "
+                                        f"peak {peak / 1024:.1f} MiB)"))
+        rows.append((f"validate {kind}, {count} nodes", f"{vmedian:8.1f} ms"))
+    return {**out, "table": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="7 timed runs per case")
+    parser.add_argument("--runs", type=int, default=None, help="timed runs per case")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from table import print_table
+    print_table(run(args.quick, args.runs)["table"])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     load = os.getloadavg()[0]
     print(f"process max RSS: {rss:.0f} MiB; load average {load:.2f} on {os.cpu_count()} CPUs")

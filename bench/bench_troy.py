@@ -1,50 +1,68 @@
 #!/usr/bin/env python
-"""Troy throughput and latency: Troy on Dask against raw Dask on the same scheduler and
-worker, in the same run; Troy on ``local``; with and without bundling.
+"""Troy's throughput and latency against its peers, side by side in one run.
 
-Figures (printed as a table):
+Every engine gets the same 2 workers (a 2-core Troy pilot on Dask or ``local``, raw Dask on
+that pilot's scheduler and worker, a Parsl HighThroughputExecutor block of 2 workers, a pool
+of 2 processes for the spawn floor). All are started first; then each round measures every
+engine once, one after the other (so engines alternate), and each figure is the median of
+the rounds (3; 1 with ``--quick``) with its min and max. Ratios are taken within a round
+(Troy against the peer measured next to it) and then summarised the same way.
 
-- null units: a Python no-op callable; ``/bin/true`` units: a real process each;
-- ``units/s``: units submitted in one burst, until the last is final (for bundled runs:
-  tasks/s, since a bundle runs many tasks as one unit);
-- latency: back-to-back round trips (submit one unit, wait for it, repeat), median ms.
+- null units: a Python no-op; ``true``: ``/bin/true``, a real process each;
+- units/s (tasks/s): a burst submitted at once, until the last result is in;
+- bundled: bundles of 250 ``/bin/true`` members made directly, and the whole pipeline
+  (``execute_workload``: planner, workload manager with bundling, unit service);
+- the spawn floor: ``/bin/true`` from a pool of 2 processes (forked before anything else
+  starts); the thread floor: from 2 threads of this process (where ``local`` runs units);
+- latency: back-to-back round trips of one null unit, median ms of the round.
 
-Raw Dask and Troy run alternately, best of three rounds each (``client CPU``: CPU seconds
-of this process, which also hosts the scheduler, per unit). Raw Dask is measured twice: ``client.map`` (one graph for the whole burst, Dask's best
-case) and ``client.submit`` per task (what per-task submission costs in raw Dask). The
-spawn floor is ``/bin/true`` run from a pool of 2 processes. One Dask worker of 2 cores
-(Troy pilot, ``worker-saturation`` unbounded unless the row says otherwise).
-
-Usage: ``python bench/bench_troy.py [--quick]`` (``--quick``: fewer units, for a smoke run).
+``python bench/bench_troy.py [--quick]``; ``python -m bench --only troy``.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from multiprocessing import Pool
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
 import troy  # noqa: E402
 from troy import ComputeUnitDescription as CUD  # noqa: E402
 from troy.frameworks.dask import DaskFramework  # noqa: E402
+from troy.overlay import OverlayManager  # noqa: E402
 
-QUICK = "--quick" in sys.argv
-N_NULL = 600 if QUICK else 2000
-N_TRUE = 300 if QUICK else 1000
-N_BUNDLE = 1000 if QUICK else 5000
-N_LAT = 50 if QUICK else 200
-ROUNDS = 1 if QUICK else 3  # raw Dask and Troy alternately, best of ROUNDS
 CORES = 2
+BUNDLE = 250
+RESULTS = BENCH / "results"
+log = logging.getLogger("bench.troy")
 
-rows: list[tuple[str, str, str]] = []
+
+@dataclass(frozen=True)
+class Sizes:
+    null: int      # units per null burst
+    true: int      # units per /bin/true burst (unbundled)
+    bundled: int   # /bin/true tasks per bundled run
+    lat: int       # round trips per latency figure
+    rounds: int
 
 
-def noop() -> None:
+def sizes(quick: bool) -> Sizes:
+    return Sizes(400, 200, 1000, 30, 1) if quick else Sizes(2000, 1000, 5000, 150, 3)
+
+
+def noop(_: object = None) -> None:
     return None
 
 
@@ -52,171 +70,267 @@ def true_proc(_: object = None) -> int:
     return subprocess.call(["/bin/true"])
 
 
-def report(name: str, n: int, seconds: float, note: str = "") -> float:
-    rate = n / seconds
-    rows.append((name, f"{rate:,.0f}/s", note))
-    print(f"  {name:<46} {rate:>9,.0f}/s  {note}", file=sys.stderr, flush=True)
-    return rate
-
-
-def latency(name: str, once) -> None:
-    times = []
-    for _ in range(N_LAT):
-        t0 = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - t0)
-    med = statistics.median(times) * 1000
-    rows.append((name, f"{med:.1f} ms", f"p90 {sorted(times)[int(0.9 * len(times))] * 1000:.1f} ms"))
-    print(f"  {name:<46} {med:>8.1f} ms", file=sys.stderr, flush=True)
-
-
-def burst(fw, cuds) -> float:
+def burst(fw: Any, cuds: list[CUD]) -> float:
     t0 = time.perf_counter()
     units = [fw.submit_unit(c) for c in cuds]
     for u in units:
         u.wait()
     dt = time.perf_counter() - t0
     bad = [u for u in units if u.state is not troy.State.DONE]
-    assert not bad, bad[:3]
+    if bad:
+        raise RuntimeError(f"{len(bad)} units not DONE, e.g. {bad[0].id}: {bad[0].state}")
     return dt
 
 
-def timed(fn) -> float:
+def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
-def cpu_timed(fn) -> tuple[float, float]:
-    """Wall seconds and this process's CPU seconds (client, submit and event threads, and
-    the scheduler, which runs in this process) of ``fn()``."""
-    c0 = time.process_time()
-    wall = timed(fn)
-    return wall, time.process_time() - c0
+def latency_ms(once: Callable[[], object], n: int) -> float:
+    times = [timed(once) for _ in range(n)]
+    return statistics.median(times) * 1000
 
 
-def dask_versus_troy(fw: DaskFramework) -> None:
-    """Raw Dask and Troy alternately on the same scheduler and worker, best of ROUNDS each
-    (this box is shared: the best run is the least disturbed one)."""
+class Engines(ExitStack):
+    """Every engine of the comparison, started once and kept for all rounds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dask: Any = None        # Troy's dask framework (worker-saturation inf)
+        self.dask_default: Any = None  # a second cluster at Dask's default saturation
+        self.local: Any = None
+        self.overlays: dict[str, troy.Overlay] = {}
+        self.sessions: dict[str, troy.Session] = {}
+        self.parsl: Any = None
+        self.pool: Any = None
+        self.threads: Any = None
+
+    def __enter__(self) -> Engines:
+        super().__enter__()
+        # the spawn floor's pool first: forked from a process not yet holding the others
+        self.pool = self.enter_context(Pool(CORES))
+        self.pool.map(true_proc, range(20))
+        self.threads = self.enter_context(ThreadPool(CORES))
+        for kind in ("dask", "local"):
+            session = self.enter_context(troy.Session())
+            fw = session.add_framework(kind)
+            overlay = troy.Overlay([{"size": CORES, "framework": kind}])
+            OverlayManager(session).manage_overlay(overlay)
+            self.callback(overlay.cancel)
+            self.sessions[kind], self.overlays[kind] = session, overlay
+            setattr(self, kind, fw)
+        self.dask_default = DaskFramework("bench-default", worker_saturation=1.1)
+        self.dask_default.start()
+        self.callback(self.dask_default.close)
+        self.dask_default.submit_pilot(troy.PilotDescription(size=CORES)).wait_running(60)
+        from parsl_peer import ParslPeer  # bench/ is on sys.path
+        self.parsl = self.enter_context(ParslPeer(CORES))
+        for fw in (self.dask, self.dask_default, self.local):  # warm the workers
+            burst(fw, [CUD(function=noop)] * 100)
+        return self
+
+
+def pipeline(e: Engines, kind: str, n: int, bundle: object) -> float:
+    """Seconds for ``execute_workload`` to run n ``/bin/true`` tasks on the running overlay."""
+    w = troy.Workload()
+    w.add_task([{"executable": "/bin/true", "runtime": 0.001}] * n)
+    t0 = time.perf_counter()
+    state = troy.execute_workload(e.sessions[kind], w, e.overlays[kind], bundle=bundle)
+    dt = time.perf_counter() - t0
+    if state is not troy.State.DONE:
+        raise RuntimeError(f"execute_workload on {kind} ended {state}")
+    return dt
+
+
+def bundles(n: int) -> list[CUD]:
+    return [CUD(bundle=[CUD(executable="/bin/true")] * BUNDLE) for _ in range(n // BUNDLE)]
+
+
+def dask_map(fw: Any, fn: Callable[[object], object], n: int) -> float:
     c = fw.client
-    for name, fn, cud, n in (("null", noop, CUD(function=noop), N_NULL),
-                             ("/bin/true", true_proc, CUD(executable="/bin/true"), N_TRUE)):
-        raw, sub, mine = [], [], []
-        for _ in range(ROUNDS):
-            raw.append(cpu_timed(lambda: c.gather(c.map(lambda i, f=fn: f(), range(n),
-                                                         pure=False))))
-            mine.append(cpu_timed(lambda: burst(fw, [cud] * n)))
-            sub.append(cpu_timed(lambda: c.gather([c.submit(fn, pure=False)
-                                                   for _ in range(n)])))
-
-        def cpu(runs: list[tuple[float, float]]) -> str:
-            return f"client CPU {1000 * min(r[1] for r in runs) / n:.2f} ms/unit"
-
-        best_raw = report(f"raw Dask map, {name}", n, min(r[0] for r in raw), cpu(raw))
-        report(f"raw Dask submit per task, {name}", n, min(r[0] for r in sub), cpu(sub))
-        troy_rate = report(f"Troy on Dask, {name}", n, min(r[0] for r in mine), cpu(mine))
-        rows[-1] = (*rows[-1][:2],
-                    f"{100 * troy_rate / best_raw:.0f}% of raw Dask map; {cpu(mine)}")
-    for _ in range(ROUNDS):
-        latency("raw Dask latency", lambda: c.submit(noop, pure=False).result())
-        latency("Troy on Dask latency", lambda: fw.submit_unit(CUD(function=noop)).wait())
-    for label in ("raw Dask latency", "Troy on Dask latency"):  # keep the best round only
-        best = min((r for r in rows if r[0] == label), key=lambda r: float(r[1].split()[0]))
-        rows[:] = [r for r in rows if r[0] != label] + [best]
+    return timed(lambda: c.gather(c.map(fn, range(n), pure=False)))
 
 
-def troy_units(fw, label: str) -> None:
-    report(f"Troy {label}, null", N_NULL, burst(fw, [CUD(function=noop)] * N_NULL))
-    report(f"Troy {label}, /bin/true", N_TRUE,
-           burst(fw, [CUD(executable="/bin/true")] * N_TRUE))
-    latency(f"Troy {label} latency", lambda: fw.submit_unit(CUD(function=noop)).wait())
+def throughputs(e: Engines, s: Sizes) -> list[tuple[str, int, Callable[[], float]]]:
+    """(figure name, tasks, a callable returning seconds), in the order a round runs them:
+    each Troy figure next to the peers it is compared with."""
+    null, true = [CUD(function=noop)] * s.null, [CUD(executable="/bin/true")] * s.true
+    half = s.bundled // 2
+    return [
+        ("dask_map_null_tasks_per_s", s.null, lambda: dask_map(e.dask, noop, s.null)),
+        ("troy_dask_null_units_per_s", s.null, lambda: burst(e.dask, null)),
+        ("dask_map_default_saturation_null_tasks_per_s", s.null,
+         lambda: dask_map(e.dask_default, noop, s.null)),
+        ("parsl_htex_null_tasks_per_s", s.null, lambda: e.parsl.burst("null", s.null)),
+        ("troy_local_null_units_per_s", s.null, lambda: burst(e.local, null)),
+        ("dask_map_true_tasks_per_s", s.true, lambda: dask_map(e.dask, true_proc, s.true)),
+        ("troy_dask_true_units_per_s", s.true, lambda: burst(e.dask, true)),
+        ("dask_map_default_saturation_true_tasks_per_s", s.true,
+         lambda: dask_map(e.dask_default, true_proc, s.true)),
+        ("parsl_htex_python_app_true_tasks_per_s", s.true,
+         lambda: e.parsl.burst("python_app", s.true)),
+        ("parsl_htex_bash_app_true_tasks_per_s", s.true,
+         lambda: e.parsl.burst("bash_app", s.true)),
+        ("troy_local_true_units_per_s", s.true, lambda: burst(e.local, true)),
+        ("spawn_floor_true_tasks_per_s", s.bundled,
+         lambda: timed(lambda: e.pool.map(true_proc, range(s.bundled), chunksize=16))),
+        ("spawn_floor_threads_true_tasks_per_s", s.bundled,
+         lambda: timed(lambda: e.threads.map(true_proc, range(s.bundled), chunksize=16))),
+        ("troy_dask_bundled_true_tasks_per_s", s.bundled,
+         lambda: burst(e.dask, bundles(s.bundled))),
+        ("troy_local_bundled_true_tasks_per_s", s.bundled,
+         lambda: burst(e.local, bundles(s.bundled))),
+        ("troy_pipeline_dask_bundled_true_tasks_per_s", s.bundled,
+         lambda: pipeline(e, "dask", s.bundled, "auto")),
+        ("troy_pipeline_local_bundled_true_tasks_per_s", s.bundled,
+         lambda: pipeline(e, "local", s.bundled, "auto")),
+        ("troy_pipeline_dask_unbundled_true_tasks_per_s", half // 2,
+         lambda: pipeline(e, "dask", half // 2, False)),
+        ("troy_pipeline_local_unbundled_true_tasks_per_s", half // 2,
+         lambda: pipeline(e, "local", half // 2, False)),
+    ]
 
 
-def troy_bundles(fw, label: str, size: int = 250) -> None:
-    """Bundle units as the workload manager makes them (here made directly)."""
-    for name, member, n in (("null", CUD(function=noop), N_BUNDLE),
-                            ("/bin/true", CUD(executable="/bin/true"), N_BUNDLE // 2)):
-        bundles = [CUD(bundle=[member] * size) for _ in range(n // size)]
-        report(f"Troy {label} bundled x{size}, {name}", len(bundles) * size,
-               burst(fw, bundles), "tasks/s")
+def latencies(e: Engines) -> list[tuple[str, Callable[[], object]]]:
+    c = e.dask.client
+    return [("dask_latency_ms", lambda: c.submit(noop, pure=False).result()),
+            ("troy_dask_latency_ms", lambda: e.dask.submit_unit(CUD(function=noop)).wait()),
+            ("parsl_htex_latency_ms", e.parsl.once),
+            ("troy_local_latency_ms", lambda: e.local.submit_unit(CUD(function=noop)).wait())]
 
 
-def troy_workload(framework: str, bundle, scheduler: str, n: int, **options) -> None:
-    """A workload of n independent short ``/bin/true`` tasks through the whole pipeline
-    (planner, overlay manager, workload manager, unit service); pilots started first."""
-    from troy.overlay import OverlayManager
-    with troy.Session() as session:
-        session.add_framework(framework, **options)
-        w = troy.Workload()
-        w.add_task([{"executable": "/bin/true", "runtime": 0.001}] * n)
-        overlay = troy.Overlay([{"size": CORES, "framework": framework}])
-        OverlayManager(session).manage_overlay(overlay)
-        t0 = time.perf_counter()
-        state = troy.execute_workload(session, w, overlay, bundle=bundle, scheduler=scheduler)
-        dt = time.perf_counter() - t0
-        overlay.cancel()
-    assert state is troy.State.DONE, state
-    units = {u.id for t in w.tasks.values() for u in t.units}
-    extra = "".join(f", {k}={v}" for k, v in options.items())
-    report(f"execute_workload {framework}, {scheduler}, bundle={bundle}{extra}", n, dt,
-           f"tasks/s, /bin/true ({len(units)} units)")
+# ratio name -> (numerator, denominators: the best of them in the same round)
+RATIOS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ratio_troy_dask_over_dask_map_null": (
+        "troy_dask_null_units_per_s",
+        ("dask_map_null_tasks_per_s", "dask_map_default_saturation_null_tasks_per_s")),
+    "ratio_troy_dask_over_dask_map_true": (
+        "troy_dask_true_units_per_s",
+        ("dask_map_true_tasks_per_s", "dask_map_default_saturation_true_tasks_per_s")),
+    "ratio_troy_dask_over_parsl_true": (
+        "troy_dask_true_units_per_s",
+        ("parsl_htex_python_app_true_tasks_per_s", "parsl_htex_bash_app_true_tasks_per_s")),
+    "ratio_troy_dask_over_parsl_null": ("troy_dask_null_units_per_s",
+                                        ("parsl_htex_null_tasks_per_s",)),
+}
+RATIOS["ratio_troy_local_bundled_true_over_thread_floor"] = (
+    "troy_local_bundled_true_tasks_per_s", ("spawn_floor_threads_true_tasks_per_s",))
+for _kind in ("dask", "local"):
+    for _path in ("pipeline_" + _kind, _kind):
+        RATIOS[f"ratio_troy_{_path}_bundled_true_over_floor"] = (
+            f"troy_{_path}_bundled_true_tasks_per_s", ("spawn_floor_true_tasks_per_s",))
+        RATIOS[f"ratio_troy_{_path}_bundled_true_over_parsl"] = (
+            f"troy_{_path}_bundled_true_tasks_per_s",
+            ("parsl_htex_python_app_true_tasks_per_s", "parsl_htex_bash_app_true_tasks_per_s"))
 
 
-def spawn_floor() -> None:
-    with Pool(CORES) as pool:
-        pool.map(true_proc, range(50))
-        t0 = time.perf_counter()
-        pool.map(true_proc, range(N_TRUE), chunksize=16)
-        report("spawn floor: /bin/true from 2 processes", N_TRUE, time.perf_counter() - t0)
+def summarise(name: str, values: list[float], figures: dict[str, Any]) -> None:
+    figures[name] = statistics.median(values)
+    figures[name + "_min"], figures[name + "_max"] = min(values), max(values)
+
+
+def measure(quick: bool) -> dict[str, list[float]]:
+    s = sizes(quick)
+    samples: dict[str, list[float]] = {}
+    with Engines() as e:
+        for r in range(s.rounds):
+            log.info("round %d of %d", r + 1, s.rounds)
+            for name, n, fn in throughputs(e, s):
+                samples.setdefault(name, []).append(n / fn())
+            for name, once in latencies(e):
+                once()
+                samples.setdefault(name, []).append(latency_ms(once, s.lat))
+    return samples
+
+
+def figures_of(samples: dict[str, list[float]], rounds: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {"rounds": rounds, "workers": CORES, "bundle_size": BUNDLE}
+    for name, values in samples.items():
+        summarise(name, values, figures)
+    for name, (top, peers) in RATIOS.items():
+        summarise(name, [samples[top][i] / max(samples[p][i] for p in peers)
+                         for i in range(rounds)], figures)
+    summarise("troy_dask_latency_over_dask_ms",
+              [t - d for t, d in zip(samples["troy_dask_latency_ms"],
+                                     samples["dask_latency_ms"])], figures)
+    figures["goal_bundled_true_at_least_90pct_of_floor"] = \
+        figures["ratio_troy_pipeline_local_bundled_true_over_floor"] >= 0.9
+    figures["goal_bundled_true_at_least_3x_parsl"] = \
+        figures["ratio_troy_pipeline_local_bundled_true_over_parsl"] >= 3.0
+    figures["goal_unbundled_at_least_1x_dask_map"] = min(
+        figures["ratio_troy_dask_over_dask_map_null"],
+        figures["ratio_troy_dask_over_dask_map_true"]) >= 1.0
+    figures["goal_latency_within_1ms_of_dask"] = figures["troy_dask_latency_over_dask_ms"] <= 1.0
+    return figures
+
+
+def _fig(figures: dict[str, Any], name: str, unit: str) -> str:
+    fmt = "{:,.2f}" if unit in ("x", "ms") else "{:,.0f}"
+    lo, hi = fmt.format(figures[name + "_min"]), fmt.format(figures[name + "_max"])
+    return f"{fmt.format(figures[name])} {unit} ({lo} .. {hi})"
+
+
+def table(figures: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for name in figures:
+        if name.endswith(("_min", "_max")) or not isinstance(figures[name], float):
+            continue
+        unit = "ms" if name.endswith("_ms") else "x" if name.startswith("ratio_") else "/s"
+        rows.append((name, _fig(figures, name, unit)))
+    rows += [(name, "met" if ok else "MISSED") for name, ok in figures.items()
+             if name.startswith("goal_")]
+    return rows
+
+
+def plot(figures: dict[str, Any], path: Path) -> None:
+    """A bar chart of the throughput figures (median, min..max as error bars)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [n for n in figures if n.endswith("_per_s")]
+    med = [figures[n] for n in names]
+    err = [[m - figures[n + "_min"] for n, m in zip(names, med)],
+           [figures[n + "_max"] - m for n, m in zip(names, med)]]
+    colours = ["tab:blue" if n.startswith("troy_") else "tab:orange" if n.startswith("dask")
+               else "tab:green" if n.startswith("parsl") else "tab:grey" for n in names]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(names) + 1.2))
+    ax.barh(range(len(names)), med, xerr=err, color=colours)
+    ax.set_yticks(range(len(names)), [n.removesuffix("_per_s") for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("tasks (units) per second, log scale; median of "
+                  f"{figures['rounds']} rounds, bars min..max")
+    ax.set_title(f"Throughput with {CORES} workers: Troy (blue), Dask (orange), "
+                 "Parsl HTEX (green), spawn floor (grey)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    # Dask and Parsl workers unpickle our functions by reference: let them import this module
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(BENCH.parent), str(BENCH)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    import distributed  # noqa: F401  (configures its loggers on import)
+    logging.getLogger("distributed").setLevel(logging.ERROR)  # no worker-loss chatter
+    rounds = sizes(quick).rounds
+    figures = figures_of(measure(quick), rounds)
+    plot(figures, RESULTS / "throughput.png")
+    figures["table"] = table(figures)
+    figures["plots"] = ["throughput.png"]
+    return figures
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.ERROR)
-    import distributed  # noqa: F401  (configures its loggers on import, at INFO)
-    logging.getLogger("distributed").setLevel(logging.WARNING)  # no Dask chatter in the table
-    started = time.perf_counter()
-    print("== Dask (one 2-core worker, worker-saturation inf)", file=sys.stderr)
-    fw = DaskFramework("bench")
-    fw.start()
-    p = fw.submit_pilot(troy.PilotDescription(size=CORES))
-    p.wait_running(60)
-    for _ in range(2):  # warm the worker
-        burst(fw, [CUD(function=noop)] * 200)
-    dask_versus_troy(fw)
-    troy_bundles(fw, "on Dask")
-    fw.close()
-    if not QUICK:
-        print("== Dask, default worker-saturation (1.1)", file=sys.stderr)
-        fw = DaskFramework("bench-default", worker_saturation=1.1)
-        fw.start()
-        fw.submit_pilot(troy.PilotDescription(size=CORES)).wait_running(60)
-        burst(fw, [CUD(function=noop)] * 200)
-        c = fw.client
-        t0 = time.perf_counter()
-        c.gather(c.map(lambda i: None, range(N_NULL), pure=False))
-        report("raw Dask map, null (saturation 1.1)", N_NULL, time.perf_counter() - t0)
-        report("Troy on Dask, null (saturation 1.1)", N_NULL,
-               burst(fw, [CUD(function=noop)] * N_NULL))
-        fw.close()
-    print("== local (one 2-core pilot)", file=sys.stderr)
-    with troy.Session() as s:
-        local = s.add_framework("local")
-        local.submit_pilot(troy.PilotDescription(size=CORES)).wait_running(10)
-        troy_units(local, "on local")
-        troy_bundles(local, "on local")
-    print("== whole workloads (execute_workload, bundling auto vs off)", file=sys.stderr)
-    n = N_BUNDLE // 2
-    for framework in ("local", "dask"):
-        troy_workload(framework, "auto", "backfill", n)
-        troy_workload(framework, False, "round_robin", n // 2)
-        troy_workload(framework, False, "backfill", n // 2)
-    troy_workload("dask", False, "backfill", n // 6, prefetch=0)
-    spawn_floor()
-    width = max(len(r[0]) for r in rows)
-    print(f"\n{'measure':<{width}}  {'figure':>12}  note")
-    for name, fig, note in rows:
-        print(f"{name:<{width}}  {fig:>12}  {note}")
-    print(f"\n(total {time.perf_counter() - started:.0f} s, {os.cpu_count()} cores)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small bursts, one round")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from table import print_table
+    print_table(run(args.quick)["table"])
 
 
 if __name__ == "__main__":

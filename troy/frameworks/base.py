@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from troy.descriptions import ComputeUnitDescription, PilotDescription
 from troy.errors import BadParameter, DoesNotExist, IncorrectState
 from troy.frameworks.drain import DrainPlan, StatCounter, UnitStats
+from troy.frameworks.shapes import Shape, ShapeIndex, shape_of
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit
 
@@ -41,6 +42,8 @@ class Pilot:
     (started or not). ``backlog`` is how many cores' worth of units beyond its size the
     pilot accepts to queue (frameworks with a costly hand-off keep their queue fed with it);
     ``room`` is what it accepts now: ``size + backlog`` less those units' cores.
+    Every change of these is counted in the framework's :class:`ShapeIndex` (what the
+    built-in schedulers ask instead of looking at every pilot).
 
     For elastic clusters: ``value`` (the resource owner's value of it, 0..1, lower is
     reclaimed sooner; None: unknown; see ``PilotFramework.set_pilot_values``), ``busy``
@@ -54,16 +57,21 @@ class Pilot:
         self.id = uid or f"pilot.{next(_pilot_seq):04d}"
         self.description = description
         self.framework = framework
-        self.draining = False
         self.native_id: str | None = None  # e.g. the Dask worker address
         self._state = State.PENDING
         self._used = 0
-        self.backlog = 0
+        self._draining = False
+        self._backlog = 0
         self._lock = threading.Lock()
         self._callbacks: list[PilotCallback] = []
         self.value: float | None = None
         self.worker_name: str | None = None
         self.idle_since: float | None = None
+        index = getattr(framework, "_shapes", None)
+        self._index: ShapeIndex | None = index if isinstance(index, ShapeIndex) else None
+        self._shape: Shape | None = None
+        with self._lock:
+            self._reshape()
 
     def __repr__(self) -> str:
         return (f"<Pilot {self.id} {self._state.value} size={self.description.size} "
@@ -72,6 +80,33 @@ class Pilot:
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        with self._lock:
+            self._draining = bool(value)
+            self._reshape()
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    @backlog.setter
+    def backlog(self, value: int) -> None:
+        with self._lock:
+            self._backlog = int(value)
+            self._reshape()
+
+    def _reshape(self) -> None:
+        """Count the pilot's current shape in its framework's index (own lock held)."""
+        if self._index is not None:
+            new = shape_of(self)
+            self._index.move(self._shape, new)
+            self._shape = new
 
     @property
     def size(self) -> int:
@@ -97,22 +132,26 @@ class Pilot:
         with self._lock:
             self._used += cores
             self.idle_since = None
+            self._reshape()
 
     def _release(self, cores: int) -> None:
         with self._lock:
             self._used = max(0, self._used - cores)
             if self._used == 0 and self.idle_since is None:
                 self.idle_since = time.time()
+            self._reshape()
 
     def add_callback(self, cb: PilotCallback) -> None:
         self._callbacks.append(cb)
 
     def _set_state(self, state: State) -> None:
-        if self._state in FINAL_STATES or self._state is state:
-            return
-        self._state = state
-        if state is State.RUNNING and self._used == 0:
-            self.idle_since = time.time()
+        with self._lock:
+            if self._state in FINAL_STATES or self._state is state:
+                return
+            self._state = state
+            if state is State.RUNNING and self._used == 0:
+                self.idle_since = time.time()
+            self._reshape()
         watchers = list(getattr(self.framework, "_pilot_watchers", ()))
         for cb in list(self._callbacks) + watchers:
             try:
@@ -144,6 +183,7 @@ class PilotFramework(ABC):
         self.name = name or self.kind
         self.options = options
         self._pilots: dict[str, Pilot] = {}
+        self._shapes = ShapeIndex()  # pilots per shape: what the schedulers ask
         self._lock = threading.RLock()
         for opt, v in (("long_unit", long_unit), ("low_value", low_value)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:

@@ -30,6 +30,7 @@ from troy import execution
 from troy.errors import BadParameter
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.drain import AMPLE, Drain, DrainPlan, keeps
+from troy.frameworks.shapes import tightest_free
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
 
@@ -233,6 +234,8 @@ class LocalFramework(PilotFramework):
         with self._lock:
             executor = self._executor
             if self._closed or executor is None or not self._queue:
+                return
+            if tightest_free(self, 1) is None:  # every pilot full: no need to look at each
                 return
             pilots = [p for p in self._pilots.values() if p.free_cores > 0]
             free = {p.id: p.free_cores for p in pilots}

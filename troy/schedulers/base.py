@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 from troy.descriptions import ComputeUnitDescription
+from troy.frameworks.shapes import could_hold, most_room
 from troy.states import State
 
 if TYPE_CHECKING:
@@ -51,9 +52,24 @@ def running_pilots(framework: PilotFramework) -> list[Pilot]:
 
 def could_ever_fit(unit_service: UnitService, cores: int) -> bool:
     """Whether some live (pending or running) pilot is wide enough for ``cores``."""
-    return any(p.state in (State.PENDING, State.RUNNING) and not p.draining
-               and p.description.size >= cores
-               for fw in unit_service.list_pilot_frameworks() for p in fw.list_pilots())
+    return any(could_hold(fw, cores) for fw in unit_service.list_pilot_frameworks())
+
+
+def backlog_framework(unit_service: UnitService, cores: int, *, first: bool = False
+                      ) -> PilotFramework | None:
+    """:func:`backlog_pilot` for late binding: only the framework, from the frameworks'
+    shape counts (the same choice, without looking at every pilot)."""
+    if not getattr(unit_service, "backlog_ok", True):
+        return None
+    best = None
+    for fw in unit_service.list_pilot_frameworks():
+        room = most_room(fw, cores)
+        if room is not None:
+            if first:
+                return fw
+            if best is None or room > best[0]:
+                best = (room, fw)
+    return None if best is None else best[1]
 
 
 def backlog_pilot(unit_service: UnitService, cores: int, *, first: bool = False

@@ -2,6 +2,9 @@
 
 All three return ``pilot=None`` (late binding: the framework picks the pilot) unless the
 UnitService was created with ``early_binding=True``; then they name the pilot they found.
+With late binding they decide from the frameworks' pilot shape counts
+(:mod:`troy.frameworks.shapes`): a placement costs the same with 10 pilots as with 10,000.
+Early binding looks at every pilot (it must name one).
 """
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ import itertools
 from typing import TYPE_CHECKING
 
 from troy.descriptions import ComputeUnitDescription
-from troy.schedulers.base import BaseScheduler, backlog_pilot, running_pilots
+from troy.frameworks.shapes import tightest_free, widest_accepting
+from troy.schedulers.base import (BaseScheduler, backlog_framework, backlog_pilot,
+                                  running_pilots)
 
 if TYPE_CHECKING:
     from troy.frameworks.base import Pilot, PilotFramework
@@ -33,16 +38,18 @@ class RoundRobinScheduler(BaseScheduler):
 
     def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription
                  ) -> tuple[PilotFramework, Pilot | None] | None:
+        frameworks = unit_service.list_pilot_frameworks()
+        if not unit_service.early_binding:
+            able = [fw for fw in frameworks if widest_accepting(fw) >= cud.cores]
+            return (able[next(self._turn) % len(able)], None) if able else None
         candidates = []
-        for fw in unit_service.list_pilot_frameworks():
+        for fw in frameworks:
             wide = [p for p in running_pilots(fw) if p.description.size >= cud.cores]
             if wide:
                 candidates.append((fw, wide))
         if not candidates:
             return None
         fw, wide = candidates[next(self._turn) % len(candidates)]
-        if not unit_service.early_binding:
-            return fw, None
         return fw, max(wide, key=lambda p: p.free_cores)
 
 
@@ -58,6 +65,12 @@ class FirstFitScheduler(BaseScheduler):
 
     def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription
                  ) -> tuple[PilotFramework, Pilot | None] | None:
+        if not unit_service.early_binding:
+            for fw in unit_service.list_pilot_frameworks():
+                if tightest_free(fw, cud.cores) is not None:
+                    return fw, None
+            found_fw = backlog_framework(unit_service, cud.cores, first=True)
+            return None if found_fw is None else (found_fw, None)
         for fw in unit_service.list_pilot_frameworks():
             for p in running_pilots(fw):
                 if p.free_cores >= cud.cores:
@@ -80,6 +93,16 @@ class BackfillScheduler(BaseScheduler):
 
     def schedule(self, unit_service: UnitService, cud: ComputeUnitDescription
                  ) -> tuple[PilotFramework, Pilot | None] | None:
+        if not unit_service.early_binding:
+            tight = None
+            for fw in unit_service.list_pilot_frameworks():
+                free = tightest_free(fw, cud.cores)
+                if free is not None and (tight is None or free < tight[0]):
+                    tight = (free, fw)
+            if tight is None:
+                found_fw = backlog_framework(unit_service, cud.cores)
+                return None if found_fw is None else (found_fw, None)
+            return tight[1], None
         best = None
         for fw in unit_service.list_pilot_frameworks():
             for p in running_pilots(fw):
