@@ -105,7 +105,7 @@ def table(results: list[Result]) -> list[tuple[str, str]]:
         rows.append((f"elasticity {r.pattern}: {r.policy}",
                      f"makespan {r.makespan / HOUR:5.2f} h ({r.ratio:4.2f}x bound), "
                      f"{r.node_hours:6.1f} node-h held, {r.idle_node_hours:5.1f} idle, "
-                     f"{r.revocations:3d} revoked, {r.units_lost:3d} units lost"
+                     f"{r.revocations:3d} revoked, {r.units_lost:3d} units cut (re-run)"
                      + ("" if r.finished else " (UNFINISHED)")))
     return rows
 
@@ -137,7 +137,7 @@ def plot(config: SimConfig, results: list[Result]) -> list[str]:
             ax.set_ylim(0, config.max_nodes * 1.15)
             ax.set_ylabel("nodes", fontsize=7)
             ax.set_title(f"{r.policy}: {r.node_hours:.0f} node-h, makespan "
-                         f"{r.ratio:.2f}x bound, {r.units_lost} units lost", fontsize=8)
+                         f"{r.ratio:.2f}x bound, {r.units_lost} units cut", fontsize=8)
         axes[0].legend(loc="upper right", fontsize=7)
         axes[-1].set_xlabel("hours (virtual)")
         fig.suptitle(f"elasticity, tenant load {pattern}", fontsize=10)
