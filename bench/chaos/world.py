@@ -39,6 +39,25 @@ POLICY = PolicyConfig(add_cooldown=0.0, delete_cooldown=0.0, max_add_per_cycle=1
 PROC = Path("/proc")
 
 
+def agent_pids(scheduler: str) -> dict[str, int]:
+    """client_id -> pid of the node agents joining ``scheduler`` (found by their command
+    line: ``troy.frameworks.dask node <scheduler> <cores> <client_id>``)."""
+    found: dict[str, int] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "troy.frameworks.dask" in args and scheduler in args:
+            at = args.index(scheduler)
+            if len(args) > at + 2:
+                found[args[at + 2]] = int(entry.name)
+    return found
+
+
 class World:
     """One run's emulator and cluster in ``directory`` (the emulator's PKI copied from
     ``pki``); ``seed`` seeds the emulator's faulty answers."""
@@ -130,28 +149,9 @@ class World:
         old.state.close()
         return True
 
-    def agent_pids(self) -> dict[str, int]:
-        """client_id -> pid of the node agents of this cluster (found by their command
-        line: ``troy.frameworks.dask node <scheduler> <cores> <client_id>``)."""
-        assert self.cluster is not None and self.cluster.framework is not None
-        scheduler = self.cluster.framework.scheduler_address
-        found: dict[str, int] = {}
-        for entry in PROC.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            args = [a.decode(errors="replace") for a in argv]
-            if "troy.frameworks.dask" in args and scheduler in args:
-                at = args.index(scheduler)
-                if len(args) > at + 2:
-                    found[args[at + 2]] = int(entry.name)
-        return found
-
     def kill_pilot(self, fault: Fault) -> bool:
-        pids = self.agent_pids()
+        assert self.cluster is not None and self.cluster.framework is not None
+        pids = agent_pids(self.cluster.framework.scheduler_address)
         if not pids:
             return False
         name = sorted(pids)[fault.pick % len(pids)]
