@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench chaos clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# the chaos suite: seeded faults during real workflows, then the invariants (docs/chaos.md)
+CHAOS_ARGS ?= --runs 20 --seed 1 --json bench/results/chaos.json
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

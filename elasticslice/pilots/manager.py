@@ -14,7 +14,10 @@
 * requeues everything of a pilot whose node is gone anyway (``max_wait_time`` 0,
   ``NotifyDeleteComplete``, a node that left the sliver);
 * gives back idle pilots (the policy's ``idle_timeout``; lowest value first, never a busy
-  one, rate-limited, down to ``minthreshold``).
+  one, rate-limited, down to ``minthreshold``);
+* replaces a node whose agent died (its pilot ended and none came back for ``agent_grace``
+  seconds): such a node is wanted once more (the replacement comes first) and given back,
+  never the last node of the sliver.
 
 What it counted survives a restart (the state store's meta table).
 """
@@ -70,11 +73,13 @@ class PilotSliceManager(SimpleElasticSliceManager):
     ``session``: the Troy session whose ``demand()`` drives scaling; ``margin``: seconds
     kept free before a revocation deadline; ``node_cores``: cores of a node to plan with
     (None: the largest pilot seen); ``lookahead``: the share of the cores of tasks not yet
-    released that counts as demand. Other options as :class:`SimpleElasticSliceManager`."""
+    released that counts as demand; ``agent_grace``: seconds a held node may stay without
+    the agent that once ran there (an agent restarting with its node comes back well
+    within) before it is replaced. Other options as :class:`SimpleElasticSliceManager`."""
 
     def __init__(self, server: Any, *, framework: PilotFramework, session: Any,
                  margin: float = 5.0, node_cores: int | None = None, lookahead: float = 0.0,
-                 **options: Any) -> None:
+                 agent_grace: float = 15.0, **options: Any) -> None:
         super().__init__(server, **options)
         self.framework = framework
         self.session = session
@@ -85,6 +90,8 @@ class PilotSliceManager(SimpleElasticSliceManager):
         self._rev_lock = threading.Lock()
         self.revocations = Revocations.from_json(self.state.get_meta(_META))
         self._refused: set[str] = set()
+        self.agent_grace = agent_grace
+        self._agentless_since: dict[str, float] = {}
 
     # ------------------------------------------------------------------ pilots of nodes
     def pilot_of(self, client_id: str | None) -> Pilot | None:
@@ -128,8 +135,29 @@ class PilotSliceManager(SimpleElasticSliceManager):
     def get_system_state(self) -> Any:
         demand = self.session.demand()
         self.last_demand = demand
-        self.set_demand(self.nodes_for(demand))
+        wanted = self.nodes_for(demand)
+        # a node whose agent died gives nothing: its replacement is wanted on top
+        self.set_demand(wanted + len(self.dead_agents()) if wanted else wanted)
         return demand
+
+    def dead_agents(self) -> list[str]:
+        """client_ids of held nodes whose agent died: their pilot ended, none came back
+        for ``agent_grace`` seconds, and CloudLab is not taking them (a drained pilot's
+        node goes anyway)."""
+        now = time.monotonic()
+        dead, seen = [], set()
+        for rec in self.state.nodes():
+            pilot = self.pilot_of(rec.client_id)
+            if pilot is None or pilot.state not in FINAL_STATES or \
+                    (rec.node_id and rec.node_id in self.revocations.seen):
+                continue
+            seen.add(rec.client_id)
+            since = self._agentless_since.setdefault(rec.client_id, now)
+            if now - since >= self.agent_grace:
+                dead.append(rec.client_id)
+        for cid in set(self._agentless_since) - seen:
+            del self._agentless_since[cid]
+        return sorted(dead)
 
     def set_system_state(self) -> Any:
         values = self.state.values()
@@ -275,12 +303,21 @@ class PilotSliceManager(SimpleElasticSliceManager):
         """Give back what the policy chose; each victim's pilot is taken out first, so a
         unit that reached it meanwhile is requeued, never lost."""
         deleted = 0
+        dead = self.dead_agents()
         for c in self._cms(cm):
-            victims = self.should_delete_nodes(c)
-            if victims:
-                for cid in victims:
+            victims = list(self.should_delete_nodes(c) or [])
+            held = self.state.nodes(c.url)
+            mine = [r.client_id for r in held
+                    if r.client_id in dead and r.client_id not in victims]
+            # never every node of the sliver (CloudLab refuses): the replacement comes first
+            mine = mine[:max(0, len(held) - len(victims) - 1)]
+            if mine:
+                log.warning("giving back %s: the node agent died and did not come back",
+                            " ".join(mine))
+            if victims or mine:
+                for cid in victims + mine:
                     self._lose(cid, "given back")
-                deleted += actions.delete(self, c, victims)
+                deleted += actions.delete(self, c, victims + mine)
         return deleted
 
     # ------------------------------------------------------------------ figures

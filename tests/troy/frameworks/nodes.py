@@ -28,15 +28,17 @@ def member(directory: Path, ca: tuple[bytes, bytes], name: str) -> DaskTLS:
 
 
 def node_agent(scheduler: str, cores: int, tls: DaskTLS | None, log: Path,
-               name: str = "node-x") -> subprocess.Popen:
-    """``python -m troy.frameworks.dask node``, as a node's startup command runs it."""
+               name: str = "node-x", own_group: bool = False) -> subprocess.Popen:
+    """``python -m troy.frameworks.dask node``, as a node's startup command runs it
+    (``own_group``: in a process group of its own, with its units, as on a node)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
     env["DASK_LOGGING__DISTRIBUTED"] = "info"   # the tests read "Waiting to connect"
     if tls is not None:
         env.update(tls.environ())
     return subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask", "node", scheduler,
                              str(cores), name], env=env, stdout=subprocess.PIPE,
-                            stderr=open(log, "wb"), stdin=subprocess.DEVNULL)
+                            stderr=open(log, "wb"), stdin=subprocess.DEVNULL,
+                            start_new_session=own_group)
 
 
 def stop(proc: subprocess.Popen) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,43 @@ def test_node_agent_usage_is_one_line() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and done.stderr.startswith("usage: python -m troy")
     assert "Traceback" not in done.stderr
+
+
+def test_units_killed_by_their_nodes_shutdown_are_requeued_not_failed(
+        tls_framework, tmp_path, cluster_ca) -> None:
+    """A node going down sends SIGTERM to every process of it at once (the emulator's power
+    cycle, a reboot): its units died of that, not of their own doing, so they run again
+    on another pilot instead of ending FAILED with "killed by signal 15"."""
+    import os
+    import signal
+    fw = tls_framework
+    first = node_agent(fw.scheduler_address, 2, member(tmp_path / "a", cluster_ca, "node-a"),
+                       tmp_path / "a.log", "node-a", own_group=True)
+    second = None
+    try:
+        wait_for(lambda: (p := fw.find_pilot("node-a")) is not None
+                 and p.state is State.RUNNING, 120, what="node-a's pilot")
+        units = [fw.submit_unit(CUD(executable="/bin/sleep", arguments=["2"]))
+                 for _ in range(2)]
+        wait_for(lambda: all(u.state is State.RUNNING for u in units), 60,
+                 what="the units running on node-a")
+        # the node goes down: SIGTERM to every process of it, the units' first (as the
+        # node's init may deliver it), the agent's right after
+        children = {int(c) for t in Path(f"/proc/{first.pid}/task").iterdir()
+                    for c in (t / "children").read_text().split()}
+        assert children, "the units' processes"
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(0.1)
+        os.killpg(first.pid, signal.SIGTERM)
+        second = node_agent(fw.scheduler_address, 2,
+                            member(tmp_path / "b", cluster_ca, "node-b"), tmp_path / "b.log",
+                            "node-b")
+        assert [u.wait(120) for u in units] == [State.DONE, State.DONE], \
+            [u.result for u in units]
+        assert {fw.get_pilot(u.pilot).worker_name for u in units} == {"node-b"}
+        assert fw.unit_stats().lost == 0
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                stop(proc)

@@ -37,6 +37,9 @@ _procs: dict[str, list[subprocess.Popen]] = {}
 _canceled: set[str] = set()
 _procs_lock = threading.Lock()
 _stopping = threading.Event()
+_terminating = threading.Event()  # SIGTERM/SIGINT arrived: the worker is closing
+SHUTDOWN_GRACE = 2.0  # how long a unit killed by a signal waits for the agent's own SIGTERM
+SHUTDOWN_WAIT = 30.0  # then for the worker to have left (nothing is reported after that)
 
 
 def _small(result: UnitResult) -> bool:
@@ -164,6 +167,12 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
     finally:
         with _procs_lock:
             _procs.pop(unit_id, None)
+    if not _stopping.is_set() and _signalled(result, unit_id) \
+            and _terminating.wait(SHUTDOWN_GRACE):
+        # the node is shutting down (SIGTERM to every process of it, the agent included):
+        # the unit died of that, not of its own doing; once the worker has left, nothing
+        # is reported and Dask reruns it elsewhere
+        _stopping.wait(SHUTDOWN_WAIT)
     if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
         outbox.forget(unit_id)
         raise RuntimeError("pilot stopped while the unit ran")
@@ -171,6 +180,13 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
     outbox.ended(worker, unit_id, topic, ["end", unit_id, worker.address,
                                           result_to_wire(result) if inline else None])
     return None if inline else result
+
+
+def _signalled(result: UnitResult, unit_id: str) -> bool:
+    """Whether the unit's process died of a signal this agent did not send."""
+    with _procs_lock:
+        ours = unit_id in _canceled
+    return not ours and result.exit_code is not None and result.exit_code < 0
 
 
 def kill_unit(unit_id: str) -> bool:
@@ -292,8 +308,12 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
                             name=name, host=host)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        _terminating.set()
+        stop.set()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     done = asyncio.ensure_future(w.finished())
     await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
                        return_when=asyncio.FIRST_COMPLETED)
