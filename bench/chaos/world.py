@@ -88,7 +88,8 @@ class World:
         self.cluster = ElasticCluster(self.server, self.dir / "cluster",
                                       maxthreshold=self.maxthreshold, margin=1.0,
                                       idle_timeout=self.idle_timeout, intervals=INTERVALS,
-                                      policy=POLICY)
+                                      policy=POLICY,
+                                      manager_options={"agent_timeout": 20.0})
         self.cluster.start()
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ from elasticslice.managers import actions
 from elasticslice.managers.cycle import one_line
 from elasticslice.managers.endpoint import DeleteNotice
 from elasticslice.managers.manager import SimpleElasticSliceManager
-from elasticslice.managers.policy import Decision, NodeView, decide
+from elasticslice.managers.policy import Decision, NodeState, NodeView, decide
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
@@ -75,11 +75,13 @@ class PilotSliceManager(SimpleElasticSliceManager):
     (None: the largest pilot seen); ``lookahead``: the share of the cores of tasks not yet
     released that counts as demand; ``agent_grace``: seconds a held node may stay without
     the agent that once ran there (an agent restarting with its node comes back well
-    within) before it is replaced. Other options as :class:`SimpleElasticSliceManager`."""
+    within) before it is replaced; ``agent_timeout``: the same for a ready node whose agent
+    never joined. Other options as :class:`SimpleElasticSliceManager`."""
 
     def __init__(self, server: Any, *, framework: PilotFramework, session: Any,
                  margin: float = 5.0, node_cores: int | None = None, lookahead: float = 0.0,
-                 agent_grace: float = 15.0, **options: Any) -> None:
+                 agent_grace: float = 15.0, agent_timeout: float = 120.0,
+                 **options: Any) -> None:
         super().__init__(server, **options)
         self.framework = framework
         self.session = session
@@ -91,6 +93,7 @@ class PilotSliceManager(SimpleElasticSliceManager):
         self.revocations = Revocations.from_json(self.state.get_meta(_META))
         self._refused: set[str] = set()
         self.agent_grace = agent_grace
+        self.agent_timeout = agent_timeout
         self._agentless_since: dict[str, float] = {}
 
     # ------------------------------------------------------------------ pilots of nodes
@@ -142,18 +145,20 @@ class PilotSliceManager(SimpleElasticSliceManager):
 
     def dead_agents(self) -> list[str]:
         """client_ids of held nodes whose agent died: their pilot ended, none came back
-        for ``agent_grace`` seconds, and CloudLab is not taking them (a drained pilot's
+        for ``agent_grace`` seconds (or the node is ready and no agent joined within
+        ``agent_timeout``), and CloudLab is not taking them (a drained pilot's
         node goes anyway)."""
         now = time.monotonic()
         dead, seen = [], set()
         for rec in self.state.nodes():
             pilot = self.pilot_of(rec.client_id)
-            if pilot is None or pilot.state not in FINAL_STATES or \
-                    (rec.node_id and rec.node_id in self.revocations.seen):
+            if (rec.node_id and rec.node_id in self.revocations.seen) or \
+                    (pilot is None and rec.state != NodeState.READY.value) or \
+                    (pilot is not None and pilot.state not in FINAL_STATES):
                 continue
             seen.add(rec.client_id)
             since = self._agentless_since.setdefault(rec.client_id, now)
-            if now - since >= self.agent_grace:
+            if now - since >= (self.agent_grace if pilot else self.agent_timeout):
                 dead.append(rec.client_id)
         for cid in set(self._agentless_since) - seen:
             del self._agentless_since[cid]
