@@ -127,7 +127,11 @@ def test_errors_are_one_line(tmp_path, args, message):
     args = [a.format(**{n: tmp_path / f"{n}.json" for n in names}) for a in args]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0
-    lines = result.output.strip().splitlines()
+    # In-process only: pytest's own sys.unraisablehook can fail near the recursion limit
+    # while the deep document is freed and the interpreter says so on stderr; a real
+    # `troy run` has no such hook (tests/hostile/test_workloads.py runs it as a process).
+    output = result.output.replace("Exception ignored in sys.unraisablehook", "")
+    lines = output.strip().splitlines()
     assert len(lines) == 1, result.output
     assert lines[-1].startswith("Error: ") and message in lines[-1], result.output
     assert "Traceback" not in result.output
