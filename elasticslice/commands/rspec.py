@@ -15,6 +15,7 @@ from elasticslice.errors import RSpecError
 from elasticslice.rspec import (
     DEFAULT_MAX_BYTES, LinkSpec, NodeSpec, RSpec, RSpecType, build_request, parse, validate,
 )
+from elasticslice.rspec.rules import image_problem
 
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
@@ -41,6 +42,15 @@ def _read(path: str) -> bytes:
         raise BadInput(f"{path}: cannot read: {err.strerror or err}") from err
 
 
+def _image(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--image``: an image URN, checked here (CloudLab refuses anything else, e.g. the
+    placeholder ``URN``)."""
+    problem = image_problem(value) if value is not None else None
+    if problem:
+        raise click.BadParameter(problem, ctx, param)
+    return value
+
+
 def _split_tarball(value: str) -> tuple[str, str]:
     """``URL[:PATH]``: the path is what follows the last ':' if that is absolute and what
     precedes it is still a URL (so ``https://host:8080/a.tgz`` keeps its port)."""
@@ -65,7 +75,7 @@ def rspec_group() -> None:
               help="Node client_id prefix; nodes are named PREFIX0 .. PREFIX{N-1}.")
 @click.option("--hardware-type", "-t", default=None,
               help="Hardware type of every node, e.g. d430, m510, c220g2.")
-@click.option("--image", "-i", default=None,
+@click.option("--image", "-i", default=None, callback=_image, metavar="URN",
               help="Disk image URN, e.g. "
                    "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD.")
 @click.option("--sliver-type", default="raw-pc", show_default=True,
@@ -138,7 +148,8 @@ def validate_cmd(files: tuple[str, ...], strict: bool, quiet: bool, max_problems
     """Validate RSpec FILEs against the GENI v3 schema of their type ('-' reads stdin).
 
     Requests are also checked for node client_ids that AddNodes and CreateSliver refuse
-    (1-64 letters, digits, '-', '_' or '.', unique).
+    (1-64 letters, digits, '-', '_' or '.', unique) and for disk images that are not image
+    URNs (urn:publicid:IDN+<authority>+image+<project>//<name>).
 
     Exit status: 0 all valid, 1 one or more invalid (each problem printed as FILE:LINE:
     message, at most --max-problems of them per file, then '... and N more'), 2 a file is

@@ -15,7 +15,9 @@ from typing import Any
 
 from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import NodeSpec
-from elasticslice.rspec.rules import CLIENT_ID_RULE, client_id_problem, command_problem, shown
+from elasticslice.rspec.rules import (
+    CLIENT_ID_RULE, IMAGE_URN_RULE, client_id_problem, command_problem, image_problem, shown,
+)
 
 #: The keys the CM accepts per node.
 ADD_NODE_KEYS = frozenset({"diskimage", "startup", "tarballs", "lans", "hardware_type", "node"})
@@ -131,6 +133,9 @@ def nodespecs_from_add_args(nodes: Any) -> list[NodeSpec]:
         spec = NodeSpec(client_id=cid)
         if "diskimage" in args:
             spec.disk_image = _str(args["diskimage"], f"{key}.diskimage")
+            if image_problem(spec.disk_image):
+                raise BadAddNodesArgs(f"{shown(spec.disk_image, 80)!r} is {IMAGE_URN_RULE}",
+                                      key=f"{key}.diskimage")
         if "hardware_type" in args:
             spec.hardware_type = _str(args["hardware_type"], f"{key}.hardware_type")
         if "node" in args:

@@ -15,6 +15,7 @@ from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import (
     NS_EMULAB, NS_V2, NS_V3, NS_XSI, Link, LinkSpec, Node, NodeSpec, RSpecType, format_datetime,
 )
+from elasticslice.rspec.rules import image_problem
 from elasticslice.rspec.validate import validate_element
 
 _SCHEMA_URL = {
@@ -93,6 +94,10 @@ def build_request(nodes: Sequence[NodeSpec], links: Sequence[LinkSpec] = (), *,
         raise RSpecError("a request needs at least one node")
     _check_ids("node", [n.client_id for n in nodes])
     _check_ids("link", [link.client_id for link in links])
+    for spec in nodes:
+        problem = image_problem(spec.disk_image, spec.client_id) if spec.disk_image else None
+        if problem:
+            raise RSpecError(problem)
     known_ifaces = {iface[0] for n in nodes for iface in n.interfaces}
     ns = NS_V3
     root = _root(RSpecType.REQUEST)

@@ -6,6 +6,12 @@ digits, ``-``, ``_`` or ``.``, starting with a letter or digit (never ``..`` or 
 unique in the request. ``AddNodes`` (:func:`~elasticslice.rspec.addnodes.nodespecs_from_add_args`),
 ``CreateSliver`` at the emulator, ``elasticslice rspec validate`` and the client's
 ``create-sliver`` check all apply :func:`client_id_problem`.
+
+A node's disk image (``disk_image@name``, ``AddNodes``' ``diskimage``) is an image URN,
+``urn:publicid:IDN+<authority>+image+<name>``, e.g.
+``urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD``: CloudLab refuses anything
+else (such as the placeholder ``URN``). :func:`image_problem` is that rule, applied where
+client_ids are checked, and by ``rspec build``.
 """
 from __future__ import annotations
 
@@ -20,6 +26,16 @@ from elasticslice.rspec.model import RSpec, RSpecType
 MAX_COMMAND_BYTES = 65536
 CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 CLIENT_ID_RULE = "client_id must be 1-64 letters, digits, '-', '_' or '.'"
+# urn:publicid:IDN+<authority>[:<sub-authority>...]+image+<name>; the name is
+# <project>//<image> (today's form), <project>:<image> (the older one) or a bare image name,
+# optionally followed by :<version>. GENI URNs compare the prefix without regard to case.
+IMAGE_URN = re.compile(
+    r"^urn:publicid:IDN\+[A-Za-z0-9][A-Za-z0-9.\-]*(?::[A-Za-z0-9][A-Za-z0-9._\-]*)*"
+    r"\+image\+[A-Za-z0-9][A-Za-z0-9._\-]*(?:(?://|:)[A-Za-z0-9][A-Za-z0-9._\-]*)*$",
+    re.IGNORECASE)
+MAX_IMAGE_URN = 512
+IMAGE_URN_RULE = ("not an image URN (want urn:publicid:IDN+<authority>+image+<project>//<name>"
+                  ", e.g. urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD)")
 
 
 def shown(value: Any, limit: int = 32) -> str:
@@ -52,6 +68,21 @@ def client_id_problems(cids: Iterable[tuple[Any, int]]) -> list[tuple[int, str]]
     return out
 
 
+def image_problem(image: Any, node: Any = None) -> str | None:
+    """None for a well-formed image URN, else one line naming the node (when given) and the
+    value."""
+    if isinstance(image, str) and len(image) <= MAX_IMAGE_URN and IMAGE_URN.fullmatch(image):
+        return None
+    where = f"node {shown(node)}: " if node is not None else ""
+    return f"{where}disk image {shown(image, 80)!r} is {IMAGE_URN_RULE}"
+
+
+def _is_url(image: str) -> bool:
+    """A ``disk_image@url`` (CloudLab takes an image by URL too); the parser reads ``url``
+    where there is no ``name``, so a parsed request holds either."""
+    return image.startswith(("https://", "http://"))
+
+
 def command_problem(command: str) -> str | None:
     """Why a node could not run ``command`` at boot (None: it could)."""
     size = len(command.encode("utf-8", "surrogatepass"))
@@ -63,8 +94,8 @@ def command_problem(command: str) -> str | None:
 
 
 def request_problem(rspec: RSpec) -> str | None:
-    """The first node client_id of a request that breaks the rule, or the first node
-    execute a node could not run (None: all good, or not a request). The emulator's
+    """The first node client_id of a request that breaks the rule, the first disk image that
+    is not an image URN, or the first node execute a node could not run (None: all good, or not a request). The emulator's
     CreateSliver answers it with BADARGS."""
     if rspec.type is not RSpecType.REQUEST:
         return None
@@ -72,6 +103,10 @@ def request_problem(rspec: RSpec) -> str | None:
     if problems:
         return problems[0][1]
     for node in rspec.nodes:
+        if node.disk_image is not None and not _is_url(node.disk_image):
+            problem = image_problem(node.disk_image, node.client_id)
+            if problem:
+                return problem
         for _, command in node.executes:
             problem = command_problem(command)
             if problem:

@@ -10,8 +10,9 @@ attributes on ``emulab:vnode`` (``hardware_type``, ``disk_image``). By default (
 these are allowed, by patching the in-memory copy of the schema; ``strict=True`` uses the
 XSDs exactly as published.
 
-Requests are also held to the node client_id rule of :mod:`elasticslice.rspec.rules` (the
-one ``AddNodes`` and ``CreateSliver`` apply), reported as problems like the schema's.
+Requests are also held to the node client_id and image URN rules of
+:mod:`elasticslice.rspec.rules` (the ones ``AddNodes`` and ``CreateSliver`` apply), reported
+as problems like the schema's.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from lxml import etree
 
 from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import NS_EMULAB, NS_V3, RSpecType, rspec_type_problem
-from elasticslice.rspec.rules import client_id_problems, command_problem, shown
+from elasticslice.rspec.rules import client_id_problems, command_problem, image_problem, shown
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
 
 log = logging.getLogger(__name__)
@@ -168,5 +169,11 @@ def validate_element(root: etree._Element, *, strict: bool = False) -> list[Sche
                 node = shown(execute.getparent().getparent().get("client_id"))
                 problems.append(SchemaProblem(execute.sourceline or 0,
                                               f"node {node}: execute: {problem}"))
+        for image in root.iterfind(f"{{{NS_V3}}}node/{{{NS_V3}}}sliver_type/"
+                                   f"{{{NS_V3}}}disk_image[@name]"):
+            problem = image_problem(image.get("name"),
+                                    image.getparent().getparent().get("client_id"))
+            if problem:
+                problems.append(SchemaProblem(image.sourceline or 0, problem))
         problems.sort(key=lambda p: p.line)
     return problems

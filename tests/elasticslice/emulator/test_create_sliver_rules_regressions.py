@@ -24,6 +24,10 @@ V3 = 'xmlns="http://www.geni.net/resources/rspec/3"'
     (f'<rspec {V3} type="request"><node client_id="n"><services>'
      f'<execute shell="sh" command="{"true;" * 14000}"/></services></node></rspec>',
      "node n: execute: the command is 70000 bytes, more than the limit of 65536"),
+    # broke: `rspec build --image URN` wrote the placeholder; CloudLab refuses it
+    (f'<rspec {V3} type="request"><node client_id="n"><sliver_type name="raw-pc">'
+     '<disk_image name="URN"/></sliver_type></node></rspec>',
+     "node n: disk image 'URN' is not an image URN"),
 ])
 def test_create_sliver_refuses_what_the_other_paths_refuse(emulator, rspec, output):
     s = Session(emulator)
