@@ -1,9 +1,12 @@
 """`elasticslice` client commands: talk to CloudLab (or the emulator) as the configured user.
 
     elasticslice --config C getversion | create-slice | create-sliver RSPEC
-        | sliver-status [--json] | add-nodes N [--hardware-type T] | delete-nodes CLIENT_ID...
-        | renew --hours H | discover [--available] [--json] | resolve
-        | delete-slice [--cancel] [--blocking]
+        | sliver-status [--json] [--wait] | add-nodes N [--hardware-type T] [--wait]
+        | delete-nodes CLIENT_ID... | renew --hours H | discover [--available] [--json]
+        | resolve | delete-slice [--cancel] [--blocking] | nodes [--json] | manifest
+
+(``nodes`` and ``manifest`` live in :mod:`elasticslice.commands.nodes`; ``--wait`` in
+:mod:`elasticslice.commands.waiting`.)
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any
 
 import click
 
+from elasticslice.commands.waiting import check_wait_options, wait_options, wait_ready
 from elasticslice.config import ClientConfig, load_config
 from elasticslice.errors import RPCError, RSpecError
 from elasticslice.rpc.codes import GeniCode
@@ -22,6 +26,7 @@ from elasticslice.rpc.cm import SliverStatus
 from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args, request_problem
 from elasticslice.rspec import parse as parse_rspec
 from elasticslice.rspec import validate as validate_rspec
+from elasticslice.rspec.rules import image_problem
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES as RSPEC_MAX_BYTES
 
 
@@ -90,8 +95,10 @@ def _now() -> dt.datetime:
 
 def register(group: click.Group) -> None:
     """Attach this module's commands to the top-level group."""
+    # (imported here: the nodes module builds on this one's helpers)
+    from elasticslice.commands.nodes import manifest, nodes
     for command in (getversion, create_slice, create_sliver, sliver_status, add_nodes,
-                    delete_nodes, renew, discover, resolve, delete_slice):
+                    delete_nodes, renew, discover, resolve, delete_slice, nodes, manifest):
         group.add_command(command)
 
 
@@ -134,14 +141,17 @@ def _read_rspec(path: str) -> str:
 @click.command("create-sliver", cls=_SliceCommand)
 @click.argument("rspec", type=click.Path(dir_okay=False, exists=True))
 @_cm_option
+@wait_options
 @click.pass_context
-def create_sliver(ctx: click.Context, rspec: str, cm: str | None) -> None:
+def create_sliver(ctx: click.Context, rspec: str, cm: str | None, wait: bool,
+                  timeout: float | None) -> None:
     """Allocate the resources of request RSPEC (a file) in the slice at a CM.
 
     The RSpec is checked first (a request, with nodes, valid against request.xsd when
     GENI v3). Your SSH keys come from the SA. The slice must exist (`create-slice`).
-    Nodes boot in the background; watch them with `sliver-status`.
+    Nodes boot in the background; watch them with `sliver-status`, or --wait.
     """
+    check_wait_options(wait, timeout)
     text = _read_rspec(rspec)
     _check_rspec(text, rspec)
     server = _server(ctx)
@@ -149,6 +159,10 @@ def create_sliver(ctx: click.Context, rspec: str, cm: str | None) -> None:
     nodes = re.findall(r"<(?:\w+:)?node\b", manifest)
     click.echo(f"sliver created at {server.cm(_which(cm)).host}: {len(nodes)} node(s) "
                f"booting; see `elasticslice sliver-status`")
+    if wait:
+        status = wait_ready(server, _which(cm), timeout)
+        click.echo(f"{len(status.nodes)} node(s) ready; `elasticslice nodes` shows how to "
+                   f"log in")
 
 
 def _check_rspec(text: str, source: str) -> None:
@@ -189,10 +203,16 @@ def _status_lines(status: SliverStatus) -> list[str]:
 @click.command("sliver-status", cls=_SliceCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: {status, state, nodes: [...]}.")
 @_cm_option
+@wait_options
 @click.pass_context
-def sliver_status(ctx: click.Context, as_json: bool, cm: str | None) -> None:
-    """Show the sliver's status and each node's (ready, notready, changing, failed)."""
-    status = _server(ctx).sliver_status(cm=_which(cm))
+def sliver_status(ctx: click.Context, as_json: bool, cm: str | None, wait: bool,
+                  timeout: float | None) -> None:
+    """Show the sliver's status and each node's (ready, notready, changing, failed);
+    with --wait, once every node is ready."""
+    check_wait_options(wait, timeout)
+    server = _server(ctx)
+    status = wait_ready(server, _which(cm), timeout) if wait \
+        else server.sliver_status(cm=_which(cm))
     if as_json:
         _emit(status.to_json())
     else:
@@ -204,6 +224,13 @@ def add_nodes_arguments(client_ids: list[str], hardware_type: str | None,
     """The AddNodes ``nodes`` struct for new raw nodes (via the RSpec library)."""
     return add_nodes_args([NodeSpec(client_id=c, hardware_type=hardware_type,
                                     disk_image=disk_image) for c in client_ids])
+
+
+def _disk_image(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    problem = image_problem(value) if value is not None else None
+    if problem:  # CloudLab's AddNodes refuses it too: say so before any call
+        raise click.BadParameter(problem, ctx, param)
+    return value
 
 
 def _new_client_ids(existing: set[str], count: int, prefix: str) -> list[str]:
@@ -221,19 +248,28 @@ def _new_client_ids(existing: set[str], count: int, prefix: str) -> list[str]:
 @click.argument("count", type=click.IntRange(min=1, max=10000), metavar="N")
 @click.option("--hardware-type", "-t", default=None, metavar="T",
               help="Hardware type of the new nodes (e.g. m400, m510). Default: the CM's choice.")
-@click.option("--disk-image", default=None, metavar="URN", help="Disk image URN for the nodes.")
+@click.option("--disk-image", default=None, metavar="URN", callback=_disk_image,
+              help="Disk image URN for the nodes, e.g. "
+                   "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD.")
 @click.option("--prefix", default="node-", show_default=True,
               help="client_id prefix; new nodes get the first free <prefix><n>.")
 @_cm_option
+@wait_options
 @click.pass_context
 def add_nodes(ctx: click.Context, count: int, hardware_type: str | None,
-              disk_image: str | None, prefix: str, cm: str | None) -> None:
-    """Add N nodes to the running sliver (CM v2 AddNodes); they boot in the background."""
+              disk_image: str | None, prefix: str, cm: str | None, wait: bool,
+              timeout: float | None) -> None:
+    """Add N nodes to the running sliver (CM v2 AddNodes); they boot in the background
+    (--wait: until these N are ready)."""
+    check_wait_options(wait, timeout)
     server = _server(ctx)
     existing = {n.client_id for n in server.sliver_status(cm=_which(cm)).nodes}
     ids = _new_client_ids(existing, count, prefix)
     server.add_nodes(add_nodes_arguments(ids, hardware_type, disk_image), cm=_which(cm))
     click.echo(f"added {len(ids)} node(s): {' '.join(ids)}")
+    if wait:
+        wait_ready(server, _which(cm), timeout, client_ids=ids)
+        click.echo(f"{len(ids)} node(s) ready")
 
 
 @click.command("delete-nodes", cls=_SliceCommand)

@@ -1,0 +1,79 @@
+"""`elasticslice nodes` and `elasticslice manifest`: the nodes you got, and how to log in.
+
+    elasticslice nodes [--json] [--cm CM]     client_id, status, hostname, IP, ssh line
+    elasticslice manifest [--cm CM]           the sliver's manifest RSpec, as the CM gives it
+
+Both read the manifest with the CM's ``Resolve`` of the slice; ``nodes`` adds each node's
+status from ``SliverStatus``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from elasticslice.commands.client import _cm_option, _server, _SliceCommand, _which
+from elasticslice.commands.rspec import _table
+from elasticslice.errors import RPCError
+from elasticslice.rpc.client import ProtoGeniServer
+from elasticslice.rpc.nodes import SliverNode, sliver_nodes
+from elasticslice.rspec import RSpecType
+from elasticslice.rspec import parse as parse_rspec
+
+
+def fetch_manifest(server: ProtoGeniServer, cm: int | str | None) -> str:
+    """The sliver's manifest RSpec (text) from the CM's ``Resolve`` of the slice."""
+    value = server.cm(cm).resolve()
+    manifest = value.get("manifest") if isinstance(value, dict) else None
+    if not isinstance(manifest, str) or not manifest.strip():
+        raise RPCError("the answer holds no manifest", method="Resolve",
+                       server=server.cm(cm).url)
+    return manifest
+
+
+def _user(server: ProtoGeniServer) -> str:
+    return server.user_urn.rsplit("+", 1)[-1]
+
+
+def render_nodes(nodes: list[SliverNode]) -> str:
+    """The table ``elasticslice nodes`` prints."""
+    rows = [[n.client_id, n.status, n.hostname or "-", n.ipv4 or "-", n.ssh or "-"]
+            for n in nodes]
+    return "\n".join(_table(["CLIENT_ID", "STATUS", "HOSTNAME", "IP", "SSH"], rows))
+
+
+@click.command("nodes", cls=_SliceCommand)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON: {slice_urn, cm, nodes: [{client_id, status, hostname, ipv4, "
+                   "ssh, login, ...}]}.")
+@_cm_option
+@click.pass_context
+def nodes(ctx: click.Context, as_json: bool, cm: str | None) -> None:
+    """List the sliver's nodes: client_id, status, hostname, IP and a ready-to-paste
+    `ssh -p PORT user@host` (from the manifest; status from SliverStatus)."""
+    server = _server(ctx)
+    which = _which(cm)
+    text = fetch_manifest(server, which)
+    cm_host = server.cm(which).host
+    manifest = parse_rspec(text, f"manifest from {cm_host}")
+    if manifest.type is not RSpecType.MANIFEST:
+        raise RPCError(f"Resolve answered a {manifest.type.value} RSpec, not a manifest",
+                       method="Resolve", server=cm_host)
+    listing = sliver_nodes(manifest, server.sliver_status(cm=which), _user(server))
+    if as_json:
+        data: dict[str, Any] = {"slice_urn": server.slice_urn(), "cm": cm_host,
+                                "nodes": [n.to_json_dict() for n in listing]}
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(render_nodes(listing))
+
+
+@click.command("manifest", cls=_SliceCommand)
+@_cm_option
+@click.pass_context
+def manifest(ctx: click.Context, cm: str | None) -> None:
+    """Print the sliver's manifest RSpec (hostnames, logins, IPs, links), as the CM gives it:
+    `elasticslice manifest > manifest.xml; elasticslice rspec show manifest.xml`."""
+    text = fetch_manifest(_server(ctx), _which(cm))
+    click.echo(text, nl=not text.endswith("\n"))
