@@ -11,7 +11,9 @@ from elasticslice.rspec import (
     BadAddNodesArgs, NodeSpec, build_request, nodespecs_from_add_args, parse, request_problem,
     validate,
 )
+from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec.rules import image_problem
+from tests.elasticslice.emulator.helpers import Session
 
 REAL = [
     "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD",
@@ -79,3 +81,15 @@ def test_image_given_by_url_is_not_an_urn_problem():
 def test_add_nodes_diskimage_placeholder_is_refused():
     with pytest.raises(BadAddNodesArgs, match=r"nodes\[n\]\.diskimage: 'URN' is not an image"):
         nodespecs_from_add_args({"n": {"diskimage": "URN"}})
+
+
+def test_emulator_add_nodes_refuses_a_placeholder_image_as_cloudlab_does(emulator):
+    s = Session(emulator)
+    urn, cred, _ = s.create()
+    got = s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],
+                         "nodes": {"n3": {"diskimage": "URN"}}})
+    assert got["code"] == GeniCode.BADARGS and "nodes[n3].diskimage: 'URN'" in got["output"]
+    good = s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],
+                          "nodes": {"n3": {"diskimage": REAL[0]}}})
+    assert good["code"] == GeniCode.SUCCESS
+    assert parse(good["value"]).node("n3").disk_image == REAL[0]
