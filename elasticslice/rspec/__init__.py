@@ -11,6 +11,7 @@ Public API::
     add_nodes_args(nodes: list[NodeSpec], lans=()) -> dict
     nodespecs_from_add_args(nodes: dict) -> list[NodeSpec]
     client_id_problem(cid) -> str | None; request_problem(rspec) -> str | None   (rules.py)
+    image_problem(image, node=None) -> str | None   (an image URN, rules.py)
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from elasticslice.rspec.model import (
     RSpecType, format_datetime,
 )
 from elasticslice.rspec.parse import parse
-from elasticslice.rspec.rules import client_id_problem, request_problem
+from elasticslice.rspec.rules import client_id_problem, image_problem, request_problem
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
 from elasticslice.rspec.validate import SchemaProblem, validate
 
@@ -32,6 +33,7 @@ __all__ = [
     "ADD_NODE_KEYS", "BadAddNodesArgs", "DEFAULT_MAX_BYTES", "HostileXMLError", "Interface",
     "Link", "LinkSpec", "Login", "NS_EMULAB", "NS_V2", "NS_V3", "Node", "NodeSpec", "RAW_PC",
     "RSpec", "RSpecError", "RSpecType", "SchemaProblem", "add_nodes_args", "build_advertisement",
-    "build_manifest", "build_request", "client_id_problem", "format_datetime", "nodespecs_from_add_args", "parse",
+    "build_manifest", "build_request", "client_id_problem", "format_datetime", "image_problem",
+    "nodespecs_from_add_args", "parse",
     "parse_xml", "request_problem", "validate",
 ]
