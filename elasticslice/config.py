@@ -49,6 +49,10 @@ OPTIONAL = ("passphrase_file", "sa_url", "ca_bundle", "slice_name", "project", "
             "timeout", "retries", "retry_delay", "retry_max_delay", "credential_cache_dir",
             "dynslice_urls")
 KNOWN = REQUIRED + OPTIONAL
+MISSING_CONFIG = ("config file not found: give --config FILE or set ELASTICSLICE_CONFIG=FILE; "
+                  "`elasticslice emulator init --dir DIR` writes DIR/elasticslice.conf for "
+                  "the emulator, and `python -m pydoc elasticslice.config` lists the keys "
+                  "of one for CloudLab")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,18}$")
 
 
@@ -159,8 +163,7 @@ def read_ini(path: str | os.PathLike[str] | None) -> tuple[Path, configparser.Co
             raise ConfigError(problem, path=where)
         text = cfg_path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError) as err:
-        raise ConfigError("config file not found (give --config or create it; see "
-                          "etc/elasticslice.conf.example)", path=where) from err
+        raise ConfigError(MISSING_CONFIG, path=where) from err
     except IsADirectoryError as err:
         raise ConfigError("is a directory, not a config file", path=where) from err
     except OSError as err:
