@@ -13,7 +13,8 @@ this checkout's ``rspecs/``, ``examples/`` and ``etc/``, a ``manifest.xml`` and 
 ``request.xml``. Before a block runs, ``/tmp/`` in it becomes the sandbox (parallel runs never
 share a directory) and ``--port 12369`` becomes ``--port 0``. In ``sh`` blocks,
 ``elasticslice emulator serve`` is started in the background (the docs say "Ctrl-C to stop")
-and the next line runs once it serves; whatever a block started is stopped afterwards.
+and the next line runs once it serves, unless it says ``--background`` itself; whatever a
+block started is stopped afterwards.
 
 A directive, an HTML comment on the line before the fence (invisible on GitHub), changes that:
 
@@ -157,7 +158,8 @@ def rewrite(code: str, home: Path) -> str:
 SH_PRELUDE = r"""
 __doc_dirs=()
 elasticslice() {
-  if [ "${1-}" = emulator ] && [ "${2-}" = serve ]; then
+  if [ "${1-}" = emulator ] && [ "${2-}" = serve ] && [[ " $* " != *" --background "* ]] \
+      && [[ " $* " != *" --daemon "* ]]; then
     local dir="" prev=""
     for a in "$@"; do [ "$prev" = --dir ] && dir="$a"; prev="$a"; done
     rm -f "$dir/server.json"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -163,6 +164,7 @@ def _logging_to(log_file: Path | None, debug: bool) -> Iterator[None]:
     handler: logging.Handler | None = None
     if log_file is not None:
         try:
+            os.close(os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
             handler = logging.FileHandler(log_file, encoding="utf-8")
         except OSError as err:
             raise ElasticSliceError(f"--log-file {log_file}: {err.strerror or err}") from err

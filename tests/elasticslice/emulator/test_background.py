@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import process_alive, wait_for
+from tests.conftest import REPO, process_alive, wait_for
 from tests.hostile.netstat import LOOPBACK, listening
 
 
@@ -46,8 +47,31 @@ def port_free(port: int) -> bool:
     return True
 
 
+def documented_files() -> tuple[set[str], set[str]]:
+    """The files docs/emulator.md says init writes, and those it says serve adds."""
+    text = (REPO / "docs" / "emulator.md").read_text()
+    section = text.split("## What `init` writes", 1)[1].split("\nOptions:", 1)[0]
+    init_part, serve_part = section.split("`serve` adds:", 1)
+
+    def names(part: str) -> set[str]:
+        found = set()
+        for row in re.findall(r"^\| ([^|]+) \|", part, flags=re.M):
+            for name in re.findall(r"`([^`]+)`", row):
+                found.add(name)
+                if "(+ keys)" in row:
+                    found.add(name.replace(".pem", "-key.pem"))
+        return found - {"file"}
+    return names(init_part), names(serve_part)
+
+
+def files_in(d: Path) -> set[str]:
+    return {p.name + ("/" if p.is_dir() else "") for p in d.iterdir()}
+
+
 def test_background_emulator_serves_logs_requests_and_stop_ends_it(emu_dir: Path,
                                                                    tmp_path: Path) -> None:
+    init_files, serve_files = documented_files()
+    assert files_in(emu_dir) == init_files  # "What init writes" listed what serve writes
     log = tmp_path / "logs" / "emu.log"
     started = elasticslice("emulator", "serve", "--dir", str(emu_dir), "--port", "0",
                            "--background", "--log-file", str(log))
@@ -71,6 +95,10 @@ def test_background_emulator_serves_logs_requests_and_stop_ends_it(emu_dir: Path
     assert "urn:publicid:IDN+emulab.test+user+elastic POST /protogeni/xmlrpc/sa GetVersion 200" \
         in log.read_text()
     assert started.stderr == ""
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
+    added = files_in(emu_dir) - init_files
+    assert added == {"state.db", "state.db-wal", "state.db-shm", "server.json"}
+    assert added - {"state.db-wal", "state.db-shm"} <= serve_files
 
     stopped = elasticslice("emulator", "stop", "--dir", str(emu_dir))
     assert stopped.returncode == 0, stopped.stderr
