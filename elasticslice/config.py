@@ -17,7 +17,9 @@ Optional: ``verify`` (default true), ``timeout`` (seconds, 60), ``retries`` (5),
 each CM's host). Other sections are left to the tools that own them.
 Relative paths are relative to the config file. Environment overrides:
 ``ELASTICSLICE_<KEY>`` for any key (e.g. ``ELASTICSLICE_SLICE_NAME``), and the classic
-``PROTOGENI_CERTIFICATE``. Every problem is a :class:`ConfigError` naming the key and the file.
+``PROTOGENI_CERTIFICATE`` (the command line warns about a misspelled ``ELASTICSLICE_*``:
+:mod:`elasticslice.envcheck`). Every problem is a :class:`ConfigError` naming the key and the
+file.
 """
 from __future__ import annotations
 
