@@ -20,10 +20,12 @@ from elasticslice.config import ENV_PREFIX, KNOWN
 
 log = logging.getLogger(__name__)
 
-# What the emulator puts in a node's environment (elasticslice.emulator.boot), and the
-# emulator's node isolation switch: a node's startup command may run elasticslice itself.
-NODE_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMORY",
-                  "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION")
+# Set for commands elasticslice runs, which may run elasticslice in turn: what the emulator
+# puts in a node's environment (elasticslice.emulator.boot) and its node isolation switch,
+# and what the manager gives its delete commands (elasticslice.managers.deletes).
+OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMORY",
+                   "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
+                   "DELETE_NODES", "DELETE_CLIENT_IDS")
 
 _warned: set[str] = set()
 
@@ -32,7 +34,7 @@ def config_variables() -> set[str]:
     """The variables of the config file's keys: ``[protogeni]``, ``[manager]``, ``[endpoint]``."""
     from elasticslice.managers.config import DEF_ORDER, ENDPOINT_KEYS, MANAGER_KEYS
 
-    names = {*KNOWN, *MANAGER_KEYS, *NODE_VARIABLES,
+    names = {*KNOWN, *MANAGER_KEYS, *OTHER_VARIABLES,
              *(f"endpoint_{k}" for k in ENDPOINT_KEYS), *(f"interval_{m}" for m in DEF_ORDER)}
     return {ENV_PREFIX + n.upper() for n in names}
 

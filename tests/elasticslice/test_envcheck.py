@@ -33,7 +33,8 @@ def test_variables_elasticslice_reads_are_not_warned_about(tmp_path: Path) -> No
                    ELASTICSLICE_ENDPOINT_PORT="0",                  # an [endpoint] key
                    ELASTICSLICE_EMULATOR_SERVE_BOOT_DELAY="0.2",    # an option, automatically
                    ELASTICSLICE_EMULATOR_DIR=str(tmp_path),         # an option's own envvar
-                   ELASTICSLICE_NODE_ISOLATION="off")               # the emulator's switch
+                   ELASTICSLICE_NODE_ISOLATION="off",               # the emulator's switch
+                   ELASTICSLICE_DELETE_NODES="ms0101")              # a delete command's
     assert "WARNING" not in done.stderr, done.stderr
 
 
