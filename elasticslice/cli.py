@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from elasticslice import __version__
+from elasticslice.envcheck import warn_unknown_variables
 from elasticslice.errors import ElasticSliceError
 
 COMMAND_MODULES = ("rspec", "client", "emulator", "manage", "demo")
@@ -94,6 +95,7 @@ def cli(ctx: click.Context, config: str | None, debug: bool) -> None:
     manager (`manage`, `status`).
     """
     setup_logging(debug)
+    warn_unknown_variables(ctx.command)  # a misspelled ELASTICSLICE_* is not silently ignored
     ctx.obj = CliState(config, debug)
 
 

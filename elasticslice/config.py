@@ -17,7 +17,9 @@ Optional: ``verify`` (default true), ``timeout`` (seconds, 60), ``retries`` (5),
 each CM's host). Other sections are left to the tools that own them.
 Relative paths are relative to the config file. Environment overrides:
 ``ELASTICSLICE_<KEY>`` for any key (e.g. ``ELASTICSLICE_SLICE_NAME``), and the classic
-``PROTOGENI_CERTIFICATE``. Every problem is a :class:`ConfigError` naming the key and the file.
+``PROTOGENI_CERTIFICATE`` (the command line warns about a misspelled ``ELASTICSLICE_*``:
+:mod:`elasticslice.envcheck`). Every problem is a :class:`ConfigError` naming the key and the
+file.
 """
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ OPTIONAL = ("passphrase_file", "sa_url", "ca_bundle", "slice_name", "project", "
             "timeout", "retries", "retry_delay", "retry_max_delay", "credential_cache_dir",
             "dynslice_urls")
 KNOWN = REQUIRED + OPTIONAL
+MISSING_CONFIG = ("config file not found: give --config FILE or set ELASTICSLICE_CONFIG=FILE; "
+                  "`elasticslice emulator init --dir DIR` writes DIR/elasticslice.conf for "
+                  "the emulator, and `python -m pydoc elasticslice.config` lists the keys "
+                  "of one for CloudLab")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,18}$")
 
 
@@ -159,8 +165,7 @@ def read_ini(path: str | os.PathLike[str] | None) -> tuple[Path, configparser.Co
             raise ConfigError(problem, path=where)
         text = cfg_path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError) as err:
-        raise ConfigError("config file not found (give --config or create it; see "
-                          "etc/elasticslice.conf.example)", path=where) from err
+        raise ConfigError(MISSING_CONFIG, path=where) from err
     except IsADirectoryError as err:
         raise ConfigError("is a directory, not a config file", path=where) from err
     except OSError as err:

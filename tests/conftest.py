@@ -1,12 +1,13 @@
 """Shared fixtures and helpers for the whole suite."""
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from elasticslice.emulator.daemon import process_alive  # noqa: F401 - tests import it here
 
 REPO = Path(__file__).resolve().parent.parent
 # A copy of the project's shared/ inputs that tests use (protocol examples, schemas, WfFormat
@@ -28,17 +29,6 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         time.sleep(interval)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except FileNotFoundError:  # reaped between the two looks
-        return False
 
 
 @pytest.fixture

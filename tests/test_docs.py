@@ -13,7 +13,8 @@ this checkout's ``rspecs/``, ``examples/`` and ``etc/``, a ``manifest.xml`` and 
 ``request.xml``. Before a block runs, ``/tmp/`` in it becomes the sandbox (parallel runs never
 share a directory) and ``--port 12369`` becomes ``--port 0``. In ``sh`` blocks,
 ``elasticslice emulator serve`` is started in the background (the docs say "Ctrl-C to stop")
-and the next line runs once it serves; whatever a block started is stopped afterwards.
+and the next line runs once it serves, unless it says ``--background`` itself; whatever a
+block started is stopped afterwards.
 
 A directive, an HTML comment on the line before the fence (invisible on GitHub), changes that:
 
@@ -120,6 +121,27 @@ def test_every_block_says_what_it_is() -> None:
     assert not bad, "say the language, or text for output and synopses:\n" + "\n".join(bad)
 
 
+def test_every_fence_and_directive_is_seen() -> None:
+    """A fence the pattern does not take (```python title=..., ~~~, an info string) would be
+    skipped without a word, as would a directive not right above a fence."""
+    for path in DOCS:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        fences = sum(bool(re.match(r"^\s*(```|~~~)", x)) for x in lines)
+        assert fences == 2 * len(blocks_of(path)), f"{path.name}: a fence the tests do not parse"
+        for i, line in enumerate(lines):
+            if DIRECTIVE.match(line.strip()):
+                assert i + 1 < len(lines) and FENCE.match(lines[i + 1]), \
+                    f"{path.name}:{i + 1}: a doc-test directive must be right above a fence"
+
+
+def test_skips_are_few_and_point_at_the_test_that_runs_them_instead() -> None:
+    skipped = [b for b in ALL if "skip" in b.directives]
+    assert len(skipped) <= 6, [b.id for b in skipped]
+    for b in skipped:
+        for named in re.findall(r"tests/[\w/]+\.py", b.directives["skip"]):
+            assert (REPO / named).is_file(), f"{b.id}: the skip reason names {named}"
+
+
 def test_docs_have_blocks() -> None:
     """The parser finds the blocks (a broken fence pattern would pass everything)."""
     assert sum(b.lang in RUN for b in ALL) >= 20
@@ -157,7 +179,8 @@ def rewrite(code: str, home: Path) -> str:
 SH_PRELUDE = r"""
 __doc_dirs=()
 elasticslice() {
-  if [ "${1-}" = emulator ] && [ "${2-}" = serve ]; then
+  if [ "${1-}" = emulator ] && [ "${2-}" = serve ] && [[ " $* " != *" --background "* ]] \
+      && [[ " $* " != *" --daemon "* ]]; then
     local dir="" prev=""
     for a in "$@"; do [ "$prev" = --dir ] && dir="$a"; prev="$a"; done
     rm -f "$dir/server.json"

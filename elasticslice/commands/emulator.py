@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -13,6 +17,9 @@ import click
 from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.emulator.admin import reclamation_report
+from elasticslice.emulator.daemon import (DEFAULT_LOG, STOP_TIMEOUT, start_background,
+                                          stop_emulator)
+from elasticslice.emulator.server import access
 from elasticslice.emulator.setup import (DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER,
                                          issue_user, load_config)
 from elasticslice.emulator.store import Store
@@ -32,8 +39,9 @@ def emulator() -> None:
     \b
     Quick start:
       elasticslice emulator init  --dir ~/emu
-      elasticslice emulator serve --dir ~/emu          # Ctrl-C to stop
+      elasticslice emulator serve --dir ~/emu --background
       elasticslice --config ~/emu/elasticslice.conf getversion
+      elasticslice emulator stop  --dir ~/emu
 
     Admin commands (revoke, load, status) reach the server running on the same --dir;
     report reads its state and works offline too.
@@ -91,21 +99,98 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
               help="Seconds between changes of the tenant load.")
 @click.option("--allow-remote-endpoints", is_flag=True,
               help="Accept client endpoints that are not on 127.0.0.1.")
-def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: str | None,
-              boot_delay: float, notify_interval: float, max_wait: int, fault_rate: float,
-              seed: int | None, tenant_load: float, tenant_interval: float,
-              allow_remote_endpoints: bool) -> None:
-    """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM.
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Log there (appended), one line per request too, instead of on stderr. "
+                   f"With --background the default is DIR/{DEFAULT_LOG}.")
+@click.option("--background", "--daemon", "background", is_flag=True,
+              help="Return once the emulator serves, leaving it running detached from the "
+                   "terminal; `emulator stop --dir DIR` ends it.")
+@click.pass_context
+def serve_cmd(ctx: click.Context, directory: Path, port: int | None, host: str | None,
+              inventory: str | None, boot_delay: float, notify_interval: float, max_wait: int,
+              fault_rate: float, seed: int | None, tenant_load: float, tenant_interval: float,
+              allow_remote_endpoints: bool, log_file: Path | None, background: bool) -> None:
+    """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM
+    (or, with --background, until `emulator stop`).
 
-    URLs: https://HOST:PORT/protogeni/xmlrpc/{sa,cm,cm/2.0,dynslice}; client certificates
-    from the emulator's CA only. State (slices, slivers, nodes) is kept in DIR/state.db
-    across restarts. One server per directory.
+    URLs: https://HOST:PORT/protogeni/xmlrpc/{sa,cm,cm/2.0,dynslice}, on 127.0.0.1 unless
+    --host (or init --host) says otherwise; client certificates from the emulator's CA only.
+    State (slices, slivers, nodes) is kept in DIR/state.db across restarts; DIR/server.json
+    names the URL and pid of the running server. One server per directory.
     """
-    server = EmulatorServer(directory, port=port, host=host, inventory=inventory,
-                            boot_delay=boot_delay, notify_interval=notify_interval,
-                            max_wait=max_wait, fault_rate=fault_rate, seed=seed,
-                            tenant_load=tenant_load, tenant_interval=tenant_interval,
-                            allow_remote_endpoints=allow_remote_endpoints)
+    if background:
+        _serve_in_background(ctx, directory, log_file or directory / DEFAULT_LOG)
+        return
+    with _logging_to(log_file, debug=_debug(ctx)):
+        _serve(directory, port=port, host=host, inventory=inventory, boot_delay=boot_delay,
+               notify_interval=notify_interval, max_wait=max_wait, fault_rate=fault_rate,
+               seed=seed, tenant_load=tenant_load, tenant_interval=tenant_interval,
+               allow_remote_endpoints=allow_remote_endpoints)
+
+
+def _debug(ctx: click.Context) -> bool:
+    return bool(getattr(ctx.find_root().obj, "debug", False))
+
+
+def _serve_in_background(ctx: click.Context, directory: Path, log_file: Path) -> None:
+    """Start this same serve command detached (absolute paths, --log-file) and say where."""
+    load_config(directory)  # not an emulator directory: said here, not in the log
+    args = ["--debug"] if _debug(ctx) else []
+    args += ["emulator", "serve"]
+    command = ctx.command
+    for param in command.params:
+        value = ctx.params[param.name]  # type: ignore[index]
+        if param.name in ("background", "log_file") or value is None or value is False:
+            continue
+        flag = param.opts[0]
+        if param.name in ("directory", "inventory"):
+            value = Path(value).resolve()
+        args += [flag] if value is True else [flag, str(value)]
+    log_file = log_file.resolve()
+    running = start_background(directory.resolve(), [*args, "--log-file", str(log_file)],
+                               log_file)
+    click.echo(f"emulator serving {running.url}/{{sa,cm,dynslice}} (pid {running.pid})")
+    click.echo(f"client config: {directory.resolve() / 'elasticslice.conf'}")
+    click.echo(f"log: {log_file}")
+    click.echo(f"stop with: elasticslice emulator stop --dir {directory}")
+
+
+@contextmanager
+def _logging_to(log_file: Path | None, debug: bool) -> Iterator[None]:
+    """With a log file: the root logger's records and the request log go there (not to
+    stderr); without: requests are logged on stderr only under --debug."""
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    handler: logging.Handler | None = None
+    if log_file is not None:
+        try:
+            os.close(os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+            handler = logging.FileHandler(log_file, encoding="utf-8")
+        except OSError as err:
+            raise ElasticSliceError(f"--log-file {log_file}: {err.strerror or err}") from err
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+        for h in handlers:
+            root.removeHandler(h)
+        root.addHandler(handler)
+    access_handlers = [handler] if handler else (handlers if debug else [])
+    for h in access_handlers:
+        access.addHandler(h)
+    access.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for h in access_handlers:
+            access.removeHandler(h)
+        if handler is not None:
+            root.removeHandler(handler)
+            handler.close()
+            for h in handlers:
+                root.addHandler(h)
+
+
+def _serve(directory: Path, **options: object) -> None:
+    server = EmulatorServer(directory, **options)  # type: ignore[arg-type]
     done = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -116,7 +201,8 @@ def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: st
     try:
         click.echo(f"emulator serving {server.url}/{{sa,cm,dynslice}}", nl=True)
         click.echo(f"client config: {server.config_path}")
-        click.echo("stop with Ctrl-C", nl=True)
+        click.echo(f"stop with Ctrl-C or: elasticslice emulator stop --dir {directory}")
+        sys.stdout.flush()
         while not done.wait(timeout=0.5):
             pass
     except KeyboardInterrupt:
@@ -125,6 +211,18 @@ def serve_cmd(directory: Path, port: int | None, host: str | None, inventory: st
         server.stop()
         signal.signal(signal.SIGTERM, previous)
         click.echo("emulator stopped")
+
+
+@emulator.command("stop")
+@DIR_OPTION
+@click.option("--timeout", type=click.FloatRange(0), default=STOP_TIMEOUT, show_default=True,
+              help="Seconds to wait for it to stop.")
+def stop_cmd(directory: Path, timeout: float) -> None:
+    """Stop the emulator serving --dir (SIGTERM to the pid it records; waits until it has
+    stopped, its nodes' processes too). Exit 1 when none is running there."""
+    load_config(directory)
+    stopped = stop_emulator(directory, timeout)
+    click.echo(f"emulator stopped (pid {stopped.pid}, {stopped.url or 'was starting'})")
 
 
 @emulator.command("add-user")

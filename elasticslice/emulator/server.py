@@ -32,6 +32,11 @@ from elasticslice.emulator.bounds import (Admission, Body, Limits, peek_method, 
 from elasticslice.rpc import pki
 
 log = logging.getLogger(__name__)
+# One line per request (address, caller URN, path, method, HTTP status, bytes): only where
+# `serve --log-file` (or --debug) sends it, never up to the root logger of a program
+# embedding the emulator.
+access = logging.getLogger("elasticslice.emulator.access")
+access.propagate = False
 
 HANDSHAKE_TIMEOUT = 10.0
 IDLE_TIMEOUT = 60.0
@@ -73,9 +78,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "elasticslice-emulator"
     timeout = IDLE_TIMEOUT
     server: TLSServer
+    _method: str | None = None
+    _urn: str | None = None
 
     def do_POST(self) -> None:  # noqa: N802 (http.server naming)
         limits = self.server.limits
+        self._method = None
         try:
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
@@ -89,7 +97,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                          Body(self.rfile, length) if length <= 2 * limits.large_body else None)
             return
         head = read_head(self.rfile, length)
-        method = peek_method(head)
+        method = self._method = peek_method(head)
         body = Body(self.rfile, length, head, method)
         limit = limits.body_limit(method)
         if length > limit:
@@ -106,6 +114,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = Body(self.rfile, length, head, method)  # its time runs from admission
             assert isinstance(self.connection, ssl.SSLSocket)
             peer = peer_from_socket(self.connection, self.client_address[0])
+            self._urn = peer.urn
             status, payload = self.server.dispatcher.dispatch(self.path, body, peer)
             if not body.drain():  # what the dispatcher did not read
                 self.close_connection = True
@@ -123,6 +132,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(payload)
+        access.info("%s %s POST %s %s %d %d", self.client_address[0], self._urn or "-",
+                    self.path, self._method or "-", status, len(payload))
 
     def _refuse(self, status: int, message: str, body: Body | None) -> None:
         """An XML-RPC fault with HTTP ``status``, then the connection closes. The unread

@@ -16,6 +16,18 @@ def test_missing_config_is_one_line(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_missing_config_names_the_variable_and_init_not_a_repo_path(tmp_path):
+    """It pointed at etc/elasticslice.conf.example, a path only a git clone has, and did not
+    say where else the config may come from."""
+    env = {"HOME": str(tmp_path), "ELASTICSLICE_CONFIG": ""}
+    result = CliRunner().invoke(cli, ["getversion"], env=env)
+    assert result.exit_code == 1
+    line, = result.output.strip().splitlines()
+    assert line.startswith(f"Error: {tmp_path}/.protogeni/elasticslice.conf: config file not found")
+    assert "ELASTICSLICE_CONFIG" in line and "elasticslice emulator init" in line
+    assert "etc/" not in line
+
+
 def test_unknown_key_names_key_and_file(tmp_path):
     conf = tmp_path / "c.conf"
     conf.write_text("[protogeni]\ncertificat = x\n")

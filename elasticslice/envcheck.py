@@ -1,0 +1,89 @@
+"""Misspelled ``ELASTICSLICE_*`` variables: warned about once, with the closest known name.
+
+``elasticslice`` reads many variables of this prefix (a config key, ``ELASTICSLICE_<KEY>``;
+the manager's and the endpoint's keys; every command-line option,
+``ELASTICSLICE_<COMMAND>_<OPTION>``; what the emulator gives a node's startup commands).
+A name it does not know would be ignored without a word, so the command line names it on
+stderr (a WARNING, once per process and variable) together with the known name closest to
+it, when there is one.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Iterable, Mapping
+
+import click
+
+from elasticslice.config import ENV_PREFIX, KNOWN
+
+log = logging.getLogger(__name__)
+
+# Set for commands elasticslice runs, which may run elasticslice in turn: what the emulator
+# puts in a node's environment (elasticslice.emulator.boot) and its node isolation switch,
+# and what the manager gives its delete commands (elasticslice.managers.deletes).
+OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMORY",
+                   "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
+                   "DELETE_NODES", "DELETE_CLIENT_IDS")
+
+_warned: set[str] = set()
+
+
+def config_variables() -> set[str]:
+    """The variables of the config file's keys: ``[protogeni]``, ``[manager]``, ``[endpoint]``."""
+    from elasticslice.managers.config import DEF_ORDER, ENDPOINT_KEYS, MANAGER_KEYS
+
+    names = {*KNOWN, *MANAGER_KEYS, *OTHER_VARIABLES,
+             *(f"endpoint_{k}" for k in ENDPOINT_KEYS), *(f"interval_{m}" for m in DEF_ORDER)}
+    return {ENV_PREFIX + n.upper() for n in names}
+
+
+def option_variables(command: click.Command, prefix: str) -> set[str]:
+    """Every variable click reads for ``command``'s options and its sub-commands' (the
+    automatic ``PREFIX_<OPTION>`` and any explicit ``envvar``)."""
+    prefix = prefix.upper().replace("-", "_")
+    names: set[str] = set()
+    for param in command.params:
+        if not isinstance(param, click.Option):
+            continue
+        if param.envvar:
+            names.update([param.envvar] if isinstance(param.envvar, str) else param.envvar)
+        if param.allow_from_autoenv and param.name:
+            names.add(f"{prefix}_{param.name.upper()}")
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            names |= option_variables(sub, f"{prefix}_{name}")
+    return names
+
+
+def unknown_variables(env: Mapping[str, str], known: Iterable[str]) -> list[tuple[str, str | None]]:
+    """``(name, closest known name or None)`` for each ``ELASTICSLICE_*`` name of ``env`` that
+    is not in ``known``, sorted."""
+    known = set(known)
+    # compared without the prefix, which every name shares
+    suffixes = {k[len(ENV_PREFIX):]: k for k in known if k.startswith(ENV_PREFIX)}
+    out: list[tuple[str, str | None]] = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        close = difflib.get_close_matches(name[len(ENV_PREFIX):], suffixes, n=1, cutoff=0.7)
+        out.append((name, suffixes[close[0]] if close else None))
+    return out
+
+
+def warn_unknown_variables(command: click.Command, prefix: str = "ELASTICSLICE",
+                           env: Mapping[str, str] | None = None) -> list[str]:
+    """Log one WARNING per unknown ``ELASTICSLICE_*`` variable (once per process); returns the
+    messages logged by this call."""
+    env = os.environ if env is None else env
+    known = config_variables() | option_variables(command, prefix)
+    messages = []
+    for name, close in unknown_variables(env, known):
+        if name in _warned:
+            continue
+        _warned.add(name)
+        hint = f"; did you mean ${close}?" if close else ""
+        messages.append(f"${name} is not a variable elasticslice reads: ignored{hint}")
+        log.warning("%s", messages[-1])
+    return messages
