@@ -138,6 +138,6 @@ def finish(session: Session, workload: Workload, overlay: Overlay,
     OverlayManager(session).manage_overlay(overlay)
     state = workload.wait(timeout)
     if not workload.finished:
-        raise NoSuccess(f"workload {workload.id} not finished after {timeout}s "
+        raise NoSuccess(f"workload {workload.id} not finished after {timeout:.1f} s "
                         f"(state {state.value})")
     return state
