@@ -68,15 +68,13 @@ def killed_run(tmp_path, request):
         gate.touch()  # the orphaned g0, g1 of the killed run end
 
 
-def test_a_killed_run_resumes_and_does_not_run_done_tasks_again(killed_run, tmp_path):
+def test_a_killed_run_resumes_and_does_not_run_done_tasks_again(killed_run):
     path, out, gate, store = killed_run
     before = out.read_text().split()
     assert sorted(before) == ["q0", "q1", "q2", "q3"]
     gate.touch()
-    report = tmp_path / "r.json"
-    proc = subprocess.run([*TROY, "run", str(path), "--store", str(store), "--pilots", "1x2",
-                           "--report", str(report)], cwd=REPO, capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run([*TROY, "run", str(path), "--store", str(store), "--pilots", "1x2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "resuming: 4/7 tasks already done" in proc.stderr
     assert "DONE: 7/7 tasks done" in proc.stdout
@@ -85,7 +83,6 @@ def test_a_killed_run_resumes_and_does_not_run_done_tasks_again(killed_run, tmp_
         assert lines.count(f"q{i}") == 1
     assert lines.count("join") == 1
     assert lines.index("join") > max(lines.index("g0"), lines.index("g1"))
-    assert {e["state"] for e in json.loads(report.read_text())["units"]} == {"DONE"}
     # and once more: nothing left, nothing run
     again = subprocess.run([*TROY, "run", str(path), "--store", str(store)], cwd=REPO,
                            capture_output=True, text=True, timeout=180)
