@@ -98,10 +98,10 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
     count, cores = int(m.group(1) or 1), int(m.group(2))
     if count > MAX_PILOTS:
         raise UsageError(f"--pilots {spec!r}: {count} pilots is more than the limit of "
-                           f"{MAX_PILOTS}")
+                         f"{MAX_PILOTS}")
     if cores > MAX_PILOT_CORES:
         raise UsageError(f"--pilots {spec!r}: {cores} cores per pilot is more than the "
-                           f"limit of {MAX_PILOT_CORES}")
+                         f"limit of {MAX_PILOT_CORES}")
     return count, cores
 
 
@@ -158,7 +158,7 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
             raise UsageError(f"--scheduler: {err}") from None
     if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
         raise UsageError(f"--report {report}: no directory "
-                           f"{os.path.dirname(os.path.abspath(report))}")
+                         f"{os.path.dirname(os.path.abspath(report))}")
     options: dict[str, Any] = {}
     if framework == "dask" and dask_address:
         from troy.frameworks.dask.address import scheduler_url
