@@ -19,7 +19,8 @@ from typing import Any
 
 import click
 
-from troy.errors import BadParameter, TroyError, UsageError
+from troy.errors import UsageError
+from troy.errors import BadParameter, TroyError
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
 
 log = logging.getLogger("troy")
@@ -105,6 +106,18 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
     return count, cores
 
 
+@cli.command("status")
+@click.argument("store", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def status_cmd(store: str, as_json: bool) -> None:
+    """Show the progress of a run from its STORE (troy run --store STORE): per workload,
+    tasks done, running, failed and pending, when it started and its last update."""
+    from troy.status import format_status, read_status, status_json
+    workloads = read_status(store)
+    click.echo(json.dumps(status_json(store, workloads), indent=1) if as_json
+               else format_status(store, workloads))
+
+
 @cli.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--framework", type=click.Choice(["local", "dask"]), default="local",
@@ -129,16 +142,17 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
 @click.option("--store", type=click.Path(dir_okay=False), default=None,
               help="Keep the run's unit states in this SQLite file; run again with the "
                    "same file to resume (finished tasks are not run again).")
-def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
+def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
+            time_scale: float,
             report: str | None, scheduler: str | None, no_bundle: bool,
-            dask_address: str | None, timeout: float | None, store: str | None) -> None:
+            dask_address: str | None, timeout: float | None) -> None:
     """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it.
 
     Progress goes to stderr (a bar on a terminal), a summary line to stdout; the exit
     status is 0 when every task is DONE, 1 otherwise (2: bad usage)."""
     import troy
-    from troy.resume import finish, prepare, resume_line, run_session
     from troy.workload.files import load_workload
+    from troy.resume import finish, prepare, resume_line, run_session  # noqa: I001
 
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -272,18 +286,6 @@ def _progress(finished: queue.SimpleQueue, total: int) -> None:
         if len(seen) - shown >= step or len(seen) == total:
             shown = len(seen)
             click.echo(f"tasks: {shown}/{total} final", err=True)
-
-
-@cli.command("status")
-@click.argument("store", type=click.Path(exists=True, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def status_cmd(store: str, as_json: bool) -> None:
-    """Show the progress of a run from its STORE (troy run --store STORE): per workload,
-    tasks done, running, failed and pending, when it started and its last update."""
-    from troy.status import format_status, read_status, status_json
-    workloads = read_status(store)
-    click.echo(json.dumps(status_json(store, workloads), indent=1) if as_json
-               else format_status(store, workloads))
 
 
 def _task_error(tid: str, unit: Any) -> str | None:
