@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from troy.errors import UsageError
 from troy.errors import BadParameter, TroyError
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
 
@@ -53,6 +54,8 @@ class FriendlyGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except UsageError as err:  # bad usage: exit 2, as click's own usage errors
+            raise click.UsageError(str(err)) from err
         except TroyError as err:
             raise click.ClickException(str(err)) from err
         except KeyboardInterrupt:
@@ -66,6 +69,7 @@ class FriendlyGroup(click.Group):
 
 @click.group(cls=FriendlyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Log everything; show tracebacks.")
+@click.version_option(package_name="elasticslice", prog_name="troy")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """Troy: run workloads of tasks on pilots (local processes or Dask).
@@ -91,15 +95,27 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
         return 1, os.cpu_count() or 1
     m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*", spec)
     if not m or int(m.group(2)) < 1 or (m.group(1) is not None and int(m.group(1)) < 1):
-        raise BadParameter(f"--pilots {spec!r}: expected COUNTxCORES such as 4x2")
+        raise UsageError(f"--pilots {spec!r}: expected COUNTxCORES such as 4x2")
     count, cores = int(m.group(1) or 1), int(m.group(2))
     if count > MAX_PILOTS:
-        raise BadParameter(f"--pilots {spec!r}: {count} pilots is more than the limit of "
-                           f"{MAX_PILOTS}")
+        raise UsageError(f"--pilots {spec!r}: {count} pilots is more than the limit of "
+                         f"{MAX_PILOTS}")
     if cores > MAX_PILOT_CORES:
-        raise BadParameter(f"--pilots {spec!r}: {cores} cores per pilot is more than the "
-                           f"limit of {MAX_PILOT_CORES}")
+        raise UsageError(f"--pilots {spec!r}: {cores} cores per pilot is more than the "
+                         f"limit of {MAX_PILOT_CORES}")
     return count, cores
+
+
+@cli.command("status")
+@click.argument("store", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def status_cmd(store: str, as_json: bool) -> None:
+    """Show the progress of a run from its STORE (troy run --store STORE): per workload,
+    tasks done, running, failed and pending, when it started and its last update."""
+    from troy.status import format_status, read_status, status_json
+    workloads = read_status(store)
+    click.echo(json.dumps(status_json(store, workloads), indent=1) if as_json
+               else format_status(store, workloads))
 
 
 @cli.command("run")
@@ -121,8 +137,13 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
 @click.option("--dask-scheduler", "dask_address", default=None, metavar="URL",
               help="Attach to this Dask scheduler (dask://host:port) instead of starting one.")
 @click.option("--timeout", type=float, default=None,
-              help="Give up after this many seconds (default: no limit).")
-def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
+              help="Give up after this many seconds, connecting to a Dask scheduler "
+                   "included (default: no limit).")
+@click.option("--store", type=click.Path(dir_okay=False), default=None,
+              help="Keep the run's unit states in this SQLite file; run again with the "
+                   "same file to resume (finished tasks are not run again).")
+def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
+            time_scale: float,
             report: str | None, scheduler: str | None, no_bundle: bool,
             dask_address: str | None, timeout: float | None) -> None:
     """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it.
@@ -131,24 +152,38 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
     status is 0 when every task is DONE, 1 otherwise (2: bad usage)."""
     import troy
     from troy.workload.files import load_workload
+    from troy.resume import finish, prepare, resume_line, run_session  # noqa: I001
+
+    deadline = None if timeout is None else time.monotonic() + timeout
 
     count, cores = parse_pilots(pilots)
     if not math.isfinite(time_scale) or time_scale < 0:
-        raise BadParameter(f"--time-scale {time_scale}: expected a finite number >= 0")
+        raise UsageError(f"--time-scale {time_scale}: expected a finite number >= 0")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise BadParameter(f"--timeout {timeout}: expected a number of seconds > 0")
+        raise UsageError(f"--timeout {timeout}: expected a number of seconds > 0")
+    if store and not os.path.isdir(os.path.dirname(os.path.abspath(store))):
+        raise UsageError(f"--store {store}: no directory "
+                         f"{os.path.dirname(os.path.abspath(store))}")
+    if scheduler:
+        from troy.schedulers import get_scheduler
+        try:
+            get_scheduler(scheduler)
+        except BadParameter as err:
+            raise UsageError(f"--scheduler: {err}") from None
     if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
-        raise BadParameter(f"--report {report}: no directory "
-                           f"{os.path.dirname(os.path.abspath(report))}")
+        raise UsageError(f"--report {report}: no directory "
+                         f"{os.path.dirname(os.path.abspath(report))}")
     options: dict[str, Any] = {}
     if framework == "dask" and dask_address:
         from troy.frameworks.dask.address import scheduler_url
         try:
             options["scheduler_address"] = scheduler_url(dask_address)
         except BadParameter as err:
-            raise BadParameter(f"--dask-scheduler: {err}") from None
+            raise UsageError(f"--dask-scheduler: {err}") from None
+        if timeout is not None:  # connecting counts against --timeout too
+            options["connect_timeout"] = min(timeout, 15.0)
     elif dask_address:
-        raise BadParameter("--dask-scheduler needs --framework dask")
+        raise UsageError("--dask-scheduler needs --framework dask")
     workload = load_workload(file, time_scale=time_scale, max_cores=cores)
     if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
         quiet_dask()
@@ -158,13 +193,17 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
     if no_bundle:
         manager["bundle"] = False
     finished: queue.SimpleQueue = queue.SimpleQueue()
-    with troy.Session() as session:
-        # expand cardinality first: progress counts (and watches) the tasks that will run
-        troy.Planner(session).plan(workload)
+    with run_session(store, {"scheduler": scheduler} if scheduler else None) as session:
+        resumed = prepare(session, store, file, workload, time_scale) if store else None
+        if resumed is not None:  # the store's workload, its unfinished units queued
+            workload = resumed
+            click.echo(resume_line(workload), err=True)
+        else:  # expand cardinality first: progress counts (and watches) the tasks to run
+            troy.Planner(session).plan(workload)
         total = len(workload.tasks)
         wide = max(workload.tasks.values(), key=lambda t: t.description.cores)
         if wide.description.cores > cores:  # it would wait for a pilot that never comes
-            raise BadParameter(f"{file}: task {wide.id!r} needs {wide.description.cores} "
+            raise UsageError(f"{file}: task {wide.id!r} needs {wide.description.cores} "
                                f"cores; the pilots have {cores} ("
                                f"{'--pilots ' + pilots if pilots else 'this machine; see --pilots'})")
         session.add_framework(framework, name=framework, **options)
@@ -177,11 +216,15 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
 
         for t in workload.tasks.values():
             t.add_callback(on_task)
+            if resumed is not None and t.state.is_final:  # ended before: counted at once
+                on_task(t, t.state)
 
         def execute() -> None:
             try:
-                outcome["state"] = troy.execute_workload(session, workload, overlay,
-                                                         timeout=timeout, **manager)
+                left = None if deadline is None else max(0.001, deadline - time.monotonic())
+                outcome["state"] = finish(session, workload, overlay, left) if resumed \
+                    else troy.execute_workload(session, workload, overlay, timeout=left,
+                                               **manager)
             except BaseException as err:  # handed to the main thread, raised there
                 outcome["error"] = err
             finally:

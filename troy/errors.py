@@ -27,3 +27,8 @@ class DoesNotExist(TroyError, KeyError):
 
 class WorkloadFileError(TroyError):
     """A workload file (Troy JSON or WfFormat) is unreadable or invalid; names file and place."""
+
+
+class UsageError(BadParameter):
+    """Bad command-line usage (an option's value, options that do not go together, a store
+    of another run): the ``troy`` command exits 2 on it, as on click's own usage errors."""

@@ -46,7 +46,7 @@ def execute_workload(session: Session, workload: Workload, overlay: Overlay | No
         wm.dispatch_workload(workload, overlay)
         state = wm.wait_workload(workload, timeout)
         if not workload.finished:
-            raise NoSuccess(f"workload {workload.id} not finished after {timeout}s "
+            raise NoSuccess(f"workload {workload.id} not finished after {timeout:.1f} s "
                             f"(state {state.value})")
         return state
     finally:

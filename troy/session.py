@@ -37,6 +37,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "bundle_threshold": 1.0,     # seconds: tasks with a runtime hint below this are short
     "scheduler": "backfill",     # the scheduler workload managers use
     "pilot_timeout": 60.0,       # seconds provision_overlay waits for pilots to run
+    "late_binding": "overlay",   # late-bound units of a workload run on an overlay go to
+                                 # its pilots' frameworks ("overlay") or any ("session")
 }
 
 
@@ -53,6 +55,10 @@ class Session:
                 raise BadParameter(f"session config: unknown key(s) {', '.join(unknown)}; "
                                    f"known: {', '.join(sorted(DEFAULT_CONFIG))}")
             self.config.update(config)
+        if self.config["late_binding"] not in ("overlay", "session"):
+            raise BadParameter(f"session config: late_binding "
+                               f"{self.config['late_binding']!r}: expected 'overlay' or "
+                               f"'session'")
         self.frameworks: dict[str, PilotFramework] = {}
         #: workloads rebuilt by ``recover`` (by id)
         self.workloads: dict[str, Any] = {}

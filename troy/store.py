@@ -38,6 +38,7 @@ CREATE INDEX IF NOT EXISTS units_state ON units(state);
 CREATE TABLE IF NOT EXISTS workloads (
     id TEXT PRIMARY KEY, session TEXT, state TEXT NOT NULL, tasks INTEGER NOT NULL,
     spec TEXT, created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -281,6 +282,19 @@ class Store:
             row = self._db().execute("SELECT spec FROM workloads WHERE id = ?",
                                      (wid,)).fetchone()
         return json.loads(row[0]) if row and row[0] else None
+
+    # -- meta: small JSON values by key (``troy run`` keeps the file it runs here) -------
+    def set_meta(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._db().execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) "
+                               "DO UPDATE SET value=excluded.value", (key, json.dumps(value)))
+
+    def get_meta(self, key: str) -> Any:
+        """The value stored under ``key``, or None."""
+        with self._lock:
+            row = self._db().execute("SELECT value FROM meta WHERE key = ?",
+                                     (key,)).fetchone()
+        return json.loads(row[0]) if row else None
 
     def workloads(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -5,6 +5,10 @@ otherwise binding is left to the framework (late binding). A unit no framework c
 is queued in the service (state PENDING) and tried again whenever a pilot changes state or a
 unit finishes; a service created with ``wait=False`` raises ``NoSuccess`` instead.
 
+A unit submitted with ``frameworks`` (names) goes only to those frameworks: its scheduler
+sees a view of the service that lists just them. A workload manager submits an overlay's
+late-bound units this way, so they stay on the frameworks holding the overlay's pilots.
+
 Dispatch of queued units happens in one service thread, so framework callbacks (which may
 run in a framework's own threads) never call back into a framework while it is busy.
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from troy.descriptions import ComputeUnitDescription
@@ -31,6 +35,21 @@ log = logging.getLogger(__name__)
 UnitLike = ComputeUnit | ComputeUnitDescription | dict[str, Any]
 
 
+class _ScopedView:
+    """The unit service as a scheduler sees it for a unit limited to some frameworks:
+    ``list_pilot_frameworks()`` lists only those; everything else is the service's."""
+
+    def __init__(self, service: UnitService, names: frozenset[str]) -> None:
+        self._service = service
+        self._names = names
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._service, name)
+
+    def list_pilot_frameworks(self) -> list[PilotFramework]:
+        return [fw for fw in self._service.list_pilot_frameworks() if fw.name in self._names]
+
+
 class UnitService:
     """Units over the frameworks of ``session`` (live: frameworks added later count too)."""
 
@@ -42,6 +61,7 @@ class UnitService:
         self.early_binding = early_binding
         self._units: dict[str, ComputeUnit] = {}
         self._queue: dict[str, ComputeUnit] = {}  # insertion-ordered: the queue order
+        self._scopes: dict[str, frozenset[str]] = {}  # unit id -> frameworks it may use
         self._lock = threading.RLock()
         self._dispatch_lock = threading.Lock()
         self._wake = threading.Event()
@@ -75,9 +95,11 @@ class UnitService:
         return self.submit_units([unit], pilot=pilot)[0]
 
     def submit_units(self, units: Iterable[UnitLike], pilot: Pilot | str | None = None,
-                     workload: str | None = None, stored: bool = False) -> list[ComputeUnit]:
+                     workload: str | None = None, stored: bool = False,
+                     frameworks: Collection[str] | None = None) -> list[ComputeUnit]:
         """Submit several units (recorded in the store in one transaction, unless
-        ``stored`` says they already are, as a workload manager's are)."""
+        ``stored`` says they already are, as a workload manager's are). ``frameworks``
+        (names): late-bound units go only to these (default: any of the session's)."""
         if self._closed:
             raise IncorrectState("the unit service is closed")
         cus = [u if isinstance(u, ComputeUnit) else ComputeUnit(ComputeUnitDescription.coerce(u))
@@ -94,6 +116,8 @@ class UnitService:
         with self._lock:
             for u in cus:
                 self._units[u.id] = u
+                if frameworks is not None and target is None:
+                    self._scopes[u.id] = frozenset(frameworks)
         if target is not None:
             for u in cus:
                 target.framework.submit_unit(u, target)
@@ -144,6 +168,7 @@ class UnitService:
             ids = {u.id for u in todo}
             for uid in ids:
                 self._queue.pop(uid, None)
+                self._scopes.pop(uid, None)
         for u in todo:
             if u.state not in FINAL_STATES:
                 u.cancel()
@@ -199,26 +224,31 @@ class UnitService:
             sched = self.scheduler
             done: set[str] = set()
             unplaced: list[ComputeUnit] = []
-            narrowest_failed: int | None = None
+            # per framework scope (None: every framework): the narrowest unit not placed
+            narrowest: dict[frozenset[str] | None, int] = {}
+            full: set[frozenset[str] | None] = set()  # scopes where nothing fits at all
             self.backlog_ok = True
             for unit in queue:
                 if unit.state in FINAL_STATES:  # canceled while queued
                     done.add(unit.id)
                     continue
                 cores = unit.description.cores
-                if sched.monotone and narrowest_failed is not None and cores >= narrowest_failed:
+                scope = self._scopes.get(unit.id)
+                view: Any = self if scope is None else _ScopedView(self, scope)
+                if sched.monotone and (scope in full or cores >= narrowest.get(scope, cores + 1)):
                     unplaced.append(unit)
                     continue
-                decision = sched.schedule(self, unit.description)
+                decision = sched.schedule(view, unit.description)
                 if decision is None:
                     unplaced.append(unit)
                     self.backlog_ok = False
-                    if sched.in_order and not raise_unplaced and could_ever_fit(self, cores):
+                    if sched.in_order and not raise_unplaced and could_ever_fit(view, cores):
                         break
                     if sched.monotone and cores == 1 and not raise_unplaced:
-                        break  # nothing fits at all: the rest waits for the next event
-                    narrowest_failed = cores if narrowest_failed is None \
-                        else min(narrowest_failed, cores)
+                        full.add(scope)  # nothing fits at all: that scope waits
+                        if not self._scopes:
+                            break
+                    narrowest[scope] = min(narrowest.get(scope, cores), cores)
                     continue
                 framework, pilot = decision
                 try:
@@ -239,6 +269,7 @@ class UnitService:
                 with self._lock:
                     for uid in done | ids:
                         self._queue.pop(uid, None)
+                        self._scopes.pop(uid, None)
                 for u in unplaced:
                     u._set_state(State.FAILED)
                 widths = sorted({u.description.cores for u in unplaced})
@@ -248,3 +279,4 @@ class UnitService:
             with self._lock:
                 for uid in done:
                     self._queue.pop(uid, None)
+                    self._scopes.pop(uid, None)

@@ -194,7 +194,7 @@ def test_malformed_dask_scheduler_address_is_one_line_at_once(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "troy.cli", "run", str(good), "--framework",
                            "dask", "--dask-scheduler", "dask://[::zz"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         "Error: --dask-scheduler: Dask scheduler address 'dask://[::zz': invalid address "
         "'[::zz'; maybe: ipv6 needs brackets like [::1]"]

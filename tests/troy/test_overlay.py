@@ -62,3 +62,35 @@ def test_a_failed_pilot_fails_the_overlay(troy_session):
     OverlayManager(troy_session).manage_overlay(o)
     o.pilots["opilot.0000"].pilot._set_state(State.FAILED)  # as a framework would push it
     assert o.state is State.FAILED
+
+
+@pytest.mark.parametrize("late_binding", ["overlay", "session"])
+def test_late_bound_units_of_an_overlay_stay_on_its_pilots(tmp_path, late_binding):
+    """Broke: late-bound units of a workload executed on an overlay went to any framework
+    of the session (round robin put every other one on a framework the overlay does not
+    use); seed 001 schedules them onto the overlay's pilots. ``late_binding="session"``
+    is the old way, kept as an option."""
+    with troy.Session(store_path=tmp_path / "s.sqlite",
+                      config={"late_binding": late_binding}) as s:
+        s.add_framework("local", name="a", sandbox=str(tmp_path / "a"))
+        other = s.add_framework("local", name="b", sandbox=str(tmp_path / "b"))
+        assert other.submit_pilot(troy.PilotDescription(size=4)).wait_running(10) \
+            is State.RUNNING
+        o = Overlay([{"size": 2, "framework": "a"}])
+        w = troy.Workload()
+        w.add_task([{"executable": "/bin/true"} for _ in range(8)])
+        assert troy.execute_workload(s, w, o, scheduler="round_robin", bundle=False,
+                                     timeout=120) is State.DONE
+        pilots = {op.pilot.id for op in o.pilots.values()}
+        units = [u for t in w.tasks.values() for u in t.units]
+        if late_binding == "overlay":
+            assert {u.framework for u in units} == {"a"}
+            assert {u.pilot for u in units} <= pilots
+        else:
+            assert "b" in {u.framework for u in units}
+        o.cancel()
+
+
+def test_late_binding_config_is_checked():
+    with pytest.raises(BadParameter, match="late_binding 'pilots': expected 'overlay' or"):
+        troy.Session(config={"late_binding": "pilots"})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -120,6 +121,22 @@ def test_cancel_work_unit_and_service(pjs, tmp_path):
     more = [wus.submit({"executable": "/bin/sleep", "arguments": ["30"]}) for _ in range(2)]
     wus.cancel()
     assert [u.state for u in more] == [State.CANCELED] * 2
+
+
+def test_work_unit_service_wait_timeout_is_overall_not_per_unit(pjs):
+    """Broke: wait(timeout) waited up to ``timeout`` for each unit in turn (20 units that
+    never end: 20 x 0.5 s = 10 s); the timeout bounds the whole wait."""
+    pjs.create("local://localhost", pjd(1)).wait(10)
+    wus = WorkUnitService()
+    wus.add(pjs)
+    units = [wus.submit({"executable": "/bin/sleep", "arguments": ["60"]}) for _ in range(20)]
+    try:
+        started = time.monotonic()
+        wus.wait(timeout=0.5)
+        assert time.monotonic() - started < 8.0  # per unit it was >= 10 s
+        assert all(u.state not in (State.DONE, State.FAILED) for u in units)
+    finally:
+        wus.cancel()
 
 
 def test_reinitialize_replaces_the_pilot(pjs):

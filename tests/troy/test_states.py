@@ -28,7 +28,12 @@ def test_task_state_derivation(units, expected):
     ([S.DONE, S.CANCELED, S.DISPATCHED], S.CANCELED),
     ([S.DONE, S.DISPATCHED], S.DISPATCHED),
     ([S.DONE, S.DONE], S.DONE),
-    ([S.DONE, S.RUNNING], S.UNKNOWN),
+    # broke: a workload whose tasks ran read UNKNOWN (seed 001 has no RUNNING line)
+    ([S.DONE, S.RUNNING], S.RUNNING),
+    ([S.RUNNING, S.RUNNING], S.RUNNING),
+    ([S.DISPATCHED, S.RUNNING], S.DISPATCHED),  # the seed's DISPATCHED line comes first
+    ([S.FAILED, S.RUNNING], S.FAILED),
+    ([S.DONE, S.UNKNOWN], S.UNKNOWN),
 ])
 def test_workload_state_derivation(tasks, expected):
     assert derive_workload_state(tasks) is expected

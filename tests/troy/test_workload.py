@@ -87,13 +87,39 @@ def test_states_move_atomically_then_follow_the_units(troy_session, local_fw):
     assert w.tasks[b].state is State.DISPATCHED  # held back by its relation
     assert wm.wait_workload(w, timeout=30) is State.DONE
     assert seen[:5] == [State.PLANNED, State.TRANSLATED, State.BOUND, State.DISPATCHED,
-                        State.UNKNOWN] and seen[-1] is State.DONE
+                        State.RUNNING] and seen[-1] is State.DONE
+    assert State.UNKNOWN not in seen
     assert task_seen[:4] == [State.PLANNED, State.TRANSLATED, State.BOUND, State.DISPATCHED]
     assert task_seen[-2:] == [State.RUNNING, State.DONE]
     # the derived states agree with the seed's tables
     for t in w.tasks.values():
         assert t.state is derive_task_state(u.state for u in t.units)
     assert w.state is derive_workload_state(t.state for t in w.tasks.values())
+
+
+def test_workload_reads_running_not_unknown_while_its_tasks_run(troy_session, local_fw,
+                                                                 tmp_path):
+    """Broke: seed 001's workload table has no RUNNING line, so a workload whose tasks ran
+    read UNKNOWN. Two tasks run at once (a 4-core pilot) and wait for a go file."""
+    go = tmp_path / "go"
+    w = Workload()
+    ids = w.add_task([sh(f"touch {tmp_path}/started.{i}; "
+                         f"while [ ! -e {go} ]; do sleep 0.05; done") for i in range(2)])
+    seen: list[State] = []
+    w.add_callback(lambda wl, st: seen.append(st))
+    troy.Planner(troy_session).plan(w)
+    wm = WorkloadManager(troy_session, bundle=False)
+    wm.dispatch_workload(w)
+    try:
+        wait_for(lambda: all((tmp_path / f"started.{i}").exists() for i in range(2)),
+                 what="both tasks started")
+        wait_for(lambda: all(w.tasks[t].state is State.RUNNING for t in ids),
+                 what="both tasks RUNNING")
+        assert w.state is State.RUNNING
+    finally:
+        go.touch()
+    assert wm.wait_workload(w, timeout=60) is State.DONE
+    assert State.RUNNING in seen and State.UNKNOWN not in seen
 
 
 def test_relations_order_execution(troy_session, local_fw, tmp_path):

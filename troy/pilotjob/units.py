@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 
 from troy.errors import BadParameter, IncorrectState, NoSuccess
@@ -132,6 +133,8 @@ class WorkUnitService:
             _unit_services.pop(self.id, None)
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until every work unit is final (a convenience beyond the seed)."""
+        """Block until every work unit is final, or ``timeout`` seconds pass in all (not
+        per unit); a convenience beyond the seed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for wu in list(self.work_units):
-            wu.wait(timeout)
+            wu.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))

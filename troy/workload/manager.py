@@ -3,7 +3,10 @@
 - ``translate_workload`` turns tasks into compute units (one per task, or bundles of short
   tasks, see ``troy.workload.bundling``); expands cardinality first if the planner has not.
 - ``bind_workload`` binds units to the overlay's pilots (``bind_mode="early"``) or leaves
-  the choice to the scheduler and frameworks at dispatch (``"late"``, the default).
+  the choice to the scheduler and frameworks at dispatch (``"late"``, the default). Late-bound
+  units of a workload dispatched on an overlay stay on the frameworks that hold the
+  overlay's pilots (seed 001 schedules them onto the overlay), unless the session config
+  says ``late_binding="session"`` (any framework of the session).
 - ``dispatch_workload`` submits every unit whose tasks' heads are DONE and holds back the
   others; each time a task ends, the units of its tails are released, or canceled if a head
   FAILED or was CANCELED. Units go through a UnitService of the session (scheduler from the
@@ -50,6 +53,7 @@ class _Plan:
     heads: dict[str, set[str]] = field(default_factory=dict)
     bindings: dict[str, Pilot] = field(default_factory=dict)
     released: set[str] = field(default_factory=set)
+    overlay: Overlay | None = None  # late-bound units go to its pilots' frameworks
 
 
 def unit_description(tasks: list[Task]) -> ComputeUnitDescription:
@@ -64,6 +68,18 @@ def unit_description(tasks: list[Task]) -> ComputeUnitDescription:
     return ComputeUnitDescription(name=f"{tasks[0].id}+{len(tasks) - 1}", cores=1,
                                   runtime=sum(hints) or None,
                                   bundle=[one(t) for t in tasks])
+
+
+def overlay_frameworks(overlay: Overlay | None) -> set[str] | None:
+    """Names of the frameworks holding ``overlay``'s pilots (None: no overlay, any
+    framework). A following overlay is its framework's, pilots or not."""
+    if overlay is None:
+        return None
+    following = getattr(overlay, "framework", None)
+    if following is not None:
+        return {following.name}
+    names = {op.framework for op in overlay.pilots.values() if op.framework}
+    return names or None
 
 
 class WorkloadManager:
@@ -185,6 +201,8 @@ class WorkloadManager:
             raise IncorrectState(f"workload {workload.id} is {workload.state.value}; only a "
                                  f"BOUND workload can be dispatched")
         plan = self._plan(workload)
+        if self.session.config.get("late_binding", "overlay") == "overlay":
+            plan.overlay = overlay
         store = self.session.store
         # the workload and all its units (held ones too) survive a crash from here on
         store.put_workload(workload.id, State.DISPATCHED, len(workload.tasks), self.session.id,
@@ -269,7 +287,8 @@ class WorkloadManager:
                 late.extend(u for u in group
                             if u._framework_obj is None and u.state not in FINAL_STATES)
         if late:
-            us.submit_units(late, workload=plan.workload.id, stored=True)
+            us.submit_units(late, workload=plan.workload.id, stored=True,
+                            frameworks=overlay_frameworks(plan.overlay))
 
     # -- wait / cancel ------------------------------------------------------------------
     def wait_workload(self, workload: Workload, timeout: float | None = None) -> State:

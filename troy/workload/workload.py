@@ -116,8 +116,8 @@ class Workload(Lockable, Observable):
         self._notify(state, callbacks)
 
     def _derive(self) -> State:
-        """Seed 001's workload table, on task-state counts (same result as
-        ``troy.states.derive_workload_state`` over the tasks, in O(1))."""
+        """Seed 001's workload table plus its RUNNING line, on task-state counts (same
+        result as ``troy.states.derive_workload_state`` over the tasks, in O(1))."""
         c, n = self._counts, len(self.tasks)
         if n == 0:
             return State.UNKNOWN
@@ -127,6 +127,8 @@ class Workload(Lockable, Observable):
             return State.CANCELED
         if c[State.DISPATCHED]:
             return State.DISPATCHED
+        if c[State.RUNNING]:
+            return State.RUNNING
         if c[State.DONE] == n:
             return State.DONE
         return State.UNKNOWN
