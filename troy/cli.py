@@ -20,7 +20,9 @@ from typing import Any
 import click
 
 from troy.errors import BadParameter, TroyError
+from troy.estimate import estimate
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
+from troy.progress import show_progress
 
 log = logging.getLogger("troy")
 
@@ -154,6 +156,8 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
         quiet_dask()
     manager: dict[str, Any] = {}
     if scheduler:
+        from troy.schedulers import get_scheduler
+        get_scheduler(scheduler)  # a bad name is said before the run (and its estimate)
         manager["scheduler"] = scheduler
     if no_bundle:
         manager["bundle"] = False
@@ -167,13 +171,13 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
             raise BadParameter(f"{file}: task {wide.id!r} needs {wide.description.cores} "
                                f"cores; the pilots have {cores} ("
                                f"{'--pilots ' + pilots if pilots else 'this machine; see --pilots'})")
+        click.echo(estimate(workload, count * cores).line(), err=True)
         session.add_framework(framework, name=framework, **options)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
         outcome: dict[str, Any] = {}
 
         def on_task(task: Any, state: troy.State) -> None:
-            if state.is_final:
-                finished.put(task.id)
+            finished.put((task.id, state))  # progress counts running, failed and final
 
         for t in workload.tasks.values():
             t.add_callback(on_task)
@@ -190,7 +194,7 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
         started = time.time()
         runner = threading.Thread(target=execute, name="troy-run", daemon=True)
         runner.start()
-        _progress(finished, total)
+        show_progress(finished, total)
         runner.join()
         overlay.cancel()
         if "error" in outcome:
@@ -216,33 +220,6 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
                    f"{' (see ' + report + ')' if report else ''}", err=True)
     if data["state"] != "DONE":
         sys.exit(1)
-
-
-def _progress(finished: queue.SimpleQueue, total: int) -> None:
-    """Progress on stderr, fed by task events: a bar on a terminal, else a line per tenth."""
-    err = sys.stderr
-    seen: set[str] = set()
-
-    def events():
-        while True:
-            tid = finished.get()
-            if tid is None:
-                return
-            if tid not in seen:
-                seen.add(tid)
-                yield tid
-
-    if err.isatty():
-        with click.progressbar(length=total, label="tasks", file=err, show_pos=True,
-                               show_eta=False) as bar:
-            for _ in events():
-                bar.update(1)
-        return
-    step, shown = max(1, total // 10), 0
-    for _ in events():
-        if len(seen) - shown >= step or len(seen) == total:
-            shown = len(seen)
-            click.echo(f"tasks: {shown}/{total} final", err=True)
 
 
 def _task_error(tid: str, unit: Any) -> str | None:
