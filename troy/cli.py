@@ -22,6 +22,7 @@ import click
 from troy.errors import BadParameter, TroyError
 from troy.estimate import estimate
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
+from troy.plot import plot_cmd
 from troy.progress import show_progress
 
 log = logging.getLogger("troy")
@@ -264,6 +265,9 @@ def build_report(workload: Any, state: Any, wall: float) -> dict[str, Any]:
             "wall_s": round(wall, 6),
             "units_per_s": round(len(units) / makespan, 3) if makespan > 0 else 0.0,
             "units": entries}
+
+
+cli.add_command(plot_cmd)  # troy plot REPORT -o PNG (troy/plot.py)
 
 
 def main() -> None:
