@@ -216,7 +216,8 @@ def render(data: PlotData, title: str | None = None) -> Any:
         gantt.set_yticks([])
     gantt.set_ylabel(f"pilots ({len(data.lanes)})")
     gantt.legend(handles=[Patch(color=COLOURS.get(s, OTHER_COLOUR), label=s)
-                          for s in sorted(data.states)], loc="upper right", fontsize=7)
+                          for s in sorted(data.states)], loc="upper left",
+                 bbox_to_anchor=(1.0, 1.0), fontsize=7)
     gantt.set_title(title or data.title)
     times = [t for t, _ in data.busy]
     cores = [n for _, n in data.busy]
@@ -225,8 +226,9 @@ def render(data: PlotData, title: str | None = None) -> Any:
     if data.capacity:
         busy.axhline(data.capacity, color="#555555", linestyle="--", linewidth=0.8,
                      label=f"{data.capacity} cores")
-        busy.legend(loc="upper right", fontsize=7)
+        busy.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     busy.set_ylim(0, max(data.capacity or 0, data.peak()) * 1.1 + 0.5)
+    busy.yaxis.get_major_locator().set_params(integer=True)
     busy.set_ylabel("cores busy")
     busy.set_xlabel("seconds since the first task started")
     busy.set_xlim(0, data.makespan * 1.01 or 1)
