@@ -10,6 +10,7 @@ extra (``pip install 'elasticslice[plot]'``); the Agg backend draws without a di
 """
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from collections import Counter
@@ -133,21 +134,38 @@ def summarise(entries: list[dict[str, Any]], report: dict[str, Any] | None = Non
                             f"start time): nothing to plot")
     t0 = min(e["start"] for e in started)
     last = max(max(e["start"], e["end"] or e["start"]) for e in started)
-    lanes: dict[str, list[float]] = {}  # pilot -> each lane's end so far
+    lanes: dict[str, _Lanes] = {}
     bars = []
     for e in sorted(started, key=lambda e: (e["start"], e["task"])):
         end = e["end"] if e["end"] is not None else last  # running when the report was written
-        ends = lanes.setdefault(e["pilot"], [])
-        lane = next((i for i, t in enumerate(ends) if t <= e["start"]), len(ends))
-        if lane == len(ends):
-            ends.append(end)
-        ends[lane] = max(end, e["start"])
-        bars.append(Bar(e["task"], e["pilot"], e["state"], e["start"] - t0,
-                        max(end, e["start"]) - t0, e["cores"], lane))
-    return PlotData(t0=t0, bars=bars, lanes={p: len(ends) for p, ends in lanes.items()},
+        end = max(end, e["start"])
+        lane = lanes.setdefault(e["pilot"], _Lanes()).take(e["start"], end)
+        bars.append(Bar(e["task"], e["pilot"], e["state"], e["start"] - t0, end - t0,
+                        e["cores"], lane))
+    return PlotData(t0=t0, bars=bars, lanes={p: ls.count for p, ls in lanes.items()},
                     busy=busy_series(bars), not_started=len(entries) - len(started),
                     capacity=_capacity(report or {}), title=_title(report or {}, Path(name).name),
                     states=dict(Counter(b.state for b in bars)))
+
+
+@dataclass
+class _Lanes:
+    """A pilot's lanes: a task takes the lowest lane free at its start (interval
+    partitioning, O(log n) a task)."""
+
+    count: int = 0
+    free: list[int] = field(default_factory=list)               # lane numbers, a heap
+    busy: list[tuple[float, int]] = field(default_factory=list)  # (end, lane), a heap
+
+    def take(self, start: float, end: float) -> int:
+        while self.busy and self.busy[0][0] <= start:
+            heapq.heappush(self.free, heapq.heappop(self.busy)[1])
+        if self.free:
+            lane = heapq.heappop(self.free)
+        else:
+            lane, self.count = self.count, self.count + 1
+        heapq.heappush(self.busy, (end, lane))
+        return lane
 
 
 def busy_series(bars: list[Bar]) -> list[tuple[float, int]]:

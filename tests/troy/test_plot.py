@@ -57,6 +57,15 @@ def test_summary_has_bars_per_pilot_and_the_busy_cores(tmp_path):
     assert data.capacity is None and data.title == "r.json: FAILED"
 
 
+def test_a_task_running_when_the_report_was_written_lasts_to_the_end(tmp_path):
+    running = {**TASKS[0], "task": "r", "pilot": "B", "state": "RUNNING", "start": T0 + 0.5,
+               "end": None}
+    data = read_report(write(tmp_path, "r.json", run_report(TASKS + [running])))
+    bar = next(b for b in data.bars if b.task == "r")
+    assert (bar.start, bar.end, bar.lane) == (0.5, 4.0, 0) and data.lanes["B"] == 2
+    assert data.states["RUNNING"] == 1 and data.peak() == 4
+
+
 def test_demo_report_and_old_units_reports_plot_the_same_way(tmp_path):
     run = read_report(write(tmp_path, "r.json", run_report()))
     demo = read_report(write(tmp_path, "d.json", demo_report()))
