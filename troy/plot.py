@@ -205,6 +205,7 @@ def render(data: PlotData, title: str | None = None) -> Any:
     """The figure (a ``matplotlib.figure.Figure`` on the Agg canvas, no display needed)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.collections import PolyCollection
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
     except ImportError as err:
@@ -218,13 +219,13 @@ def render(data: PlotData, title: str | None = None) -> Any:
     for pilot, n in data.lanes.items():  # bands from the top down, in order of first use
         base[pilot], top = top, top + n
         ticks.append(base[pilot] + n / 2)
-    for state in sorted({b.state for b in data.bars}):
-        mine = [b for b in data.bars if b.state == state]
-        gantt.barh([base[b.pilot] + b.lane + 0.5 for b in mine],
-                   [max(b.end - b.start, data.makespan / 2000) for b in mine],
-                   left=[b.start for b in mine], height=0.8,
-                   color=COLOURS.get(state, OTHER_COLOUR), edgecolor="white",
-                   linewidth=0.4, label=state)
+    least = data.makespan / 2000  # a task of no time still shows
+    for state in sorted({b.state for b in data.bars}):  # one collection a state: fast
+        gantt.add_collection(PolyCollection(
+            [_box(b.start, max(b.end, b.start + least), base[b.pilot] + b.lane + 0.1,
+                  base[b.pilot] + b.lane + 0.9) for b in data.bars if b.state == state],
+            facecolors=COLOURS.get(state, OTHER_COLOUR), edgecolors="white",
+            linewidths=0.4, label=state))
     for y in list(base.values())[1:]:
         gantt.axhline(y, color="#cccccc", linewidth=0.6)
     gantt.set_ylim(rows, 0)
@@ -251,6 +252,10 @@ def render(data: PlotData, title: str | None = None) -> Any:
     busy.set_xlabel("seconds since the first task started")
     busy.set_xlim(0, data.makespan * 1.01 or 1)
     return fig
+
+
+def _box(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float]]:
+    return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
 
 
 def _short(pilot: str) -> str:
