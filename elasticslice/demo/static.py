@@ -313,7 +313,7 @@ class Demo:
         report = build_report(workload, state, wall)
         names = {op.pilot.id: op.description.tag for op in overlay.pilots.values()
                  if op.pilot is not None}
-        units = {e["unit"]: names.get(e["pilot"], e["pilot"]) for e in report["units"]
+        units = {e["unit"]: names.get(e["pilot"], e["pilot"]) for e in report["tasks"]
                  if e["unit"]}
         per_node = Counter(units.values())
         for x in ready:
@@ -326,13 +326,13 @@ class Demo:
                                 f"{report['tasks_canceled']} canceled; {len(units)} units; "
                                 f"makespan {report['makespan_s']:.2f} s")
         self.c.detail("units/pilot", ", ".join(f"{x.client_id} {x.units}" for x in ready))
-        self.result.troy = {**{k: v for k, v in report.items() if k != "units"},
+        self.result.troy = {**{k: v for k, v in report.items() if k != "tasks"},
                             "framework": fw, "workflow": str(self.o.workflow),
                             "workflow_name": self.o.workflow.name,
                             "time_scale": self.o.time_scale,
                             "pilots": {x.client_id: {"cores": x.cores, "units": x.units,
                                                      "resource": x.hostname} for x in ready},
-                            "tasks": report["units"]}
+                            "tasks": report["tasks"]}
         if report["state"] != "DONE":
             raise DemoError(f"workflow ended {report['state']}: {report['tasks_failed']} "
                             f"task(s) failed, {report['tasks_canceled']} canceled "
