@@ -45,6 +45,15 @@ def task_entry(tid: str, task: Any, outputs: OutputKeeper | None = None,
             "stderr": _relative(files.stderr, base) if files else None}
 
 
+def rebase(entries: list[dict[str, Any]], old: str, new: str) -> list[dict[str, Any]]:
+    """``entries`` with their output paths relative to directory ``new`` instead of ``old``
+    (the same report written to a second place)."""
+    if os.path.abspath(old) == os.path.abspath(new):
+        return entries
+    return [{**e, **{k: os.path.relpath(os.path.join(old, e[k]), new)
+                     for k in ("stdout", "stderr") if e.get(k)}} for e in entries]
+
+
 def task_entries(workload: Any, outputs: OutputKeeper | None = None,
                  base: str | None = None) -> list[dict[str, Any]]:
     """One ``task_entry`` per task of ``workload``, in its order."""
