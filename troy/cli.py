@@ -24,6 +24,7 @@ from troy.estimate import estimate
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
 from troy.plot import plot_cmd
 from troy.progress import show_progress
+from troy.report import build_report  # noqa: F401  (its old home: troy.cli.build_report)
 
 log = logging.getLogger("troy")
 
@@ -115,7 +116,12 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="WfFormat files: multiply recorded runtimes by this.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None,
-              help="Write a JSON report (per task: pilot, state, start, end) here.")
+              help="Write a JSON report (per task: pilot, state, start, end, output "
+                   "files) here.")
+@click.option("--output-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep each task's stdout and stderr (the last 64 KiB of each) here "
+                   "(default: beside the report, REPORT.json -> REPORT-output/; without "
+                   "--report ./troy-out/WORKLOAD/).")
 @click.option("--scheduler", default=None,
               help="Troy scheduler: backfill, first_fit, round_robin or seed003 "
                    "(default: backfill).")
@@ -127,12 +133,14 @@ def parse_pilots(spec: str | None) -> tuple[int, int]:
               help="Give up after this many seconds (default: no limit).")
 def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
             report: str | None, scheduler: str | None, no_bundle: bool,
-            dask_address: str | None, timeout: float | None) -> None:
+            dask_address: str | None, timeout: float | None,
+            output_dir: str | None) -> None:
     """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it.
 
     Progress goes to stderr (a bar on a terminal), a summary line to stdout; the exit
     status is 0 when every task is DONE, 1 otherwise (2: bad usage)."""
     import troy
+    from troy.output import OutputKeeper, default_output_dir, last_lines
     from troy.workload.files import load_workload
 
     count, cores = parse_pilots(pilots)
@@ -153,6 +161,7 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
     elif dask_address:
         raise BadParameter("--dask-scheduler needs --framework dask")
     workload = load_workload(file, time_scale=time_scale, max_cores=cores)
+    outputs = OutputKeeper(output_dir or default_output_dir(file, report))
     if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
         quiet_dask()
     manager: dict[str, Any] = {}
@@ -173,6 +182,7 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
                                f"cores; the pilots have {cores} ("
                                f"{'--pilots ' + pilots if pilots else 'this machine; see --pilots'})")
         click.echo(estimate(workload, count * cores).line(), err=True)
+        outputs.open().watch(workload)
         session.add_framework(framework, name=framework, **options)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
         outcome: dict[str, Any] = {}
@@ -200,7 +210,9 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
         overlay.cancel()
         if "error" in outcome:
             raise outcome["error"]
-        data = build_report(workload, outcome["state"], time.time() - started)
+        data = build_report(workload, outcome["state"], time.time() - started,
+                            outputs=outputs, base=os.path.dirname(os.path.abspath(report))
+                            if report else None)
     if report:
         try:
             with open(report, "w") as f:
@@ -212,59 +224,17 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
                f"{data['tasks_failed']} failed, {data['tasks_canceled']} canceled; "
                f"{data['units_total']} units; makespan {data['makespan_s']:.3f} s; "
                f"{data['units_per_s']:.1f} units/s")
-    failed = [e for e in data["units"] if e["state"] == "FAILED"]
+    failed = [e for e in data["tasks"] if e["state"] == "FAILED"]
     for e in failed[:3]:  # why, for the first few (all of them are in the report)
         click.echo(f"task {e['task']} FAILED: {(e['error'] or 'no reason given').strip()}",
                    err=True)
+        for line in last_lines(outputs.files(e["task"]).stderr):  # its own words
+            click.echo(f"  | {line}", err=True)
     if len(failed) > 3:
         click.echo(f"... and {len(failed) - 3} more failed task(s)"
                    f"{' (see ' + report + ')' if report else ''}", err=True)
     if data["state"] != "DONE":
         sys.exit(1)
-
-
-def _task_error(tid: str, unit: Any) -> str | None:
-    """Why a task's unit failed (its own member's error inside a bundle), or None."""
-    result = unit.result if unit is not None else None
-    if result is None:
-        return None
-    if unit.description.bundle and tid in unit.task_ids \
-            and unit.task_ids.index(tid) < len(result.members):
-        return result.members[unit.task_ids.index(tid)].error
-    return result.error
-
-
-def build_report(workload: Any, state: Any, wall: float) -> dict[str, Any]:
-    """The report: totals, makespan, and one entry per task (a bundled task gets its own
-    member's start and end; ``unit`` names the unit it ran in)."""
-    entries, units = [], set()
-    for tid, task in workload.tasks.items():
-        unit = task.units[-1] if task.units else None
-        start = end = None
-        if unit is not None:
-            units.add(unit.id)
-            start, end = unit.start, unit.end
-            members = unit.result.members if unit.result is not None else []
-            if unit.description.bundle and tid in unit.task_ids \
-                    and unit.task_ids.index(tid) < len(members):
-                m = members[unit.task_ids.index(tid)]
-                start, end = m.start, m.end
-        entries.append({"task": tid, "unit": unit.id if unit else None,
-                        "pilot": unit.pilot if unit else None,
-                        "framework": unit.framework if unit else None,
-                        "state": task.state.value, "start": start, "end": end,
-                        "error": _task_error(tid, unit)})
-    starts = [e["start"] for e in entries if e["start"] is not None]
-    ends = [e["end"] for e in entries if e["end"] is not None]
-    makespan = max(ends) - min(starts) if starts and ends else 0.0
-    count = {s: sum(1 for e in entries if e["state"] == s)
-             for s in ("DONE", "FAILED", "CANCELED")}
-    return {"state": state.value, "tasks_total": len(entries), "tasks_done": count["DONE"],
-            "tasks_failed": count["FAILED"], "tasks_canceled": count["CANCELED"],
-            "units_total": len(units), "makespan_s": round(makespan, 6),
-            "wall_s": round(wall, 6),
-            "units_per_s": round(len(units) / makespan, 3) if makespan > 0 else 0.0,
-            "units": entries}
 
 
 cli.add_command(plot_cmd)  # troy plot REPORT -o PNG (troy/plot.py)

@@ -78,7 +78,8 @@ def test_srasearch_bare_run_is_announced_as_about_an_hour():
     assert e.line().startswith("estimated duration: at least 58 min 18 s: work / cores")
 
 
-def test_troy_run_prints_the_estimate_first(tmp_path):
+def test_troy_run_prints_the_estimate_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # task output goes to ./troy-out/ without --report
     result = CliRunner().invoke(cli, ["run", str(EXAMPLES / "helloworld-chain-5-chameleon.json"),
                                       "--pilots", "1x2", "--time-scale", "0.001"])
     assert result.exit_code == 0, result.output

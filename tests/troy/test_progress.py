@@ -60,7 +60,8 @@ def test_show_progress_lines_on_a_pipe():
     assert lines[-1] == "tasks: 20/20 final, 0 running, 1 failed, ETA 0 s"
 
 
-def test_troy_run_progress_counts_failed_tasks(tmp_path):
+def test_troy_run_progress_counts_failed_tasks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # task output goes to ./troy-out/ without --report
     f = tmp_path / "w.json"
     f.write_text(json.dumps({"tasks": [
         {"id": "ok", "executable": "/bin/true", "cardinality": 3},
