@@ -181,8 +181,8 @@ def run_cmd(file: str, framework: str, pilots: str | None, time_scale: float,
             raise BadParameter(f"{file}: task {wide.id!r} needs {wide.description.cores} "
                                f"cores; the pilots have {cores} ("
                                f"{'--pilots ' + pilots if pilots else 'this machine; see --pilots'})")
+        outputs.open().watch(workload)  # (a bad --output-dir is said before the estimate)
         click.echo(estimate(workload, count * cores).line(), err=True)
-        outputs.open().watch(workload)
         session.add_framework(framework, name=framework, **options)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
         outcome: dict[str, Any] = {}
