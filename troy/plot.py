@@ -197,7 +197,8 @@ def _capacity(report: dict[str, Any]) -> int | None:
 def _title(report: dict[str, Any], name: str) -> str:
     troy_part = report.get("troy") if isinstance(report.get("troy"), dict) else {}
     workflow = troy_part.get("workflow_name") or report.get("workload") or name
-    state = troy_part.get("state") or report.get("state") or ""
+    state = (troy_part.get("state") or report.get("state") or report.get("workload_state")
+             or "")
     return f"{workflow}{': ' + state if state else ''}"
 
 
