@@ -18,6 +18,7 @@ import pytest
 from elasticslice.demo.console import Console, port_open
 from elasticslice.demo.report import Progress, ProgressPrinter, event_lines
 from elasticslice.emulator.adminclient import AdminClient
+from troy.report import ENTRY_KEYS
 from tests.conftest import REPO, wait_for
 
 DEMO = REPO / "bin" / "demo"
@@ -87,6 +88,9 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
     report = json.loads(out_json.read_text())
     assert report == json.loads((d / "report.json").read_text())
     assert report["ok"] and report["units_total"] == 58
+    # the per-task list has the shape of troy run's report
+    assert len(report["troy"]["tasks"]) == 58
+    assert all(tuple(e) == ENTRY_KEYS and e["state"] == "DONE" for e in report["troy"]["tasks"])
     assert report["units_done"] == report["units_total"]
     assert report["units_lost"] == 0
     assert report["revocations"] >= 1 and report["early_releases"] >= 1
@@ -276,3 +280,35 @@ def test_events_say_what_the_counters_did() -> None:
         "early release: 1 drained node(s) given back before the deadline"]
     assert event_lines(after, after) == []
 
+
+
+def test_demo_report_and_troy_run_report_share_the_task_entry(tmp_path: Path) -> None:
+    """One entry shape (troy.report.ENTRY_KEYS) in both reports; the demo's output paths
+    are right from each place its report is written to."""
+    import troy
+    from elasticslice.demo.report import ElasticReport
+    from troy.output import OutputKeeper
+    from troy.report import build_report
+    from troy.workload.files import load_workload
+    f = tmp_path / "w.json"
+    f.write_text(json.dumps({"tasks": [{"id": "a", "executable": "/bin/sh",
+                                        "arguments": ["-c", "echo said"]}]}))
+    workload = load_workload(f)
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    other.mkdir()
+    keeper = OutputKeeper(run_dir / "output").open()
+    keeper.watch(workload)
+    with troy.Session(store_path=tmp_path / "s.sqlite") as session:
+        session.add_framework("local", name="local")
+        state = troy.execute_workload(session, workload,
+                                      troy.Overlay([{"size": 1, "framework": "local"}]),
+                                      timeout=60)
+    assert state is troy.State.DONE
+    report = ElasticReport()
+    report.take_tasks(workload, keeper, run_dir)
+    report.write(run_dir / "report.json", other / "out.json")
+    ran = build_report(workload, state, 1.0, outputs=keeper, base=str(run_dir))["tasks"]
+    for where in (run_dir / "report.json", other / "out.json"):
+        [entry] = json.loads(where.read_text())["troy"]["tasks"]
+        assert tuple(entry) == tuple(ran[0]) == ENTRY_KEYS
+        assert (where.parent / entry["stdout"]).read_text() == "said\n"

@@ -13,6 +13,7 @@ import pytest
 from elasticslice.demo.console import port_open
 from tests.conftest import WORKFLOWS, wait_for
 from tests.test_demo import DemoRun, emulator_port, leftovers
+from troy.report import ENTRY_KEYS
 
 FAST = ["--static", "--boot-delay", "0.2", "--timeout", "30"]
 
@@ -50,6 +51,7 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert "nodes released  4 (2 by DeleteNodes, 2 by DeleteSlice)" in out
     report = json.loads((d / "report.json").read_text())
     assert report["troy"]["tasks_done"] == 58 and report["troy"]["state"] == "DONE"
+    assert all(tuple(e) == ENTRY_KEYS for e in report["troy"]["tasks"])
     assert sum(p["units"] for p in report["troy"]["pilots"].values()) == \
         report["troy"]["units_total"]
     assert all(n["started"].startswith(n["hostname"]) for n in report["nodes"])

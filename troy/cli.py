@@ -21,7 +21,11 @@ import click
 
 from troy.errors import UsageError
 from troy.errors import BadParameter, TroyError
+from troy.estimate import estimate
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
+from troy.plot import plot_cmd
+from troy.progress import show_progress
+from troy.report import build_report  # noqa: F401  (its old home: troy.cli.build_report)
 
 log = logging.getLogger("troy")
 
@@ -128,7 +132,12 @@ def status_cmd(store: str, as_json: bool) -> None:
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="WfFormat files: multiply recorded runtimes by this.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None,
-              help="Write a JSON report (per task: pilot, state, start, end) here.")
+              help="Write a JSON report (per task: pilot, state, start, end, output "
+                   "files) here.")
+@click.option("--output-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep each task's stdout and stderr (the last 64 KiB of each) here "
+                   "(default: beside the report, REPORT.json -> REPORT-output/; without "
+                   "--report ./troy-out/WORKLOAD/).")
 @click.option("--scheduler", default=None,
               help="Troy scheduler: backfill, first_fit, round_robin or seed003 "
                    "(default: backfill).")
@@ -145,12 +154,14 @@ def status_cmd(store: str, as_json: bool) -> None:
 def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
             time_scale: float,
             report: str | None, scheduler: str | None, no_bundle: bool,
-            dask_address: str | None, timeout: float | None) -> None:
+            dask_address: str | None, timeout: float | None,
+            output_dir: str | None) -> None:
     """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it.
 
     Progress goes to stderr (a bar on a terminal), a summary line to stdout; the exit
     status is 0 when every task is DONE, 1 otherwise (2: bad usage)."""
     import troy
+    from troy.output import OutputKeeper, default_output_dir, last_lines
     from troy.workload.files import load_workload
     from troy.resume import finish, prepare, resume_line, run_session  # noqa: I001
 
@@ -185,10 +196,13 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
     elif dask_address:
         raise UsageError("--dask-scheduler needs --framework dask")
     workload = load_workload(file, time_scale=time_scale, max_cores=cores)
+    outputs = OutputKeeper(output_dir or default_output_dir(file, report))
     if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
         quiet_dask()
     manager: dict[str, Any] = {}
     if scheduler:
+        from troy.schedulers import get_scheduler
+        get_scheduler(scheduler)  # a bad name is said before the run (and its estimate)
         manager["scheduler"] = scheduler
     if no_bundle:
         manager["bundle"] = False
@@ -206,13 +220,14 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
             raise UsageError(f"{file}: task {wide.id!r} needs {wide.description.cores} "
                                f"cores; the pilots have {cores} ("
                                f"{'--pilots ' + pilots if pilots else 'this machine; see --pilots'})")
+        outputs.open().watch(workload)  # (a bad --output-dir is said before the estimate)
+        click.echo(estimate(workload, count * cores).line(), err=True)
         session.add_framework(framework, name=framework, **options)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
         outcome: dict[str, Any] = {}
 
         def on_task(task: Any, state: troy.State) -> None:
-            if state.is_final:
-                finished.put(task.id)
+            finished.put((task.id, state))  # progress counts running, failed and final
 
         for t in workload.tasks.values():
             t.add_callback(on_task)
@@ -233,12 +248,14 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
         started = time.time()
         runner = threading.Thread(target=execute, name="troy-run", daemon=True)
         runner.start()
-        _progress(finished, total)
+        show_progress(finished, total)
         runner.join()
         overlay.cancel()
         if "error" in outcome:
             raise outcome["error"]
-        data = build_report(workload, outcome["state"], time.time() - started)
+        data = build_report(workload, outcome["state"], time.time() - started,
+                            outputs=outputs, base=os.path.dirname(os.path.abspath(report))
+                            if report else None)
     if report:
         try:
             with open(report, "w") as f:
@@ -250,10 +267,12 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
                f"{data['tasks_failed']} failed, {data['tasks_canceled']} canceled; "
                f"{data['units_total']} units; makespan {data['makespan_s']:.3f} s; "
                f"{data['units_per_s']:.1f} units/s")
-    failed = [e for e in data["units"] if e["state"] == "FAILED"]
+    failed = [e for e in data["tasks"] if e["state"] == "FAILED"]
     for e in failed[:3]:  # why, for the first few (all of them are in the report)
         click.echo(f"task {e['task']} FAILED: {(e['error'] or 'no reason given').strip()}",
                    err=True)
+        for line in last_lines(outputs.files(e["task"]).stderr):  # its own words
+            click.echo(f"  | {line}", err=True)
     if len(failed) > 3:
         click.echo(f"... and {len(failed) - 3} more failed task(s)"
                    f"{' (see ' + report + ')' if report else ''}", err=True)
@@ -261,75 +280,7 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
         sys.exit(1)
 
 
-def _progress(finished: queue.SimpleQueue, total: int) -> None:
-    """Progress on stderr, fed by task events: a bar on a terminal, else a line per tenth."""
-    err = sys.stderr
-    seen: set[str] = set()
-
-    def events():
-        while True:
-            tid = finished.get()
-            if tid is None:
-                return
-            if tid not in seen:
-                seen.add(tid)
-                yield tid
-
-    if err.isatty():
-        with click.progressbar(length=total, label="tasks", file=err, show_pos=True,
-                               show_eta=False) as bar:
-            for _ in events():
-                bar.update(1)
-        return
-    step, shown = max(1, total // 10), 0
-    for _ in events():
-        if len(seen) - shown >= step or len(seen) == total:
-            shown = len(seen)
-            click.echo(f"tasks: {shown}/{total} final", err=True)
-
-
-def _task_error(tid: str, unit: Any) -> str | None:
-    """Why a task's unit failed (its own member's error inside a bundle), or None."""
-    result = unit.result if unit is not None else None
-    if result is None:
-        return None
-    if unit.description.bundle and tid in unit.task_ids \
-            and unit.task_ids.index(tid) < len(result.members):
-        return result.members[unit.task_ids.index(tid)].error
-    return result.error
-
-
-def build_report(workload: Any, state: Any, wall: float) -> dict[str, Any]:
-    """The report: totals, makespan, and one entry per task (a bundled task gets its own
-    member's start and end; ``unit`` names the unit it ran in)."""
-    entries, units = [], set()
-    for tid, task in workload.tasks.items():
-        unit = task.units[-1] if task.units else None
-        start = end = None
-        if unit is not None:
-            units.add(unit.id)
-            start, end = unit.start, unit.end
-            members = unit.result.members if unit.result is not None else []
-            if unit.description.bundle and tid in unit.task_ids \
-                    and unit.task_ids.index(tid) < len(members):
-                m = members[unit.task_ids.index(tid)]
-                start, end = m.start, m.end
-        entries.append({"task": tid, "unit": unit.id if unit else None,
-                        "pilot": unit.pilot if unit else None,
-                        "framework": unit.framework if unit else None,
-                        "state": task.state.value, "start": start, "end": end,
-                        "error": _task_error(tid, unit)})
-    starts = [e["start"] for e in entries if e["start"] is not None]
-    ends = [e["end"] for e in entries if e["end"] is not None]
-    makespan = max(ends) - min(starts) if starts and ends else 0.0
-    count = {s: sum(1 for e in entries if e["state"] == s)
-             for s in ("DONE", "FAILED", "CANCELED")}
-    return {"state": state.value, "tasks_total": len(entries), "tasks_done": count["DONE"],
-            "tasks_failed": count["FAILED"], "tasks_canceled": count["CANCELED"],
-            "units_total": len(units), "makespan_s": round(makespan, 6),
-            "wall_s": round(wall, 6),
-            "units_per_s": round(len(units) / makespan, 3) if makespan > 0 else 0.0,
-            "units": entries}
+cli.add_command(plot_cmd)  # troy plot REPORT -o PNG (troy/plot.py)
 
 
 def main() -> None:

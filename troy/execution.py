@@ -10,14 +10,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 
 from troy.descriptions import ComputeUnitDescription
-from troy.unit import UnitResult
+from troy.unit import OutputTail, UnitResult
 
 ProcessHook = Callable[[subprocess.Popen], None]
+
+# A process's stdout and stderr each go to an anonymous temporary file where the unit runs;
+# the last TAIL_BYTES of each come back in the result (from a node on another machine too),
+# so a unit's output costs the caller a bounded amount of memory whatever it prints.
+TAIL_BYTES = 64 * 1024
 
 
 def _split_directive(directive: str) -> tuple[str, str]:
@@ -51,38 +57,71 @@ def _open(path: str | None, workdir: str, mode: str):
     return open(full, mode)
 
 
+def _output(path: str | None, workdir: str):
+    """Where a stream goes: the description's own file, else a temporary file we read back."""
+    if path is not None:
+        return _open(path, workdir, "ab")
+    return tempfile.TemporaryFile()
+
+
+def tail_of(f) -> OutputTail | None:
+    """The last ``TAIL_BYTES`` of a capture file (None for an empty one)."""
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        return None
+    return OutputTail(data=os.pread(f.fileno(), TAIL_BYTES, max(0, size - TAIL_BYTES)),
+                      size=size)
+
+
 def _run_process(cud: ComputeUnitDescription, workdir: str,
-                 on_start: ProcessHook | None) -> tuple[int | None, str | None]:
+                 on_start: ProcessHook | None) -> UnitResult:
     env = None
     if cud.environment:
         env = dict(os.environ)
         env.update(cud.environment)
-    stdin = _open(cud.stdin, workdir, "rb")
-    stdout = _open(cud.stdout, workdir, "ab")
-    stderr = _open(cud.stderr, workdir, "ab")
+    result = UnitResult()
+    stdin = stdout = stderr = subprocess.DEVNULL
+    started = False
     try:
+        stdin = _open(cud.stdin, workdir, "rb")
+        stdout = _output(cud.stdout, workdir)
+        stderr = _output(cud.stderr, workdir)
+        started = True
         proc = subprocess.Popen([cud.executable, *cud.arguments], cwd=workdir, env=env,
                                 stdin=stdin, stdout=stdout, stderr=stderr,
                                 start_new_session=True)
+        if on_start is not None:
+            on_start(proc)
+        try:
+            result.exit_code = code = proc.wait(timeout=cud.walltime)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.wait()
+            result.exit_code = proc.returncode
+            result.error = f"walltime of {cud.walltime}s exceeded"
+        else:
+            if code < 0:
+                result.error = f"killed by signal {-code}"
+            elif code != 0:
+                result.error = f"exit status {code}"
+        if cud.stdout is None:
+            result.stdout = tail_of(stdout)
+        if cud.stderr is None:
+            result.stderr = tail_of(stderr)
     except OSError as err:
-        return None, f"cannot start {cud.executable}: {err.strerror or err}"
+        if not started:
+            result.error = f"cannot open {err.filename or 'an output file'}: " \
+                           f"{err.strerror or err}"
+        elif result.exit_code is None:
+            result.error = f"cannot start {cud.executable}: {err.strerror or err}"
+        else:
+            result.error = f"cannot read the output of {cud.executable}: " \
+                           f"{err.strerror or err}"
     finally:
         for f in (stdin, stdout, stderr):
             if f is not subprocess.DEVNULL:
                 f.close()
-    if on_start is not None:
-        on_start(proc)
-    try:
-        code = proc.wait(timeout=cud.walltime)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        proc.wait()
-        return proc.returncode, f"walltime of {cud.walltime}s exceeded"
-    if code < 0:
-        return code, f"killed by signal {-code}"
-    if code != 0:
-        return code, f"exit status {code}"
-    return code, None
+    return result
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -133,8 +172,8 @@ def execute(cud: ComputeUnitDescription, *, sandbox: str | None = None,
                               start=start, end=time.time())
         result = UnitResult(value=value, start=start)
     else:
-        code, error = _run_process(cud, workdir, on_start)
-        result = UnitResult(exit_code=code, error=error, start=start)
+        result = _run_process(cud, workdir, on_start)
+        result.start = start
     if result.error is None:
         try:
             stage_out(cud, workdir)

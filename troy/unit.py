@@ -46,8 +46,25 @@ os.register_at_fork(after_in_child=_renew_token)
 
 
 @dataclass
+class OutputTail:
+    """The end of one output stream of a unit's process: ``data``, its last bytes (at most
+    ``troy.execution.TAIL_BYTES``), of ``size`` bytes written in all."""
+
+    data: bytes
+    size: int
+
+    @property
+    def dropped(self) -> int:
+        """Bytes written before ``data`` (not kept)."""
+        return max(0, self.size - len(self.data))
+
+
+@dataclass
 class UnitResult:
-    """What running a unit produced. ``members`` holds one result per bundle member."""
+    """What running a unit produced. ``members`` holds one result per bundle member;
+    ``stdout``/``stderr``: the end of a process's output streams (None for a callable, a
+    stream the description sends to a file of its own, or once the output was written
+    out and dropped)."""
 
     exit_code: int | None = None
     value: Any = None
@@ -55,6 +72,8 @@ class UnitResult:
     start: float | None = None
     end: float | None = None
     members: list[UnitResult] = field(default_factory=list)
+    stdout: OutputTail | None = None
+    stderr: OutputTail | None = None
 
     @property
     def ok(self) -> bool:

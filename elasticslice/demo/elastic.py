@@ -84,6 +84,7 @@ class ElasticDemo:
         self.server: ProtoGeniServer | None = None
         self.cluster: Any = None
         self.tenants: TenantLoad | None = None
+        self.outputs: Any = None   # troy.output.OutputKeeper, once the workload is loaded
         self.node_cores: int | None = None
         self.owned_dirs: list[Path] = []   # emulators we started: their nodes are ours
         self.t0 = time.monotonic()
@@ -164,7 +165,10 @@ class ElasticDemo:
         import troy
         self.c.step("Run the workload on the pilots, elastically; other tenants take a "
                     "node back mid-run", "workload")
+        from troy.output import OutputKeeper
         workload = self.load_workload(self.node_cores)
+        self.outputs = OutputKeeper(self.dir / "output").open()  # tasks' stdout/stderr
+        self.outputs.watch(workload)
         total = len(workload.tasks)
         work = sum(t.description.runtime or 0.0 for t in workload.tasks.values())
         self.report.units_total = total
@@ -232,6 +236,7 @@ class ElasticDemo:
         r.units_done = sum(1 for s in states if s is troy.State.DONE)
         r.units_failed = sum(1 for s in states if s is troy.State.FAILED)
         r.workload_state = str(getattr(workload.state, "value", workload.state))
+        r.take_tasks(workload, self.outputs, self.dir)
         self.take_counts()
         caused = self.tenants.forced if self.tenants is not None else 0
         if caused < self.o.revocations:

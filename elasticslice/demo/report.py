@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elasticslice.demo.console import Console, DemoError, rel
+
+if TYPE_CHECKING:
+    from troy.output import OutputKeeper
 
 # The counters the cluster's stats() carries, with what the summary calls them.
 COUNTERS = ("revocations", "early_releases", "forced_releases", "units_requeued",
@@ -105,6 +108,7 @@ class ElasticReport:
     tenant_load: dict[str, Any] = field(default_factory=dict)
     reclamations: list[dict[str, Any]] = field(default_factory=list)
     cluster: dict[str, Any] = field(default_factory=dict)
+    troy: dict[str, Any] = field(default_factory=dict)
     ok: bool = False
     error: str | None = None
 
@@ -116,15 +120,28 @@ class ElasticReport:
                         else int(value))
         self.cluster = {k: v for k, v in stats.items() if _plain(v)}
 
-    def to_json(self) -> dict[str, Any]:
+    def take_tasks(self, workload: Any, outputs: OutputKeeper | None, base: Path) -> None:
+        """``troy.tasks``: one entry per task, the shape of ``troy run``'s report, output
+        paths relative to ``base`` (the first report's directory)."""
+        from troy.report import task_entries
+        self.troy = {"base": str(base), "tasks": task_entries(workload, outputs, str(base))}
+
+    def to_json(self, directory: Path | None = None) -> dict[str, Any]:
+        """The report as written into ``directory`` (output paths relative to it)."""
         out = asdict(self)
         for key in ("node_seconds", "makespan_s", "wall_s"):
             out[key] = round(out[key], 3)
+        troy = dict(out["troy"])
+        base = troy.pop("base", None)
+        if base is not None and directory is not None:
+            from troy.report import rebase
+            troy["tasks"] = rebase(troy["tasks"], base, str(directory))
+        out["troy"] = troy
         return out
 
     def write(self, *paths: Path) -> None:
-        text = json.dumps(self.to_json(), indent=1) + "\n"
         for path in paths:
+            text = json.dumps(self.to_json(path.parent), indent=1) + "\n"
             try:
                 path.write_text(text, encoding="utf-8")
             except OSError as err:

@@ -279,7 +279,8 @@ class Demo:
     # ---------------------------------------------------------------- step 4
     def run_workflow(self) -> None:
         import troy
-        from troy.cli import build_report
+        from troy.output import OutputKeeper
+        from troy.report import build_report
         ready = [x for x in self.result.nodes if x.status == "ready"]
         fw = self.o.framework
         self.c.step(f"Run a WfCommons workflow with Troy: one pilot per ready node "
@@ -287,6 +288,8 @@ class Demo:
         if not ready:
             raise DemoError("no ready node to put a pilot on")
         workload = self.load_workflow(min(x.cores for x in ready))
+        outputs = OutputKeeper(self.dir / "output").open()  # tasks' stdout/stderr
+        outputs.watch(workload)
         total = len(workload.tasks)
         work = sum(t.description.runtime or 0.0 for t in workload.tasks.values())
         self.c.detail("workflow", f"{self.o.workflow.name}: {total} tasks, {work:.1f} s of "
@@ -310,10 +313,10 @@ class Demo:
                       + (" (Dask worker processes with a cores resource)" if fw == "dask"
                          else " (core budgets of this process)"))
         state, wall = self.execute(session, workload, overlay, total)
-        report = build_report(workload, state, wall)
+        report = build_report(workload, state, wall, outputs=outputs, base=str(self.dir))
         names = {op.pilot.id: op.description.tag for op in overlay.pilots.values()
                  if op.pilot is not None}
-        units = {e["unit"]: names.get(e["pilot"], e["pilot"]) for e in report["units"]
+        units = {e["unit"]: names.get(e["pilot"], e["pilot"]) for e in report["tasks"]
                  if e["unit"]}
         per_node = Counter(units.values())
         for x in ready:
@@ -326,13 +329,13 @@ class Demo:
                                 f"{report['tasks_canceled']} canceled; {len(units)} units; "
                                 f"makespan {report['makespan_s']:.2f} s")
         self.c.detail("units/pilot", ", ".join(f"{x.client_id} {x.units}" for x in ready))
-        self.result.troy = {**{k: v for k, v in report.items() if k != "units"},
+        self.result.troy = {**{k: v for k, v in report.items() if k != "tasks"},
                             "framework": fw, "workflow": str(self.o.workflow),
                             "workflow_name": self.o.workflow.name,
                             "time_scale": self.o.time_scale,
                             "pilots": {x.client_id: {"cores": x.cores, "units": x.units,
                                                      "resource": x.hostname} for x in ready},
-                            "tasks": report["units"]}
+                            "tasks": report["tasks"]}
         if report["state"] != "DONE":
             raise DemoError(f"workflow ended {report['state']}: {report['tasks_failed']} "
                             f"task(s) failed, {report['tasks_canceled']} canceled "

@@ -15,10 +15,16 @@ from troy.workload.files import load_workload
 WF = SHARED / "workloads" / "wfinstances"
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """troy run keeps task output under ./troy-out/ by default: not in the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
 def assert_dependency_order(path, report: dict, time_scale: float = 0.001) -> None:
     """Every task started after all its parents (from the file) had ended."""
     w = load_workload(path, time_scale=time_scale)
-    by_task = {e["task"]: e for e in report["units"]}
+    by_task = {e["task"]: e for e in report["tasks"]}
     assert set(by_task) == set(w.tasks)
     for tid in w.tasks:
         for head in w.heads(tid):
@@ -38,8 +44,8 @@ def test_run_wfformat_in_dependency_order(tmp_path, framework, extra):
     report = json.loads(out.read_text())
     assert report["tasks_total"] == report["tasks_done"] == 10
     assert report["tasks_failed"] == 0 and report["makespan_s"] > 0
-    assert {e["state"] for e in report["units"]} == {"DONE"}
-    assert all(e["pilot"] and e["start"] <= e["end"] for e in report["units"])
+    assert {e["state"] for e in report["tasks"]} == {"DONE"}
+    assert all(e["pilot"] and e["start"] <= e["end"] for e in report["tasks"])
     assert_dependency_order(path, report)
 
 
@@ -50,7 +56,7 @@ def test_run_bundles_short_tasks_one_entry_per_task(tmp_path):
                                       "--time-scale", "0.001", "--report", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["tasks_done"] == 101 == len(report["units"])
+    assert report["tasks_done"] == 101 == len(report["tasks"])
     assert report["units_total"] < 101  # short tasks were bundled into fewer units
     assert_dependency_order(path, report)
 
@@ -65,13 +71,13 @@ def test_run_troy_json_with_a_failing_task(tmp_path):
     result = CliRunner().invoke(cli, ["run", str(f), "--report", str(out)])
     assert result.exit_code == 1
     report = json.loads(out.read_text())
-    states = {e["task"]: e["state"] for e in report["units"]}
+    states = {e["task"]: e["state"] for e in report["tasks"]}
     assert states["ok"] == "DONE" and states["bad"] == "FAILED"
     assert states["after"] != "DONE"
     assert report["tasks_failed"] >= 1 and "FAILED" in result.output
     # broke: a failure said neither which task nor why
     assert "task bad FAILED: exit status 1" in result.output
-    assert {e["task"]: e["error"] for e in report["units"]}["bad"] == "exit status 1"
+    assert {e["task"]: e["error"] for e in report["tasks"]}["bad"] == "exit status 1"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -25,7 +25,7 @@ from troy.descriptions import ComputeUnitDescription
 from troy.execution import execute, kill
 from troy.frameworks.dask.processes import tls_options
 from troy.frameworks.dask.tls import security_from_config
-from troy.unit import UnitResult
+from troy.unit import OutputTail, UnitResult
 
 # Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
 # sharing one scheduler never run each other's units; the amount never limits anything.
@@ -42,22 +42,44 @@ SHUTDOWN_GRACE = 2.0  # how long a unit killed by a signal waits for the agent's
 SHUTDOWN_WAIT = 30.0  # then for the worker to have left (nothing is reported after that)
 
 
+def _output_bytes(result: UnitResult) -> int:
+    own = sum(len(t.data) for t in (result.stdout, result.stderr) if t is not None)
+    return own + sum(_output_bytes(m) for m in result.members)
+
+
 def _small(result: UnitResult) -> bool:
+    """Whether ``result`` goes inline in the ``end`` event (the scheduler keeps recent
+    events: a large value or output goes back as the task's result instead)."""
+    return _small_value(result) and _output_bytes(result) < SMALL
+
+
+def _small_value(result: UnitResult) -> bool:
     v = result.value
     if v is None or isinstance(v, (bool, int, float)):
-        return not result.members or all(_small(m) for m in result.members)
+        return not result.members or all(_small_value(m) for m in result.members)
     return isinstance(v, (str, bytes)) and len(v) < SMALL
+
+
+def _tail_to_wire(t: OutputTail | None) -> list | None:
+    return None if t is None else [t.data, t.size]
+
+
+def _tail_from_wire(w: list | None) -> OutputTail | None:
+    return None if w is None else OutputTail(data=w[0], size=w[1])
 
 
 def result_to_wire(r: UnitResult) -> list:
     """Events travel as msgpack: a UnitResult as a plain list (``_small`` results only)."""
     return [r.exit_code, r.value, r.error, r.start, r.end,
-            [result_to_wire(m) for m in r.members]]
+            [result_to_wire(m) for m in r.members],
+            _tail_to_wire(r.stdout), _tail_to_wire(r.stderr)]
 
 
 def result_from_wire(w: list) -> UnitResult:
+    out, err = (w[6], w[7]) if len(w) > 7 else (None, None)  # an older agent: no output
     return UnitResult(exit_code=w[0], value=w[1], error=w[2], start=w[3], end=w[4],
-                      members=[result_from_wire(m) for m in w[5]])
+                      members=[result_from_wire(m) for m in w[5]],
+                      stdout=_tail_from_wire(out), stderr=_tail_from_wire(err))
 
 
 class _Outbox:
