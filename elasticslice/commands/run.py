@@ -83,11 +83,10 @@ def log_to_file(path: Path, debug: bool) -> None:
     logging.getLogger().addHandler(handler)
 
 
-def the_workload(cluster: Any, fresh: Any) -> tuple[Any, bool]:
-    """The run's workload and whether it was dispatched before: the one the cluster
+def the_workload(session: Any, fresh: Any) -> tuple[Any, bool]:
+    """The run's workload and whether it was dispatched before: the one the session
     resumed, else one the store holds (all its units final: rebuilt as it ended), else
     ``fresh`` (not dispatched yet)."""
-    session = cluster.session
     if session.workloads:
         return list(session.workloads.values())[-1], True
     for rec in reversed(session.store.workloads()):
@@ -147,13 +146,27 @@ def follow(cluster: Any, workload: Any, outcome: dict[str, Any],
     click.echo(progress_line(cluster, workload, time.monotonic() - started), err=True)
 
 
-def make_report(cluster: Any, workload: Any, wall: float) -> dict[str, Any]:
+def make_report(workload: Any, wall: float, stats: dict[str, Any]) -> dict[str, Any]:
+    """``troy run``'s report of ``workload`` plus ``stats`` (the contract's names) and
+    ``nodes_peak``, from the cluster's counters ``stats``."""
     from troy.cli import build_report
     data = build_report(workload, workload.state, wall)
-    stats = cluster.stats()
     data["stats"] = {name: int(stats.get(key, 0)) for name, key in STATS.items()}
     data["nodes_peak"] = int(stats.get("nodes_peak", 0))
     return data
+
+
+def ended_report(state_dir: Path, theirs: dict[str, Any]) -> dict[str, Any]:
+    """The report of a run that ended already (from its store; no cluster, no node)."""
+    import troy
+    with troy.Session(state_dir / "troy.db") as session:
+        workload, dispatched = the_workload(session, None)
+        if not dispatched:
+            raise ElasticSliceError(f"--state-dir {state_dir}: the run ended but its store "
+                                    f"holds no workload")
+        wall = float(theirs.get("ended", 0.0)) - float(theirs.get("started", 0.0))
+        stats = {key: theirs.get("stats", {}).get(name, 0) for name, key in STATS.items()}
+        return make_report(workload, wall, {**stats, "nodes_peak": theirs.get("nodes_peak", 0)})
 
 
 def write_report(path: str, data: dict[str, Any]) -> None:
@@ -221,6 +234,11 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path, max_nodes: int,
                        else f"{workflow}: cannot read: {err.strerror or err}") from err
     state_dir = state_dir.expanduser().resolve()
     theirs = check_same_run(state_dir, mine)
+    if theirs is not None and theirs.get("ended"):
+        log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
+        click.echo(f"the run in {state_dir} ended already: its summary (another --state-dir "
+                   f"runs the workflow again)", err=True)
+        finish(ctx, ended_report(state_dir, theirs), report)
     from elasticslice.config import load_config
     from elasticslice.pilots import ElasticCluster
     from elasticslice.pilots.restart import write_json
@@ -228,12 +246,17 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path, max_nodes: int,
     config = load_config(getattr(ctx.obj, "config_path", None))
     cluster = ElasticCluster(ProtoGeniServer(config), state_dir, maxthreshold=max_nodes,
                              hardware_type=hardware_type, keep=keep)
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as err:
+        raise ElasticSliceError(f"--state-dir {state_dir}: cannot make it: "
+                                f"{err.strerror or err}") from err
+    log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
     started = time.time()
     ended = False
     try:
-        cluster.start()  # makes DIR: the log goes there from now on
-        log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
-        workload, dispatched = the_workload(cluster, workload)
+        cluster.start()
+        workload, dispatched = the_workload(cluster.session, workload)
         if theirs is None:
             write_json(state_dir / RUN_FILE, {**mine, "started": started})
         else:
@@ -243,7 +266,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path, max_nodes: int,
                        f"scheduler {cluster.framework.scheduler_address})", err=True)
         outcome = {} if dispatched else dispatch(cluster, workload)
         follow(cluster, workload, outcome, timeout)
-        data = make_report(cluster, workload, time.time() - started)
+        data = make_report(workload, time.time() - started, cluster.stats())
         ended = True
     except KeyboardInterrupt:
         click.echo(f"interrupted: run the same command again to resume ({state_dir})",
@@ -254,11 +277,19 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path, max_nodes: int,
             cluster.session.store.close()  # what was in flight is not recorded CANCELED
         cluster.close(keep=keep)
         cluster.server.close()
+    if not keep:  # the nodes went back: a rerun only tells how it ended
+        write_json(state_dir / RUN_FILE, {**mine, "started": started, "ended": time.time(),
+                                          "stats": data["stats"],
+                                          "nodes_peak": data["nodes_peak"]})
+    finish(ctx, data, report)
+
+
+def finish(ctx: click.Context, data: dict[str, Any], report: str | None) -> None:
+    """The report file, the summary line, the exit status."""
     if report:
         write_report(report, data)
     click.echo(summary(data))
-    if data["state"] != "DONE":
-        ctx.exit(1)
+    ctx.exit(0 if data["state"] == "DONE" else 1)
 
 
 def register(group: click.Group) -> None:
