@@ -173,6 +173,9 @@ class ElasticCluster:
             worker_host=self.listen if self.listen in ("127.0.0.1", "localhost") else None)
         self.manager = self.new_manager()
         self.manager.start()
+        # agents that rejoined before the manager existed were refused: they are ours if
+        # the manager holds their nodes
+        self.framework.adopt_joined()
 
     def new_manager(self) -> PilotSliceManager:
         """A manager on the cluster's state, helper, framework and session (not started)."""
@@ -218,6 +221,7 @@ class ElasticCluster:
         stopped); the pilots and the session are untouched."""
         self.manager = self.new_manager()
         self.manager.start()
+        self.framework.adopt_joined()
         return self.manager
 
     def _adopt_filter(self, name: str | None, address: str, resources: Any = None) -> bool:

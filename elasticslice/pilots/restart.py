@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticslice.errors import ElasticSliceError
+from elasticslice.rpc.pki import write_private_file
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,7 @@ UNIT_COUNTERS = ("units_requeued", "duplicates", "units_lost")
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (a SIGKILL leaves the old or the new file), 0600."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
+    write_private_file(tmp, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
     os.replace(tmp, path)
 
 

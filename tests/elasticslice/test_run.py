@@ -63,7 +63,11 @@ def tracked(state_dir: Path) -> list[str]:
 
 
 def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
-        emulator: Any, tmp_path: Path) -> None:
+        emulator_factory: Any, tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.ini"   # 4-core nodes: the 8-wide fork takes two
+    inventory.write_text("[inventory]\ndefault_hardware_type = m510\n\n[m510]\ncount = 6\n"
+                         "cores = 4\nmemory = 16384\nprefix = ms10\n")
+    emulator = emulator_factory(inventory=inventory)
     state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
     first = run_forkjoin(emulator, tmp_path, state_dir, log)
     try:
@@ -72,14 +76,17 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
                  RUN_TIMEOUT, 0.2, what="two tasks done and one running")
         cluster = json.loads((state_dir / "cluster.json").read_text())
         assert cluster["pid"] == first.pid and cluster["scheduler"].startswith("tls://127.0.0.1:")
-        agents = sorted(processes_with(AGENT))
+        agent = f"{AGENT} {cluster['scheduler']} "   # this run's agents only
+        wait_for(lambda: len(processes_with(agent)) == 2, RUN_TIMEOUT, 0.2,
+                 what="the agents of two nodes")
+        agents = sorted(processes_with(agent))
         held = tracked(state_dir)
-        assert agents and len(held) == nodes_in_slices(emulator)
+        assert len(held) == nodes_in_slices(emulator) == 2
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     done_before = {u: start for u, (s, start) in units(state_dir).items() if s == "DONE"}
-    assert sorted(processes_with(AGENT)) == agents   # the agents wait for their scheduler
+    assert sorted(processes_with(agent)) == agents   # the agents wait for their scheduler
 
     restarted = time.time()
     report = tmp_path / "report.json"
@@ -90,7 +97,7 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
                  RUN_TIMEOUT, 0.1, what="a unit running again after the restart")
         print(f"restart to the first unit running again: {time.time() - restarted:.1f} s")
         # the same nodes serve: their agents (the same processes) rejoined, nothing added
-        assert set(agents) <= set(processes_with(AGENT))
+        assert set(agents) <= set(processes_with(agent))
         assert set(held) <= set(tracked(state_dir))
         assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] \
             == cluster["scheduler"]
@@ -112,7 +119,7 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
     assert {u: after[u][1] for u in done_before} == done_before   # not run again
     # nothing held at the CM, no agent left
     assert nodes_in_slices(emulator) == 0
-    wait_for(lambda: not processes_with(AGENT), 60, what="the node agents to end")
+    wait_for(lambda: not processes_with(agent), 60, what="the node agents to end")
     assert not process_alive(second.pid)
 
 
