@@ -15,6 +15,7 @@ import hashlib
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -68,6 +69,10 @@ def check_same_run(state_dir: Path, mine: dict[str, Any]) -> dict[str, Any] | No
                        f"(time scale {theirs.get('time_scale')}), not of this workflow: give "
                        f"another --state-dir")
     return theirs
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a run as Ctrl-C does: resumable, nodes tidy
 
 
 def log_to_file(path: Path, debug: bool) -> None:
@@ -225,7 +230,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     SIGKILL), the same command with the same --state-dir resumes the run: the nodes held
     are kept, their agents rejoin, tasks already DONE do not run again. The nodes are given
     back at the end unless --keep. Exit status: 0 every task DONE, 1 otherwise or on an
-    error, 2 bad usage, 130 interrupted (the run can be resumed)."""
+    error, 2 bad usage, 130 interrupted: Ctrl-C or SIGTERM (the run can be resumed)."""
     from troy.errors import TroyError
     from troy.workload.files import load_workload
     check_options(state_dir, time_scale, timeout, report)
@@ -257,6 +262,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
                              hardware_type=hardware_type, keep=keep)
     started = time.time()
     ended = False
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         cluster.start()
         workload, dispatched = the_workload(cluster.session, workload)

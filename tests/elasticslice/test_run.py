@@ -101,6 +101,14 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
         assert set(held) <= set(tracked(state_dir))
         assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] \
             == cluster["scheduler"]
+        # one process per run: a second one on the same DIR is refused, in one line
+        third = elasticslice(emulator, tmp_path, "run", str(FORKJOIN), "--state-dir",
+                             str(state_dir), "--time-scale", "0.03")
+        out3, err3 = third.communicate(timeout=120)
+        assert third.returncode == 1 and out3 == "", err3
+        assert err3.strip() == (f"Error: {state_dir / 'state'}: another manager (pid "
+                                f"{second.pid}) is running on this state directory; stop it "
+                                f"first")
         out, _ = second.communicate(timeout=RUN_TIMEOUT)
     finally:
         if second.poll() is None:
@@ -153,3 +161,26 @@ def test_a_state_dir_of_another_workflow_is_refused(emulator: Any, tmp_path: Pat
     out, err = p.communicate(timeout=120)
     assert p.returncode == 2 and out == ""
     assert err.strip().startswith(f"Error: --state-dir {d} holds a run of /x/other.json")
+
+
+def test_a_run_stopped_by_sigterm_gives_the_nodes_back_and_resumes(emulator: Any,
+                                                                   tmp_path: Path) -> None:
+    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
+    first = run_forkjoin(emulator, tmp_path, state_dir, log)
+    try:
+        wait_for(lambda: [s for s, _ in units(state_dir).values()].count("DONE") >= 1
+                 and "RUNNING" in [s for s, _ in units(state_dir).values()],
+                 RUN_TIMEOUT, 0.2, what="a task done and one running")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 130 and out == ""
+    assert f"interrupted: run the same command again to resume ({state_dir})" in log.read_text()
+    assert "CANCELED" not in {s for s, _ in units(state_dir).values()}
+    assert nodes_in_slices(emulator) == 0
+
+    second = run_forkjoin(emulator, tmp_path, state_dir, log)
+    out, _ = second.communicate(timeout=RUN_TIMEOUT)
+    assert second.returncode == 0, log.read_text()[-3000:]
+    assert out.startswith("DONE: 10/10 tasks done") and "1 restart(s)" in out
+    assert nodes_in_slices(emulator) == 0
