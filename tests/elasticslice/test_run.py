@@ -122,6 +122,7 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
     assert data["tasks_done"] == data["tasks_total"] == 10
     assert data["stats"]["restarts"] == 1 and data["stats"]["units_lost"] == 0
     assert data["stats"]["duplicate_runs"] == 0
+    assert data["stats"]["units_requeued"] >= 1   # the unit running when it was killed
     after = units(state_dir)
     assert all(s == "DONE" for s, _ in after.values())
     assert {u: after[u][1] for u in done_before} == done_before   # not run again

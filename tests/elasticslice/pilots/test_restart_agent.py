@@ -13,7 +13,7 @@ from elasticslice.rpc.pki import make_ca
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework
-from troy.frameworks.dask.agent import RECONNECT_ENV, reconnect_seconds
+from troy.frameworks.dask.node import RECONNECT_ENV, reconnect_seconds
 from troy.frameworks.dask.processes import AgentProcess
 from tests.conftest import process_alive, wait_for
 from tests.troy.frameworks.nodes import member, node_agent, stop
