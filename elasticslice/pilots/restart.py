@@ -56,11 +56,13 @@ def read_json(path: Path) -> dict[str, Any] | None:
 @dataclasses.dataclass
 class ClusterFile:
     """``<state_dir>/cluster.json``: the scheduler's address and the process that serves it
-    (``restarts``: how many times the cluster came back on this state dir)."""
+    (``restarts``: how many times the cluster came back on this state dir; ``closed``: it
+    was closed and gave its nodes back, so no agent waits for that address)."""
 
     scheduler: str
     pid: int
     restarts: int = 0
+    closed: bool = False
     started: float = dataclasses.field(default_factory=time.time)
 
     NAME = "cluster.json"
@@ -78,7 +80,8 @@ class ClusterFile:
         try:
             found = cls(scheduler=str(data["scheduler"]), pid=int(data["pid"]),
                         restarts=int(data.get("restarts", 0)),
-                        started=float(data.get("started", 0.0)))
+                        started=float(data.get("started", 0.0)),
+                        closed=data.get("closed") is True)
             if not 0 < found.port < 65536:
                 raise ValueError(f"port {found.port}")
         except (KeyError, ValueError, TypeError, IndexError) as err:
