@@ -6,9 +6,11 @@ Each process prints its address as one JSON line on stdout once it serves. ``wor
 other end, so a Troy that dies never leaves workers behind. ``node`` is the pilot agent of a
 machine of its own (a CloudLab node's startup command runs it): a worker with the node's
 cores as its ``cores`` resource, which a framework with ``adopt_workers`` registers as a
-pilot; it serves until SIGTERM/SIGINT or until the scheduler goes away. Every process uses
-TLS when its environment configures it (``DASK_DISTRIBUTED__COMM__TLS__...``, see ``tls``). Worker-side state (the processes of running units, for kills)
-lives in this module, which is what Dask imports when it unpickles ``run_unit``.
+pilot; it serves until SIGTERM/SIGINT and rejoins a scheduler that went away (see
+``node``). Every process uses
+TLS when its environment configures it (``DASK_DISTRIBUTED__COMM__TLS__...``, see
+``tls``). Worker-side state (the processes of running units, for kills) lives in this
+module, which is what Dask imports when it unpickles ``run_unit``.
 """
 from __future__ import annotations
 
@@ -267,13 +269,14 @@ def _kill_all() -> None:
         kill(p)
 
 
-async def _start_worker(scheduler: str, **options: object):  # noqa: ANN202 - a Worker
+async def _start_worker(scheduler: str, death_timeout: float = 30,
+                        **options: object):  # noqa: ANN202 - a Worker
     """A started worker (TLS when configured); its address printed on stdout."""
     from distributed import Worker
     # memory_limit=0: units are separate processes; Dask's memory manager (which watches
     # this process only) must not pause or spill on their behalf.
     w = await Worker(scheduler, dashboard=False, dashboard_address="127.0.0.1:0",
-                     death_timeout=30, memory_limit=0, security=security_from_config(),
+                     death_timeout=death_timeout, memory_limit=0, security=security_from_config(),
                      **options)
     sys.stdout.write(json.dumps({"address": w.address}) + "\n")
     sys.stdout.flush()
@@ -317,32 +320,6 @@ async def _serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int
     await s.close()
 
 
-async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | None) -> None:
-    import signal
-    import distributed  # noqa: F401  (configures its loggers on import)
-    if "DASK_LOGGING__DISTRIBUTED" not in os.environ:  # a node's log: warnings and errors
-        logging.getLogger("distributed").setLevel(logging.WARNING)
-    if host is None:  # listen where the scheduler reaches us, not on every interface
-        from distributed.comm import get_address_host
-        from distributed.utils import get_ip
-        host = get_ip(get_address_host(scheduler))
-    w = await _start_worker(scheduler, nthreads=cores, resources={"cores": cores},
-                            name=name, host=host)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_signal() -> None:
-        _terminating.set()
-        stop.set()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    done = asyncio.ensure_future(w.finished())
-    await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
-                       return_when=asyncio.FIRST_COMPLETED)
-    await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
-    _kill_all()
-
-
 NODE_USAGE = ("usage: python -m troy.frameworks.dask node SCHEDULER CORES [NAME [HOST]]\n"
               "  a pilot agent: a Dask worker with CORES as its cores resource; TLS from\n"
               "  DASK_DISTRIBUTED__COMM__TLS__* (see troy.frameworks.dask.tls)")
@@ -362,8 +339,16 @@ def main(argv: list[str]) -> None:
         if argv[1].startswith("tls://") and security_from_config() is None:
             sys.exit(f"troy node agent: cannot join {argv[1]}: no TLS certificate configured "
                      f"(DASK_DISTRIBUTED__COMM__TLS__*)")
+        from troy.frameworks.dask.node import SchedulerGone, _serve_node, reconnect_seconds
         try:
-            asyncio.run(_serve_node(argv[1], int(argv[2]), *(argv[3:] + [None, None])[:2]))
+            reconnect = reconnect_seconds()
+        except ValueError as err:
+            sys.exit(f"troy node agent: {err}")
+        try:
+            asyncio.run(_serve_node(argv[1], int(argv[2]), *(argv[3:] + [None, None])[:2],
+                                    reconnect=reconnect))
+        except SchedulerGone as err:
+            sys.exit(f"troy node agent: {err}; exiting")
         except Exception as err:  # one line for the node's log, not a traceback
             cause = err.__cause__ or err
             sys.exit(f"troy node agent: cannot join {argv[1]}: {type(cause).__name__}: {cause}")
