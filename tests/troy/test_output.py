@@ -4,6 +4,9 @@ result on the wire)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,25 @@ def test_output_comes_back_from_a_worker_on_the_wire():
                                               arguments=["-c", "head -c 100000 /dev/zero"]))
     assert big.stdout.size == 100000 and len(big.stdout.data) == TAIL_BYTES
     assert not _small(big)
+
+
+def test_a_background_process_holding_the_pipes_does_not_hold_the_unit():
+    """The task exits, leaving a child that keeps its stdout open: the unit ends anyway."""
+    box: dict = {}
+    cud = troy.ComputeUnitDescription(executable="/bin/sh",
+                                      arguments=["-c", "sleep 120 & echo $$"])
+    runner = threading.Thread(target=lambda: box.update(r=execute(cud)), daemon=True)
+    runner.start()
+    runner.join(60)
+    try:
+        assert not runner.is_alive(), "the unit waited for its background child"
+        assert box["r"].ok and box["r"].stdout.data.strip().isdigit()
+    finally:
+        if "r" in box:
+            os.killpg(int(box["r"].stdout.data), signal.SIGKILL)
+
+
+def test_output_written_before_a_walltime_kill_is_kept():
+    r = execute(troy.ComputeUnitDescription(executable="/bin/sh", walltime=0.5,
+                                            arguments=["-c", "echo before >&2; sleep 60"]))
+    assert r.error == "walltime of 0.5s exceeded" and r.stderr.data == b"before\n"
