@@ -8,7 +8,7 @@ left behind holding the pipes open does not keep the unit from ending.
 from __future__ import annotations
 
 import os
-import selectors
+import select
 import subprocess
 import time
 
@@ -48,46 +48,44 @@ def _pidfd(proc: subprocess.Popen) -> int | None:
 def pump(proc: subprocess.Popen, pipes: dict[int, Tail], deadline: float | None) -> bool:
     """Read ``pipes`` (fd -> Tail) until the process has exited and they are drained, or
     ``deadline`` (monotonic) passes; returns whether it passed. Closes the pipes' fds."""
-    sel = selectors.PollSelector()
+    poller = select.poll()  # plain poll: this runs once per task, cheap matters
+    open_fds = set(pipes)
+    for fd in open_fds:
+        poller.register(fd, select.POLLIN)
     pidfd = _pidfd(proc)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
     try:
-        for fd in pipes:
-            sel.register(fd, selectors.EVENT_READ)
-        if pidfd is not None:
-            sel.register(pidfd, selectors.EVENT_READ)
-        exited = False
-        while len(sel.get_map()) > (1 if pidfd is not None and not exited else 0):
+        while open_fds:
             wait = None if deadline is None else deadline - time.monotonic()
             if wait is not None and wait <= 0:
                 return True
             if pidfd is None:
                 wait = 0.05 if wait is None else min(wait, 0.05)
-            for key, _ in sel.select(wait):
-                if key.fd == pidfd:
-                    sel.unregister(pidfd)
+            exited = False
+            for fd, _ in poller.poll(None if wait is None else wait * 1000):
+                if fd == pidfd:
                     exited = True
                     continue
-                data = os.read(key.fd, _CHUNK)
+                data = os.read(fd, _CHUNK)
                 if data:
-                    pipes[key.fd].add(data)
+                    pipes[fd].add(data)
                 else:
-                    sel.unregister(key.fd)
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
             if exited or (pidfd is None and proc.poll() is not None):
-                _drain(sel, pipes)  # what is left; a leftover background writer is ignored
+                _drain(open_fds, pipes)  # what is left; a background writer is ignored
                 return False
         return False
     finally:
-        sel.close()
         for fd in pipes:
             os.close(fd)
         if pidfd is not None:
             os.close(pidfd)
 
 
-def _drain(sel: selectors.BaseSelector, pipes: dict[int, Tail]) -> None:
-    for fd in list(pipes):
-        if fd not in sel.get_map():
-            continue
+def _drain(open_fds: set[int], pipes: dict[int, Tail]) -> None:
+    for fd in open_fds:
         os.set_blocking(fd, False)
         try:
             for _ in range(_DRAIN_CHUNKS):  # bounded: a background writer may go on

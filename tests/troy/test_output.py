@@ -174,3 +174,25 @@ def test_output_written_before_a_walltime_kill_is_kept():
     r = execute(troy.ComputeUnitDescription(executable="/bin/sh", walltime=0.5,
                                             arguments=["-c", "echo before >&2; sleep 60"]))
     assert r.error == "walltime of 0.5s exceeded" and r.stderr.data == b"before\n"
+
+
+def test_kept_output_is_dropped_from_the_results_as_tasks_end(tmp_path):
+    """Memory stays bounded by the units in flight: once a task's files are written, no
+    result (a bundle member's neither) holds its output."""
+    w = troy.Workload()
+    w.add_task([{"executable": "/bin/sh", "arguments": ["-c", "head -c 3000 /dev/zero"],
+                 "runtime": 0.001}] * 200)
+    keeper = OutputKeeper(tmp_path / "out").open()
+    keeper.watch(w)
+    with troy.Session(store_path=tmp_path / "s.sqlite") as session:
+        session.add_framework("local", name="local")
+        state = troy.execute_workload(session, w, troy.Overlay([{"size": 2,
+                                                                 "framework": "local"}]),
+                                      timeout=120)
+    assert state is troy.State.DONE
+    units = {u.id: u for t in w.tasks.values() for u in t.units}
+    assert len(units) < 200  # bundled
+    results = [r for u in units.values() for r in (u.result, *u.result.members)]
+    assert all(r.stdout is None and r.stderr is None for r in results)
+    assert len(list((tmp_path / "out").iterdir())) == 200
+    assert all(p.stat().st_size == 3000 for p in (tmp_path / "out").iterdir())
