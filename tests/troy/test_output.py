@@ -196,3 +196,16 @@ def test_kept_output_is_dropped_from_the_results_as_tasks_end(tmp_path):
     assert all(r.stdout is None and r.stderr is None for r in results)
     assert len(list((tmp_path / "out").iterdir())) == 200
     assert all(p.stat().st_size == 3000 for p in (tmp_path / "out").iterdir())
+
+
+def test_a_task_that_ended_in_an_earlier_run_keeps_its_files(tmp_path):
+    """Resuming (a store): tasks already final are not run again; their files stay named."""
+    w = troy.Workload()
+    task = w.tasks[w.add_task({"executable": "/bin/true"}, uid="old")]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.stdout").write_text("from the first run\n")
+    task._set_state(troy.State.DONE)
+    keeper = OutputKeeper(tmp_path / "out").open()
+    keeper.watch(w)
+    files = keeper.files("old")
+    assert files.stdout == str(tmp_path / "out" / "old.stdout") and files.stderr is None
