@@ -10,20 +10,21 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from troy.descriptions import ComputeUnitDescription
-from troy.unit import OutputTail, UnitResult
+from troy.capture import TAIL_BYTES, Tail, pump
+from troy.unit import UnitResult
 
 ProcessHook = Callable[[subprocess.Popen], None]
 
-# A process's stdout and stderr each go to an anonymous temporary file where the unit runs;
-# the last TAIL_BYTES of each come back in the result (from a node on another machine too),
-# so a unit's output costs the caller a bounded amount of memory whatever it prints.
-TAIL_BYTES = 64 * 1024
+# A process's stdout and stderr go to pipes read where the unit runs (troy.capture); the last
+# TAIL_BYTES of each come back in the result (from a node on another machine too), so a
+# unit's output costs a bounded amount of memory whatever it prints.
+__all__ = ["TAIL_BYTES", "execute", "kill", "stage_in", "stage_out"]
 
 
 def _split_directive(directive: str) -> tuple[str, str]:
@@ -57,20 +58,23 @@ def _open(path: str | None, workdir: str, mode: str):
     return open(full, mode)
 
 
-def _output(path: str | None, workdir: str):
-    """Where a stream goes: the description's own file, else a temporary file we read back."""
+def _output(path: str | None, workdir: str,
+            tails: dict[int, Tail]) -> tuple[Any, Tail | None]:
+    """Where a stream goes: the description's own file, else a pipe we read (its read end
+    and ``Tail`` go into ``tails``)."""
     if path is not None:
-        return _open(path, workdir, "ab")
-    return tempfile.TemporaryFile()
+        return _open(path, workdir, "ab"), None
+    r, w = os.pipe()
+    tails[r] = tail = Tail()
+    return w, tail
 
 
-def tail_of(f) -> OutputTail | None:
-    """The last ``TAIL_BYTES`` of a capture file (None for an empty one)."""
-    size = os.fstat(f.fileno()).st_size
-    if size == 0:
-        return None
-    return OutputTail(data=os.pread(f.fileno(), TAIL_BYTES, max(0, size - TAIL_BYTES)),
-                      size=size)
+def _close(f: Any) -> None:
+    if isinstance(f, int):
+        if f >= 0:
+            os.close(f)
+    elif f is not None:
+        f.close()
 
 
 def _run_process(cud: ComputeUnitDescription, workdir: str,
@@ -80,47 +84,49 @@ def _run_process(cud: ComputeUnitDescription, workdir: str,
         env = dict(os.environ)
         env.update(cud.environment)
     result = UnitResult()
-    stdin = stdout = stderr = subprocess.DEVNULL
-    started = False
+    tails: dict[int, Tail] = {}
+    stdin = stdout = stderr = out = err = None
     try:
         stdin = _open(cud.stdin, workdir, "rb")
-        stdout = _output(cud.stdout, workdir)
-        stderr = _output(cud.stderr, workdir)
-        started = True
-        proc = subprocess.Popen([cud.executable, *cud.arguments], cwd=workdir, env=env,
-                                stdin=stdin, stdout=stdout, stderr=stderr,
-                                start_new_session=True)
-        if on_start is not None:
-            on_start(proc)
+        stdout, out = _output(cud.stdout, workdir, tails)
+        stderr, err = _output(cud.stderr, workdir, tails)
+    except OSError as e:
+        result.error = f"cannot open {e.filename or 'an output file'}: {e.strerror or e}"
+    else:
         try:
-            result.exit_code = code = proc.wait(timeout=cud.walltime)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.wait()
-            result.exit_code = proc.returncode
-            result.error = f"walltime of {cud.walltime}s exceeded"
-        else:
-            if code < 0:
-                result.error = f"killed by signal {-code}"
-            elif code != 0:
-                result.error = f"exit status {code}"
-        if cud.stdout is None:
-            result.stdout = tail_of(stdout)
-        if cud.stderr is None:
-            result.stderr = tail_of(stderr)
-    except OSError as err:
-        if not started:
-            result.error = f"cannot open {err.filename or 'an output file'}: " \
-                           f"{err.strerror or err}"
-        elif result.exit_code is None:
-            result.error = f"cannot start {cud.executable}: {err.strerror or err}"
-        else:
-            result.error = f"cannot read the output of {cud.executable}: " \
-                           f"{err.strerror or err}"
+            proc = subprocess.Popen([cud.executable, *cud.arguments], cwd=workdir, env=env,
+                                    stdin=stdin, stdout=stdout, stderr=stderr,
+                                    start_new_session=True)
+        except OSError as e:
+            result.error = f"cannot start {cud.executable}: {e.strerror or e}"
     finally:
-        for f in (stdin, stdout, stderr):
-            if f is not subprocess.DEVNULL:
-                f.close()
+        for f in (stdin, stdout, stderr):  # the child has its copies (or never started)
+            _close(None if f is subprocess.DEVNULL else f)
+    if result.error is not None:
+        for fd in tails:
+            os.close(fd)
+        return result
+    if on_start is not None:
+        on_start(proc)
+    deadline = None if cud.walltime is None else time.monotonic() + cud.walltime
+    try:
+        timed_out = pump(proc, tails, deadline)
+        if not timed_out:
+            proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    if timed_out:
+        _kill_group(proc)
+        proc.wait()
+    result.exit_code = code = proc.returncode
+    if timed_out:
+        result.error = f"walltime of {cud.walltime}s exceeded"
+    elif code < 0:
+        result.error = f"killed by signal {-code}"
+    elif code != 0:
+        result.error = f"exit status {code}"
+    result.stdout = out.result() if out is not None else None
+    result.stderr = err.result() if err is not None else None
     return result
 
 

@@ -93,9 +93,19 @@ class OutputKeeper:
         return self
 
     def watch(self, workload: Any) -> None:
-        """Keep the output of every task of ``workload`` as it ends."""
+        """Keep the output of every task of ``workload`` as it ends. A task already final
+        (a resumed run: it ended in an earlier one) keeps the files that run wrote here."""
         for task in workload.tasks.values():
             task.add_callback(self._on_task)
+            if task.state.is_final:
+                self._adopt(task.id)
+
+    def _adopt(self, task_id: str) -> None:
+        stem = file_stem(task_id)
+        found = TaskFiles(*(str(p) if (p := self.directory / f"{stem}.{s}").is_file()
+                            else None for s in STREAMS))
+        with self._lock:
+            self._files.setdefault(task_id, found)
 
     def _on_task(self, task: Any, state: Any) -> None:
         if state.is_final:

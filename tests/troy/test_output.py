@@ -4,6 +4,9 @@ result on the wire)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,60 @@ def test_output_comes_back_from_a_worker_on_the_wire():
                                               arguments=["-c", "head -c 100000 /dev/zero"]))
     assert big.stdout.size == 100000 and len(big.stdout.data) == TAIL_BYTES
     assert not _small(big)
+
+
+def test_a_background_process_holding_the_pipes_does_not_hold_the_unit():
+    """The task exits, leaving a child that keeps its stdout open: the unit ends anyway."""
+    box: dict = {}
+    cud = troy.ComputeUnitDescription(executable="/bin/sh",
+                                      arguments=["-c", "sleep 120 & echo $$"])
+    runner = threading.Thread(target=lambda: box.update(r=execute(cud)), daemon=True)
+    runner.start()
+    runner.join(60)
+    try:
+        assert not runner.is_alive(), "the unit waited for its background child"
+        assert box["r"].ok and box["r"].stdout.data.strip().isdigit()
+    finally:
+        if "r" in box:
+            os.killpg(int(box["r"].stdout.data), signal.SIGKILL)
+
+
+def test_output_written_before_a_walltime_kill_is_kept():
+    r = execute(troy.ComputeUnitDescription(executable="/bin/sh", walltime=0.5,
+                                            arguments=["-c", "echo before >&2; sleep 60"]))
+    assert r.error == "walltime of 0.5s exceeded" and r.stderr.data == b"before\n"
+
+
+def test_kept_output_is_dropped_from_the_results_as_tasks_end(tmp_path):
+    """Memory stays bounded by the units in flight: once a task's files are written, no
+    result (a bundle member's neither) holds its output."""
+    w = troy.Workload()
+    w.add_task([{"executable": "/bin/sh", "arguments": ["-c", "head -c 3000 /dev/zero"],
+                 "runtime": 0.001}] * 200)
+    keeper = OutputKeeper(tmp_path / "out").open()
+    keeper.watch(w)
+    with troy.Session(store_path=tmp_path / "s.sqlite") as session:
+        session.add_framework("local", name="local")
+        state = troy.execute_workload(session, w, troy.Overlay([{"size": 2,
+                                                                 "framework": "local"}]),
+                                      timeout=120)
+    assert state is troy.State.DONE
+    units = {u.id: u for t in w.tasks.values() for u in t.units}
+    assert len(units) < 200  # bundled
+    results = [r for u in units.values() for r in (u.result, *u.result.members)]
+    assert all(r.stdout is None and r.stderr is None for r in results)
+    assert len(list((tmp_path / "out").iterdir())) == 200
+    assert all(p.stat().st_size == 3000 for p in (tmp_path / "out").iterdir())
+
+
+def test_a_task_that_ended_in_an_earlier_run_keeps_its_files(tmp_path):
+    """Resuming (a store): tasks already final are not run again; their files stay named."""
+    w = troy.Workload()
+    task = w.tasks[w.add_task({"executable": "/bin/true"}, uid="old")]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.stdout").write_text("from the first run\n")
+    task._set_state(troy.State.DONE)
+    keeper = OutputKeeper(tmp_path / "out").open()
+    keeper.watch(w)
+    files = keeper.files("old")
+    assert files.stdout == str(tmp_path / "out" / "old.stdout") and files.stderr is None
