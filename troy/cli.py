@@ -221,8 +221,9 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
                                f"cores; the pilots have {cores} ("
                                f"{'--pilots ' + pilots if pilots else 'this machine; see --pilots'})")
         outputs.open().watch(workload)  # (a bad --output-dir is said before the estimate)
-        click.echo(estimate(workload, count * cores).line(), err=True)
         session.add_framework(framework, name=framework, **options)
+        # once the pilots' framework is up: a scheduler that cannot be reached is one line
+        click.echo(estimate(workload, count * cores).line(), err=True)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
         outcome: dict[str, Any] = {}
 
