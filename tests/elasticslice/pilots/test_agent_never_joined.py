@@ -1,0 +1,53 @@
+"""Regression (chaos seed 14): a node agent SIGKILLed before it ever joined the scheduler
+left a ready node with no pilot at all; nothing replaced it (only a pilot that had joined
+and ended counted as dead) and the workflow waited forever with 9 units lost. Now a ready
+node whose agent never joined within ``agent_timeout`` is replaced (the new node first)
+and given back."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from bench.chaos.world import agent_pids
+from tests.conftest import wait_for
+from tests.elasticslice.managers.conftest import cm_nodes
+from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
+from tests.elasticslice.pilots.test_elastic import assert_nothing_lost
+
+
+def gated_python(tmp_path: Path) -> tuple[Path, Path]:
+    """An interpreter for the nodes that waits while ``gate`` exists, then is the real one
+    (``exec``: same pid), so an agent can be killed before it joined, at a time of our
+    choosing."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nwhile [ -e '{gate}' ]; do sleep 0.05; done\n"
+                       f"exec '{sys.executable}' \"$@\"\n")
+    wrapper.chmod(0o700)
+    return wrapper, gate
+
+
+def test_a_node_whose_agent_was_killed_before_it_joined_is_replaced_after_agent_timeout(
+        emulator, make_cluster, tmp_path: Path) -> None:
+    python, gate = gated_python(tmp_path)
+    cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None, python=str(python),
+                           manager_options={"agent_timeout": 3.0})
+    run = Run(cluster, sleepers(tmp_path / "out", 2, 2.0, cores=4))
+    scheduler = cluster.framework.scheduler_address
+    pids = wait_for(lambda: agent_pids(scheduler), timeout=120, what="the first node's agent")
+    assert len(pids) == 1 and not cluster.pilots()  # started, and not joined
+    (first, pid), = pids.items()
+    os.kill(pid, signal.SIGKILL)
+    gate.unlink()  # the agents from now on join at once
+    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 2)
+    assert stats["duplicates"] == 0, stats
+    ran = {node for nodes in ran_on(tmp_path / "out").values() for node in nodes}
+    assert first not in ran  # no unit ever went to the node without an agent
+    wait_for(lambda: first not in cm_nodes(emulator, tmp_path), timeout=120,
+             what="the node whose agent never joined given back")
+    held = cm_nodes(emulator, tmp_path)
+    assert held and sorted(r.client_id for r in cluster.manager.state.nodes()) == sorted(held)
+    assert cluster.pilots() and all(p.worker_name in held for p in cluster.pilots())
