@@ -18,7 +18,7 @@ import click
 from elasticslice import __version__
 from elasticslice.errors import ElasticSliceError
 
-COMMAND_MODULES = ("rspec", "client", "emulator", "manage", "demo")
+COMMAND_MODULES = ("rspec", "client", "emulator", "manage", "demo", "run")
 
 log = logging.getLogger("elasticslice")
 
@@ -91,7 +91,7 @@ def cli(ctx: click.Context, config: str | None, debug: bool) -> None:
     Build and check RSpecs (`rspec`), talk to CloudLab as your user (getversion ...
     delete-slice, with the [protogeni] config of --config), or run CloudLab in a box
     (`emulator`: the same protocol over TLS, on this machine), and run the elastic slice
-    manager (`manage`, `status`).
+    manager (`manage`, `status`), or a workflow on an elastic cluster (`run`).
     """
     setup_logging(debug)
     ctx.obj = CliState(config, debug)

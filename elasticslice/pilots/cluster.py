@@ -10,13 +10,22 @@ The scheduler listens on ``tls://<listen>`` only; every node joins it with a cer
 of the cluster's own CA (``<state_dir>/pki``); the manager's state lives in
 ``<state_dir>/state``. A manager that crashed is replaced with :meth:`replace_manager`: the
 new one resumes from the same state, and the pilots and the Troy session carry on.
+
+The whole process may die too (SIGKILL): a new ``ElasticCluster`` on the same state dir
+(:attr:`ElasticCluster.resumed`) reuses the CA, serves the scheduler on the port that
+``<state_dir>/cluster.json`` records (the node agents rejoin it by themselves), reopens the
+Troy store and re-dispatches what was in flight (``session.recover()``; the rebuilt
+workloads are in ``cluster.session.workloads``), and the manager resumes from its state and
+adopts the agents of the nodes it holds. See :mod:`elasticslice.pilots.restart`.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+import os
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +36,8 @@ from elasticslice.managers.policy import PolicyConfig
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.helper import PilotElasticSliceHelper
 from elasticslice.pilots.manager import PilotSliceManager
-from troy.states import FINAL_STATES
+from elasticslice.pilots.restart import ClusterFile, StatsLedger
+from troy.states import FINAL_STATES, State
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +46,7 @@ DEFAULT_INTERVALS = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver
                      "renew": 600.0, "update_all": 3600.0, "update_available": 5.0,
                      "get_system_state": 1.0, "add_nodes": 2.0, "delete_nodes": 2.0,
                      "set_system_state": 5.0}
+STATS_SAVE_INTERVAL = 2.0  # seconds between two saves of the run's unit counters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +106,14 @@ class ElasticCluster:
         self.manager: PilotSliceManager | None = None
         self.ca: ClusterCA | None = None
         self.helper: PilotElasticSliceHelper | None = None
+        #: the state dir held a run already (``cluster.json``): this start resumed it
+        self.resumed = False
+        #: how many times the cluster came back on this state dir
+        self.restarts = 0
+        self._recovered = 0     # units running when the last process died, run again
+        self._ledger: StatsLedger | None = None
+        self._lock_fd: int | None = None
+        self._saving = threading.Event()
 
     # ------------------------------------------------------------------ running
     def start(self) -> None:
@@ -115,6 +134,13 @@ class ElasticCluster:
 
     def _start(self) -> None:
         import troy
+        from elasticslice.commands.manage import lock_state_dir
+        self._lock_fd = lock_state_dir(self.state_dir / "state")  # one process per cluster
+        previous = ClusterFile.load(self.state_dir)
+        self.resumed = previous is not None
+        self.restarts = previous.restarts + 1 if previous is not None else 0
+        self._ledger = StatsLedger(self.state_dir)
+        self._ledger.open()
         self.ca = ClusterCA.open(self.state_dir / "pki")
         if self.session is None:
             self.session = troy.Session(self.state_dir / "troy.db")
@@ -123,9 +149,24 @@ class ElasticCluster:
         # doomed pilot holds nothing that has not started
         options = {"adopt_workers": True, "listen": self.listen, "prefetch": 0,
                    **self.framework_options}
-        self.framework = self.session.add_framework(
-            "dask", "cloudlab", tls=self.ca.dask_tls("scheduler"),
-            adopt_filter=self._adopt_filter, **options)
+        if previous is not None:  # the agents rejoin the address they were given
+            options.setdefault("port", previous.port)
+        try:
+            self.framework = self.session.add_framework(
+                "dask", "cloudlab", tls=self.ca.dask_tls("scheduler"),
+                adopt_filter=self._adopt_filter, **options)
+        except Exception as err:
+            if previous is None:
+                raise
+            raise ElasticSliceError(
+                f"{self.state_dir}: cannot serve the Dask scheduler on port {options['port']} "
+                f"again (the nodes' agents rejoin {previous.scheduler}): {err}") from err
+        ClusterFile(self.framework.scheduler_address, os.getpid(), self.restarts).save(
+            self.state_dir)
+        if self.resumed and self._own_session:
+            self._recover()
+        self._saving.clear()
+        threading.Thread(target=self._save_loop, name="cluster-stats", daemon=True).start()
         self.helper = PilotElasticSliceHelper(
             self.ca, self.framework.scheduler_address, self.state_dir / "tarballs",
             python=self.python, nodetype=self.hardware_type,
@@ -146,6 +187,31 @@ class ElasticCluster:
         options.update(self.manager_options)
         return PilotSliceManager(self.server, framework=self.framework, session=self.session,
                                  margin=self.margin, node_cores=self.node_cores, **options)
+
+    def _recover(self) -> None:
+        """Troy's side of a restart: units in flight when the last process died run again
+        (those running count as requeued), dispatched workloads are rebuilt."""
+        running = sum(1 for r in self.session.store.unfinished_units()
+                      if r.state is State.RUNNING)
+        units = self.session.recover()
+        self._recovered += running
+        log.info("resuming the cluster in %s (restart %d): %d unit(s) dispatched again",
+                 self.state_dir, self.restarts, len(units))
+
+    def _save_loop(self) -> None:
+        while not self._saving.wait(STATS_SAVE_INTERVAL):
+            self.save_stats()
+
+    def save_stats(self) -> None:
+        """Persist this process' unit counters (also done every few seconds)."""
+        ledger, session = self._ledger, self.session
+        if ledger is not None and session is not None:
+            ledger.save(self._unit_counts())
+
+    def _unit_counts(self) -> dict[str, int]:
+        units = self.session.unit_stats()
+        return {"units_requeued": units.requeued + self._recovered,
+                "duplicates": units.duplicates, "units_lost": units.lost}
 
     def replace_manager(self) -> PilotSliceManager:
         """Start a new manager from the same state (after the old one crashed or was
@@ -183,11 +249,12 @@ class ElasticCluster:
 
     def stats(self) -> dict[str, Any]:
         """revocations, early_releases, forced_releases, nodes_peak, node_seconds,
-        units_requeued, duplicates, units_lost."""
+        units_requeued, duplicates, units_lost, restarts: over the whole run on this state
+        dir, across restarts (units running when a process died count as requeued)."""
         out: dict[str, Any] = self.manager.stats() if self.manager is not None else {}
-        units = self.session.unit_stats()
-        out.update(units_requeued=units.requeued, duplicates=units.duplicates,
-                   units_lost=units.lost)
+        current = self._unit_counts()
+        out.update(self._ledger.totals(current) if self._ledger is not None else current)
+        out["restarts"] = self.restarts
         return out
 
     # ------------------------------------------------------------------ stopping
@@ -195,6 +262,12 @@ class ElasticCluster:
         """Stop the manager, the framework (and our session); give the slice back unless
         ``keep`` (default: the constructor's). Idempotent; safe after a failed ``start``."""
         keep = self.keep if keep is None else keep
+        self._saving.set()
+        if self.session is not None:
+            try:
+                self.save_stats()
+            except Exception:  # closing anyway
+                log.exception("cannot save the run's counters")
         manager, self.manager = self.manager, None
         try:
             if manager is not None:
@@ -211,6 +284,9 @@ class ElasticCluster:
         finally:
             if manager is not None:
                 manager.state.close()
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                os.close(fd)
 
     @staticmethod
     def _give_back(manager: PilotSliceManager) -> None:

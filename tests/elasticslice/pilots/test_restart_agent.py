@@ -1,0 +1,128 @@
+"""The node agent outlives the process that held its scheduler: when the scheduler is
+SIGKILLed it kills the units it ran, rejoins the same address under the same name once a
+scheduler serves there again, and gives up (one line, non-zero exit) after its bound."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from elasticslice.rpc.pki import make_ca
+from troy import ComputeUnitDescription as CUD
+from troy import State
+from troy.frameworks.dask import DaskFramework
+from troy.frameworks.dask.agent import RECONNECT_ENV, reconnect_seconds
+from troy.frameworks.dask.processes import AgentProcess
+from tests.conftest import process_alive, wait_for
+from tests.troy.frameworks.nodes import member, node_agent, stop
+
+
+@pytest.fixture(scope="module")
+def cluster_ca() -> tuple[bytes, bytes]:
+    return make_ca("restart test cluster CA")
+
+
+class SchedulerProcess:
+    """A Dask scheduler over TLS in a process of its own (so that it can be SIGKILLed)."""
+
+    def __init__(self, tmp: Path, ca: tuple[bytes, bytes], port: int = 0) -> None:
+        self.tls = member(tmp / "control", ca, "control")
+        self.proc = AgentProcess(["scheduler", "1.0", "127.0.0.1", str(port)],
+                                 str(tmp / f"scheduler-{port}.log"), None, self.tls.environ())
+        address = self.proc.read_address(60)
+        assert address, f"the scheduler did not start: {self.proc.log_tail()}"
+        self.address = address
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def framework(self, name: str) -> DaskFramework:
+        fw = DaskFramework(name, scheduler_address=self.address, adopt_workers=True,
+                           tls=self.tls, connect_timeout=30)
+        fw.start()
+        return fw
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.proc.wait()
+
+
+def test_agent_rejoins_a_scheduler_restarted_on_the_same_port_and_kills_its_units(
+        tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RECONNECT_ENV, "120")
+    first = SchedulerProcess(tmp_path, cluster_ca)
+    agent = node_agent(first.address, 2, member(tmp_path / "n1", cluster_ca, "node-r"),
+                       tmp_path / "agent.log", "node-r")
+    fw = first.framework("before")
+    pidfile = tmp_path / "unit.pid"
+    try:
+        wait_for(lambda: fw.find_pilot("node-r") is not None, 120, what="the agent's pilot")
+        fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"echo $$ > {pidfile}; exec sleep 300"], cores=1))
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60,
+                 what="the unit to run")
+        unit_pid = int(pidfile.read_text())
+        first.kill()   # the cluster process dies with its scheduler
+        wait_for(lambda: not process_alive(unit_pid), 60,
+                 what="the unit of the lost scheduler to be killed")
+        assert agent.poll() is None, "the agent left instead of waiting for its scheduler"
+
+        again = SchedulerProcess(tmp_path, cluster_ca, port=first.port)
+        fw2 = again.framework("after")
+        try:
+            wait_for(lambda: (p := fw2.find_pilot("node-r")) is not None
+                     and p.state is State.RUNNING, 120, what="the agent to rejoin")
+            u = fw2.submit_unit(CUD(executable="/bin/true", cores=2))
+            assert u.wait(60) is State.DONE
+        finally:
+            fw2.close()
+            again.proc.stop()
+    finally:
+        fw.client.close(timeout=5) if fw.client is not None else None
+        if agent.poll() is None:
+            stop(agent)
+
+
+def test_agent_whose_scheduler_never_comes_back_exits_within_its_bound(
+        tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RECONNECT_ENV, "2")
+    first = SchedulerProcess(tmp_path, cluster_ca)
+    log = tmp_path / "agent.log"
+    agent = node_agent(first.address, 1, member(tmp_path / "n1", cluster_ca, "node-g"), log,
+                       "node-g")
+    fw = first.framework("only")
+    try:
+        wait_for(lambda: fw.find_pilot("node-g") is not None, 120, what="the agent's pilot")
+        first.kill()
+        code = agent.wait(120)   # bounded: 2 s of retries (each attempt polls up to 30 s)
+    finally:
+        if agent.poll() is None:
+            stop(agent)
+    assert code == 1
+    last = log.read_text().strip().splitlines()[-1]
+    assert last == (f"troy node agent: scheduler {first.address} did not come back within "
+                    f"2 s (last: {last.split('(last: ', 1)[1]}")
+    assert last.endswith("; exiting")
+
+
+def test_reconnect_bound_is_checked() -> None:
+    assert reconnect_seconds({}) == 300
+    assert reconnect_seconds({RECONNECT_ENV: "0"}) == 0
+    for bad in ("-1", "soon", "inf", "nan"):
+        with pytest.raises(ValueError, match=RECONNECT_ENV):
+            reconnect_seconds({RECONNECT_ENV: bad})
+
+
+def test_agent_with_a_bad_reconnect_bound_says_so_in_one_line(tmp_path: Path,
+                                                               cluster_ca: tuple[bytes, bytes],
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    monkeypatch.setenv(RECONNECT_ENV, "soon")
+    log = tmp_path / "agent.log"
+    agent = node_agent("tls://127.0.0.1:9", 1, member(tmp_path / "n", cluster_ca, "n"), log, "n")
+    assert agent.wait(60) == 1
+    assert log.read_text().strip() == (f"troy node agent: {RECONNECT_ENV}='soon': expected a "
+                                       f"number of seconds >= 0")
