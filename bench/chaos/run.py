@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from bench.chaos.invariants import Watch, figures_of, held_by
 from bench.chaos.schedule import KILLS, Fault, make_schedule
