@@ -408,6 +408,8 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
             "the scheduler %s went away: units here killed; rejoining for up to %g s",
             scheduler, reconnect)
         await loop.run_in_executor(None, _await_units_gone, UNITS_GONE_WAIT)
+        with _procs_lock:  # a unit killed here may come back, to the new worker
+            _canceled.clear()
         _stopping.clear()
         w = await _rejoin(scheduler, stop, reconnect, **options)
 
