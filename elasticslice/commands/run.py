@@ -15,6 +15,7 @@ import hashlib
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -68,6 +69,10 @@ def check_same_run(state_dir: Path, mine: dict[str, Any]) -> dict[str, Any] | No
                        f"(time scale {theirs.get('time_scale')}), not of this workflow: give "
                        f"another --state-dir")
     return theirs
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a run as Ctrl-C does: resumable, nodes tidy
 
 
 def log_to_file(path: Path, debug: bool) -> None:
@@ -186,7 +191,10 @@ def summary(data: dict[str, Any]) -> str:
             f"{s['units_requeued']} units requeued, {s['units_lost']} lost")
 
 
-def check_options(time_scale: float, timeout: float | None, report: str | None) -> None:
+def check_options(state_dir: Path | None, time_scale: float, timeout: float | None,
+                  report: str | None) -> None:
+    if state_dir is None:
+        raise BadUsage("give --state-dir DIR: where the run lives (the same DIR resumes it)")
     if not math.isfinite(time_scale) or time_scale < 0:
         raise BadUsage(f"--time-scale {time_scale}: expected a finite number >= 0")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
@@ -198,7 +206,7 @@ def check_options(time_scale: float, timeout: float | None, report: str | None) 
 
 @click.command("run")
 @click.argument("workflow", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--state-dir", required=True, type=click.Path(path_type=Path),
+@click.option("--state-dir", default=None, type=click.Path(path_type=Path),
               help="Where the run lives (created); the same DIR again resumes it.")
 @click.option("--max-nodes", type=click.IntRange(1, 1000), default=4, show_default=True,
               help="Hold at most this many nodes.")
@@ -211,7 +219,7 @@ def check_options(time_scale: float, timeout: float | None, report: str | None) 
 @click.option("--timeout", type=float, default=None,
               help="Stop after this many seconds (exit 1; run again to resume).")
 @click.pass_context
-def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path, max_nodes: int,
+def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_nodes: int,
             hardware_type: str | None, time_scale: float, report: str | None, keep: bool,
             timeout: float | None) -> None:
     """Run WORKFLOW (Troy JSON or WfFormat) on an elastic cluster of the configured CM.
@@ -222,10 +230,10 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path, max_nodes: int,
     SIGKILL), the same command with the same --state-dir resumes the run: the nodes held
     are kept, their agents rejoin, tasks already DONE do not run again. The nodes are given
     back at the end unless --keep. Exit status: 0 every task DONE, 1 otherwise or on an
-    error, 2 bad usage, 130 interrupted (the run can be resumed)."""
+    error, 2 bad usage, 130 interrupted: Ctrl-C or SIGTERM (the run can be resumed)."""
     from troy.errors import TroyError
     from troy.workload.files import load_workload
-    check_options(time_scale, timeout, report)
+    check_options(state_dir, time_scale, timeout, report)
     try:
         workload = load_workload(workflow, time_scale=time_scale)
         mine = fingerprint(workflow, time_scale)
@@ -243,17 +251,18 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path, max_nodes: int,
     from elasticslice.pilots import ElasticCluster
     from elasticslice.pilots.restart import write_json
     from elasticslice.rpc.client import ProtoGeniServer
-    config = load_config(getattr(ctx.obj, "config_path", None))
-    cluster = ElasticCluster(ProtoGeniServer(config), state_dir, maxthreshold=max_nodes,
-                             hardware_type=hardware_type, keep=keep)
     try:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as err:
         raise ElasticSliceError(f"--state-dir {state_dir}: cannot make it: "
                                 f"{err.strerror or err}") from err
+    config = load_config(getattr(ctx.obj, "config_path", None))
     log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
+    cluster = ElasticCluster(ProtoGeniServer(config), state_dir, maxthreshold=max_nodes,
+                             hardware_type=hardware_type, keep=keep)
     started = time.time()
     ended = False
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         cluster.start()
         workload, dispatched = the_workload(cluster.session, workload)

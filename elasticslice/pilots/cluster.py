@@ -21,6 +21,7 @@ adopts the agents of the nodes it holds. See :mod:`elasticslice.pilots.restart`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -152,9 +153,7 @@ class ElasticCluster:
         if previous is not None:  # the agents rejoin the address they were given
             options.setdefault("port", previous.port)
         try:
-            self.framework = self.session.add_framework(
-                "dask", "cloudlab", tls=self.ca.dask_tls("scheduler"),
-                adopt_filter=self._adopt_filter, **options)
+            self.framework = self._add_framework(options, previous)
         except Exception as err:
             if previous is None:
                 raise
@@ -173,6 +172,9 @@ class ElasticCluster:
             worker_host=self.listen if self.listen in ("127.0.0.1", "localhost") else None)
         self.manager = self.new_manager()
         self.manager.start()
+        # agents that rejoined before the manager existed were refused: they are ours if
+        # the manager holds their nodes
+        self.framework.adopt_joined()
 
     def new_manager(self) -> PilotSliceManager:
         """A manager on the cluster's state, helper, framework and session (not started)."""
@@ -187,6 +189,21 @@ class ElasticCluster:
         options.update(self.manager_options)
         return PilotSliceManager(self.server, framework=self.framework, session=self.session,
                                  margin=self.margin, node_cores=self.node_cores, **options)
+
+    def _add_framework(self, options: dict[str, Any], previous: ClusterFile | None) -> Any:
+        """The ``dask`` framework; on the port of a cluster that was closed (no agent waits
+        there) if it is free, else on any."""
+        add = functools.partial(self.session.add_framework, "dask", "cloudlab",
+                                tls=self.ca.dask_tls("scheduler"),
+                                adopt_filter=self._adopt_filter)
+        if previous is None or not previous.closed or "port" in self.framework_options:
+            return add(**options)
+        try:
+            return add(**options)
+        except Exception as err:  # noqa: BLE001 - any port will do
+            log.info("port %s is taken (%s): the scheduler listens on another", options["port"],
+                     err)
+            return add(**{**options, "port": 0})
 
     def _recover(self) -> None:
         """Troy's side of a restart: units in flight when the last process died run again
@@ -218,6 +235,7 @@ class ElasticCluster:
         stopped); the pilots and the session are untouched."""
         self.manager = self.new_manager()
         self.manager.start()
+        self.framework.adopt_joined()
         return self.manager
 
     def _adopt_filter(self, name: str | None, address: str, resources: Any = None) -> bool:
@@ -281,12 +299,21 @@ class ElasticCluster:
                 framework.close()
             if manager is not None and not keep:
                 self._give_back(manager)
+                self._mark_closed()
         finally:
             if manager is not None:
                 manager.state.close()
             fd, self._lock_fd = self._lock_fd, None
             if fd is not None:
                 os.close(fd)
+
+    def _mark_closed(self) -> None:
+        try:
+            found = ClusterFile.load(self.state_dir)
+            if found is not None:
+                dataclasses.replace(found, closed=True).save(self.state_dir)
+        except (ElasticSliceError, OSError) as err:
+            log.warning("cannot mark the cluster closed: %s", err)
 
     @staticmethod
     def _give_back(manager: PilotSliceManager) -> None:

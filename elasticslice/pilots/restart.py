@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticslice.errors import ElasticSliceError
+from elasticslice.rpc.pki import write_private_file
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,7 @@ UNIT_COUNTERS = ("units_requeued", "duplicates", "units_lost")
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (a SIGKILL leaves the old or the new file), 0600."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
+    write_private_file(tmp, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
     os.replace(tmp, path)
 
 
@@ -58,11 +56,13 @@ def read_json(path: Path) -> dict[str, Any] | None:
 @dataclasses.dataclass
 class ClusterFile:
     """``<state_dir>/cluster.json``: the scheduler's address and the process that serves it
-    (``restarts``: how many times the cluster came back on this state dir)."""
+    (``restarts``: how many times the cluster came back on this state dir; ``closed``: it
+    was closed and gave its nodes back, so no agent waits for that address)."""
 
     scheduler: str
     pid: int
     restarts: int = 0
+    closed: bool = False
     started: float = dataclasses.field(default_factory=time.time)
 
     NAME = "cluster.json"
@@ -80,7 +80,8 @@ class ClusterFile:
         try:
             found = cls(scheduler=str(data["scheduler"]), pid=int(data["pid"]),
                         restarts=int(data.get("restarts", 0)),
-                        started=float(data.get("started", 0.0)))
+                        started=float(data.get("started", 0.0)),
+                        closed=data.get("closed") is True)
             if not 0 < found.port < 65536:
                 raise ValueError(f"port {found.port}")
         except (KeyError, ValueError, TypeError, IndexError) as err:

@@ -63,7 +63,11 @@ def tracked(state_dir: Path) -> list[str]:
 
 
 def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
-        emulator: Any, tmp_path: Path) -> None:
+        emulator_factory: Any, tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.ini"   # 4-core nodes: the 8-wide fork takes two
+    inventory.write_text("[inventory]\ndefault_hardware_type = m510\n\n[m510]\ncount = 6\n"
+                         "cores = 4\nmemory = 16384\nprefix = ms10\n")
+    emulator = emulator_factory(inventory=inventory)
     state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
     first = run_forkjoin(emulator, tmp_path, state_dir, log)
     try:
@@ -72,14 +76,17 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
                  RUN_TIMEOUT, 0.2, what="two tasks done and one running")
         cluster = json.loads((state_dir / "cluster.json").read_text())
         assert cluster["pid"] == first.pid and cluster["scheduler"].startswith("tls://127.0.0.1:")
-        agents = sorted(processes_with(AGENT))
+        agent = f"{AGENT} {cluster['scheduler']} "   # this run's agents only
+        wait_for(lambda: len(processes_with(agent)) == 2, RUN_TIMEOUT, 0.2,
+                 what="the agents of two nodes")
+        agents = sorted(processes_with(agent))
         held = tracked(state_dir)
-        assert agents and len(held) == nodes_in_slices(emulator)
+        assert len(held) == nodes_in_slices(emulator) == 2
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     done_before = {u: start for u, (s, start) in units(state_dir).items() if s == "DONE"}
-    assert sorted(processes_with(AGENT)) == agents   # the agents wait for their scheduler
+    assert sorted(processes_with(agent)) == agents   # the agents wait for their scheduler
 
     restarted = time.time()
     report = tmp_path / "report.json"
@@ -90,10 +97,18 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
                  RUN_TIMEOUT, 0.1, what="a unit running again after the restart")
         print(f"restart to the first unit running again: {time.time() - restarted:.1f} s")
         # the same nodes serve: their agents (the same processes) rejoined, nothing added
-        assert set(agents) <= set(processes_with(AGENT))
+        assert set(agents) <= set(processes_with(agent))
         assert set(held) <= set(tracked(state_dir))
         assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] \
             == cluster["scheduler"]
+        # one process per run: a second one on the same DIR is refused, in one line
+        third = elasticslice(emulator, tmp_path, "run", str(FORKJOIN), "--state-dir",
+                             str(state_dir), "--time-scale", "0.03")
+        out3, err3 = third.communicate(timeout=120)
+        assert third.returncode == 1 and out3 == "", err3
+        assert err3.strip() == (f"Error: {state_dir / 'state'}: another manager (pid "
+                                f"{second.pid}) is running on this state directory; stop it "
+                                f"first")
         out, _ = second.communicate(timeout=RUN_TIMEOUT)
     finally:
         if second.poll() is None:
@@ -107,12 +122,13 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
     assert data["tasks_done"] == data["tasks_total"] == 10
     assert data["stats"]["restarts"] == 1 and data["stats"]["units_lost"] == 0
     assert data["stats"]["duplicate_runs"] == 0
+    assert data["stats"]["units_requeued"] >= 1   # the unit running when it was killed
     after = units(state_dir)
     assert all(s == "DONE" for s, _ in after.values())
     assert {u: after[u][1] for u in done_before} == done_before   # not run again
     # nothing held at the CM, no agent left
     assert nodes_in_slices(emulator) == 0
-    wait_for(lambda: not processes_with(AGENT), 60, what="the node agents to end")
+    wait_for(lambda: not processes_with(agent), 60, what="the node agents to end")
     assert not process_alive(second.pid)
 
 
@@ -146,3 +162,26 @@ def test_a_state_dir_of_another_workflow_is_refused(emulator: Any, tmp_path: Pat
     out, err = p.communicate(timeout=120)
     assert p.returncode == 2 and out == ""
     assert err.strip().startswith(f"Error: --state-dir {d} holds a run of /x/other.json")
+
+
+def test_a_run_stopped_by_sigterm_gives_the_nodes_back_and_resumes(emulator: Any,
+                                                                   tmp_path: Path) -> None:
+    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
+    first = run_forkjoin(emulator, tmp_path, state_dir, log)
+    try:
+        wait_for(lambda: [s for s, _ in units(state_dir).values()].count("DONE") >= 1
+                 and "RUNNING" in [s for s, _ in units(state_dir).values()],
+                 RUN_TIMEOUT, 0.2, what="a task done and one running")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 130 and out == ""
+    assert f"interrupted: run the same command again to resume ({state_dir})" in log.read_text()
+    assert "CANCELED" not in {s for s, _ in units(state_dir).values()}
+    assert nodes_in_slices(emulator) == 0
+
+    second = run_forkjoin(emulator, tmp_path, state_dir, log)
+    out, _ = second.communicate(timeout=RUN_TIMEOUT)
+    assert second.returncode == 0, log.read_text()[-3000:]
+    assert out.startswith("DONE: 10/10 tasks done") and "1 restart(s)" in out
+    assert nodes_in_slices(emulator) == 0

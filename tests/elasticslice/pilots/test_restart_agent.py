@@ -13,7 +13,7 @@ from elasticslice.rpc.pki import make_ca
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework
-from troy.frameworks.dask.agent import RECONNECT_ENV, reconnect_seconds
+from troy.frameworks.dask.node import RECONNECT_ENV, reconnect_seconds
 from troy.frameworks.dask.processes import AgentProcess
 from tests.conftest import process_alive, wait_for
 from tests.troy.frameworks.nodes import member, node_agent, stop
@@ -126,3 +126,29 @@ def test_agent_with_a_bad_reconnect_bound_says_so_in_one_line(tmp_path: Path,
     assert agent.wait(60) == 1
     assert log.read_text().strip() == (f"troy node agent: {RECONNECT_ENV}='soon': expected a "
                                        f"number of seconds >= 0")
+
+
+def test_agents_that_rejoined_before_the_manager_was_ready_are_adopted(
+        tmp_path: Path, cluster_ca: tuple[bytes, bytes]) -> None:
+    """A restarted cluster serves its scheduler before its manager exists: the agents that
+    rejoin in between were refused for good (found by test_run: a node whose agent had
+    rejoined was replaced after agent_timeout). ``adopt_joined`` offers them again."""
+    ready: list[bool] = []
+    fw = DaskFramework("restarting", adopt_workers=True, tls=member(tmp_path / "c", cluster_ca,
+                                                                     "control"),
+                       adopt_filter=lambda name, address, resources=None: bool(ready))
+    fw.start()
+    agent = node_agent(fw.scheduler_address, 1, member(tmp_path / "n", cluster_ca, "node-e"),
+                       tmp_path / "agent.log", "node-e")
+    try:
+        wait_for(lambda: any(i.get("name") == "node-e" for i in fw.workers_info().values()),
+                 120, what="the agent to join")
+        assert fw.find_pilot("node-e") is None   # refused: its owner was not ready
+        ready.append(True)
+        fw.adopt_joined()
+        wait_for(lambda: (p := fw.find_pilot("node-e")) is not None
+                 and p.state is State.RUNNING, 60, what="the agent's pilot")
+        assert fw.submit_unit(CUD(executable="/bin/true", cores=1)).wait(60) is State.DONE
+    finally:
+        stop(agent)
+        fw.close()

@@ -6,9 +6,8 @@ Each process prints its address as one JSON line on stdout once it serves. ``wor
 other end, so a Troy that dies never leaves workers behind. ``node`` is the pilot agent of a
 machine of its own (a CloudLab node's startup command runs it): a worker with the node's
 cores as its ``cores`` resource, which a framework with ``adopt_workers`` registers as a
-pilot; it serves until SIGTERM/SIGINT; when the scheduler goes away it kills the units
-running there and rejoins the same address under the same name for up to
-``TROY_NODE_RECONNECT`` seconds (default 300), then exits with one line. Every process uses
+pilot; it serves until SIGTERM/SIGINT and rejoins a scheduler that went away (see
+``node``). Every process uses
 TLS when its environment configures it (``DASK_DISTRIBUTED__COMM__TLS__...``, see
 ``tls``). Worker-side state (the processes of running units, for kills) lives in this
 module, which is what Dask imports when it unpickles ``run_unit``.
@@ -299,121 +298,6 @@ async def _serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int
     await s.close()
 
 
-RECONNECT_ENV = "TROY_NODE_RECONNECT"  # seconds a node agent tries to rejoin (0: never)
-RECONNECT_DEFAULT = 300.0
-RECONNECT_BACKOFF = (1.0, 10.0)  # first and longest pause between two rejoin attempts
-UNITS_GONE_WAIT = 10.0  # seconds the killed units of a lost scheduler get to end
-
-
-def reconnect_seconds(environ: dict[str, str] | None = None) -> float:
-    """How long a node agent keeps trying to rejoin a scheduler that went away
-    (``TROY_NODE_RECONNECT``, seconds; default 300; 0: it exits at once)."""
-    raw = (os.environ if environ is None else environ).get(RECONNECT_ENV, "").strip()
-    if not raw:
-        return RECONNECT_DEFAULT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{RECONNECT_ENV}={raw!r}: expected a number of seconds >= 0")
-    return value
-
-
-class SchedulerGone(Exception):
-    """The scheduler went away and did not come back within the agent's bound."""
-
-
-def _await_units_gone(timeout: float) -> None:
-    """After ``_kill_all``: wait (bounded) until the killed units' threads have ended, so
-    that clearing ``_stopping`` for the next worker cannot make them report."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with _procs_lock:
-            if not _procs:
-                return
-        time.sleep(0.05)
-
-
-async def _rejoin(scheduler: str, stop: asyncio.Event, bound: float,
-                  **options: object):  # noqa: ANN202 - a Worker, or None when stopped
-    """A new worker (same name, same address) once the scheduler is back; tries for
-    ``bound`` seconds with a growing pause between attempts (each attempt itself polls
-    the address for up to 30 s). None if ``stop`` was set meanwhile."""
-    deadline = time.monotonic() + bound
-    pause, last = RECONNECT_BACKOFF[0], "no attempt"
-    while not stop.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise SchedulerGone(f"scheduler {scheduler} did not come back within "
-                                f"{bound:g} s (last: {last})")
-        attempt = asyncio.ensure_future(_start_worker(
-            scheduler, death_timeout=max(1.0, min(30.0, left)), **options))
-        halt = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([attempt, halt], return_when=asyncio.FIRST_COMPLETED)
-        halt.cancel()
-        if attempt.done():
-            try:
-                return attempt.result()
-            except Exception as err:  # not back yet: try again after a pause
-                cause = err.__cause__ or err
-                last = f"{type(cause).__name__}: {cause}"
-        else:
-            attempt.cancel()
-            return None
-        try:
-            await asyncio.wait_for(stop.wait(), min(pause, max(0.0, deadline - time.monotonic())))
-        except asyncio.TimeoutError:
-            pass
-        pause = min(pause * 2, RECONNECT_BACKOFF[1])
-    return None
-
-
-async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | None,
-                      reconnect: float = RECONNECT_DEFAULT) -> None:
-    """Serve as the node's pilot until SIGTERM/SIGINT. When the scheduler goes away (the
-    cluster process died), the units running here are killed (Troy dispatches them again)
-    and a new worker of the same name rejoins the same address for up to ``reconnect``
-    seconds (:class:`SchedulerGone` after that)."""
-    import signal
-    import distributed  # noqa: F401  (configures its loggers on import)
-    if "DASK_LOGGING__DISTRIBUTED" not in os.environ:  # a node's log: warnings and errors
-        logging.getLogger("distributed").setLevel(logging.WARNING)
-    if host is None:  # listen where the scheduler reaches us, not on every interface
-        from distributed.comm import get_address_host
-        from distributed.utils import get_ip
-        host = get_ip(get_address_host(scheduler))
-    options = {"nthreads": cores, "resources": {"cores": cores}, "name": name, "host": host}
-    w = await _start_worker(scheduler, **options)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_signal() -> None:
-        _terminating.set()
-        stop.set()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    while w is not None:
-        done = asyncio.ensure_future(w.finished())
-        await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
-        await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
-        _kill_all()
-        if stop.is_set():
-            return
-        if reconnect <= 0:
-            raise SchedulerGone(f"scheduler {scheduler} went away (reconnecting is off: "
-                                f"{RECONNECT_ENV}=0)")
-        logging.getLogger(__name__).warning(
-            "the scheduler %s went away: units here killed; rejoining for up to %g s",
-            scheduler, reconnect)
-        await loop.run_in_executor(None, _await_units_gone, UNITS_GONE_WAIT)
-        with _procs_lock:  # a unit killed here may come back, to the new worker
-            _canceled.clear()
-        _stopping.clear()
-        w = await _rejoin(scheduler, stop, reconnect, **options)
-
-
 NODE_USAGE = ("usage: python -m troy.frameworks.dask node SCHEDULER CORES [NAME [HOST]]\n"
               "  a pilot agent: a Dask worker with CORES as its cores resource; TLS from\n"
               "  DASK_DISTRIBUTED__COMM__TLS__* (see troy.frameworks.dask.tls)")
@@ -433,6 +317,7 @@ def main(argv: list[str]) -> None:
         if argv[1].startswith("tls://") and security_from_config() is None:
             sys.exit(f"troy node agent: cannot join {argv[1]}: no TLS certificate configured "
                      f"(DASK_DISTRIBUTED__COMM__TLS__*)")
+        from troy.frameworks.dask.node import SchedulerGone, _serve_node, reconnect_seconds
         try:
             reconnect = reconnect_seconds()
         except ValueError as err:

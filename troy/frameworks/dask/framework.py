@@ -175,8 +175,14 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             self._threads.append(t)
         self._started = True
         if self.adopt_workers:
-            for addr, info in self.workers_info().items():
-                self._adopt(addr, info)
+            self.adopt_joined()
+
+    def adopt_joined(self) -> None:
+        """Offer every worker that joined already for adoption again: for an
+        ``adopt_filter`` that refused workers before it could judge them (its owner not
+        ready yet). Workers adopted already are left as they are."""
+        for addr, info in self.workers_info().items():
+            self._adopt(addr, info)
 
     def _start_scheduler(self) -> str:
         if not self.scheduler_process:

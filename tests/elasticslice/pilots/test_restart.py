@@ -1,0 +1,65 @@
+"""``ElasticCluster`` on a state dir that held a cluster before: a closed one (its nodes given
+back) may move to another port; a crashed one must come back on its own port (its agents
+rejoin there) or say why it cannot, in one line."""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elasticslice.errors import ElasticSliceError
+from elasticslice.pilots import ElasticCluster
+from elasticslice.pilots.restart import ClusterFile
+from tests.elasticslice.managers.conftest import FAST_INTERVALS, client_for
+
+
+def hold_port(port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+def test_a_closed_cluster_restarts_on_another_port_when_its_own_is_taken(
+        emulator: Any, make_cluster: Any, tmp_path: Path) -> None:
+    first = make_cluster(emulator, maxthreshold=1)
+    state_dir, address = first.state_dir, first.framework.scheduler_address
+    first.close()                                       # nodes given back: closed
+    assert ClusterFile.load(state_dir).closed
+    taken = hold_port(ClusterFile.load(state_dir).port)
+    again = ElasticCluster(client_for(emulator, tmp_path / "c2"), state_dir, maxthreshold=1,
+                           intervals=FAST_INTERVALS)
+    try:
+        again.start()
+        assert again.resumed and again.restarts == 1
+        assert again.framework.scheduler_address != address
+        saved = json.loads((state_dir / "cluster.json").read_text())
+        assert saved["scheduler"] == again.framework.scheduler_address and not saved["closed"]
+    finally:
+        again.close()
+        again.server.close()
+        taken.close()
+
+
+def test_a_crashed_cluster_whose_port_is_taken_says_so_in_one_line(
+        emulator: Any, tmp_path: Path) -> None:
+    taken = hold_port(0)
+    port = taken.getsockname()[1]
+    state_dir = tmp_path / "cluster"
+    state_dir.mkdir()
+    ClusterFile(f"tls://127.0.0.1:{port}", 1).save(state_dir)   # its process was SIGKILLed
+    cluster = ElasticCluster(client_for(emulator, tmp_path / "c"), state_dir)
+    try:
+        with pytest.raises(ElasticSliceError) as err:
+            cluster.start()
+    finally:
+        cluster.close()
+        cluster.server.close()
+        taken.close()
+    assert str(err.value).startswith(f"{state_dir.resolve()}: cannot serve the Dask scheduler "
+                                     f"on port {port} again (the nodes' agents rejoin "
+                                     f"tls://127.0.0.1:{port}): ")
+    assert "\n" not in str(err.value)
