@@ -22,7 +22,7 @@ import pytest
 from bench.chaos.world import agent_pids
 from troy import ComputeUnitDescription as CUD
 from troy import State
-from troy.frameworks.dask.agent import RECONNECT_ENV
+from troy.frameworks.dask.node import RECONNECT_ENV
 from tests.conftest import wait_for
 from tests.elasticslice.managers.conftest import cm_nodes
 from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
