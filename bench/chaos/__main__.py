@@ -18,7 +18,8 @@ from bench.chaos.run import WORKFLOW, RunResult, chaos_run
 log = logging.getLogger("bench.chaos")
 
 TOTALS = ("kills", "faults_injected", "emulator_calls_faulted", "units", "units_lost",
-          "units_requeued", "duplicate_runs", "nodes_leaked", "duplicate_adds", "slice_lapses")
+          "units_requeued", "duplicate_runs", "duplicate_runs_counted", "nodes_leaked",
+          "duplicate_adds", "slice_lapses", "processes")
 
 
 def totals(results: list[RunResult]) -> dict[str, Any]:
@@ -34,6 +35,7 @@ def line(r: RunResult) -> str:
     verdict = "ok" if r.ok else "FAILED"
     text = (f"run seed={r.seed}: {verdict} {r.seconds:.0f}s units {r.units_done}/{r.units} "
             f"lost {r.units_lost} requeued {r.units_requeued} dup_runs {r.duplicate_runs} "
+            f"(counted {r.duplicate_runs_counted}) processes {r.processes} "
             f"kills {r.kills} faults {r.faults_injected} leaked {r.nodes_leaked} "
             f"dup_adds {r.duplicate_adds} lapses {r.slice_lapses}")
     return text + (f" ({r.error})" if r.error else "")

@@ -1,13 +1,14 @@
-"""The invariants of a chaos run, checked against the emulator's own records (its SQLite
-store, read-only) and the manager's state.
+"""The invariants of a chaos run, checked against the stores after the run: the emulator's
+own records (its SQLite store, read-only) and the manager's state store.
 
 :class:`Watch` samples the emulator's store while the run goes (which nodes each slice
-holds, whether the slice and its sliver exist); :func:`check` compares with the manager's
-state at the end. ``nodes_leaked``: nodes the CM holds for the slice that the manager does
-not track once it has settled, and nodes still held after the cluster gave the slice back;
+holds, whether the slice and its sliver exist, whether every task has run); :func:`figures_of`
+compares with what the manager recorded (every incarnation's, one store).
+``nodes_leaked``: nodes still held after the cluster's last process gave the slice back;
 ``duplicate_adds``: nodes the CM gave the slice that the manager never recorded, a client_id
 held twice at once, more nodes than ``maxthreshold``; ``slice_lapses``: samples where the
-slice or its sliver had gone (or expired) while the cluster ran.
+slice or its sliver had gone (or expired) while the workflow ran (once every task has run,
+the slice goes back on purpose).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ class Sample:
     slices: dict[str, float]            # slice urn -> expires
     slivers: set[str]                   # slice urns with a sliver
     held: list[tuple[str, str, str]]    # (slice_urn, client_id, node_id) held by slices
+    ended: bool = False                 # every task had run (the slice may go back)
 
 
 def sample(db: Path) -> Sample | None:
@@ -47,10 +50,12 @@ def sample(db: Path) -> Sample | None:
 
 
 class Watch:
-    """Samples the emulator's store every ``interval`` seconds in a thread."""
+    """Samples the emulator's store every ``interval`` seconds in a thread; ``ended()``
+    says whether the workflow's work is all done."""
 
-    def __init__(self, db: Path, interval: float = 0.25) -> None:
+    def __init__(self, db: Path, ended: Callable[[], bool], interval: float = 0.25) -> None:
         self.db = db
+        self.ended = ended
         self.interval = interval
         self.samples: list[Sample] = []
         self._stop = threading.Event()
@@ -67,8 +72,10 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            ended = self.ended()
             s = sample(self.db)
             if s is not None:
+                s.ended = ended
                 self.samples.append(s)
 
 
@@ -76,6 +83,8 @@ def slice_lapses(samples: list[Sample], slice_urn: str | None) -> int:
     """Times the slice (or its sliver) went missing or expired after it first existed."""
     lapses, up = 0, False
     for s in samples:
+        if s.ended:
+            break
         ok = (slice_urn in s.slices and slice_urn in s.slivers
               and s.slices[slice_urn] > s.at)
         if up and not ok:
@@ -103,22 +112,16 @@ def held_by(db: Path, slice_urn: str | None) -> list[str] | None:
     return None if s is None else sorted(c for u, c, _ in s.held if u == slice_urn)
 
 
-def settle(db: Path, manager: Any, slice_urn: str, timeout: float = 60.0) -> int:
-    """Wait (bounded) for the manager to match the CM: no open intents, every node held at
-    the CM tracked; returns how many are held but not tracked when the wait ends."""
-    deadline = time.monotonic() + timeout
-    while True:
-        cm = held_by(db, slice_urn) or []
-        tracked = {r.client_id for r in manager.state.nodes()}
-        leaked = len(set(cm) - tracked)
-        if (leaked == 0 and not manager.state.open_intents()) or time.monotonic() > deadline:
-            return leaked
-        time.sleep(0.25)
-
-
-def figures_of(samples: list[Sample], manager: Any, slice_urn: str,
+def figures_of(samples: list[Sample], state_dir: Path, slice_urn: str,
                maxthreshold: int) -> dict[str, Any]:
-    recs = manager.state.nodes(include_gone=True)
+    """slice_lapses, duplicate_adds, nodes_peak_cm, from the samples and the manager's
+    state store in ``state_dir`` (read after its process ended)."""
+    from elasticslice.managers.state import ManagerState
+    state = ManagerState.read_only(state_dir)
+    try:
+        recs = state.nodes(include_gone=True)
+    finally:
+        state.close()
     return {"slice_lapses": slice_lapses(samples, slice_urn),
             "duplicate_adds": duplicate_adds(
                 samples, slice_urn, {r.node_id for r in recs if r.node_id},

@@ -1,16 +1,18 @@
-"""One chaos run: a small WfCommons workflow on an elastic cluster of real pilots while the
-seeded fault schedule plays, then the invariants (``chaos_run(...) -> RunResult``)."""
+"""One chaos run: a small WfCommons workflow run by ``elasticslice run`` on an elastic cluster
+of real pilots while the seeded fault schedule plays, then the invariants from the stores
+(``chaos_run(...) -> RunResult``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-from bench.chaos.invariants import Watch, figures_of, held_by, settle
+from bench.chaos.invariants import Watch, figures_of, held_by
 from bench.chaos.schedule import KILLS, Fault, make_schedule
+from bench.chaos.workflow import completions
 from bench.chaos.world import World
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,9 @@ class RunResult:
     units_done: int = 0
     units_lost: int = 0
     units_requeued: int = 0
-    duplicate_runs: int = 0
+    duplicate_runs: int = 0          # from what ran (each task's record of its runs)
+    duplicate_runs_counted: int = 0  # what the cluster's report says
+    processes: int = 0               # incarnations of the cluster's process
     kills: int = 0
     faults_injected: int = 0
     faults_skipped: int = 0
@@ -83,42 +87,46 @@ class Player:
                 r.faults_skipped += 1
 
 
+def slice_urn_of(config_file: Path) -> str:
+    from elasticslice.config import load_config
+    from elasticslice.rpc.client import ProtoGeniServer
+    server = ProtoGeniServer(load_config(config_file))
+    try:
+        return server.slice_urn()
+    finally:
+        server.close()
+
+
 def chaos_run(seed: int, directory: Path, pki: Path, *, workflow: Path = WORKFLOW,
               time_scale: float = 0.05, timeout: float = 180.0,
               maxthreshold: int = 3) -> RunResult:
     """Run the workflow under the faults of ``make_schedule(seed)`` in ``directory``."""
-    import troy
-    from troy.workload.files import load_workload
     result = RunResult(seed)
     began = time.monotonic()
-    world = World(directory, pki, seed, maxthreshold=maxthreshold)
-    watch = Watch(world.db)
+    world = World(directory, pki, seed, workflow=workflow, time_scale=time_scale,
+                  timeout=timeout, maxthreshold=maxthreshold)
+    watch = Watch(world.db, world.all_ran)
     player = Player(world, make_schedule(seed), result)
     slice_urn = ""
     try:
         world.start()
-        cluster = world.cluster
-        assert cluster is not None and world.server is not None
-        slice_urn = world.server.slice_urn()
+        slice_urn = slice_urn_of(world.emu_dir / "elasticslice.conf")
         watch.start()
-        workload = load_workload(workflow, time_scale=time_scale, max_cores=4)
+        if not world.wait_serving():
+            raise RuntimeError("the cluster's process did not serve its scheduler "
+                               f"(see {directory}/process-0.log)")
         player.start()
-        try:
-            troy.execute_workload(cluster.session, workload, cluster.overlay(),
-                                  bind_mode="late", timeout=timeout)
-        except troy.TroyError as err:
-            result.error = f"the workflow: {err}"
+        code = world.wait_end()
         player.stop()
-        result.units = len(workload.tasks)
-        result.units_done = sum(1 for t in workload.tasks.values()
-                                if t.state is troy.State.DONE)
-        stats = cluster.session.unit_stats()
-        result.units_lost = stats.lost + (result.units - result.units_done)
-        result.units_requeued, result.duplicate_runs = stats.requeued, stats.duplicates
-        manager = cluster.manager
-        assert manager is not None
-        result.nodes_leaked = settle(world.db, manager, slice_urn)
-        result.__dict__.update(figures_of(watch.stop(), manager, slice_urn, maxthreshold))
+        samples = watch.stop()
+        if code is None:
+            result.error = "the cluster's process did not end in time"
+        elif code not in (0, 1):
+            result.error = f"the cluster's last process exited with {code}"
+        result.units = world.tasks
+        result.__dict__.update(units_of(world))
+        result.__dict__.update(figures_of(samples, world.state_dir / "state", slice_urn,
+                                          maxthreshold))
     except Exception as err:
         log.exception("chaos run %d", seed)
         result.error = result.error or f"{type(err).__name__}: {err}"
@@ -134,5 +142,24 @@ def chaos_run(seed: int, directory: Path, pki: Path, *, workflow: Path = WORKFLO
         left = held_by(world.db, slice_urn) if slice_urn else []
         result.nodes_leaked += len(left or [])
         result.emulator_calls_faulted = world.emulator_calls_faulted
+        result.processes = world.incarnations
         result.seconds = round(time.monotonic() - began, 1)
     return result
+
+
+def units_of(world: World) -> dict[str, int]:
+    """The units' figures: the last process' report (its stats count over every process
+    of the run) and each task's record of its runs."""
+    try:
+        report = json.loads(world.report.read_text())
+        stats = report["stats"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RuntimeError(f"no report from the cluster's last process: {err}") from err
+    runs = completions(world.ran)
+    never = world.tasks - sum(1 for n in runs.values() if n > 0)
+    done = int(report.get("tasks_done", 0))
+    return {"units_done": done,
+            "units_lost": int(stats.get("units_lost", 0)) + max(world.tasks - done, never),
+            "units_requeued": int(stats.get("units_requeued", 0)),
+            "duplicate_runs": sum(max(0, n - 1) for n in runs.values()),
+            "duplicate_runs_counted": int(stats.get("duplicate_runs", 0))}

@@ -1,41 +1,41 @@
-"""What a chaos run runs on: an emulator (CloudLab in a box) and an elastic cluster whose
-nodes are real Troy node agents, and the faults done to them (:meth:`World.inject`).
+"""What a chaos run runs on: an emulator (CloudLab in a box) in this process, and the cluster
+as ``elasticslice run`` in a process of its own (the manager, Troy and the Dask scheduler),
+whose nodes are real Troy node agents; and the faults done to them (:meth:`World.inject`).
 
 Everything is real: the emulator is its HTTPS XML-RPC server on 127.0.0.1, the nodes'
-agents are processes the emulator starts, the manager's callback endpoint is its HTTPS
-server; a fault stops, kills or reconfigures one of them.
+agents are processes the emulator starts, the cluster is the ``elasticslice`` command line
+(through :mod:`bench.chaos.launch`, for its short intervals). A manager restart is a
+SIGKILL of the cluster's process (its process group) and the same command again on the
+same ``--state-dir``, which resumes the run.
 """
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from bench.chaos.schedule import Fault, Kind
-from elasticslice.config import load_config
+from bench.chaos.workflow import completions, recording_workflow
 from elasticslice.emulator import EmulatorServer
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.errors import ElasticSliceError
-from elasticslice.managers import SimpleElasticSliceManager, lifecycle
-from elasticslice.managers.policy import PolicyConfig
-from elasticslice.pilots import ElasticCluster
-from elasticslice.rpc.client import ProtoGeniServer
-from elasticslice.rpc.transport import RetryPolicy
 
 log = logging.getLogger(__name__)
 
+REPO = Path(__file__).resolve().parent.parent.parent
 EMULATOR = {"boot_delay": 0.2, "notify_interval": 0.3, "max_wait": 5, "slow_seconds": 0.5}
-RETRY = RetryPolicy(attempts=12, base_delay=0.01, max_delay=0.05)
-INTERVALS = {m: 0.3 for m in SimpleElasticSliceManager.DEF_ORDER}
-POLICY = PolicyConfig(add_cooldown=0.0, delete_cooldown=0.0, max_add_per_cycle=10,
-                      max_delete_per_cycle=1)
+# the cluster's client of the emulator: many quick retries (up to 30% of calls fail)
+CLIENT_ENV = {"ELASTICSLICE_RETRIES": "12", "ELASTICSLICE_RETRY_DELAY": "0.01",
+              "ELASTICSLICE_RETRY_MAX_DELAY": "0.05"}
 PROC = Path("/proc")
 
 
@@ -59,49 +59,122 @@ def agent_pids(scheduler: str) -> dict[str, int]:
 
 
 class World:
-    """One run's emulator and cluster in ``directory`` (the emulator's PKI copied from
-    ``pki``); ``seed`` seeds the emulator's faulty answers."""
+    """One run's emulator and cluster process in ``directory`` (the emulator's PKI copied
+    from ``pki``); ``seed`` seeds the emulator's faulty answers; the cluster runs
+    ``workflow`` (a WfFormat trace, made a recording workflow) within ``timeout`` s."""
 
-    def __init__(self, directory: Path, pki: Path, seed: int, *, maxthreshold: int = 3,
-                 idle_timeout: float | None = 3.0) -> None:
+    def __init__(self, directory: Path, pki: Path, seed: int, *, workflow: Path,
+                 time_scale: float, timeout: float = 180.0, maxthreshold: int = 3) -> None:
         self.dir = directory
         self.emu_dir = directory / "emulator"
         shutil.copytree(pki, self.emu_dir)
         self.seed = seed
         self.maxthreshold = maxthreshold
-        self.idle_timeout = idle_timeout
+        self.trace, self.time_scale, self.timeout = workflow, time_scale, timeout
+        self.state_dir = directory / "cluster"
+        self.ran = directory / "ran"
+        self.workflow = directory / "workflow.json"
+        self.report = directory / "report.json"
+        self.tasks = 0
         self.emulator: EmulatorServer | None = None
         self.port = 0
-        self.cluster: ElasticCluster | None = None
-        self.server: ProtoGeniServer | None = None
+        self.proc: subprocess.Popen | None = None
+        self.incarnations = 0
         self.emulator_calls_faulted = 0
+        self._deadline = 0.0
+        self._lock = threading.Lock()   # the cluster process: one replacement at a time
+        self._out: IO[bytes] | None = None
         self._timers: list[threading.Timer] = []
 
     # ------------------------------------------------------------------ up and down
     def start(self) -> None:
+        """The emulator, the recording workflow, the cluster's first process."""
         self.emulator = EmulatorServer(self.emu_dir, port=0, seed=self.seed, **EMULATOR)
         self.emulator.start()
         self.port = self.emulator.port
-        config = load_config(self.emu_dir / "elasticslice.conf",
-                             env={"ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(self.dir / "cache")})
-        self.server = ProtoGeniServer(config, retry=RETRY)
-        self.cluster = ElasticCluster(self.server, self.dir / "cluster",
-                                      maxthreshold=self.maxthreshold, margin=1.0,
-                                      idle_timeout=self.idle_timeout, intervals=INTERVALS,
-                                      policy=POLICY,
-                                      manager_options={"agent_timeout": 20.0})
-        self.cluster.start()
+        self.tasks = recording_workflow(self.trace, self.workflow, self.ran, self.time_scale)
+        self._deadline = time.monotonic() + self.timeout
+        with self._lock:
+            self._launch()
+
+    def _launch(self) -> None:
+        """Start ``elasticslice run`` (again: it resumes) with what is left of the time."""
+        left = max(10.0, self._deadline - time.monotonic())
+        argv = [sys.executable, "-m", "bench.chaos.launch", "-c",
+                str(self.emu_dir / "elasticslice.conf"), "run", str(self.workflow),
+                "--state-dir", str(self.state_dir), "--max-nodes", str(self.maxthreshold),
+                "--report", str(self.report), "--timeout", f"{left:.0f}"]
+        env = {**os.environ, **CLIENT_ENV,
+               "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(self.dir / "cache")}
+        if self._out is not None:
+            self._out.close()
+        self._out = open(self.dir / f"process-{self.incarnations}.log", "wb")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out,
+                                     stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                     start_new_session=True)
+        self.incarnations += 1
+        log.info("cluster process %d started (pid %d)", self.incarnations, self.proc.pid)
+
+    def cluster_file(self) -> dict[str, Any]:
+        """``<state_dir>/cluster.json`` ({} while there is none)."""
+        try:
+            return dict(json.loads((self.state_dir / "cluster.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def wait_serving(self, timeout: float = 120.0) -> bool:
+        """Wait (bounded) until the current process serves its scheduler."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                return False
+            if self.cluster_file().get("pid") == proc.pid:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def wait_end(self) -> int | None:
+        """The exit status of the cluster's last process (None: still running at the
+        deadline, plus a minute for giving the nodes back)."""
+        while True:
+            proc = self.proc
+            assert proc is not None
+            try:
+                code = proc.wait(0.2)
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > self._deadline + 60.0:
+                    return None
+                continue
+            with self._lock:
+                if proc is self.proc:
+                    return code
+
+    def all_ran(self) -> bool:
+        """Every task's work ran to its end at least once."""
+        runs = completions(self.ran)
+        return len(runs) == self.tasks and all(runs.values())
 
     def close(self) -> None:
-        """Stop the timers, give the nodes back (the cluster's close), stop the emulator."""
+        """Stop the timers and the cluster's process if it still runs (SIGINT: it gives
+        the nodes back; SIGKILL after 60 s), then the emulator."""
         for timer in self._timers:
             timer.cancel()
             timer.join()
         try:
-            if self.cluster is not None:
-                self.cluster.close()
-            if self.server is not None:
-                self.server.close()
+            with self._lock:
+                proc = self.proc
+                if proc is not None and proc.poll() is None:
+                    log.warning("chaos: the cluster process still runs: interrupting it")
+                    os.killpg(proc.pid, signal.SIGINT)
+                    try:
+                        proc.wait(60.0)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                if self._out is not None:
+                    self._out.close()
+                    self._out = None
         finally:
             if self.emulator is not None:
                 self._count_faulted()
@@ -137,22 +210,21 @@ class World:
         return bool(handler(fault))
 
     def restart_manager(self, fault: Fault) -> bool:
-        """As a crash: the cycle and the endpoint die, nothing is unregistered or flushed
-        on purpose; a new manager starts from the same state directory."""
-        assert self.cluster is not None
-        old = self.cluster.manager
-        if old is None:
-            return False
-        old.cycle.stop()
-        if old.endpoint_server is not None:
-            old.endpoint_server.stop()
-        self.cluster.replace_manager()
-        old.state.close()
+        """A crash: SIGKILL to the cluster's process group (manager, Troy, scheduler; the
+        process holding nothing else), then the same command on the same state dir."""
+        with self._lock:
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                return False
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.warning("chaos: SIGKILL to the cluster process (pid %d)", proc.pid)
+            self._launch()
         return True
 
     def kill_pilot(self, fault: Fault) -> bool:
-        assert self.cluster is not None and self.cluster.framework is not None
-        pids = agent_pids(self.cluster.framework.scheduler_address)
+        scheduler = self.cluster_file().get("scheduler")
+        pids = agent_pids(str(scheduler)) if scheduler else {}
         if not pids:
             return False
         name = sorted(pids)[fault.pick % len(pids)]
@@ -222,26 +294,10 @@ class World:
         return True
 
     def drop_callbacks(self, fault: Fault) -> bool:
-        """The manager's callback endpoint stops (the CM's calls are refused) and comes
-        back on the same address after ``duration`` seconds."""
-        assert self.cluster is not None
-        manager = self.cluster.manager
-        if manager is None or manager.endpoint_server is None:
+        """The CM's calls to the manager's endpoint fail for ``duration`` seconds (what a
+        dropped connection looks like from the CM); it retries on its own schedule."""
+        emulator = self.emulator
+        if emulator is None or getattr(emulator, "reclaimer", None) is None:
             return False
-        server = manager.endpoint_server
-        port = server.port
-        server.stop()
-        self._later(fault.duration, lambda: self._callbacks_back(manager, port))
+        emulator.reclaimer.callbacks.fail_for(fault.duration)
         return True
-
-    def _callbacks_back(self, manager: Any, port: int) -> None:
-        if self.cluster is None or self.cluster.manager is not manager:
-            return  # the manager was replaced meanwhile: the new one has its own endpoint
-        manager.endpoint_config = dataclasses.replace(manager.endpoint_config, port=port)
-        registered = set(manager.registered)
-        try:
-            lifecycle.start_endpoint(manager)
-        except (ElasticSliceError, OSError) as err:
-            log.warning("chaos: the callback endpoint did not come back on %d: %s", port, err)
-            return
-        manager.registered = registered  # the same URL: still registered at the CM

@@ -3,6 +3,10 @@
 The client endpoint's server certificate must chain to the emulator's CA and match the
 URL's host; the emulator presents ``D/cm.pem`` as its client certificate, so the endpoint
 can accept only callers the emulator CA vouches for.
+
+``CallbackClient.fail_for(seconds)`` makes every call fail for a while as a dropped
+connection does (the chaos suite's ``callback_drop``): nothing reaches the endpoint, the
+caller sees a failed call and retries on its own schedule.
 """
 from __future__ import annotations
 
@@ -37,6 +41,12 @@ class CallbackClient:
         self.ctx = ctx
         self._ssl: ssl.SSLContext | None = None
         self.failures = 0
+        self.down_until = 0.0  # time.monotonic() before which every call fails
+
+    def fail_for(self, seconds: float) -> None:
+        """Every call fails (nothing is sent) for the next ``seconds``: a dropped
+        connection as the endpoint's side sees it."""
+        self.down_until = time.monotonic() + max(0.0, seconds)
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -48,6 +58,10 @@ class CallbackClient:
 
     def _call(self, endpoint: EndpointRow, method: str, params: dict[str, Any],
               timeout: float | None = None) -> Any:
+        if time.monotonic() < self.down_until:
+            self.failures += 1
+            log.warning("%s to %s failed: the connection is down", method, endpoint.url)
+            return None
         transport = _Transport(self._context(), timeout or self.ctx.settings.callback_timeout)
         proxy = xmlrpc.client.ServerProxy(endpoint.url, transport=transport, allow_none=False)
         started = time.monotonic()

@@ -49,7 +49,8 @@ class DrainPlan:
 @dataclass(frozen=True)
 class UnitStats:
     """Counts for a report. ``requeued``: times a unit was moved off a pilot that went away
-    or was drained; ``duplicates``: extra completions of a unit's work (an attempt that ended
+    or was drained (moves, not units: a unit moved off two pilots in turn counts twice, so
+    the figure may exceed the number of units); ``duplicates``: extra completions of a unit's work (an attempt that ended
     although the unit had been requeued, or ran elsewhere too); ``lost``: units that ended
     FAILED or CANCELED because the framework lost them, not by their own doing (0 is the
     goal)."""

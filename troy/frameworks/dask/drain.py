@@ -132,6 +132,8 @@ class PilotMoves:
         rec.addr = None
         self._moved[rec.unit.id] = rec.unit
         self._stats.add(requeued=1)
+        log.info("framework %s: unit %s moved off %s (state %s, attempt %d)", self.name,
+                 rec.unit.id, addr, rec.unit.state.value, rec.unit.attempts)
         rec.unit._requeue()
         rec.unit.attempts += 1
         self._submitq.put(rec)

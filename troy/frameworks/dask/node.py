@@ -13,8 +13,8 @@ import logging
 import os
 import time
 
-from troy.frameworks.dask.agent import (_kill_all, _procs, _procs_lock, _start_worker,
-                                        _stopping, _terminating)
+from troy.frameworks.dask.agent import (_canceled, _kill_all, _procs, _procs_lock,
+                                        _start_worker, _stopping, _terminating)
 
 log = logging.getLogger(__name__)
 
@@ -127,5 +127,7 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
             "the scheduler %s went away: units here killed; rejoining for up to %g s",
             scheduler, reconnect)
         await loop.run_in_executor(None, _await_units_gone, UNITS_GONE_WAIT)
+        with _procs_lock:  # a unit killed here may come back, to the new worker
+            _canceled.clear()
         _stopping.clear()
         w = await _rejoin(scheduler, stop, reconnect, **options)

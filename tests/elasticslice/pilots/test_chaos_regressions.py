@@ -1,0 +1,94 @@
+"""Regressions found by the chaos suite (bench/chaos), each named after what broke.
+
+Seed 14: a node agent SIGKILLed before it ever joined the scheduler left a ready node with
+no pilot at all; nothing replaced it (only a pilot that had joined and ended counted as
+dead) and the workflow waited forever with 9 units lost. Now a ready node whose agent never
+joined within ``agent_timeout`` is replaced (the new node first) and given back.
+
+Seed 12: a pilot lost to a revocation without notice had its running unit killed and
+requeued, and its worker retired; the agent rejoined with a new worker, which got the unit
+again and answered at once with no result (it still held the unit as killed): the unit
+FAILED "unit result lost", and the workflow with it. The agent now forgets the units it
+killed when it rejoins."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.chaos.world import agent_pids
+from troy import ComputeUnitDescription as CUD
+from troy import State
+from troy.frameworks.dask.node import RECONNECT_ENV
+from tests.conftest import wait_for
+from tests.elasticslice.managers.conftest import cm_nodes
+from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
+from tests.elasticslice.pilots.test_elastic import assert_nothing_lost
+from tests.elasticslice.pilots.test_restart_agent import (  # noqa: F401 (the fixture)
+    SchedulerProcess, cluster_ca)
+from tests.troy.frameworks.nodes import member, node_agent, stop
+
+
+def gated_python(tmp_path: Path) -> tuple[Path, Path]:
+    """An interpreter for the nodes that waits while ``gate`` exists, then is the real one
+    (``exec``: same pid), so an agent can be killed before it joined, at a time of our
+    choosing."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nwhile [ -e '{gate}' ]; do sleep 0.05; done\n"
+                       f"exec '{sys.executable}' \"$@\"\n")
+    wrapper.chmod(0o700)
+    return wrapper, gate
+
+
+def test_a_node_whose_agent_was_killed_before_it_joined_is_replaced_after_agent_timeout(
+        emulator, make_cluster, tmp_path: Path) -> None:
+    python, gate = gated_python(tmp_path)
+    cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None, python=str(python),
+                           manager_options={"agent_timeout": 3.0})
+    run = Run(cluster, sleepers(tmp_path / "out", 2, 2.0, cores=4))
+    scheduler = cluster.framework.scheduler_address
+    pids = wait_for(lambda: agent_pids(scheduler), timeout=120, what="the first node's agent")
+    assert len(pids) == 1 and not cluster.pilots()  # started, and not joined
+    (first, pid), = pids.items()
+    os.kill(pid, signal.SIGKILL)
+    gate.unlink()  # the agents from now on join at once
+    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 2)
+    assert stats["duplicates"] == 0, stats
+    ran = {node for nodes in ran_on(tmp_path / "out").values() for node in nodes}
+    assert first not in ran  # no unit ever went to the node without an agent
+    wait_for(lambda: first not in cm_nodes(emulator, tmp_path), timeout=120,
+             what="the node whose agent never joined given back")
+    held = cm_nodes(emulator, tmp_path)
+    assert held and sorted(r.client_id for r in cluster.manager.state.nodes()) == sorted(held)
+    assert cluster.pilots() and all(p.worker_name in held for p in cluster.pilots())
+
+
+def test_a_unit_killed_with_a_lost_pilot_runs_on_its_rejoined_agent_not_lost(
+        tmp_path: Path, cluster_ca: tuple[bytes, bytes],  # noqa: F811 (the fixture)
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RECONNECT_ENV, "120")
+    scheduler = SchedulerProcess(tmp_path, cluster_ca)
+    agent = node_agent(scheduler.address, 2, member(tmp_path / "n1", cluster_ca, "node-x"),
+                       tmp_path / "agent.log", "node-x")
+    fw = scheduler.framework("seed12")
+    ran = tmp_path / "ran"
+    try:
+        first = wait_for(lambda: fw.find_pilot("node-x"), 120, what="the agent's pilot")
+        unit = fw.submit_unit(CUD(executable="/bin/sh", cores=1, arguments=[
+            "-c", f"sleep 2 && echo x >> {ran}"]))
+        wait_for(lambda: unit.state is State.RUNNING, 60, what="the unit to run")
+        fw.lose_pilot(first, "revoked without notice")  # its unit killed, its worker retired
+        assert unit.wait(120) is State.DONE, unit.result
+        assert ran.read_text() == "x\n"  # once: the killed attempt did not end
+        again = fw.find_pilot("node-x")
+        assert again is not None and again.id != first.id  # there, on the rejoined agent
+    finally:
+        fw.close()
+        scheduler.proc.stop()
+        if agent.poll() is None:
+            stop(agent)
