@@ -48,10 +48,11 @@ PRE_DISPATCH = (State.DESCRIBED, State.PLANNED, State.TRANSLATED, State.BOUND)
 # else DONE if all are DONE; else UNKNOWN. The task table lists ``any unit DISPATCHED`` twice
 # (the second, mapping to RUNNING, can never fire): kept as the seed has it. The workload
 # table of the seed has no RUNNING line, so a workload whose tasks run read UNKNOWN; we add
-# one, after DISPATCHED as in the task table (a deviation from the seed, documented in
-# docs/troy.md): a mix of RUNNING and DONE tasks is RUNNING. Everything else is the seed's.
+# one, before DISPATCHED (a deviation from the seed, documented in docs/troy.md): a workload
+# with a task RUNNING (and none FAILED or CANCELED) is RUNNING, whatever still waits.
+# Everything else is the seed's.
 TASK_TABLE = (State.FAILED, State.CANCELED, State.DISPATCHED, State.RUNNING)
-WORKLOAD_TABLE = (State.FAILED, State.CANCELED, State.DISPATCHED, State.RUNNING)
+WORKLOAD_TABLE = (State.FAILED, State.CANCELED, State.RUNNING, State.DISPATCHED)
 
 
 def _derive(states: list[State], table: tuple[State, ...]) -> State:
@@ -73,7 +74,7 @@ def derive_task_state(unit_states: Iterable[State]) -> State:
 
 def derive_workload_state(task_states: Iterable[State]) -> State:
     """A dispatched workload's state from its tasks' states (seed 001's table, ``WORKLOAD_TABLE``,
-    plus a RUNNING line: any task RUNNING and none FAILED, CANCELED or DISPATCHED)."""
+    plus a RUNNING line: any task RUNNING and none FAILED or CANCELED)."""
     return _derive(list(task_states), WORKLOAD_TABLE)
 
 

@@ -31,7 +31,8 @@ def test_task_state_derivation(units, expected):
     # broke: a workload whose tasks ran read UNKNOWN (seed 001 has no RUNNING line)
     ([S.DONE, S.RUNNING], S.RUNNING),
     ([S.RUNNING, S.RUNNING], S.RUNNING),
-    ([S.DISPATCHED, S.RUNNING], S.DISPATCHED),  # the seed's DISPATCHED line comes first
+    ([S.DISPATCHED, S.RUNNING], S.RUNNING),  # a task runs: RUNNING, though others wait
+    ([S.DISPATCHED, S.DONE], S.DISPATCHED),
     ([S.FAILED, S.RUNNING], S.FAILED),
     ([S.DONE, S.UNKNOWN], S.UNKNOWN),
 ])

@@ -122,6 +122,27 @@ def test_workload_reads_running_not_unknown_while_its_tasks_run(troy_session, lo
     assert State.RUNNING in seen and State.UNKNOWN not in seen
 
 
+def test_workload_reads_running_while_a_task_runs_and_another_waits(troy_session, local_fw,
+                                                                     tmp_path):
+    """The issue asks RUNNING for a workload with running tasks: one task runs while the
+    next waits for it (DISPATCHED, held back by the relation); the workload is RUNNING."""
+    go = tmp_path / "go"
+    w = Workload()
+    first = w.add_task(sh(f"touch {tmp_path}/started; while [ ! -e {go} ]; do sleep 0.05; done"))
+    second = w.add_task(sh("true"))
+    w.add_relation(Relation(first, second))
+    troy.Planner(troy_session).plan(w)
+    wm = WorkloadManager(troy_session, bundle=False)
+    wm.dispatch_workload(w)
+    try:
+        wait_for(lambda: w.tasks[first].state is State.RUNNING, what="the first task RUNNING")
+        assert w.tasks[second].state is State.DISPATCHED
+        assert w.state is State.RUNNING
+    finally:
+        go.touch()
+    assert wm.wait_workload(w, timeout=60) is State.DONE
+
+
 def test_relations_order_execution(troy_session, local_fw, tmp_path):
     log = tmp_path / "log"
     w = Workload()

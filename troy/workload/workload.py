@@ -125,10 +125,10 @@ class Workload(Lockable, Observable):
             return State.FAILED
         if c[State.CANCELED]:
             return State.CANCELED
-        if c[State.DISPATCHED]:
-            return State.DISPATCHED
         if c[State.RUNNING]:
             return State.RUNNING
+        if c[State.DISPATCHED]:
+            return State.DISPATCHED
         if c[State.DONE] == n:
             return State.DONE
         return State.UNKNOWN
