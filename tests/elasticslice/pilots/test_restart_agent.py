@@ -86,6 +86,34 @@ def test_agent_rejoins_a_scheduler_restarted_on_the_same_port_and_kills_its_unit
             stop(agent)
 
 
+def test_units_of_a_lost_scheduler_are_killed_before_they_end_their_work(
+        tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broke (chaos: duplicate runs): the units of an agent whose scheduler died ran on until
+    the worker had closed, about 30 s, so a unit ended its work, reported to nobody, and the
+    resumed cluster ran it again. They are killed as the worker starts closing: a unit ten
+    seconds from the end of its work never gets there."""
+    monkeypatch.setenv(RECONNECT_ENV, "5")
+    first = SchedulerProcess(tmp_path, cluster_ca)
+    agent = node_agent(first.address, 2, member(tmp_path / "n1", cluster_ca, "node-k"),
+                       tmp_path / "agent.log", "node-k")
+    fw = first.framework("lost")
+    pidfile, worked = tmp_path / "unit.pid", tmp_path / "worked"
+    try:
+        wait_for(lambda: fw.find_pilot("node-k") is not None, 120, what="the agent's pilot")
+        fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"echo $$ > {pidfile}; sleep 10; touch {worked}"], cores=1))
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60,
+                 what="the unit to run")
+        unit_pid = int(pidfile.read_text())
+        first.kill()
+        wait_for(lambda: not process_alive(unit_pid), 60, what="the unit to be killed")
+        assert not worked.exists(), "the unit of a lost scheduler ran to the end of its work"
+    finally:
+        fw.client.close(timeout=5) if fw.client is not None else None
+        if agent.poll() is None:
+            stop(agent)
+
+
 def test_agent_whose_scheduler_never_comes_back_exits_within_its_bound(
         tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RECONNECT_ENV, "2")

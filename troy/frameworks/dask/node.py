@@ -22,6 +22,7 @@ RECONNECT_ENV = "TROY_NODE_RECONNECT"  # seconds a node agent tries to rejoin (0
 RECONNECT_DEFAULT = 300.0
 RECONNECT_BACKOFF = (1.0, 10.0)  # first and longest pause between two rejoin attempts
 UNITS_GONE_WAIT = 10.0  # seconds the killed units of a lost scheduler get to end
+CUT_OFF_POLL = 0.05  # seconds between two looks at whether the worker lost its scheduler
 
 
 def reconnect_seconds(environ: dict[str, str] | None = None) -> float:
@@ -88,6 +89,18 @@ async def _rejoin(scheduler: str, stop: asyncio.Event, bound: float,
     return None
 
 
+async def _kill_when_cut_off(w: object, stop: asyncio.Event) -> None:
+    """Kill the units as soon as the worker starts closing on its own (its scheduler went
+    away), not once it has closed: a worker's close takes seconds, and a unit that ends its
+    work meanwhile can report to nobody, so Troy runs it again (a duplicate run). Not on
+    SIGTERM/SIGINT (``stop``): then the worker leaves the scheduler first, as before."""
+    from distributed.core import Status
+    while getattr(w, "status", None) not in (Status.closing, Status.closed, Status.failed):
+        await asyncio.sleep(CUT_OFF_POLL)
+    if not stop.is_set():
+        _kill_all()
+
+
 async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | None,
                       reconnect: float = RECONNECT_DEFAULT) -> None:
     """Serve as the node's pilot until SIGTERM/SIGINT. When the scheduler goes away (the
@@ -114,8 +127,10 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         loop.add_signal_handler(sig, on_signal)
     while w is not None:
         done = asyncio.ensure_future(w.finished())
+        cut = asyncio.ensure_future(_kill_when_cut_off(w, stop))
         await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
+        cut.cancel()
         await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
         _kill_all()
         if stop.is_set():
