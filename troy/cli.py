@@ -93,6 +93,16 @@ def quiet_dask() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
+def run_numbers_problem(time_scale: float, timeout: float | None) -> str | None:
+    """What is wrong with a run's ``--time-scale`` and ``--timeout`` (None: nothing); the
+    commands that run workflows (``troy run``, ``elasticslice run``) share it."""
+    if not math.isfinite(time_scale) or time_scale < 0:
+        return f"--time-scale {time_scale}: expected a finite number >= 0"
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        return f"--timeout {timeout}: expected a number of seconds > 0"
+    return None
+
+
 def parse_pilots(spec: str | None) -> tuple[int, int]:
     """``COUNTxCORES`` (``4x2``) or ``CORES`` (one pilot); default one pilot of all cores."""
     if spec is None:
@@ -168,10 +178,9 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
     deadline = None if timeout is None else time.monotonic() + timeout
 
     count, cores = parse_pilots(pilots)
-    if not math.isfinite(time_scale) or time_scale < 0:
-        raise UsageError(f"--time-scale {time_scale}: expected a finite number >= 0")
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise UsageError(f"--timeout {timeout}: expected a number of seconds > 0")
+    problem = run_numbers_problem(time_scale, timeout)
+    if problem:
+        raise UsageError(problem)
     if store and not os.path.isdir(os.path.dirname(os.path.abspath(store))):
         raise UsageError(f"--store {store}: no directory "
                          f"{os.path.dirname(os.path.abspath(store))}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import signal
 import threading
@@ -195,10 +194,10 @@ def check_options(state_dir: Path | None, time_scale: float, timeout: float | No
                   report: str | None) -> None:
     if state_dir is None:
         raise BadUsage("give --state-dir DIR: where the run lives (the same DIR resumes it)")
-    if not math.isfinite(time_scale) or time_scale < 0:
-        raise BadUsage(f"--time-scale {time_scale}: expected a finite number >= 0")
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise BadUsage(f"--timeout {timeout}: expected a number of seconds > 0")
+    from troy.cli import run_numbers_problem
+    problem = run_numbers_problem(time_scale, timeout)
+    if problem:
+        raise BadUsage(problem)
     if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
         raise BadUsage(f"--report {report}: no directory "
                        f"{os.path.dirname(os.path.abspath(report))}")

@@ -8,7 +8,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from elasticslice.errors import ElasticSliceError
 
@@ -170,3 +170,11 @@ def setup_logging(directory: Path) -> None:
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     logging.captureWarnings(True)
+
+
+def stop_emulator(emu: Any) -> None:
+    """Stop a demo's emulator (it also kills every node process it started)."""
+    demo_log = logging.getLogger("elasticslice.demo")
+    demo_log.info("stopping the emulator")
+    emu.stop()
+    demo_log.info("emulator stopped")

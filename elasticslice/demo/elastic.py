@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticslice.config import load_config
-from elasticslice.demo.console import Console, DemoError, port_open, rel
+from elasticslice.demo.console import Console, DemoError, port_open, rel, stop_emulator
 from elasticslice.demo.report import ElasticReport, Progress, ProgressPrinter, event_lines
 from elasticslice.demo.tenantload import TenantLoad
 from elasticslice.emulator import EmulatorServer, init_emulator
@@ -342,9 +342,7 @@ class ElasticDemo:
     def stop_emulator(self) -> None:
         if self.emu is not None:
             emu, self.emu = self.emu, None
-            log.info("stopping the emulator")
-            emu.stop()   # also kills every node process it started
-            log.info("emulator stopped")
+            stop_emulator(emu)
 
     def close(self) -> None:
         """Stop whatever is still running (after a failure or an interrupt). Idempotent."""

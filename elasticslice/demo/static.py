@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from elasticslice.config import load_config
 from elasticslice.emulator import EmulatorServer, init_emulator
-from elasticslice.demo.console import DemoError, port_open, rel
+from elasticslice.demo.console import DemoError, port_open, rel, stop_emulator
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import NodeStatus
 from elasticslice.rspec import NodeSpec, add_nodes_args, build_request, parse
@@ -450,9 +450,7 @@ class Demo:
             self.server = None
         if self.emu is not None:
             emu, self.emu = self.emu, None
-            log.info("stopping the emulator")
-            emu.stop()   # also kills every node process it started
-            log.info("emulator stopped")
+            stop_emulator(emu)
 
     def close(self) -> None:
         """Stop whatever is still running (after a failure or an interrupt). Idempotent."""

@@ -29,7 +29,6 @@ from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
 from tests.elasticslice.pilots.test_elastic import assert_nothing_lost
 from tests.elasticslice.pilots.test_restart_agent import (  # noqa: F401 (the fixture)
     SchedulerProcess, cluster_ca)
-from tests.troy.frameworks.nodes import member, node_agent, stop
 
 
 def gated_python(tmp_path: Path) -> tuple[Path, Path]:
@@ -73,22 +72,16 @@ def test_a_unit_killed_with_a_lost_pilot_runs_on_its_rejoined_agent_not_lost(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RECONNECT_ENV, "120")
     scheduler = SchedulerProcess(tmp_path, cluster_ca)
-    agent = node_agent(scheduler.address, 2, member(tmp_path / "n1", cluster_ca, "node-x"),
-                       tmp_path / "agent.log", "node-x")
-    fw = scheduler.framework("seed12")
     ran = tmp_path / "ran"
     try:
-        first = wait_for(lambda: fw.find_pilot("node-x"), 120, what="the agent's pilot")
-        unit = fw.submit_unit(CUD(executable="/bin/sh", cores=1, arguments=[
-            "-c", f"sleep 2 && echo x >> {ran}"]))
-        wait_for(lambda: unit.state is State.RUNNING, 60, what="the unit to run")
-        fw.lose_pilot(first, "revoked without notice")  # its unit killed, its worker retired
-        assert unit.wait(120) is State.DONE, unit.result
-        assert ran.read_text() == "x\n"  # once: the killed attempt did not end
-        again = fw.find_pilot("node-x")
-        assert again is not None and again.id != first.id  # there, on the rejoined agent
+        with scheduler.joined(tmp_path, cluster_ca, "node-x") as (_, fw, first):
+            unit = fw.submit_unit(CUD(executable="/bin/sh", cores=1, arguments=[
+                "-c", f"sleep 2 && echo x >> {ran}"]))
+            wait_for(lambda: unit.state is State.RUNNING, 60, what="the unit to run")
+            fw.lose_pilot(first, "revoked without notice")  # unit killed, worker retired
+            assert unit.wait(120) is State.DONE, unit.result
+            assert ran.read_text() == "x\n"  # once: the killed attempt did not end
+            again = fw.find_pilot("node-x")
+            assert again is not None and again.id != first.id  # on the rejoined agent
     finally:
-        fw.close()
         scheduler.proc.stop()
-        if agent.poll() is None:
-            stop(agent)

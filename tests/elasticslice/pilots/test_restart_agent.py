@@ -3,9 +3,12 @@ SIGKILLed it kills the units it ran, rejoins the same address under the same nam
 scheduler serves there again, and gives up (one line, non-zero exit) after its bound."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,17 +52,29 @@ class SchedulerProcess:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.proc.wait()
 
+    @contextlib.contextmanager
+    def joined(self, tmp: Path, ca: tuple[bytes, bytes], node: str, cores: int = 2,
+               log: Path | None = None) -> Iterator[tuple[Any, DaskFramework, Any]]:
+        """(agent process, framework, its pilot) once a node agent named ``node`` joined
+        this scheduler; the framework's client is closed and the agent stopped after."""
+        agent = node_agent(self.address, cores, member(tmp / f"agent-{node}", ca, node),
+                           log or tmp / "agent.log", node)
+        fw = self.framework(f"fw-{node}")
+        try:
+            pilot = wait_for(lambda: fw.find_pilot(node), 120, what="the agent's pilot")
+            yield agent, fw, pilot
+        finally:
+            fw.client.close(timeout=5) if fw.client is not None else None
+            if agent.poll() is None:
+                stop(agent)
+
 
 def test_agent_rejoins_a_scheduler_restarted_on_the_same_port_and_kills_its_units(
         tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RECONNECT_ENV, "120")
     first = SchedulerProcess(tmp_path, cluster_ca)
-    agent = node_agent(first.address, 2, member(tmp_path / "n1", cluster_ca, "node-r"),
-                       tmp_path / "agent.log", "node-r")
-    fw = first.framework("before")
     pidfile = tmp_path / "unit.pid"
-    try:
-        wait_for(lambda: fw.find_pilot("node-r") is not None, 120, what="the agent's pilot")
+    with first.joined(tmp_path, cluster_ca, "node-r") as (agent, fw, _):
         fw.submit_unit(CUD(executable="/bin/sh", arguments=[
             "-c", f"echo $$ > {pidfile}; exec sleep 300"], cores=1))
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60,
@@ -80,10 +95,6 @@ def test_agent_rejoins_a_scheduler_restarted_on_the_same_port_and_kills_its_unit
         finally:
             fw2.close()
             again.proc.stop()
-    finally:
-        fw.client.close(timeout=5) if fw.client is not None else None
-        if agent.poll() is None:
-            stop(agent)
 
 
 def test_units_of_a_lost_scheduler_are_killed_before_they_end_their_work(
@@ -94,12 +105,8 @@ def test_units_of_a_lost_scheduler_are_killed_before_they_end_their_work(
     seconds from the end of its work never gets there."""
     monkeypatch.setenv(RECONNECT_ENV, "5")
     first = SchedulerProcess(tmp_path, cluster_ca)
-    agent = node_agent(first.address, 2, member(tmp_path / "n1", cluster_ca, "node-k"),
-                       tmp_path / "agent.log", "node-k")
-    fw = first.framework("lost")
     pidfile, worked = tmp_path / "unit.pid", tmp_path / "worked"
-    try:
-        wait_for(lambda: fw.find_pilot("node-k") is not None, 120, what="the agent's pilot")
+    with first.joined(tmp_path, cluster_ca, "node-k") as (_, fw, _):
         fw.submit_unit(CUD(executable="/bin/sh", arguments=[
             "-c", f"echo $$ > {pidfile}; sleep 10; touch {worked}"], cores=1))
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60,
@@ -108,10 +115,6 @@ def test_units_of_a_lost_scheduler_are_killed_before_they_end_their_work(
         first.kill()
         wait_for(lambda: not process_alive(unit_pid), 60, what="the unit to be killed")
         assert not worked.exists(), "the unit of a lost scheduler ran to the end of its work"
-    finally:
-        fw.client.close(timeout=5) if fw.client is not None else None
-        if agent.poll() is None:
-            stop(agent)
 
 
 def test_agent_whose_scheduler_never_comes_back_exits_within_its_bound(
@@ -119,16 +122,9 @@ def test_agent_whose_scheduler_never_comes_back_exits_within_its_bound(
     monkeypatch.setenv(RECONNECT_ENV, "2")
     first = SchedulerProcess(tmp_path, cluster_ca)
     log = tmp_path / "agent.log"
-    agent = node_agent(first.address, 1, member(tmp_path / "n1", cluster_ca, "node-g"), log,
-                       "node-g")
-    fw = first.framework("only")
-    try:
-        wait_for(lambda: fw.find_pilot("node-g") is not None, 120, what="the agent's pilot")
+    with first.joined(tmp_path, cluster_ca, "node-g", cores=1, log=log) as (agent, _, _):
         first.kill()
         code = agent.wait(120)   # bounded: 2 s of retries (each attempt polls up to 30 s)
-    finally:
-        if agent.poll() is None:
-            stop(agent)
     assert code == 1
     last = log.read_text().strip().splitlines()[-1]
     assert last == (f"troy node agent: scheduler {first.address} did not come back within "
