@@ -16,7 +16,10 @@ from tests.elasticslice.pilots.conftest import Run, busy_added_node, node_of, ra
 
 
 def assert_nothing_lost(cluster: Any, run: Run, out: Path, count: int) -> dict[str, Any]:
-    assert run.wait() is State.DONE
+    state = run.wait()
+    assert state is State.DONE, [(t.id, t.state.value, [(u.pilot, u.state.value, u.result)
+                                                         for u in t.units])
+                                 for t in run.workload.tasks.values() if t.state is not State.DONE]
     ran = ran_on(out)
     assert len(ran) == count and all(ran.values()), ran  # every unit ran to its end
     stats = cluster.stats()
