@@ -1,36 +1,104 @@
-"""Shared fixtures and helpers for the whole suite."""
+"""Fixtures for the whole suite, and its two tiers.
+
+Tiers: ``pytest -m "not slow"`` (``make test-fast``) runs the unit and in-process tests;
+``make test`` runs everything, in parallel (pytest-xdist). A test is slow when it boots
+something real: the emulator, a Dask cluster, node agents, the demo, a server in a doc block,
+a subprocess of ours. It says so with ``pytest.mark.slow`` (on the test, or ``pytestmark`` on
+its module); a test that asks for one of :data:`SLOW_FIXTURES` is marked slow here, whatever
+its module says, so that the fast tier never boots an emulator by accident.
+
+Fixtures here: ``emulator`` / ``emulator_factory`` (a running emulator per test, port 0),
+``emulator_pki`` (its CA and certificates, made once per session), ``endpoint_factory`` (a
+real HTTPS callback endpoint), ``cluster_ca`` (a cluster CA for Dask over TLS), ``repo_root``.
+Helpers (``wait_for``, ``REPO``...) are in :mod:`tests.helpers`.
+"""
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from elasticslice.emulator.daemon import process_alive  # noqa: F401 - tests import it here
+from elasticslice.emulator import EmulatorServer, init_emulator
+from tests.elasticslice.emulator.helpers import FAST, CallbackEndpoint, RunningEmulator
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
-# A copy of the project's shared/ inputs that tests use (protocol examples, schemas, WfFormat
-# traces), so that a clone runs its tests wherever it lives.
-SHARED = REPO / "tests" / "data" / "shared"
-WORKFLOWS = REPO / "examples" / "workflows"
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
-             what: str = "condition") -> object:
-    """Poll ``predicate`` until truthy, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+# Fixtures that start real servers, clusters or processes: a test using one is slow.
+SLOW_FIXTURES = frozenset({
+    "emulator", "emulator_factory", "endpoint_factory", "emu", "make_manager",
+    "make_cluster", "dask_scheduler", "tls_framework", "hostile_emulator", "managed",
+    "served_emulator", "dask_url",
+})
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = pytest.mark.slow
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(slow)
 
 
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def emulator_pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One initialised emulator directory per session (CA, certificates, user.pem)."""
+    return init_emulator(tmp_path_factory.mktemp("emulator-pki") / "emu", port=0)
+
+
+@pytest.fixture
+def emulator_factory(emulator_pki: Path, tmp_path: Path
+                     ) -> Iterator[Callable[..., RunningEmulator]]:
+    """``make(**options)``: a started emulator on 127.0.0.1 port 0 with fast boots (0.2 s)
+    and other :class:`EmulatorServer` options (``fault_rate``, ``seed``, ``max_wait``,
+    ``notify_interval``, ``inventory``...); stopped at the end of the test."""
+    started: list[EmulatorServer] = []
+
+    def make(**options: Any) -> RunningEmulator:
+        directory = tmp_path / f"emu{len(started)}"
+        shutil.copytree(emulator_pki, directory)
+        server = EmulatorServer(directory, port=0, **{**FAST, **options})
+        server.start()
+        started.append(server)
+        return RunningEmulator(directory, server)
+
+    yield make
+    for server in reversed(started):
+        server.stop()
+
+
+@pytest.fixture
+def emulator(emulator_factory: Callable[..., RunningEmulator]) -> RunningEmulator:
+    """A fresh emulator per test: ``.dir``, ``.url``, ``.config_path`` (a client config that
+    works as is) and ``.server``."""
+    return emulator_factory()
+
+
+@pytest.fixture
+def endpoint_factory(tmp_path: Path) -> Iterator[Callable[..., CallbackEndpoint]]:
+    """``make(emulator, early=True, user_cert=False)``: a real HTTPS client endpoint that
+    records the emulator's callbacks; closed at the end of the test."""
+    made: list[CallbackEndpoint] = []
+
+    def make(emu: RunningEmulator, early: bool = True, user_cert: bool = False
+             ) -> CallbackEndpoint:
+        ep = CallbackEndpoint(emu.dir, tmp_path, early=early, user_cert=user_cert)
+        made.append(ep)
+        return ep
+
+    yield make
+    for ep in made:
+        ep.close()
+
+
+@pytest.fixture
+def cluster_ca() -> tuple[bytes, bytes]:
+    """A cluster CA (certificate, key) for Dask over mutual TLS, one per test: an agent left
+    retrying a port another test's scheduler then takes must not be let in there."""
+    from elasticslice.rpc.pki import make_ca
+    return make_ca("test cluster CA")

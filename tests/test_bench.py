@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow
 
 
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,8 @@ import sys
 
 from click.testing import CliRunner
 
+import pytest
+
 from elasticslice.cli import cli
 
 
@@ -16,6 +18,7 @@ def test_help_lists_options():
     assert "--config" in result.output and "--debug" in result.output
 
 
+@pytest.mark.slow
 def test_unknown_command_is_one_clear_line():
     proc = subprocess.run([sys.executable, "-m", "elasticslice.cli", "no-such-command"],
                           capture_output=True, text=True)
@@ -24,6 +27,7 @@ def test_unknown_command_is_one_clear_line():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_output_into_a_closed_pipe_is_not_an_internal_error(tmp_path):
     """`elasticslice ... | head` used to end in `Error: internal error: BrokenPipeError`."""
     read_end, write_end = os.pipe()

@@ -2,7 +2,7 @@
 real subprocess, the emulator over TLS, the manager, a TLS Dask scheduler, a node agent on
 every emulated node, tenant load that takes a node back mid-run; assertions on what the
 user sees (progress, events, summary, report, exit codes) and on what is left behind.
-The helpers here are shared with tests/test_demo_static.py (``--static``)."""
+The helpers are in tests/demo_helpers.py, shared with tests/test_demo_static.py (``--static``)."""
 from __future__ import annotations
 
 import io
@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,63 +18,12 @@ from elasticslice.demo.console import Console, port_open
 from elasticslice.demo.report import Progress, ProgressPrinter, event_lines
 from elasticslice.emulator.adminclient import AdminClient
 from troy.report import ENTRY_KEYS
-from tests.conftest import REPO, wait_for
+from tests.demo_helpers import DEMO, ELASTICSLICE, DemoRun, emulator_port, leftovers
+from tests.helpers import REPO, wait_for
 
-DEMO = REPO / "bin" / "demo"
-ELASTICSLICE = Path(sys.executable).parent / "elasticslice"
 FAST = ["--boot-delay", "0.2"]
 
-
-class DemoRun:
-    """``bin/demo`` in its own session, its stdout read line by line as it comes."""
-
-    def __init__(self, *args: str, cwd: Path, command: list[str] | None = None) -> None:
-        self.proc = subprocess.Popen([*(command or [sys.executable, str(DEMO)]), *args],
-                                     cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in list(self.lines))
-
-    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
-        """Exit code, stdout, stderr (stdout is drained by the reader thread alone)."""
-        assert self.proc.stderr is not None
-        err = self.proc.stderr.read()
-        self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=timeout)
-        return self.proc.returncode, "\n".join(self.lines), err
-
-
-def leftovers(session_id: int, directory: Path) -> list[str]:
-    """Live processes of the demo's session, or running with one of its node sandboxes
-    (node startup commands get a session of their own)."""
-    mark = f"ELASTICSLICE_NODE_DIR={directory}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
-            if fields[0] != "Z" and (int(fields[3]) == session_id
-                                     or mark in (entry / "environ").read_bytes()):
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def emulator_port(report: dict) -> int:
-    url = report.get("url") or report["emulator_url"]
-    return int(url.split(":")[2].split("/")[0])
-
-
+@pytest.mark.slow
 def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -> None:
     d, out_json = tmp_path / "run", tmp_path / "out.json"
     run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.5", "--report", str(out_json),
@@ -114,6 +62,7 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
     assert leftovers(run.proc.pid, d) == []
 
 
+@pytest.mark.slow
 def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> None:
     """The same demo through ``elasticslice demo`` (the CLI group): --revocations 0 leaves
     the other tenants alone; --quiet keeps the progress lines out, not the summary."""
@@ -133,6 +82,7 @@ def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> 
     assert leftovers(run.proc.pid, d) == []
 
 
+@pytest.mark.slow
 def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     d = tmp_path / "run"
     emu = tmp_path / "emu"     # --emulator-dir: made, started and stopped by the demo
@@ -156,6 +106,7 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     assert (emu / "ca.pem").exists() and not (d / "emulator").exists()
 
 
+@pytest.mark.slow
 def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) -> None:
     """--emulator-dir of an emulator that serves already (its own inventory, 8-core
     nodes): the demo uses it, gives its nodes back, puts the tenant load back, and leaves
@@ -196,6 +147,7 @@ def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) ->
         serve.wait(timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--time-scale", "0"], "demo: Invalid value for '--time-scale': 0.0 is not in the "
                             "range x>0."),
@@ -216,6 +168,7 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str],
     assert out.stdout == "" and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_bad_workload_fails_before_anything_starts(tmp_path: Path) -> None:
     bad = tmp_path / "wf.json"
     bad.write_text('{"workflow": {"tasks": [{"id": "a", "runtime": -1}]}}')
@@ -226,6 +179,7 @@ def test_bad_workload_fails_before_anything_starts(tmp_path: Path) -> None:
     assert "[1/4]" not in out and "Traceback" not in out + err
 
 
+@pytest.mark.slow
 def test_bin_demo_and_elasticslice_demo_are_the_same_command(tmp_path: Path) -> None:
     """``make demo`` runs ``bin/demo``; both it and ``elasticslice demo`` have one help."""
     mine = subprocess.run([sys.executable, str(DEMO), "--help"], capture_output=True,

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from elasticslice.demo.console import port_open
-from tests.conftest import WORKFLOWS, wait_for
-from tests.test_demo import DemoRun, emulator_port, leftovers
+from tests.helpers import WORKFLOWS, wait_for
+from tests.demo_helpers import DemoRun, emulator_port, leftovers
 from troy.report import ENTRY_KEYS
+
+pytestmark = pytest.mark.slow
 
 FAST = ["--static", "--boot-delay", "0.2", "--timeout", "30"]
 

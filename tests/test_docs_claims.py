@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_docs import blocks_of, environment, run_block, sandbox
+from tests.helpers import REPO
+from tests.docblocks import blocks_of, environment, run_block, sandbox
+
+pytestmark = pytest.mark.slow
 
 
 def block_with(doc: str, text: str, lang: str) -> str:

@@ -1,19 +1,20 @@
-"""The chaos suite (bench/chaos): its schedule is seeded, one run with every kind of fault
-keeps the invariants (nothing lost, no leaked node, no duplicate add, no lapse), and the
-emulator's callback switch it drops the CM's calls with."""
+"""The chaos suite (bench/chaos): its schedule is seeded, a smoke run of its entry point keeps
+the invariants (nothing lost, no leaked node, no duplicate add, no lapse), and the emulator's
+callback switch it drops the CM's calls with."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from bench.chaos import Kind, chaos_run, make_schedule
+from bench.chaos import Kind, make_schedule
 from bench.chaos.__main__ import main
 from elasticslice.emulator.adminclient import AdminClient
-from tests.conftest import wait_for
-from tests.elasticslice.conftest import emulator_factory, emulator_pki  # noqa: F401 (fixtures)
-from tests.elasticslice.emulator.test_dynamic import (  # noqa: F401 (the fixture)
-    _dynamic_slice, endpoint_factory)
+from tests.helpers import REPO, WORKFLOWS, wait_for
+from tests.elasticslice.emulator.helpers import dynamic_slice
 
 
 def test_the_same_seed_replays_the_same_schedule() -> None:
@@ -24,28 +25,30 @@ def test_the_same_seed_replays_the_same_schedule() -> None:
     assert all(0 < f.at <= 12.0 for f in make_schedule(3))
 
 
-def test_one_chaos_run_keeps_the_invariants(emulator_pki: Path, tmp_path: Path) -> None:
-    # seed 1: a SIGKILL of the cluster's process (then the same command resumes), a pilot
-    # SIGKILL, faulty answers, a revocation, an emulator restart, dropped callbacks
-    kinds = {f.kind for f in make_schedule(1)}
-    assert {Kind.MANAGER_RESTART, Kind.PILOT_KILL, Kind.EMULATOR_RESTART} <= kinds
-    result = chaos_run(1, tmp_path / "run", emulator_pki)
-    assert result.error is None, result
-    assert result.units == 10 and result.units_done == 10, result
-    assert (result.units_lost, result.nodes_leaked, result.duplicate_adds,
-            result.slice_lapses) == (0, 0, 0, 0), result
-    assert result.kills >= 2 and result.faults_injected >= 4, result.injected
-    assert result.processes == 2, result  # the manager's process was killed and came back
-    # from what ran: a unit that ended on its node while the cluster's process was dead
-    # reran unseen by the counters (the report says 0), the records of its runs saw it
-    assert result.duplicate_runs >= result.duplicate_runs_counted, result
+@pytest.mark.slow
+def test_a_smoke_run_of_the_entry_point_keeps_the_invariants(tmp_path: Path) -> None:
+    """``python -m bench.chaos`` with a tiny workflow (5 short tasks): one seeded run, its
+    line, its JSON. The measuring (20 runs of the 10-task fork-join, every fault) is
+    ``make chaos``'s; docs/chaos.md has its figures."""
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.chaos", "--runs", "1", "--seed", "1", "--workflow",
+         str(WORKFLOWS / "helloworld-chain-5-chameleon.json"), "--time-scale", "0.01",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith("run seed=1: ok "), proc.stdout
+    totals = json.loads(out.read_text())["totals"]
+    assert (totals["runs"], totals["runs_failed"], totals["units"]) == (1, 0, 5), totals
+    assert (totals["units_lost"], totals["nodes_leaked"], totals["duplicate_adds"],
+            totals["slice_lapses"]) == (0, 0, 0, 0), totals
 
 
 def test_dropped_callbacks_reach_the_endpoint_only_once_the_connection_is_back(
-        emulator_factory, endpoint_factory) -> None:  # noqa: F811 (the fixture)
+        emulator_factory, endpoint_factory) -> None:
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
     ep = endpoint_factory(emulator, early=False, user_cert=True)
-    s, urn, cred = _dynamic_slice(emulator, ep)
+    s, urn, cred = dynamic_slice(emulator, ep)
     node_id = next(d["component_urn"] for d in s.status(urn, cred)["details"].values()
                    if d["client_id"] == "n2").rsplit("+", 1)[-1]
     callbacks = emulator.server.reclaimer.callbacks

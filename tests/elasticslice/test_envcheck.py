@@ -6,8 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from elasticslice.cli import cli
 from elasticslice.envcheck import option_variables, unknown_variables, warn_unknown_variables
+
+pytestmark = pytest.mark.slow
 
 
 def run_cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:

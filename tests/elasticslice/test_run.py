@@ -13,10 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.managers.state import ManagerState
-from tests.conftest import WORKFLOWS, process_alive, wait_for
+from tests.helpers import WORKFLOWS, process_alive, wait_for
 from tests.elasticslice.emulator.helpers import processes_with
+
+pytestmark = pytest.mark.slow
 
 FORKJOIN = WORKFLOWS / "helloworld-forkjoin-10-chameleon.json"   # 10 tasks of ~100 s
 AGENT = "troy.frameworks.dask node"

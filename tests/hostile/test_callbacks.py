@@ -12,22 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.elasticslice.rpc.endpointkit import Callers, post
-from tests.hostile.conftest import CORPUS, ManagedSlice, corpus
+from tests.hostile.helpers import CORPUS, ManagedSlice, corpus, describe
 
 CORPUS_DIR = CORPUS / "callbacks"
 
 XML = {"Content-Type": "text/xml"}
-
-
-def describe(status: int, body: bytes) -> str:
-    """What the caller was told, in one line: ``http N``, ``fault N: ...`` or ``code N: ...``."""
-    if status != 200:
-        return f"http {status}"
-    try:
-        ((answer,), _) = xmlrpc.client.loads(body)
-    except xmlrpc.client.Fault as fault:
-        return f"fault {fault.faultCode}: {fault.faultString}"
-    return f"code {answer['code']}: {answer['output']}"
 
 
 def cm_post(managed: ManagedSlice, body: bytes, headers: dict[str, str] | None = None) -> str:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from elasticslice.cli import cli
-from tests.hostile.conftest import ManagedSlice, corpus, one_line_error
+from tests.hostile.helpers import ManagedSlice, corpus, one_line_error
 
 CONFIGS = corpus("configs")
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from elasticslice.cli import cli
 from elasticslice.rspec import DEFAULT_MAX_BYTES
 from tests.elasticslice.emulator.helpers import REQUEST, Session
-from tests.hostile.conftest import CORPUS, ManagedSlice, corpus, one_line_error
+from tests.hostile.helpers import CORPUS, ManagedSlice, corpus, one_line_error
 
 RSPECS = corpus("rspecs")
 IDS = [p.name for p, _ in RSPECS]

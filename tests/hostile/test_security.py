@@ -16,11 +16,10 @@ from click.testing import CliRunner
 
 from elasticslice.cli import cli
 from elasticslice.rpc.endpoint import ProtoGeniClientServerEndpoint
-from tests.conftest import REPO, wait_for
+from tests.helpers import REPO, wait_for
 from tests.elasticslice.rpc.endpointkit import Callers, post, serving
-from tests.hostile.conftest import NODES, ManagedSlice
+from tests.hostile.helpers import NODES, ManagedSlice, describe
 from tests.hostile.netstat import LOOPBACK, listening
-from tests.hostile.test_callbacks import describe
 
 
 def _notices(node_id: str) -> list[bytes]:
@@ -125,12 +124,12 @@ def test_files_holding_keys_passphrases_or_credentials_are_readable_by_the_owner
     assert exposed == []
 
 
+@pytest.mark.slow
 def test_the_dask_scheduler_workers_and_a_node_agent_without_host_listen_on_loopback_only(
         tmp_path: Path) -> None:
     # broke: the node agent given no HOST listened on every interface (0.0.0.0 and ::)
     from elasticslice.rpc.pki import make_ca
-    from tests.troy.frameworks.conftest import running_pilot
-    from tests.troy.frameworks.test_dask_tls import member, node_agent, stop
+    from tests.troy.frameworks.nodes import member, node_agent, running_pilot, stop
     from troy.frameworks.dask import DaskFramework
     ca = make_ca("hostile cluster CA")
     fw = DaskFramework("tls", sandbox=str(tmp_path / "sb"), adopt_workers=True,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import REPO
-from tests.hostile.conftest import corpus, one_line_error
+from tests.helpers import REPO
+from tests.hostile.helpers import corpus, one_line_error
 from troy.cli import cli
 
 WORKLOADS = corpus("workloads")

@@ -8,7 +8,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import REPO, SHARED
+from tests.helpers import REPO, SHARED
 from troy.cli import cli, parse_pilots
 from troy.workload.files import load_workload
 
@@ -31,6 +31,7 @@ def assert_dependency_order(path, report: dict, time_scale: float = 0.001) -> No
             assert by_task[tid]["start"] >= by_task[head]["end"], (head, tid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework, extra", [
     ("local", []), ("local", ["--no-bundle", "--scheduler", "first_fit"]), ("dask", [])])
 def test_run_wfformat_in_dependency_order(tmp_path, framework, extra):
@@ -168,6 +169,7 @@ def test_parse_pilots(spec, expected):
     assert parse_pilots(spec) == expected
 
 
+@pytest.mark.slow
 def test_real_subprocess_on_dask(tmp_path):
     path = WF / "helloworld-chain-5-chameleon.json"
     out = tmp_path / "report.json"
@@ -182,6 +184,7 @@ def test_real_subprocess_on_dask(tmp_path):
     assert_dependency_order(path, report)
 
 
+@pytest.mark.slow
 def test_real_subprocess_bad_file_is_one_line(tmp_path):
     bad = tmp_path / "w.json"
     bad.write_text('{"tasks": [{"id": "a", "cores": "many"}]}')
@@ -192,6 +195,7 @@ def test_real_subprocess_bad_file_is_one_line(tmp_path):
     assert "tasks[0] (task 'a'): task.cores" in proc.stderr
 
 
+@pytest.mark.slow
 def test_malformed_dask_scheduler_address_is_one_line_at_once(tmp_path):
     """Broke: ValueError as an internal error, then Dask's half-made client hung for 30 s
     closing and printed a traceback."""
@@ -216,6 +220,7 @@ def test_a_thousand_pilots_end_when_the_tasks_do(tmp_path):
     assert "DONE: 1/1 tasks done" in result.output
 
 
+@pytest.mark.slow
 def test_run_attached_to_a_running_dask_scheduler(tmp_path):
     from troy.frameworks.dask import DaskFramework
     host = DaskFramework("cli-host", sandbox=str(tmp_path / "host"))

@@ -11,7 +11,7 @@ import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.errors import BadParameter
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 WAIT = 60
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from troy.cli import cli
 from troy.estimate import duration, estimate
 from troy.workload.files import load_workload
@@ -78,6 +78,7 @@ def test_srasearch_bare_run_is_announced_as_about_an_hour():
     assert e.line().startswith("estimated duration: at least 58 min 18 s: work / cores")
 
 
+@pytest.mark.slow
 def test_troy_run_prints_the_estimate_first(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # task output goes to ./troy-out/ without --report
     result = CliRunner().invoke(cli, ["run", str(EXAMPLES / "helloworld-chain-5-chameleon.json"),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED
+from tests.helpers import SHARED
 from troy.errors import WorkloadFileError
 from troy.states import State
 from troy.workload.files import load_workload

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-from tests.conftest import process_alive, wait_for
+from tests.helpers import process_alive, wait_for
 from troy import ComputeUnitDescription as CUD
 from troy import PilotDescription, State
 

@@ -48,7 +48,7 @@ def test_a_failed_tasks_stderr_tail_is_shown_under_its_error(tmp_path):
     assert "why-3" not in result.output
 
 
-@pytest.mark.parametrize("framework", ["local", "dask"])
+@pytest.mark.parametrize("framework", ["local", pytest.param("dask", marks=pytest.mark.slow)])
 def test_output_files_are_kept_and_named_in_the_report(tmp_path, framework):
     result, report = run(tmp_path, [sh("talk", "echo hello; echo oops >&2"),
                                     sh("quiet", "true", parents=["talk"])],
@@ -94,7 +94,7 @@ def test_bundled_members_keep_their_own_output(tmp_path):
         assert (tmp_path / e["stderr"]).read_text() == f"err-{i}\n"
 
 
-@pytest.mark.parametrize("framework", ["local", "dask"])
+@pytest.mark.parametrize("framework", ["local", pytest.param("dask", marks=pytest.mark.slow)])
 def test_a_huge_output_stays_bounded(tmp_path, framework):
     size = 8 * 1024 * 1024
     result, report = run(tmp_path, [sh("big", f"head -c {size} /dev/zero | tr '\\0' x; "

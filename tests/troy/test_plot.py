@@ -8,7 +8,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from troy.cli import cli
 from troy.plot import load_tasks, read_report, render, summarise
 
@@ -102,6 +102,7 @@ def test_png_panels_reflect_the_data(tmp_path):
     assert gantt.get_title() == "my run"
 
 
+@pytest.mark.slow
 def test_real_troy_run_report_plots(tmp_path):
     report, png = tmp_path / "run.json", tmp_path / "run.png"
     wf = REPO / "examples" / "workflows" / "helloworld-forkjoin-10-chameleon.json"

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import troy
-from tests.conftest import REPO, wait_for
+from tests.helpers import REPO, wait_for
 from troy import State
 
 CHILD = textwrap.dedent("""

@@ -11,7 +11,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import REPO, wait_for
+from tests.helpers import REPO, wait_for
 from troy.cli import cli
 
 TROY = [sys.executable, "-m", "troy.cli"]
@@ -67,6 +67,7 @@ def killed_run(tmp_path, request):
         gate.touch()  # the orphaned g0, g1 of the killed run end
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_and_does_not_run_done_tasks_again(killed_run):
     path, out, gate, store = killed_run
     before = out.read_text().split()
@@ -89,6 +90,7 @@ def test_a_killed_run_resumes_and_does_not_run_done_tasks_again(killed_run):
     assert out.read_text().split() == lines
 
 
+@pytest.mark.slow
 def test_status_shows_a_killed_run_from_its_store(killed_run):
     path, _, _, store = killed_run
     result = CliRunner().invoke(cli, ["status", str(store)])
@@ -103,6 +105,7 @@ def test_status_shows_a_killed_run_from_its_store(killed_run):
     assert w["file"] == str(path) and w["started"] <= w["updated"] <= time.time()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed_run", [signal.SIGINT], indirect=True)
 def test_ctrl_c_leaves_the_run_resumable(killed_run):
     """Closing the session on Ctrl-C cancels the units it runs: the store must not say so,
@@ -114,6 +117,7 @@ def test_ctrl_c_leaves_the_run_resumable(killed_run):
     assert "4/7 done, 2 running, 0 failed, 0 canceled, 1 pending" in result.output
 
 
+@pytest.mark.slow
 def test_status_of_a_file_that_is_not_a_store_is_one_line(tmp_path):
     (tmp_path / "w.json").write_text("{}")
     sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE x (a)")
@@ -142,6 +146,7 @@ def test_a_store_of_another_workload_file_is_refused(tmp_path):
     assert scaled.exit_code == 2 and "resume with the same --time-scale" in scaled.output
 
 
+@pytest.mark.slow
 def test_pilots_2by4_exits_2_in_a_real_process(tmp_path):
     """Broke: `troy run w.json --pilots 2by4` exited 1, as if the run had failed."""
     f = tmp_path / "w.json"
@@ -184,12 +189,14 @@ def test_a_bad_workload_file_is_not_a_usage_error(tmp_path):
     assert result.exit_code == 1 and "no executable" in result.output
 
 
+@pytest.mark.slow
 def test_version():
     proc = subprocess.run([*TROY, "--version"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("troy, version ")
 
 
+@pytest.mark.slow
 def test_timeout_bounds_connecting_to_a_dead_dask_scheduler(tmp_path):
     """Broke: `--timeout 2` still waited Dask's 15 s connect timeout for a dead address."""
     import socket
@@ -198,12 +205,11 @@ def test_timeout_bounds_connecting_to_a_dead_dask_scheduler(tmp_path):
         port = sock.getsockname()[1]
     f = tmp_path / "w.json"
     f.write_text('{"tasks": [{"executable": "/bin/true"}]}')
-    started = time.monotonic()
     proc = subprocess.run([*TROY, "run", str(f), "--framework", "dask", "--dask-scheduler",
                            f"dask://127.0.0.1:{port}", "--timeout", "2"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - started
     assert proc.returncode == 1 and proc.stdout == ""
     (line,) = proc.stderr.splitlines()
     assert "cannot reach Dask scheduler" in line and f"127.0.0.1:{port}" in line
-    assert took < 14.0, took  # the connect alone took 15 s before
+    assert line.endswith(f"Timed out trying to connect to tcp://127.0.0.1:{port} after 2 s"), \
+        line  # the connect gave up at --timeout, not at Dask's 15 s

@@ -6,7 +6,7 @@ import os
 import pytest
 
 import troy
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from troy import State
 from troy.errors import BadParameter, IncorrectState
 

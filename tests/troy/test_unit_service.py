@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import troy
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from troy import ComputeUnitDescription as CUD
 from troy import PilotDescription, State
 from troy.errors import BadParameter, DoesNotExist, NoSuccess

@@ -7,19 +7,8 @@ from pathlib import Path
 import pytest
 
 import troy
-from troy import Relation, State
-
-
-def diamond(out: Path) -> troy.Workload:
-    """split → 3 parallel workers (cardinality) → join, each leaving a file."""
-    w = troy.Workload()
-    split = w.add_task({"executable": "/bin/sh", "arguments": ["-c", f"echo go > {out}/split"]})
-    work = w.add_task({"executable": "/bin/sh", "cardinality": 3, "arguments": [
-        "-c", f"cat {out}/split > {out}/work.%(cardinal)s"]})
-    join = w.add_task({"executable": "/bin/sh", "arguments": [
-        "-c", f"cat {out}/work.* > {out}/join"]})
-    w.add_relation([Relation(split, work), Relation(work, join)])
-    return w
+from troy import State
+from tests.troy.helpers import diamond
 
 
 def run_use_case_a(kind: str, tmp_path: Path, **framework_options) -> troy.Workload:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import troy
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from troy import Relation, State, TaskDescription, Workload, WorkloadManager
 from troy.errors import BadParameter, IncorrectState
 from troy.states import derive_task_state, derive_workload_state

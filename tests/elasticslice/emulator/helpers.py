@@ -10,9 +10,13 @@ import threading
 import time
 import xmlrpc.client
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from elasticslice.rpc import pki
+
+if TYPE_CHECKING:
+    from elasticslice.emulator import EmulatorServer
 
 REQUEST = """<rspec xmlns="http://www.geni.net/resources/rspec/3" type="request">
   <node client_id="n1" exclusive="true">
@@ -202,3 +206,36 @@ def processes_with(marker: str) -> list[int]:
         if marker in cmdline and state != "Z" and "nodeinit.py" not in cmdline:
             found.append(int(entry.name))
     return found
+
+
+# The emulator as the tests run it: fast boots and countdowns (see tests/conftest.py).
+FAST = {"boot_delay": 0.2, "notify_interval": 0.2, "max_wait": 5}
+
+
+@dataclass
+class RunningEmulator:
+    """An emulator started by the ``emulator`` fixtures: its directory and server."""
+    dir: Path
+    server: EmulatorServer
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "elasticslice.conf"
+
+    @property
+    def password(self) -> str:
+        return (self.dir / "password").read_text().strip()
+
+
+def dynamic_slice(emu: Any, ep: CallbackEndpoint, policy: str = "LIFO",
+                  wait: int = 0) -> tuple[Session, str, str]:
+    """A slice of ``emu`` whose callbacks go to ``ep``: (session, slice URN, credential)."""
+    s = Session(emu)
+    urn, cred, _ = s.create()
+    ok(s.dyn.SetSliceClientEndpoint({"slice_urn": urn, "url": ep.url, "credentials": [cred],
+                                     "policy": policy, "defwaittime": wait}))
+    return s, urn, cred

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 PROC = Path("/proc")
 

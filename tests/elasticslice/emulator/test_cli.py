@@ -10,13 +10,16 @@ import sys
 
 from click.testing import CliRunner
 
+import pytest
+
 from elasticslice.cli import cli
 from elasticslice.config import load_config
 from elasticslice.rpc import pki
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import Session
 
 
+@pytest.mark.slow
 def test_init_writes_pki_and_a_working_client_config(tmp_path):
     d = tmp_path / "emu"
     result = CliRunner().invoke(cli, ["emulator", "init", "--dir", str(d), "--port", "0"])
@@ -45,6 +48,7 @@ def test_admin_commands_need_a_running_server(tmp_path, emulator_pki):
     assert result.exit_code == 1 and "not an emulator directory" in result.output
 
 
+@pytest.mark.slow
 def test_serve_revoke_load_report_and_clean_shutdown(tmp_path, emulator_pki):
     d = tmp_path / "emu"
     shutil.copytree(emulator_pki, d)

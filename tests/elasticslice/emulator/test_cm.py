@@ -10,7 +10,7 @@ import pytest
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import parse_credential
 from elasticslice.rspec import parse, validate
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import REQUEST, Session, ok
 
 

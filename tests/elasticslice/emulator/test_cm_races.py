@@ -14,7 +14,7 @@ from typing import Any
 
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import parse
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import Session, ok, proxy
 
 ONE_NODE = """<rspec xmlns="http://www.geni.net/resources/rspec/3" type="request">

@@ -7,31 +7,10 @@ import pytest
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.errors import RPCError
 from elasticslice.rpc.codes import GeniCode
-from tests.conftest import wait_for
-from tests.elasticslice.emulator.helpers import CallbackEndpoint, Session, ok
+from tests.helpers import wait_for
+from tests.elasticslice.emulator.helpers import Session, dynamic_slice, ok
 
 CM_URN = "urn:publicid:IDN+emulab.test+authority+cm"
-
-
-@pytest.fixture
-def endpoint_factory(tmp_path):
-    made = []
-
-    def make(emu, early=True, user_cert=False):
-        ep = CallbackEndpoint(emu.dir, tmp_path, early=early, user_cert=user_cert)
-        made.append(ep)
-        return ep
-    yield make
-    for ep in made:
-        ep.close()
-
-
-def _dynamic_slice(emu, ep, policy="LIFO", wait=0):
-    s = Session(emu)
-    urn, cred, _ = s.create()
-    ok(s.dyn.SetSliceClientEndpoint({"slice_urn": urn, "url": ep.url, "credentials": [cred],
-                                     "policy": policy, "defwaittime": wait}))
-    return s, urn, cred
 
 
 def _client_ids(s, urn, cred):
@@ -58,7 +37,7 @@ def test_server_defaults_and_endpoint_checks(emulator, endpoint_factory):
 
 def test_revoke_with_early_release(emulator, endpoint_factory):
     ep = endpoint_factory(emulator, early=True, user_cert=True)
-    s, urn, cred = _dynamic_slice(emulator, ep)
+    s, urn, cred = dynamic_slice(emulator, ep)
     node_id = next(d["component_urn"] for d in s.status(urn, cred)["details"].values()
                    if d["client_id"] == "n2").rsplit("+", 1)[-1]
     assert AdminClient(emulator.dir).call("Revoke", nodes=[node_id]) == {node_id: "reclaiming"}
@@ -76,7 +55,7 @@ def test_revoke_with_early_release(emulator, endpoint_factory):
 def test_countdown_then_forced_delete(emulator_factory, endpoint_factory):
     emu = emulator_factory(max_wait=1, notify_interval=0.3)
     ep = endpoint_factory(emu, early=False)
-    s, urn, cred = _dynamic_slice(emu, ep, wait=1)
+    s, urn, cred = dynamic_slice(emu, ep, wait=1)
     node_id = next(iter(s.status(urn, cred)["details"].values()))["component_urn"].rsplit("+", 1)[-1]
     AdminClient(emu.dir).call("Revoke", nodes=[node_id])
     wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="forced delete")
@@ -99,7 +78,7 @@ def test_lifo_reclaims_the_newest_node_for_tenant_load(emulator_factory, endpoin
                                                        tmp_path):
     emu = emulator_factory(inventory=_small_inventory(tmp_path))
     ep = endpoint_factory(emu)
-    s, urn, cred = _dynamic_slice(emu, ep)
+    s, urn, cred = dynamic_slice(emu, ep)
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {"n3": {}}}))
     AdminClient(emu.dir).call("SetLoad", busy=2)  # one free node, one must come from us
     wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="reclaim")
@@ -114,7 +93,7 @@ def test_lifo_reclaims_the_newest_node_for_tenant_load(emulator_factory, endpoin
 def test_client_policy_reclaims_the_lowest_value(emulator_factory, endpoint_factory, tmp_path):
     emu = emulator_factory(inventory=_small_inventory(tmp_path, count=3))
     ep = endpoint_factory(emu)
-    s, urn, cred = _dynamic_slice(emu, ep, policy="CLIENT")
+    s, urn, cred = dynamic_slice(emu, ep, policy="CLIENT")
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {"n3": {}}}))
     bad = s.dyn.SetResourceValues({"slice_urn": urn, "credentials": [cred],
                                    "nodelist": [{"client_id": "n1", "value": 3.0}]})
@@ -129,7 +108,7 @@ def test_client_policy_reclaims_the_lowest_value(emulator_factory, endpoint_fact
 def test_tenant_load_model_takes_nodes_back(emulator_factory, endpoint_factory, tmp_path):
     emu = emulator_factory(inventory=_small_inventory(tmp_path, count=10), seed=3)
     ep = endpoint_factory(emu)
-    s, urn, cred = _dynamic_slice(emu, ep)
+    s, urn, cred = dynamic_slice(emu, ep)
     settings = emu.server.ctx.settings
     settings.tenant_interval = 0.1
     settings.tenant_load = 0.95  # other tenants now want nearly the whole pool
@@ -155,7 +134,7 @@ def _details(s, urn, cred):
 
 def test_values_are_pushed_to_the_endpoint_on_registration(emulator, endpoint_factory):
     ep = endpoint_factory(emulator)
-    s, urn, cred = _dynamic_slice(emulator, ep)
+    s, urn, cred = dynamic_slice(emulator, ep)
     wait_for(lambda: ep.values(), timeout=20, what="SetResourceValues")
     (method, params, caller), = [c for c in ep.calls if c[0] == "SetResourceValues"][:1]
     assert caller == CM_URN  # the emulator calls, with the CM certificate
@@ -173,7 +152,7 @@ def test_the_node_with_the_lowest_pushed_value_is_reclaimed_next(emulator_factor
                                                                   policy):
     emu = emulator_factory(inventory=_small_inventory(tmp_path))
     ep = endpoint_factory(emu)
-    s, urn, cred = _dynamic_slice(emu, ep, policy=policy)
+    s, urn, cred = dynamic_slice(emu, ep, policy=policy)
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {"n3": {}}}))
     if policy == "CLIENT":  # the emulator extension: the client ranks its own nodes
         ok(s.dyn.SetResourceValues({"slice_urn": urn, "credentials": [cred], "nodelist": [
@@ -196,7 +175,7 @@ def test_the_node_with_the_lowest_pushed_value_is_reclaimed_next(emulator_factor
 
 def test_values_are_pushed_before_a_revokes_first_notice(emulator, endpoint_factory):
     ep = endpoint_factory(emulator, early=True)
-    s, urn, cred = _dynamic_slice(emulator, ep)
+    s, urn, cred = dynamic_slice(emulator, ep)
     wait_for(lambda: ep.values(), timeout=20, what="values on registration")
     node_id = _details(s, urn, cred)["n1"]["component_urn"].rsplit("+", 1)[-1]
     AdminClient(emulator.dir).call("Revoke", nodes=[node_id])
@@ -216,7 +195,7 @@ def test_a_slow_endpoint_does_not_stall_reclamation_and_values_are_retried(emula
     emu.server.ctx.settings.values_timeout = 0.3
     ep = endpoint_factory(emu, early=False)
     ep.values_delay = 3.0  # far longer than the emulator waits
-    s, urn, cred = _dynamic_slice(emu, ep, wait=1)
+    s, urn, cred = dynamic_slice(emu, ep, wait=1)
     wait_for(lambda: values.failures >= 1, timeout=20, what="a failed push")
     node_id = _details(s, urn, cred)["n2"]["component_urn"].rsplit("+", 1)[-1]
     AdminClient(emu.dir).call("Revoke", nodes=[node_id])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from tests.conftest import process_alive, wait_for
+from tests.helpers import process_alive, wait_for
 from tests.elasticslice.emulator.helpers import Session, ok
 from tests.elasticslice.emulator.node_helpers import host_pid
 

@@ -6,7 +6,7 @@ import xmlrpc.client
 from elasticslice.emulator import EmulatorServer
 from elasticslice.emulator.faults import Fault, FaultInjector
 from elasticslice.rpc.codes import GeniCode
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import Session, ok, proxy
 
 

@@ -18,9 +18,11 @@ import pytest
 
 from elasticslice.emulator import EmulatorServer, isolate
 from elasticslice.rspec import NodeSpec, build_request
-from tests.conftest import REPO, process_alive, wait_for
+from tests.helpers import REPO, process_alive, wait_for
 from tests.elasticslice.emulator.helpers import Session, ok
 from tests.elasticslice.emulator.node_helpers import host_pid, node_pids, serve
+
+pytestmark = pytest.mark.slow
 
 needs_namespaces = pytest.mark.skipif(
     isolate.choose({}).isolation is not isolate.Isolation.NAMESPACES,

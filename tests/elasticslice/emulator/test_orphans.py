@@ -7,12 +7,16 @@ import shutil
 import signal
 from pathlib import Path
 
+import pytest
+
 from elasticslice.emulator import EmulatorServer
 from elasticslice.emulator.orphans import PGID_FILE
 from elasticslice.rspec import NodeSpec, build_request
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import Session
 from tests.elasticslice.emulator.node_helpers import serve
+
+pytestmark = pytest.mark.slow
 
 
 def _alive(pid: int) -> bool:

@@ -3,7 +3,7 @@ where nobody is told anything: `forced (1 notices)` for a node taken at once."""
 from __future__ import annotations
 
 from elasticslice.emulator.adminclient import AdminClient
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import Session
 
 

@@ -6,7 +6,7 @@ import uuid
 
 from elasticslice.emulator import EmulatorServer
 from elasticslice.rpc.codes import GeniCode
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import (Session, ok, processes_with,
                                                  stubborn_startup)
 

@@ -243,6 +243,7 @@ def test_add_user_command_gives_a_working_second_user(emulator):
     assert "Traceback" not in again.output and len(again.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_docs_trust_model_example_runs(repo_root, monkeypatch, capsys):
     """The Python block of docs/emulator.md "Trust model: who may sign what", as written."""
     text = (repo_root / "docs" / "emulator.md").read_text()

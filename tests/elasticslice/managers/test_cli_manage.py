@@ -1,13 +1,9 @@
 """`elasticslice manage [--once]` and `status [--json]`, in process and as real processes."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,31 +12,11 @@ from click.testing import CliRunner
 
 from elasticslice.cli import cli
 from elasticslice.managers.state import ManagerState
-from tests.conftest import REPO, process_alive, wait_for
-from tests.elasticslice.managers.conftest import cm_nodes
+from tests.helpers import REPO, process_alive, wait_for
+from tests.elasticslice.managers.helpers import (cm_nodes, manager_config, managing)
 
 FAST_CLIENT = {"ELASTICSLICE_RETRIES": "40", "ELASTICSLICE_RETRY_DELAY": "0.01",
                "ELASTICSLICE_RETRY_MAX_DELAY": "0.05", "ELASTICSLICE_TIMEOUT": "4"}
-
-
-def manager_config(emulator: Any, tmp_path: Path, manager: str = "",
-                   endpoint: str = "") -> Path:
-    """The emulator's client config plus [manager] (test defaults, then ``manager``'s
-    ``key = value`` lines) and [endpoint] (``endpoint``; default: disabled)."""
-    keys = {"state_dir": str(tmp_path / "state"), "maxthreshold": "3", "add_cooldown": "0",
-            "retry_interval": "0.2"}
-    for method in ("ensure_slice", "ensure_sliver", "update_sliver_status",
-                   "update_available", "add_nodes", "delete_nodes"):
-        keys[f"interval.{method}"] = "0.3"
-    for line in manager.splitlines():
-        key, _, value = line.partition("=")
-        keys[key.strip()] = value.strip()
-    text = emulator.config_path.read_text() + "\n[manager]\n"
-    text += "".join(f"{k} = {v}\n" for k, v in keys.items())
-    text += f"\n[endpoint]\n{endpoint or 'enabled = false'}\n"
-    path = tmp_path / "manager.conf"
-    path.write_text(text)
-    return path
 
 
 def run(*args: str) -> Any:
@@ -88,26 +64,6 @@ def test_bad_manager_value_is_one_line_naming_key_and_file(emulator, tmp_path: P
     assert "Traceback" not in result.output
 
 
-def _manage(conf: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
-    environ = {k: v for k, v in os.environ.items() if k != "PROTOGENI_PASSPHRASE"}
-    environ.update(PYTHONPATH=str(REPO), **env)
-    return subprocess.Popen([sys.executable, "-m", "elasticslice.cli", "--config", str(conf),
-                             "manage"], stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            env=environ, cwd=str(REPO))
-
-
-@contextlib.contextmanager
-def _managing(conf: Path, log: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A real `elasticslice manage` for the block; killed if the block left it running."""
-    proc = _manage(conf, log, **env)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 def _terminate(proc: subprocess.Popen[bytes], log: Path) -> None:
     """SIGTERM, as systemd stops it: a clean exit, status 0."""
     proc.send_signal(signal.SIGTERM)
@@ -152,7 +108,7 @@ def test_sigkill_mid_addnodes_then_restart_has_the_right_nodes_and_no_duplicates
                           manager="maxthreshold = 5\nmax_add_per_cycle = 2\n")
     state_dir = tmp_path / "state"
     log = tmp_path / "manage.log"
-    with _managing(conf, log, **FAST_CLIENT) as proc:
+    with managing(conf, log, **FAST_CLIENT) as proc:
         def in_flight() -> list[Any]:
             _alive(proc, log)
             return _open_intents(state_dir)
@@ -162,7 +118,7 @@ def test_sigkill_mid_addnodes_then_restart_has_the_right_nodes_and_no_duplicates
     assert intents[0].kind == "add"
     # Restarted at once: the CM may still carry out the (slowed) call it was given, as
     # CloudLab may; the manager waits out the call timeout before adding again.
-    with _managing(conf, log, **FAST_CLIENT) as proc:
+    with managing(conf, log, **FAST_CLIENT) as proc:
         def settled() -> bool:
             _alive(proc, log)
             if _open_intents(state_dir):
@@ -181,7 +137,7 @@ def test_sigterm_stops_cleanly_and_removes_the_endpoint(emulator, tmp_path: Path
     conf = manager_config(emulator, tmp_path, endpoint="enabled = true\n")
     log = tmp_path / "manage.log"
     store = emulator.server.ctx.store
-    with _managing(conf, log) as proc:
+    with managing(conf, log) as proc:
         wait_for(lambda: _alive(proc, log) or store.all_endpoints(), timeout=120, what="the endpoint registered")
         wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 3, timeout=120, what="3 nodes")
         # status reads the state while the daemon runs; a second manager is refused.

@@ -7,7 +7,7 @@ from typing import Any
 
 from elasticslice.managers.cycle import Cycle
 from elasticslice.managers.state import ManagerState
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 class Work:

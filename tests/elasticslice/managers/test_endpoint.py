@@ -19,7 +19,7 @@ from elasticslice.managers.endpoint import (MAX_NODES, DeleteNotice, ElasticSlic
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.endpoint import BadArgs
-from tests.conftest import REPO, process_alive, wait_for
+from tests.helpers import process_alive, wait_for
 from tests.elasticslice.emulator.helpers import REQUEST
 from tests.elasticslice.rpc.endpointkit import CM_URN, Callers, call, post, serving
 
@@ -188,6 +188,7 @@ def test_the_countdown_is_answered_early_once_the_delete_commands_finish(endpoin
     assert ep.pending_delete_notices() == []
 
 
+@pytest.mark.slow
 def test_delete_commands_are_killed_when_the_deadline_passes(endpoints, tmp_path):
     pidfile = tmp_path / "pid"
     ep, _ = endpoints(f"echo $$ > {pidfile}; exec sleep 300", "touch never-runs")
@@ -201,6 +202,7 @@ def test_delete_commands_are_killed_when_the_deadline_passes(endpoints, tmp_path
     assert waits(ep.NotifyDeletePending(notice(("pc1", 0)))) == {"pc1": 0}
 
 
+@pytest.mark.slow
 def test_a_shorter_countdown_moves_the_kill_earlier(endpoints, tmp_path):
     pidfile = tmp_path / "pid"
     ep, _ = endpoints(f"echo $$ > {pidfile}; exec sleep 300")
@@ -235,6 +237,7 @@ def test_no_helper_releases_at_the_first_answer():
     assert waits(ep.NotifyDeletePending(notice(("pc1", 30)))) == {"pc1": 0}
 
 
+@pytest.mark.slow
 def test_ten_thousand_nodes_fit_the_default_body_limit(emulator_pki, tmp_path):
     """The bounds agree: the largest nodelist accepted also fits in the largest body read."""
     ep = SimpleElasticSliceClientEndpoint()

@@ -10,7 +10,7 @@ import pytest
 from elasticslice.managers import (ElasticSliceHelper, PluginElasticSliceHelper,
                                    SimpleElasticSliceHelper)
 from elasticslice.rspec import nodespecs_from_add_args, parse, validate
-from tests.conftest import REPO, wait_for
+from tests.helpers import REPO, wait_for
 
 
 def test_simple_helper_rspec_validates_and_has_what_was_asked() -> None:

@@ -6,23 +6,9 @@ from pathlib import Path
 
 from elasticslice.managers import SimpleElasticSliceManager
 from elasticslice.rpc.credential import expires_of
-from tests.conftest import wait_for
-from tests.elasticslice.managers.conftest import admin, client_for, cm_nodes, with_policy
-
-POOL = 70  # nodes in the emulator's default inventory
-
-
-def tenant_nodes(emulator: object) -> int:
-    pool = admin(emulator).call("Status")["pool"]
-    return sum(row.get("tenant", 0) for row in pool.values())
-
-
-def load(emulator: object, busy: int) -> None:
-    """Other tenants want ``busy`` nodes; wait until they hold them."""
-    admin(emulator).call("SetLoad", busy=busy)
-    wait_for(lambda: tenant_nodes(emulator) == busy, timeout=30,
-             what=f"tenants holding {busy} nodes")
-
+from tests.helpers import wait_for
+from tests.elasticslice.managers.helpers import (POOL, admin, client_for, cm_nodes, load,
+                                                with_policy)
 
 def test_grows_to_maxthreshold_while_available(emulator, make_manager, tmp_path: Path) -> None:
     manager = make_manager(emulator, maxthreshold=5)

@@ -9,20 +9,14 @@ from typing import Any
 from elasticslice.managers import SimpleElasticSliceHelper, SimpleElasticSliceManager
 from elasticslice.managers.config import EndpointConfig
 from elasticslice.rpc.codes import GeniCode
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import user_context
-from tests.elasticslice.managers.conftest import admin, cm_nodes
+from tests.elasticslice.managers.helpers import admin, cm_nodes, reclaim_outcome
 
 
 def ready_nodes(manager: Any, count: int) -> bool:
     nodes = manager.state.nodes()
     return len(nodes) == count and all(n.state == "ready" for n in nodes)
-
-
-def reclaim_outcome(emulator: Any, node_id: str) -> str | None:
-    rows = [r for r in admin(emulator).call("Report") if r["node_id"] == node_id]
-    outcome = rows[-1]["outcome"] if rows else None
-    return outcome if outcome not in (None, "", "pending") else None
 
 
 class MarkingHelper(SimpleElasticSliceHelper):
@@ -101,8 +95,7 @@ def cm_context(emulator: Any) -> ssl.SSLContext:
 
 def test_resource_values_are_stored_and_the_lowest_valued_node_goes_first(
         emulator, make_manager, tmp_path: Path) -> None:
-    from tests.elasticslice.managers.conftest import with_policy
-    from tests.elasticslice.managers.test_manager import POOL, load
+    from tests.elasticslice.managers.helpers import POOL, load, with_policy
     manager = make_manager(emulator, maxthreshold=4, enable_delete=True,
                            policy=with_policy(max_delete_per_cycle=1),
                            endpoint=EndpointConfig())

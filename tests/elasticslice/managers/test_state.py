@@ -236,6 +236,7 @@ def test_concurrent_writers_from_threads(state, state_dir):
     assert all(len(state.history(CM, n.client_id)) == 2 for n in state.nodes())
 
 
+@pytest.mark.slow
 def test_killed_mid_transaction_keeps_the_intent_and_loses_the_half_write(state_dir):
     # A real process writes its intent, starts a transaction and is SIGKILLed before commit.
     script = textwrap.dedent(f"""

@@ -23,12 +23,12 @@ from bench.chaos.world import agent_pids
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask.node import RECONNECT_ENV
-from tests.conftest import wait_for
-from tests.elasticslice.managers.conftest import cm_nodes
-from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
-from tests.elasticslice.pilots.test_elastic import assert_nothing_lost
-from tests.elasticslice.pilots.test_restart_agent import (  # noqa: F401 (the fixture)
-    SchedulerProcess, cluster_ca)
+from tests.helpers import wait_for
+from tests.elasticslice.managers.helpers import cm_nodes
+from tests.elasticslice.pilots.helpers import (Run, SchedulerProcess, assert_nothing_lost,
+                                             ran_on, sleepers)
+
+pytestmark = pytest.mark.slow
 
 
 def gated_python(tmp_path: Path) -> tuple[Path, Path]:

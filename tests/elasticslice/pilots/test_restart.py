@@ -13,7 +13,9 @@ import pytest
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots import ElasticCluster
 from elasticslice.pilots.restart import ClusterFile
-from tests.elasticslice.managers.conftest import FAST_INTERVALS, client_for
+from tests.elasticslice.managers.helpers import FAST_INTERVALS, client_for
+
+pytestmark = pytest.mark.slow
 
 
 def hold_port(port: int) -> socket.socket:

@@ -3,72 +3,20 @@ SIGKILLed it kills the units it ran, rejoins the same address under the same nam
 scheduler serves there again, and gives up (one line, non-zero exit) after its bound."""
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from elasticslice.rpc.pki import make_ca
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework
 from troy.frameworks.dask.node import RECONNECT_ENV, reconnect_seconds
-from troy.frameworks.dask.processes import AgentProcess
-from tests.conftest import process_alive, wait_for
+from tests.helpers import process_alive, wait_for
+from tests.elasticslice.pilots.helpers import SchedulerProcess
 from tests.troy.frameworks.nodes import member, node_agent, stop
 
 
-@pytest.fixture(scope="module")
-def cluster_ca() -> tuple[bytes, bytes]:
-    return make_ca("restart test cluster CA")
-
-
-class SchedulerProcess:
-    """A Dask scheduler over TLS in a process of its own (so that it can be SIGKILLed)."""
-
-    def __init__(self, tmp: Path, ca: tuple[bytes, bytes], port: int = 0) -> None:
-        self.tls = member(tmp / "control", ca, "control")
-        self.proc = AgentProcess(["scheduler", "1.0", "127.0.0.1", str(port)],
-                                 str(tmp / f"scheduler-{port}.log"), None, self.tls.environ())
-        address = self.proc.read_address(60)
-        assert address, f"the scheduler did not start: {self.proc.log_tail()}"
-        self.address = address
-
-    @property
-    def port(self) -> int:
-        return int(self.address.rsplit(":", 1)[1])
-
-    def framework(self, name: str) -> DaskFramework:
-        fw = DaskFramework(name, scheduler_address=self.address, adopt_workers=True,
-                           tls=self.tls, connect_timeout=30)
-        fw.start()
-        return fw
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.proc.wait()
-
-    @contextlib.contextmanager
-    def joined(self, tmp: Path, ca: tuple[bytes, bytes], node: str, cores: int = 2,
-               log: Path | None = None) -> Iterator[tuple[Any, DaskFramework, Any]]:
-        """(agent process, framework, its pilot) once a node agent named ``node`` joined
-        this scheduler; the framework's client is closed and the agent stopped after."""
-        agent = node_agent(self.address, cores, member(tmp / f"agent-{node}", ca, node),
-                           log or tmp / "agent.log", node)
-        fw = self.framework(f"fw-{node}")
-        try:
-            pilot = wait_for(lambda: fw.find_pilot(node), 120, what="the agent's pilot")
-            yield agent, fw, pilot
-        finally:
-            fw.client.close(timeout=5) if fw.client is not None else None
-            if agent.poll() is None:
-                stop(agent)
-
-
+@pytest.mark.slow
 def test_agent_rejoins_a_scheduler_restarted_on_the_same_port_and_kills_its_units(
         tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RECONNECT_ENV, "120")
@@ -97,6 +45,7 @@ def test_agent_rejoins_a_scheduler_restarted_on_the_same_port_and_kills_its_unit
             again.proc.stop()
 
 
+@pytest.mark.slow
 def test_units_of_a_lost_scheduler_are_killed_before_they_end_their_work(
         tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     """Broke (chaos: duplicate runs): the units of an agent whose scheduler died ran on until
@@ -117,6 +66,7 @@ def test_units_of_a_lost_scheduler_are_killed_before_they_end_their_work(
         assert not worked.exists(), "the unit of a lost scheduler ran to the end of its work"
 
 
+@pytest.mark.slow
 def test_agent_whose_scheduler_never_comes_back_exits_within_its_bound(
         tmp_path: Path, cluster_ca: tuple[bytes, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RECONNECT_ENV, "2")
@@ -140,6 +90,7 @@ def test_reconnect_bound_is_checked() -> None:
             reconnect_seconds({RECONNECT_ENV: bad})
 
 
+@pytest.mark.slow
 def test_agent_with_a_bad_reconnect_bound_says_so_in_one_line(tmp_path: Path,
                                                                cluster_ca: tuple[bytes, bytes],
                                                                monkeypatch: pytest.MonkeyPatch
@@ -152,6 +103,7 @@ def test_agent_with_a_bad_reconnect_bound_says_so_in_one_line(tmp_path: Path,
                                        f"number of seconds >= 0")
 
 
+@pytest.mark.slow
 def test_agents_that_rejoined_before_the_manager_was_ready_are_adopted(
         tmp_path: Path, cluster_ca: tuple[bytes, bytes]) -> None:
     """A restarted cluster serves its scheduler before its manager exists: the agents that

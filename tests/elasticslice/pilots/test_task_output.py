@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import troy
-from tests.elasticslice.pilots.conftest import RUN_TIMEOUT
+from tests.elasticslice.pilots.helpers import RUN_TIMEOUT
 from troy.execution import TAIL_BYTES
 from troy.output import OutputKeeper
 from troy.report import task_entries
+
+pytestmark = pytest.mark.slow
 
 
 def test_output_of_tasks_on_node_agents_comes_back_bounded(emulator, make_cluster,

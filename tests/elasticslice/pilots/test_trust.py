@@ -3,15 +3,18 @@ cluster CA (a stranger CA, even under a held node's name) is refused by the sche
 worker with a valid certificate but a name the manager does not hold gets no units."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
+
+import pytest
 
 from elasticslice.rpc.pki import make_ca
 from troy import State
 from troy.frameworks.dask.tls import DaskTLS
-from tests.conftest import wait_for
-from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
+from tests.helpers import holds_for, wait_for
+from tests.elasticslice.pilots.helpers import Run, ran_on, sleepers
 from tests.troy.frameworks.nodes import member, node_agent, stop
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_cluster,
@@ -25,10 +28,10 @@ def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_clus
     try:
         wait_for(lambda: b"Waiting to connect" in log.read_bytes(), timeout=60,
                  what="the stranger trying to connect")
-        for _ in range(30):  # about 3 s of its retries: never in
+        def never_in() -> None:
             assert len(cluster.framework.workers_info()) == 1 and agent.poll() is None
             assert len(cluster.pilots()) == 1
-            time.sleep(0.1)
+        holds_for(never_in, 3.0)  # about 3 s of its retries
     finally:
         stop(agent)
 

@@ -1,7 +1,6 @@
 """An emulator per test (fresh directory, port 0) and a client configured for it."""
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,19 +67,3 @@ def emu(tmp_path: Path, emu_options: dict[str, object], emu_template: Path,
         yield Emu(tmp_path / "emu", server, tmp_path / "emu" / "elasticslice.conf", cache)
     finally:
         server.stop()  # type: ignore[attr-defined]
-
-
-def hours(h: float) -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=h)
-
-
-def genilib_request(*names: str, hardware_type: str | None = None) -> str:
-    """A request RSpec written with geni-lib, as CloudLab profiles are."""
-    import geni.rspec.pg as pg
-    request = pg.Request()
-    for name in names:
-        node = pg.RawPC(name)
-        if hardware_type:
-            node.hardware_type = hardware_type
-        request.addResource(node)
-    return request.toXMLString(pretty_print=True).decode("utf-8")

@@ -6,56 +6,43 @@ import os
 import subprocess
 import sys
 
-from click.testing import CliRunner
 
-from elasticslice.cli import cli
-from tests.conftest import REPO, wait_for
+from tests.helpers import REPO, wait_for
 
-from .conftest import genilib_request
-
-
-def _run(emu, *args, ok=True):
-    result = CliRunner().invoke(cli, ["--config", str(emu.config_path), *args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def _status(emu):
-    return json.loads(_run(emu, "sliver-status", "--json").output)
+from .helpers import genilib_request, run_cli, sliver_status
 
 
 def test_cli_slice_life(emu, tmp_path):
     rspec = tmp_path / "req.xml"
     rspec.write_text(genilib_request("node0", "node1"))
-    version = json.loads(_run(emu, "getversion").output)
+    version = json.loads(run_cli(emu, "getversion").output)
     assert str(version["sa"]["version"]) == "1.01" and version["cm"]["version"]["api"] == 2
-    assert "registered" in _run(emu, "create-slice", "--hours", "3").output
-    assert "2 node(s)" in _run(emu, "create-sliver", str(rspec)).output
+    assert "registered" in run_cli(emu, "create-slice", "--hours", "3").output
+    assert "2 node(s)" in run_cli(emu, "create-sliver", str(rspec)).output
 
-    ready = wait_for(lambda: (s := _status(emu))["status"] == "ready" and s, timeout=20,
+    ready = wait_for(lambda: (s := sliver_status(emu))["status"] == "ready" and s, timeout=20,
                      what="sliver ready")
     assert {n["client_id"] for n in ready["nodes"]} == {"node0", "node1"}
     assert {"status", "state", "component_id"} <= set(ready["nodes"][0])
-    text = _run(emu, "sliver-status").output
+    text = run_cli(emu, "sliver-status").output
     assert "status: ready" in text and "node0" in text
 
-    out = _run(emu, "add-nodes", "2", "--hardware-type", "m400").output
+    out = run_cli(emu, "add-nodes", "2", "--hardware-type", "m400").output
     assert "added 2 node(s): node-0 node-1" in out
-    wait_for(lambda: (s := _status(emu))["status"] == "ready" and len(s["nodes"]) == 4,
+    wait_for(lambda: (s := sliver_status(emu))["status"] == "ready" and len(s["nodes"]) == 4,
              timeout=20, what="four nodes ready")
-    assert "deleted 2" in _run(emu, "delete-nodes", "node0", "node-1").output
-    assert {n["client_id"] for n in _status(emu)["nodes"]} == {"node1", "node-0"}
+    assert "deleted 2" in run_cli(emu, "delete-nodes", "node0", "node-1").output
+    assert {n["client_id"] for n in sliver_status(emu)["nodes"]} == {"node1", "node-0"}
 
-    assert "renewed until" in _run(emu, "renew", "--hours", "5").output
-    resolved = json.loads(_run(emu, "resolve").output)
+    assert "renewed until" in run_cli(emu, "renew", "--hours", "5").output
+    resolved = json.loads(run_cli(emu, "resolve").output)
     assert resolved["urn"].endswith("+slice+elastic")
-    summary = json.loads(_run(emu, "discover", "--available", "--json").output)
+    summary = json.loads(run_cli(emu, "discover", "--available", "--json").output)
     assert summary["nodes"] and all(n["available"] for n in summary["nodes"])
-    assert "<rspec" in _run(emu, "discover").output
+    assert "<rspec" in run_cli(emu, "discover").output
 
-    assert "deleted" in _run(emu, "delete-slice").output
-    gone = _run(emu, "sliver-status", ok=False)
+    assert "deleted" in run_cli(emu, "delete-slice").output
+    gone = run_cli(emu, "sliver-status", ok=False)
     assert gone.exit_code == 1
     assert "SEARCHFAILED" in gone.output and "Traceback" not in gone.output
 
@@ -63,19 +50,19 @@ def test_cli_slice_life(emu, tmp_path):
 def test_cli_errors_are_one_line_with_code_name(emu, tmp_path):
     rspec = tmp_path / "req.xml"
     rspec.write_text(genilib_request("a"))
-    _run(emu, "create-slice")
-    _run(emu, "create-sliver", str(rspec))
-    again = _run(emu, "create-sliver", str(rspec), ok=False)
+    run_cli(emu, "create-slice")
+    run_cli(emu, "create-sliver", str(rspec))
+    again = run_cli(emu, "create-sliver", str(rspec), ok=False)
     assert again.exit_code == 1
     lines = [line for line in again.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "REFUSED" in lines[0] and "CreateSliver" in lines[0]
     bad = tmp_path / "bad.xml"
     bad.write_text("<rspec")
-    broken = _run(emu, "create-sliver", str(bad), ok=False)
+    broken = run_cli(emu, "create-sliver", str(bad), ok=False)
     assert broken.exit_code == 1 and "bad.xml" in broken.output
-    unknown = _run(emu, "delete-nodes", "nope", ok=False)
+    unknown = run_cli(emu, "delete-nodes", "nope", ok=False)
     assert unknown.exit_code == 1 and "BADARGS" in unknown.output
-    missing_cm = _run(emu, "sliver-status", "--cm", "wisc", ok=False)
+    missing_cm = run_cli(emu, "sliver-status", "--cm", "wisc", ok=False)
     assert missing_cm.exit_code == 1 and "[cm_urls]" in missing_cm.output
 
 

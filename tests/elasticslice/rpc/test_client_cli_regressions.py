@@ -6,9 +6,9 @@ import json
 from click.testing import CliRunner
 
 from elasticslice.cli import cli
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
-from .conftest import genilib_request
+from .helpers import genilib_request
 
 
 def _run(emu, *args):

@@ -14,10 +14,10 @@ from elasticslice.cli import cli
 from elasticslice.errors import RPCError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import parse
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import Session, ok, processes_with, stubborn_startup
 
-from .conftest import hours
+from .helpers import hours
 
 
 def _request(names: list[str], startup: str | None = None,

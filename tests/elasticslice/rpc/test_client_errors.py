@@ -11,7 +11,7 @@ from elasticslice.rpc import pki
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.transport import RetryPolicy, XmlRpcTransport, make_ssl_context
 
-from .conftest import genilib_request
+from .helpers import genilib_request
 
 
 def test_no_client_certificate_is_refused(emu):

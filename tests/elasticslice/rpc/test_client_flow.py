@@ -10,9 +10,9 @@ from elasticslice.errors import RPCError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
 from elasticslice.rspec import parse
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
-from .conftest import genilib_request, hours
+from .helpers import genilib_request, hours
 
 
 def _ready(server, count):

@@ -10,7 +10,7 @@ import pytest
 
 from elasticslice.config import ClientConfig, load_config, load_passphrase
 from elasticslice.errors import ConfigError
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 from .tlsserver import Pki
 

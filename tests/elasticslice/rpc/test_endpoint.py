@@ -15,7 +15,7 @@ from elasticslice.emulator.store import EndpointRow
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, FAULT_PARSE, GeniCode
 from elasticslice.rpc.endpoint import (BadArgs, EndpointError, EndpointServer,
                                        ProtoGeniClientServerEndpoint, response)
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.elasticslice.rpc.endpointkit import CM_URN, Callers, call, post, serving
 
 
@@ -173,6 +173,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(emulator_pki, caller
         assert call(server.url, callers.cm(), "Echo", {"small": 1})["value"] == {"small": 1}
 
 
+@pytest.mark.slow
 def test_idle_connections_cannot_exhaust_the_workers(emulator_pki, callers):
     """A peer that opens TCP connections and says nothing holds a worker only until the
     handshake timeout; beyond the workers a connection is refused at once, never queued."""
@@ -200,6 +201,7 @@ def test_idle_connections_cannot_exhaust_the_workers(emulator_pki, callers):
                 hog.close()
 
 
+@pytest.mark.slow
 def test_a_peer_trickling_its_request_is_cut_off(emulator_pki, callers):
     """Slowloris: a same-CA peer sends a header byte at a time, each within the read timeout;
     the connection lifetime closes it anyway, and the CM is served meanwhile."""

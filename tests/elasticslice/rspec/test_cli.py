@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from elasticslice.cli import cli
 from elasticslice.rspec import DEFAULT_MAX_BYTES, parse
-from tests.conftest import SHARED
+from tests.helpers import SHARED
 
 IMAGE = "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD"
 V3 = "http://www.geni.net/resources/rspec/3"
@@ -131,6 +131,7 @@ def test_show_bad_input_is_one_line(files, name, fragment) -> None:
     assert "root:" not in result.output
 
 
+@pytest.mark.slow
 def test_real_subprocess_build_validate_show(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "elasticslice.cli", "rspec"]
     built = subprocess.run(cmd + ["build", "--count", "4", "--lan", "lan0", "--image", IMAGE],

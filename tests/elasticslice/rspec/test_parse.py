@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from elasticslice.rspec import RSpecError, RSpecType, parse, validate
-from tests.conftest import SHARED
+from tests.helpers import SHARED
 
 EXAMPLES = SHARED / "protogeni" / "rspec-schemas"
 IMAGE = "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD"

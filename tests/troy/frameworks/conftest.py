@@ -27,16 +27,10 @@ def session(tmp_path) -> Iterator[troy.Session]:
     s.close()
 
 
-@pytest.fixture(params=["local", "dask"])
+@pytest.fixture(params=["local", pytest.param("dask", marks=pytest.mark.slow)])
 def framework(request, session, tmp_path):
     """A started framework of each kind (no pilots yet), registered in ``session``."""
     options = {"sandbox": str(tmp_path / "sandbox")}
     if request.param == "dask":
         options["scheduler_address"] = request.getfixturevalue("dask_scheduler")
     return session.add_framework(request.param, name=f"fw-{request.param}", **options)
-
-
-def running_pilot(fw, size: int, timeout: float = 30.0):
-    p = fw.submit_pilot(troy.PilotDescription(size=size))
-    assert p.wait_running(timeout) is troy.State.RUNNING
-    return p

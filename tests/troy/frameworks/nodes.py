@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import troy
 from elasticslice.rpc.pki import issue_certificate
 from troy.frameworks.dask import DaskFramework
 from troy.frameworks.dask.tls import DaskTLS
 from troy.states import State
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 def member(directory: Path, ca: tuple[bytes, bytes], name: str) -> DaskTLS:
@@ -66,3 +67,10 @@ def nodes(fw: DaskFramework, ca: tuple[bytes, bytes], directory: Path, names: li
         for proc in procs.values():
             if proc.poll() is None:
                 stop(proc)
+
+
+def running_pilot(fw, size: int, timeout: float = 30.0):  # noqa: ANN001, ANN201
+    """A pilot of ``size`` cores submitted to ``fw``, once it runs."""
+    p = fw.submit_pilot(troy.PilotDescription(size=size))
+    assert p.wait_running(timeout) is troy.State.RUNNING
+    return p

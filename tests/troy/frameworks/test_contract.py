@@ -1,15 +1,14 @@
 """The pilot framework contract, run on every framework (``local`` and ``dask``)."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
 import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
-from tests.conftest import process_alive, wait_for
-from tests.troy.frameworks.conftest import running_pilot
+from tests.helpers import process_alive, wait_for
+from tests.troy.frameworks.nodes import running_pilot
 
 
 def square(x: int) -> int:
@@ -207,6 +206,7 @@ def test_close_cancels_what_is_left(framework, tmp_path):
     assert u.state is State.CANCELED and p.state is State.CANCELED
 
 
+@pytest.mark.slow
 def test_pilot_walltime_ends_it_done_and_its_units_move(framework, tmp_path):
     gate, runs = tmp_path / "gate", tmp_path / "runs"
     short = framework.submit_pilot(troy.PilotDescription(size=1, walltime=2.0))

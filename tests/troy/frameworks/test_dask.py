@@ -13,9 +13,11 @@ import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework
-from tests.conftest import wait_for
-from tests.troy.frameworks.conftest import running_pilot
-from tests.troy.test_use_cases import diamond
+from tests.helpers import wait_for
+from tests.troy.helpers import diamond
+from tests.troy.frameworks.nodes import running_pilot
+
+pytestmark = pytest.mark.slow
 
 
 def whoami() -> str:

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,10 @@ from elasticslice.rpc.pki import make_ca
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.troy.frameworks.nodes import member, nodes
+
+pytestmark = pytest.mark.slow
 
 WAIT = 120
 

@@ -14,8 +14,10 @@ import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework, agent
-from tests.conftest import wait_for
-from tests.troy.frameworks.conftest import running_pilot
+from tests.helpers import wait_for
+from tests.troy.frameworks.nodes import running_pilot
+
+pytestmark = pytest.mark.slow
 
 
 def big_value() -> str:

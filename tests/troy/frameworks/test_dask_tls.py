@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,8 @@ from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.errors import BadParameter
 from troy.frameworks.dask import DaskFramework
-from tests.conftest import wait_for
-from tests.troy.frameworks.conftest import running_pilot
-from tests.troy.frameworks.nodes import member, node_agent, stop
-
-
-@pytest.fixture(scope="module")
-def cluster_ca() -> tuple[bytes, bytes]:
-    return make_ca("troy test cluster CA")
+from tests.helpers import holds_for, process_alive, wait_for
+from tests.troy.frameworks.nodes import member, node_agent, running_pilot, stop
 
 
 def fw_has_no_workers(fw: DaskFramework) -> bool:
@@ -37,6 +30,7 @@ def tls_framework(tmp_path, cluster_ca):  # noqa: ANN001, ANN201
     fw.close()
 
 
+@pytest.mark.slow
 def test_units_run_over_tls_and_nothing_listens_in_the_clear(tls_framework) -> None:
     fw = tls_framework
     assert fw.scheduler_address.startswith("tls://127.0.0.1:")
@@ -48,6 +42,7 @@ def test_units_run_over_tls_and_nothing_listens_in_the_clear(tls_framework) -> N
     assert v.wait(60) is State.DONE and v.result.value == 1024
 
 
+@pytest.mark.slow
 def test_node_agent_with_a_cluster_certificate_becomes_a_pilot(tls_framework, tmp_path,
                                                                cluster_ca) -> None:
     fw = tls_framework
@@ -63,6 +58,7 @@ def test_node_agent_with_a_cluster_certificate_becomes_a_pilot(tls_framework, tm
         assert stop(agent) == 0
 
 
+@pytest.mark.slow
 def test_a_worker_with_a_stranger_certificate_is_refused(tls_framework, tmp_path,
                                                          cluster_ca) -> None:
     fw = tls_framework
@@ -72,10 +68,10 @@ def test_a_worker_with_a_stranger_certificate_is_refused(tls_framework, tmp_path
     try:
         wait_for(lambda: b"Waiting to connect" in log.read_bytes(), 60,
                  what="the intruder trying to connect")
-        for _ in range(50):   # about 5 s of retries: it never gets in
+        def never_in() -> None:
             assert fw.workers_info() == {} and agent.poll() is None
             assert all(p.size != 4 for p in fw.list_pilots())
-            time.sleep(0.1)
+        holds_for(never_in, 5.0)  # about 5 s of retries
     finally:
         stop(agent)
     # the same agent with a cluster certificate joins (so the test above can fail)
@@ -87,6 +83,7 @@ def test_a_worker_with_a_stranger_certificate_is_refused(tls_framework, tmp_path
         stop(friend)
 
 
+@pytest.mark.slow
 def test_a_worker_without_a_certificate_says_so_in_one_line(tls_framework, tmp_path) -> None:
     agent = node_agent(tls_framework.scheduler_address, 4, None, tmp_path / "none.log")
     assert agent.wait(60) != 0
@@ -95,6 +92,7 @@ def test_a_worker_without_a_certificate_says_so_in_one_line(tls_framework, tmp_p
     assert fw_has_no_workers(tls_framework)
 
 
+@pytest.mark.slow
 def test_a_client_with_a_stranger_certificate_is_refused(tls_framework, tmp_path) -> None:
     from distributed import Client
     stranger = member(tmp_path / "stranger", make_ca("stranger CA"), "spy").security()
@@ -103,6 +101,7 @@ def test_a_client_with_a_stranger_certificate_is_refused(tls_framework, tmp_path
                security=stranger)
 
 
+@pytest.mark.slow
 def test_a_connection_without_a_client_certificate_is_refused(tls_framework) -> None:
     """At the TLS layer: the scheduler requires a certificate before any Dask message."""
     import socket
@@ -134,6 +133,7 @@ def test_tls_files_are_checked(tmp_path) -> None:
         DaskFramework("x", tls={"ca_file": __file__})
 
 
+@pytest.mark.slow
 def test_node_agent_usage_is_one_line() -> None:
     done = subprocess.run([sys.executable, "-m", "troy.frameworks.dask", "node", "x", "zero"],
                           capture_output=True, text=True, timeout=60)
@@ -141,6 +141,7 @@ def test_node_agent_usage_is_one_line() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_units_killed_by_their_nodes_shutdown_are_requeued_not_failed(
         tls_framework, tmp_path, cluster_ca) -> None:
     """A node going down sends SIGTERM to every process of it at once (the emulator's power
@@ -166,7 +167,8 @@ def test_units_killed_by_their_nodes_shutdown_are_requeued_not_failed(
         assert children, "the units' processes"
         for pid in children:
             os.kill(pid, signal.SIGTERM)
-        time.sleep(0.1)
+        wait_for(lambda: not any(process_alive(pid) for pid in children), 30,
+                 what="the units to end")
         os.killpg(first.pid, signal.SIGTERM)
         second = node_agent(fw.scheduler_address, 2,
                             member(tmp_path / "b", cluster_ca, "node-b"), tmp_path / "b.log",
