@@ -116,10 +116,15 @@ class PilotMoves:
         (CloudLab takes a node when it likes; a retirement takes its time), and until then
         Dask would hand it units (stealing them from busy pilots, or placing the ones we
         requeue) whose events we ignore from a dead address: their futures would end with
-        no result ("unit result lost") or lost with it ("dask future lost")."""
+        no result ("unit result lost") or lost with it ("dask future lost").
+
+        Under ``_tags_lock``: a grant to the worker pushes all its tags to the scheduler
+        again, so one in flight must land before the withdrawal, never after it (the
+        pilot is draining already: no grant comes later)."""
         try:
-            keys = self.client.run_on_scheduler(agent.withdraw, addr,
-                                                [self.topic, self.long_tag])
+            with self._tags_lock:
+                keys = self.client.run_on_scheduler(agent.withdraw, addr,
+                                                    [self.topic, self.long_tag])
             return {str(k) for k in keys}
         except Exception as err:
             log.info("framework %s: withdrawing %s: %s", self.name, addr, err)
