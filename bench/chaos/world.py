@@ -41,8 +41,14 @@ PROC = Path("/proc")
 
 def agent_pids(scheduler: str) -> dict[str, int]:
     """client_id -> pid of the node agents joining ``scheduler`` (found by their command
-    line: ``troy.frameworks.dask node <scheduler> <cores> <client_id>``)."""
-    found: dict[str, int] = {}
+    line: ``troy.frameworks.dask node <scheduler> <cores> <client_id>``).
+
+    A process an agent has just forked to start a unit carries the agent's command line
+    until it execs: it is left out (its parent matches too), and so is a process gone
+    meanwhile. Else a SIGKILL meant for the agent may kill the unit being started, and the
+    agent, alive, reports that unit "killed by signal 9": FAILED, not requeued."""
+    named: dict[int, str] = {}
+    parent: dict[int, int | None] = {}
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
@@ -54,8 +60,22 @@ def agent_pids(scheduler: str) -> dict[str, int]:
         if "troy.frameworks.dask" in args and scheduler in args:
             at = args.index(scheduler)
             if len(args) > at + 2:
-                found[args[at + 2]] = int(entry.name)
-    return found
+                pid = int(entry.name)
+                named[pid], parent[pid] = args[at + 2], _parent_pid(entry)
+    return {name: pid for pid, name in sorted(named.items())
+            if parent[pid] is not None and parent[pid] not in named}
+
+
+def _parent_pid(entry: Path) -> int | None:
+    """The parent pid of the process at ``/proc/<pid>`` (None: it is gone)."""
+    try:
+        status = (entry / "status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return None
 
 
 class World:

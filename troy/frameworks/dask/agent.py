@@ -248,6 +248,18 @@ def schedule_unrunnable(worker: str, dask_scheduler=None) -> int:  # noqa: ANN00
     return len(recs)
 
 
+def withdraw(worker: str, tags: list[str], dask_scheduler=None) -> list[str]:  # noqa: ANN001
+    """On the scheduler (``client.run_on_scheduler``): from now on no task asking for one of
+    ``tags`` goes to ``worker`` (set to 0 here only: the worker may be gone or going);
+    returns the keys processing there (queued or running), in the same step, so that they
+    are all it will ever run of them."""
+    ws = dask_scheduler.workers.get(worker)
+    if ws is None:
+        return []
+    dask_scheduler.add_resources(worker, {tag: 0 for tag in tags})
+    return [str(ts.key) for ts in ws.processing]
+
+
 def peer_common_name(worker: str, dask_scheduler=None) -> str | None:  # noqa: ANN001
     """On the scheduler: the common name of the TLS certificate the worker at ``worker``
     connected with (None: no TLS, or no such worker)."""

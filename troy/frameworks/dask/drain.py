@@ -10,6 +10,8 @@ at the scheduler, one ``client.run``) stops it at once from starting queued unit
 scheduler from sending new ones: that is how a drain stops dispatch. Units queued on it are
 then cancelled in Dask and resubmitted under a new key (they run elsewhere); units that
 run on are watched until they end or the watchdog at ``deadline - margin`` moves them too.
+A pilot lost or cancelled has its tags set to 0 at the scheduler alone (its worker may be
+gone, or live on a while) before its units are requeued, all of them.
 Events from a worker a unit was moved away from never touch the unit again (their
 completions count as duplicates).
 """
@@ -108,6 +110,26 @@ class PilotMoves:
             log.info("framework %s: asking what runs on %s: %s", self.name, addr, err)
             return set()
 
+    def _withdraw(self, addr: str) -> set[str]:
+        """The keys the worker at ``addr`` holds (queued there or running), once Dask may
+        send it no more of our units: a pilot we lose or cancel may live on for a while
+        (CloudLab takes a node when it likes; a retirement takes its time), and until then
+        Dask would hand it units (stealing them from busy pilots, or placing the ones we
+        requeue) whose events we ignore from a dead address: their futures would end with
+        no result ("unit result lost") or lost with it ("dask future lost").
+
+        Under ``_tags_lock``: a grant to the worker pushes all its tags to the scheduler
+        again, so one in flight must land before the withdrawal, never after it (the
+        pilot is draining already: no grant comes later)."""
+        try:
+            with self._tags_lock:
+                keys = self.client.run_on_scheduler(agent.withdraw, addr,
+                                                    [self.topic, self.long_tag])
+            return {str(k) for k in keys}
+        except Exception as err:
+            log.info("framework %s: withdrawing %s: %s", self.name, addr, err)
+            return set()
+
     def _held_by(self, pilot: Pilot, keys: set[str]) -> list[UnitRecord]:
         addr = pilot.native_id
         return [r for r in self._records.values()
@@ -155,7 +177,7 @@ class PilotMoves:
     def _evacuate(self, pilot: Pilot, ask: bool = True) -> list[ComputeUnit]:
         """Requeue every unit of a pilot that is going away (at-least-once)."""
         addr = pilot.native_id
-        keys = self._processing(addr) if ask and addr else set()
+        keys = self._withdraw(addr) if ask and addr else set()
         with self._dispatch_lock:
             for rec in self._parked.pop(pilot.id, []):
                 rec.bound = None

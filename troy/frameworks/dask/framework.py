@@ -320,7 +320,8 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             self._pilots[pilot.id] = pilot
             self._workers[pilot.id] = _Worker(pilot, None)
             self._by_addr[addr] = pilot
-        with self._dispatch_lock:  # a drain that came first keeps it closed
+        # a drain or loss that came first keeps it closed (a loss withdraws under _tags_lock)
+        with self._dispatch_lock, self._tags_lock:
             if not pilot.draining and not self._grant(addr, {self.topic: agent.TAG_AMOUNT}):
                 self._dead_addrs.add(addr)
                 pilot._set_state(State.FAILED)
