@@ -19,9 +19,9 @@ import pytest
 
 from bench.chaos.world import agent_pids
 from troy import State
-from tests.conftest import wait_for
-from tests.elasticslice.managers.conftest import cm_nodes
-from tests.elasticslice.pilots.conftest import Run, ran_on, sleepers
+from tests.helpers import wait_for
+from tests.elasticslice.managers.helpers import cm_nodes
+from tests.elasticslice.pilots.helpers import Run, ran_on, sleepers
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from elasticslice.rpc.pki import make_ca
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.troy.frameworks.nodes import member, nodes
 
 pytestmark = pytest.mark.slow
