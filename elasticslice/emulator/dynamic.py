@@ -292,7 +292,11 @@ class Reclaimer:
                 if endpoint is not None:  # nobody is told when the slice has no endpoint
                     r.notifications += 1
                 r.last_notified = now
-                self.ctx.store.update_reclaim(r)
+                self.ctx.store.count_notice(r)
+            # the client may have given a node back during the callback (its DeleteNodes
+            # ended that reclamation "early"): those rows are no longer ours to take
+            pending = {r.id for r in self.ctx.store.reclaims(pending_only=True)}
+            rows = [r for r in rows if r.id in pending]
             done_early = [r for r in rows if r.node_id in early and now < r.deadline]
             forced = [r for r in rows if now >= r.deadline and r not in done_early]
             self._take(slice_urn, done_early, "early")

@@ -347,6 +347,13 @@ class Store:
                 "WHERE id=?", (row.last_notified, row.notifications, row.released_at,
                                row.outcome, row.id))
 
+    def count_notice(self, row: ReclaimRow) -> None:
+        """Record that ``row``'s node was told (again), and nothing else: its outcome may have
+        been written meanwhile (a DeleteNodes during the callback) and must stay."""
+        with self.lock:
+            self.conn.execute("UPDATE reclaims SET last_notified=?, notifications=? WHERE id=?",
+                              (row.last_notified, row.notifications, row.id))
+
     def reclaims(self, *, pending_only: bool = False) -> list[ReclaimRow]:
         clause = " WHERE outcome='pending'" if pending_only else ""
         return self._select(ReclaimRow, f"SELECT * FROM reclaims{clause} ORDER BY id")

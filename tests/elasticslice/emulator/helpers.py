@@ -10,6 +10,7 @@ import threading
 import time
 import xmlrpc.client
 from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -109,11 +110,14 @@ def user_cert_pem(d: Path) -> str:
 class CallbackEndpoint:
     """A real HTTPS XML-RPC client endpoint (certificate from the emulator CA) that records
     the calls the emulator makes and answers NotifyDeletePending early or not. With
-    ``values_delay`` it answers SetResourceValues that many seconds late (a slow client)."""
+    ``values_delay`` it answers SetResourceValues that many seconds late (a slow client).
+    ``on_pending(params)``, when set, runs before NotifyDeletePending is answered (a client
+    that acts during the callback)."""
 
     def __init__(self, d: Path, tmp: Path, early: bool = True, user_cert: bool = False) -> None:
         self.early = early
         self.values_delay = 0.0
+        self.on_pending: Callable[[dict[str, Any]], None] | None = None
         self.calls: list[tuple[str, dict[str, Any], str | None]] = []
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         if user_cert:  # the user's own certificate serves the endpoint
@@ -139,6 +143,8 @@ class CallbackEndpoint:
                 if method == "SetResourceValues" and outer.values_delay:
                     time.sleep(outer.values_delay)
                 outer.calls.append((method, params, urn))
+                if method == "NotifyDeletePending" and outer.on_pending is not None:
+                    outer.on_pending(params)
                 value: Any = 0
                 if method == "NotifyDeletePending" and outer.early:
                     value = [dict(item, max_wait_time=0) for item in params["nodelist"]]
