@@ -9,11 +9,16 @@ A subclass must provide: ``kind`` (the registry name), ``start``, ``close``,
 ``_launch_pilot``, ``_cancel_pilot``, ``_submit``, ``cancel_unit``. It must push every unit
 state change through ``unit._set_state`` and every pilot change through ``pilot._set_state``.
 Constructors do no I/O; ``start`` does.
+
+Draining (``drain_pilot``) is a template here, the same on every framework; a framework that
+can drain provides three hooks (``_stop_dispatch``, ``_held_units``, ``_requeue_units``),
+calls ``_unit_left`` whenever a unit ends or moves off a pilot, and ``_end_drain`` when a
+pilot goes away before it emptied (see "drains" below).
 """
 from __future__ import annotations
 
-import itertools
 import logging
+import math
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -22,150 +27,16 @@ from typing import Any, ClassVar
 
 from troy.descriptions import ComputeUnitDescription, PilotDescription
 from troy.errors import BadParameter, DoesNotExist, IncorrectState
-from troy.frameworks.drain import DrainPlan, StatCounter, UnitStats
-from troy.frameworks.shapes import Shape, ShapeIndex, shape_of
+from troy.frameworks.drain import (AMPLE, Drain, DrainPlan, StatCounter, UnitStats,
+                                   call_on_empty, keeps)
+from troy.frameworks.pilot import Pilot, PilotCallback
+from troy.frameworks.shapes import ShapeIndex
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit
 
+__all__ = ["Pilot", "PilotCallback", "PilotFramework"]
+
 log = logging.getLogger(__name__)
-
-PilotCallback = Callable[["Pilot", State], Any]
-_pilot_seq = itertools.count()
-
-
-class Pilot:
-    """A pilot of some framework (seed 000's ``Pilot``).
-
-    ``state``: PENDING (submitted) → RUNNING (accepting units) → DONE / CANCELED / FAILED.
-    ``draining`` pilots run what they have but accept nothing new. ``free_cores`` is
-    ``description.size`` less the cores of the units handed to it and not yet final
-    (started or not). ``backlog`` is how many cores' worth of units beyond its size the
-    pilot accepts to queue (frameworks with a costly hand-off keep their queue fed with it);
-    ``room`` is what it accepts now: ``size + backlog`` less those units' cores.
-    Every change of these is counted in the framework's :class:`ShapeIndex` (what the
-    built-in schedulers ask instead of looking at every pilot).
-
-    For elastic clusters: ``value`` (the resource owner's value of it, 0..1, lower is
-    reclaimed sooner; None: unknown; see ``PilotFramework.set_pilot_values``), ``busy``
-    (units not final are handed to it), ``idle_since`` (``time.time()`` it last became empty
-    or RUNNING; None while busy or not yet running), ``worker_name`` (a Dask pilot that
-    joined on its own: the worker's name, e.g. the node agent's NAME).
-    """
-
-    def __init__(self, description: PilotDescription, framework: PilotFramework,
-                 uid: str | None = None) -> None:
-        self.id = uid or f"pilot.{next(_pilot_seq):04d}"
-        self.description = description
-        self.framework = framework
-        self.native_id: str | None = None  # e.g. the Dask worker address
-        self._state = State.PENDING
-        self._used = 0
-        self._draining = False
-        self._backlog = 0
-        self._lock = threading.Lock()
-        self._callbacks: list[PilotCallback] = []
-        self.value: float | None = None
-        self.worker_name: str | None = None
-        self.idle_since: float | None = None
-        index = getattr(framework, "_shapes", None)
-        self._index: ShapeIndex | None = index if isinstance(index, ShapeIndex) else None
-        self._shape: Shape | None = None
-        with self._lock:
-            self._reshape()
-
-    def __repr__(self) -> str:
-        return (f"<Pilot {self.id} {self._state.value} size={self.description.size} "
-                f"free={self.free_cores}>")
-
-    @property
-    def state(self) -> State:
-        return self._state
-
-    @property
-    def draining(self) -> bool:
-        return self._draining
-
-    @draining.setter
-    def draining(self, value: bool) -> None:
-        with self._lock:
-            self._draining = bool(value)
-            self._reshape()
-
-    @property
-    def backlog(self) -> int:
-        return self._backlog
-
-    @backlog.setter
-    def backlog(self, value: int) -> None:
-        with self._lock:
-            self._backlog = int(value)
-            self._reshape()
-
-    def _reshape(self) -> None:
-        """Count the pilot's current shape in its framework's index (own lock held)."""
-        if self._index is not None:
-            new = shape_of(self)
-            self._index.move(self._shape, new)
-            self._shape = new
-
-    @property
-    def size(self) -> int:
-        return self.description.size
-
-    @property
-    def free_cores(self) -> int:
-        if self._state is not State.RUNNING or self.draining:
-            return 0
-        return max(0, self.description.size - self._used)
-
-    @property
-    def room(self) -> int:
-        if self._state is not State.RUNNING or self.draining:
-            return 0
-        return max(0, self.description.size + self.backlog - self._used)
-
-    @property
-    def busy(self) -> bool:
-        return self._used > 0
-
-    def _reserve(self, cores: int) -> None:
-        with self._lock:
-            self._used += cores
-            self.idle_since = None
-            self._reshape()
-
-    def _release(self, cores: int) -> None:
-        with self._lock:
-            self._used = max(0, self._used - cores)
-            if self._used == 0 and self.idle_since is None:
-                self.idle_since = time.time()
-            self._reshape()
-
-    def add_callback(self, cb: PilotCallback) -> None:
-        self._callbacks.append(cb)
-
-    def _set_state(self, state: State) -> None:
-        with self._lock:
-            if self._state in FINAL_STATES or self._state is state:
-                return
-            self._state = state
-            if state is State.RUNNING and self._used == 0:
-                self.idle_since = time.time()
-            self._reshape()
-        watchers = list(getattr(self.framework, "_pilot_watchers", ()))
-        for cb in list(self._callbacks) + watchers:
-            try:
-                cb(self, state)
-            except Exception:
-                log.exception("pilot callback %r on %s failed", cb, self.id)
-
-    def cancel(self) -> None:
-        """Cancel the pilot; its unfinished units are handed back to the framework's queue
-        (or fail, if the framework has nowhere else to put them)."""
-        self.framework.cancel_pilot(self.id)
-
-    def wait_running(self, timeout: float | None = None) -> State:
-        return self.framework.wait_pilot(self, timeout)
 
 
 class PilotFramework(ABC):
@@ -193,6 +64,9 @@ class PilotFramework(ABC):
         self.low_value = float(low_value)
         self._stats = StatCounter()
         self._values: dict[str, float] = {}
+        self._drains: dict[str, Drain] = {}     # pilot id -> its drain (over ones too)
+        self._draining: dict[str, Drain] = {}   # the drains not over yet
+        self._drain_lock = threading.RLock()    # guards both; never held across a hook
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} pilots={len(self._pilots)}>"
@@ -244,7 +118,6 @@ class PilotFramework(ABC):
 
     def wait_pilot(self, pilot: Pilot, timeout: float | None = None) -> State:
         """Block until ``pilot`` leaves PENDING (frameworks may override to wait better)."""
-        import time
         deadline = None if timeout is None else time.monotonic() + timeout
         while pilot.state is State.PENDING:
             if deadline is not None and time.monotonic() > deadline:
@@ -293,17 +166,147 @@ class PilotFramework(ABC):
         live = [p for p in self.list_pilots() if p.state is State.RUNNING and not p.draining]
         return [p for p in live if p.value is None or p.value >= self.low_value] or live
 
+    # -- drains: a template; frameworks provide the hooks -------------------------------
     def drain_pilot(self, pilot: Pilot, deadline: float | None = None, *, margin: float = 5.0,
                     on_empty: Callable[[Pilot], None] | None = None) -> DrainPlan:
-        """Empty ``pilot`` before ``deadline`` (epoch seconds; None: let everything finish).
+        """Empty ``pilot`` before ``deadline`` (absolute: epoch seconds; None: let
+        everything finish).
 
-        Within a second nothing new goes to it. Units not expected to end by ``deadline -
-        margin`` (runtime hint less elapsed time; without a hint, expected to end if at
-        least ``max(long_unit, 30)`` s are left) are requeued at once and run elsewhere; the
-        others run on. At ``deadline - margin`` whatever is still there is requeued (killed
-        on the pilot). ``on_empty(pilot)`` is called once, on a thread of its own, when the
-        pilot holds no unit (at once if it is empty already). Calling again may only bring
-        the deadline closer. The pilot stays RUNNING (draining) until it goes away."""
+        Nothing new goes to it once this returns (``plan.dispatch_stopped_at``). Units not
+        expected to end by ``deadline - margin`` (start plus runtime hint; without a hint,
+        expected to end if at least ``max(long_unit, 30)`` s are left), and units queued on
+        it, are requeued at once and run elsewhere (``plan.requeued``); the others run on
+        (``plan.kept``). At ``deadline - margin`` whatever still runs there is requeued too
+        (killed on the pilot: ``plan.late_requeued``). ``on_empty(pilot)`` is called once,
+        on a thread of its own, when the pilot holds no unit (at once if it is empty).
+        Asked again, a drain may only bring the deadline closer (with its margin), decides
+        again with it, and calls the new ``on_empty`` too. The pilot stays RUNNING
+        (``draining``) until it goes away; if it goes away first (``lose_pilot``, its
+        machine leaving) there is no ``on_empty``."""
+        deadline, margin = self._drain_numbers(deadline, margin)
+        with self._drain_lock:
+            d = self._drains.get(pilot.id)
+            first = d is None
+            if first:
+                d = Drain(pilot, DrainPlan(pilot.id, deadline, margin, time.time()))
+                self._drains[pilot.id] = self._draining[pilot.id] = d
+            else:
+                d.bring_closer(deadline, margin)
+            now_too = d.add_callback(on_empty)
+        if now_too and on_empty is not None:
+            call_on_empty(on_empty, pilot)
+        if first:
+            pilot.draining = True
+            self._stop_dispatch(pilot)
+            d.plan.dispatch_stopped_at = time.time()
+            log.info("pilot %s: draining (deadline in %s s)", pilot.id,
+                     "-" if deadline is None else f"{deadline - time.time():.1f}")
+            held = self._held_units(pilot) if pilot.state not in FINAL_STATES else {}
+            with self._drain_lock:
+                d.holding = {uid: u for uid, u in held.items() if uid not in d.left
+                             and u.state not in FINAL_STATES}
+                d.left.clear()
+        self._review_drain(d)
+        return d.plan
+
+    def _drain_numbers(self, deadline: Any, margin: Any) -> tuple[float | None, float]:
+        for what, v in (("deadline", deadline), ("margin", margin)):
+            if v is None and what == "deadline":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or (what == "margin" and v < 0):
+                raise BadParameter(f"framework {self.name!r}: drain_pilot {what}: expected "
+                                   f"a finite number{' >= 0' if what == 'margin' else ''} "
+                                   f"(epoch seconds for the deadline), got {v!r}")
+        return (None if deadline is None else float(deadline)), float(margin)
+
+    def _review_drain(self, d: Drain, at_deadline: bool = False) -> None:
+        """Requeue what the drain cannot keep (everything ``at_deadline``), re-arm the
+        watchdog, call ``on_empty`` if nothing is left."""
+        pilot = d.pilot
+        with self._drain_lock:
+            if d.holding is None or d.over or (at_deadline and pilot.state in FINAL_STATES):
+                return
+            now, ample = time.time(), max(AMPLE, self.long_unit)
+            move = [u for uid, u in d.holding.items() if uid not in d.moved
+                    and (at_deadline or not keeps(u, d.until, now, ample))]
+            d.moved.update(u.id for u in move)
+            (d.plan.late_requeued if at_deadline else d.plan.requeued).extend(
+                u.id for u in move)
+            d.plan.kept = sorted((set(d.plan.kept) | set(d.holding)) - d.moved)
+        if move:
+            if at_deadline:
+                log.warning("pilot %s: %d unit(s) still running at deadline - margin: "
+                            "requeued", pilot.id, len(move))
+            self._requeue_units(pilot, move)
+        with self._drain_lock:
+            if not at_deadline and not d.over and d.holding:
+                d.arm(lambda: self._review_drain(d, at_deadline=True))
+        self._fire_if_empty(d)
+
+    def _fire_if_empty(self, d: Drain) -> None:
+        with self._drain_lock:
+            if d.over or d.holding is None or d.holding:
+                return
+            d.fired = True
+            d.plan.emptied_at = time.time()
+            d.disarm()
+            self._draining.pop(d.plan.pilot, None)
+            callbacks = list(d.on_empty)
+        for cb in callbacks:
+            call_on_empty(cb, d.pilot)
+
+    def _unit_left(self, unit_id: str) -> None:
+        """For frameworks: ``unit_id`` is no longer on the pilot it was handed to (it
+        ended, was canceled or was moved away). Cheap when nothing drains."""
+        if not self._draining:
+            return
+        emptied = []
+        with self._drain_lock:
+            for d in self._draining.values():
+                if d.holding is None:
+                    d.left.add(unit_id)
+                elif d.holding.pop(unit_id, None) is not None and not d.holding:
+                    emptied.append(d)
+        for d in emptied:
+            self._fire_if_empty(d)
+
+    def _end_drain(self, pilot: Pilot) -> None:
+        """For frameworks: ``pilot`` went away before it emptied (its units are requeued by
+        whoever ends it): no watchdog, no ``on_empty``."""
+        with self._drain_lock:
+            d = self._draining.pop(pilot.id, None)
+            if d is not None:
+                d.ended = True
+                d.disarm()
+
+    def _end_drains(self) -> None:
+        """For ``close``: every drain's watchdog stops."""
+        with self._drain_lock:
+            drains, self._draining = list(self._draining.values()), {}
+            for d in drains:
+                d.ended = True
+                d.disarm()
+
+    def drain_plan(self, pilot: Pilot) -> DrainPlan | None:
+        """The plan of ``pilot``'s drain, if it was drained."""
+        with self._drain_lock:
+            d = self._drains.get(pilot.id)
+            return d.plan if d is not None else None
+
+    def _stop_dispatch(self, pilot: Pilot) -> None:
+        """Hook: once this returns, no unit may start on ``pilot`` that was not handed to it
+        before (``pilot.draining`` is set already); units queued for it alone go back to
+        the framework's queue (to run elsewhere)."""
+        raise IncorrectState(f"framework {self.name!r} ({self.kind}) cannot drain pilots")
+
+    def _held_units(self, pilot: Pilot) -> dict[str, ComputeUnit]:
+        """Hook: the units ``pilot`` holds now (queued there or running), by id."""
+        raise IncorrectState(f"framework {self.name!r} ({self.kind}) cannot drain pilots")
+
+    def _requeue_units(self, pilot: Pilot, units: list[ComputeUnit]) -> None:
+        """Hook: move ``units`` off ``pilot`` (killed there) to run elsewhere, and call
+        ``_unit_left`` for each once its attempt there is over (at once or later)."""
         raise IncorrectState(f"framework {self.name!r} ({self.kind}) cannot drain pilots")
 
     def lose_pilot(self, pilot: Pilot, reason: str = "lost") -> list[ComputeUnit]:
@@ -340,6 +343,9 @@ class PilotFramework(ABC):
         target = self.get_pilot(pilot) if isinstance(pilot, str) else pilot
         if target is not None and target.state in FINAL_STATES:
             raise IncorrectState(f"pilot {target.id} is {target.state.value}")
+        if target is not None and target.draining:  # nothing new reaches a draining pilot
+            log.info("unit %s: pilot %s is draining; bound late instead", unit.id, target.id)
+            target = None
         unit.framework = self.name
         unit._framework_obj = self
         unit.attempts += 1

@@ -1,6 +1,7 @@
-"""Records and rules shared by every framework's drain: ``DrainPlan`` (what a drain
-decided), ``UnitStats`` (requeues, duplicates, losses) and ``keeps`` (whether a running unit
-is expected to end before a deadline).
+"""Records and rules of the drain (its steps are ``PilotFramework.drain_pilot``, a template
+in :mod:`troy.frameworks.base`): ``DrainPlan`` (what a drain decided), ``Drain`` (its
+bookkeeping), ``UnitStats`` (requeues, duplicates, losses) and ``keeps`` (whether a running
+unit is expected to end before a deadline).
 
 A drain is how a pilot leaves gracefully before its resources are taken away (a CloudLab
 node reclaimed with a deadline): nothing new goes to it; units expected to end before
@@ -10,6 +11,7 @@ at least once: a requeued unit whose first attempt ends anyway counts as a dupli
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,8 +21,10 @@ from typing import TYPE_CHECKING
 from troy.states import State
 
 if TYPE_CHECKING:
-    from troy.frameworks.base import Pilot
+    from troy.frameworks.pilot import Pilot
     from troy.unit import ComputeUnit
+
+log = logging.getLogger(__name__)
 
 # Without a runtime hint, a running unit is let finish when at least this many seconds are
 # left before ``deadline - margin`` (the framework's ``long_unit`` option is used instead
@@ -106,13 +110,23 @@ def keeps(unit: ComputeUnit, until: float | None, now: float, ample: float = AMP
 
 @dataclass
 class Drain:
-    """A framework's bookkeeping of one drain in progress."""
+    """The bookkeeping of one drain in progress (``PilotFramework._drain_lock`` guards it).
 
+    ``holding``: the units still on the pilot (None until the framework said what the pilot
+    holds; units that left before are in ``left``); ``moved``: units this drain requeued
+    (they leave the pilot when their attempt there is over); ``fired``: ``on_empty`` was
+    called; ``ended``: the pilot went away before it emptied (no ``on_empty``, no watchdog).
+    """
+
+    pilot: Pilot
     plan: DrainPlan
     on_empty: list[Callable[[Pilot], None]] = field(default_factory=list)
     timer: threading.Timer | None = None
-    holding: set[str] = field(default_factory=set)   # unit ids still on the pilot
+    holding: dict[str, ComputeUnit] | None = None
+    left: set[str] = field(default_factory=set)
+    moved: set[str] = field(default_factory=set)
     fired: bool = False
+    ended: bool = False
 
     @property
     def until(self) -> float | None:
@@ -120,46 +134,47 @@ class Drain:
         d = self.plan.deadline
         return None if d is None else d - self.plan.margin
 
+    @property
+    def over(self) -> bool:
+        return self.fired or self.ended
+
+    def bring_closer(self, deadline: float | None, margin: float) -> None:
+        """A drain asked again: its deadline may only come closer (with its margin)."""
+        if deadline is not None and (self.plan.deadline is None
+                                     or deadline < self.plan.deadline):
+            self.plan.deadline, self.plan.margin = deadline, margin
+
+    def add_callback(self, cb: Callable[[Pilot], None] | None) -> bool:
+        """Keep another ``on_empty``; True when it must be called now (the pilot emptied
+        already). Each callable is kept once."""
+        if cb is None or cb in self.on_empty or self.ended:
+            return False
+        self.on_empty.append(cb)
+        return self.fired
+
     def arm(self, action: Callable[[], None]) -> None:
         """(Re)arm the watchdog that runs ``action`` at ``until``."""
-        if self.timer is not None:
-            self.timer.cancel()
+        self.disarm()
         if self.until is None:
             return
         self.timer = threading.Timer(max(0.0, self.until - time.time()), action)
         self.timer.daemon = True
         self.timer.start()
 
-    def add_callback(self, pilot: Pilot, cb: Callable[[Pilot], None] | None) -> None:
-        """Another ``on_empty`` (a drain asked again): called once too, at once if the
-        pilot is empty already."""
-        if cb is None or cb in self.on_empty:
-            return
-        self.on_empty.append(cb)
-        if self.fired:
-            _start(cb, pilot)
-
-    def fire_if_empty(self, pilot: Pilot) -> None:
-        """Call every ``on_empty(pilot)`` once, on a thread of its own, when nothing is
-        left."""
-        if self.holding or self.fired:
-            return
-        self.fired = True
-        self.plan.emptied_at = time.time()
+    def disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        for cb in self.on_empty:
-            _start(cb, pilot)
+            self.timer = None
 
 
-def _start(cb: Callable[[Pilot], None], pilot: Pilot) -> None:
+def call_on_empty(cb: Callable[[Pilot], None], pilot: Pilot) -> None:
+    """``cb(pilot)`` on a thread of its own (it may be slow, or drain again)."""
     threading.Thread(target=_call, args=(cb, pilot), daemon=True,
                      name=f"troy-{pilot.id}-empty").start()
 
 
 def _call(cb: Callable[[Pilot], None], pilot: Pilot) -> None:
-    import logging
     try:
         cb(pilot)
     except Exception:  # a user's callback must not break the framework
-        logging.getLogger(__name__).exception("on_empty callback for %s failed", pilot.id)
+        log.exception("on_empty callback for %s failed", pilot.id)

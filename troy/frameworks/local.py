@@ -10,9 +10,10 @@ RUNNING pilot whose free cores fit it most tightly (best fit, which keeps wide p
 for wide units). A unit never blocks the queue behind it: smaller units run while a wide one
 waits, and a unit wider than every pilot waits until a wide-enough pilot appears.
 Canceling a pilot (or its walltime running out) kills its running units and requeues them,
-with their queued ones, onto the other pilots. Draining a pilot (``drain_pilot``) stops new
-units at once and kills the running units that would not end in time, which requeue the same
-way; ``lose_pilot`` kills them all. Long units (``long_unit``) prefer valued pilots (see
+with their queued ones, onto the other pilots. Draining a pilot (``drain_pilot``, the base's
+template) stops new units at once (a draining pilot has no free cores, and units bound to it
+go back to late binding) and kills the running units that would not end in time, which
+requeue the same way; ``lose_pilot`` kills them all. Long units (``long_unit``) prefer valued pilots (see
 ``PilotFramework.set_pilot_values``).
 """
 from __future__ import annotations
@@ -20,8 +21,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,6 @@ from typing import Any
 from troy import execution
 from troy.errors import BadParameter
 from troy.frameworks.base import Pilot, PilotFramework
-from troy.frameworks.drain import AMPLE, Drain, DrainPlan, keeps
 from troy.frameworks.shapes import tightest_free
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
@@ -67,7 +65,6 @@ class LocalFramework(PilotFramework):
         self._running: dict[str, _Run] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._timers: dict[str, threading.Timer] = {}
-        self._drains: dict[str, Drain] = {}
         self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -93,6 +90,7 @@ class LocalFramework(PilotFramework):
             executor, self._executor = self._executor, None
         for t in timers:
             t.cancel()
+        self._end_drains()
         for run in runs:
             for proc in list(run.procs):
                 execution.kill(proc)
@@ -138,41 +136,24 @@ class LocalFramework(PilotFramework):
         for proc in procs:  # the attempt's thread requeues the unit once the process is gone
             execution.kill(proc)
 
-    def drain_pilot(self, pilot: Pilot, deadline: float | None = None, *, margin: float = 5.0,
-                    on_empty: Callable[[Pilot], None] | None = None) -> DrainPlan:
-        now = time.time()
-        with self._lock:
-            d = self._drains.get(pilot.id)
-            if d is None:
-                d = self._drains[pilot.id] = Drain(DrainPlan(pilot.id, deadline, margin, now),
-                                                   [on_empty] if on_empty else [])
-                pilot.draining = True
-                d.plan.dispatch_stopped_at = time.time()
-                self._queue = [(u, None if b is pilot else b) for u, b in self._queue]
-            elif deadline is not None and (d.plan.deadline is None
-                                           or deadline < d.plan.deadline):
-                d.plan.deadline, d.plan.margin = deadline, margin
-            else:
-                d.add_callback(pilot, on_empty)
-            runs = [r for r in self._running.values() if r.pilot is pilot]
-            d.holding = {r.unit.id for r in runs}
-        self._drain_runs(pilot, d, [r for r in runs if not keeps(
-            r.unit, d.until, now, max(AMPLE, self.long_unit))])
-        if d.holding:
-            d.arm(lambda: self._drain_runs(pilot, d, [
-                r for r in list(self._running.values()) if r.pilot is pilot], True))
-        d.fire_if_empty(pilot)
-        return d.plan
+    # -- drain hooks (the drain itself: PilotFramework.drain_pilot) ----------------------
+    def _stop_dispatch(self, pilot: Pilot) -> None:
+        with self._lock:  # a draining pilot has no free cores: only its bound units wait
+            self._queue = [(u, None if b is pilot else b) for u, b in self._queue]
+        self._schedule()
 
-    def _drain_runs(self, pilot: Pilot, d: Drain, runs: list[_Run],
-                    late: bool = False) -> None:
-        """Kill ``runs`` on the draining ``pilot``: their threads requeue them."""
+    def _held_units(self, pilot: Pilot) -> dict[str, ComputeUnit]:
         with self._lock:
+            return {r.unit.id: r.unit for r in self._running.values() if r.pilot is pilot}
+
+    def _requeue_units(self, pilot: Pilot, units: list[ComputeUnit]) -> None:
+        """Kill their processes: their threads requeue them (``_finish``)."""
+        ids = {u.id for u in units}
+        with self._lock:
+            runs = [r for r in self._running.values() if r.pilot is pilot and r.unit.id in ids]
             for run in runs:
                 run.requeued = True
             procs = [p for r in runs for p in r.procs]
-        (d.plan.late_requeued if late else d.plan.requeued).extend(r.unit.id for r in runs)
-        d.plan.kept = sorted(d.holding - {r.unit.id for r in runs})
         for proc in procs:
             execution.kill(proc)
 
@@ -181,12 +162,8 @@ class LocalFramework(PilotFramework):
             return []
         log.warning("pilot %s: %s; requeuing its units", pilot.id, reason)
         pilot.draining = True
+        self._end_drain(pilot)  # gone before it emptied: no on_empty, no watchdog
         with self._lock:
-            d = self._drains.get(pilot.id)
-            if d is not None:  # gone before it emptied: no on_empty, no watchdog
-                d.fired = True
-                if d.timer is not None:
-                    d.timer.cancel()
             units = [u for u, b in self._queue if b is pilot]
             units += [r.unit for r in self._running.values() if r.pilot is pilot]
         self._cancel_pilot(pilot)
@@ -315,11 +292,7 @@ class LocalFramework(PilotFramework):
                 and not self._closed
             if requeue:
                 unit.attempts += 1
-            drain = self._drains.get(run.pilot.id)
-            if drain is not None:
-                drain.holding.discard(unit.id)
-        if drain is not None:
-            drain.fire_if_empty(run.pilot)
+        self._unit_left(unit.id)
         if result.ok and not run.canceled:
             self._stats.completed(unit)
         if requeue:

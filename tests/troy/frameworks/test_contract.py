@@ -1,4 +1,5 @@
-"""The pilot framework contract, run on every framework (``local`` and ``dask``)."""
+"""The pilot framework contract, run on every framework (``local`` and ``dask``); the drain
+contract is in test_contract_drain.py."""
 from __future__ import annotations
 
 

@@ -1,6 +1,6 @@
-"""Pilots joining and leaving the ``dask`` framework: who may be adopted, drains
-(deadline-aware), losses, evacuations, and where long units may go (``DaskFramework`` mixes
-``PilotMoves`` in).
+"""Pilots joining and leaving the ``dask`` framework: who may be adopted, the drain's hooks
+(the drain itself is ``PilotFramework.drain_pilot``), losses, evacuations, and where long
+units may go (``DaskFramework`` mixes ``PilotMoves`` in).
 
 Every worker of a framework carries the framework's tag (``topic``) and long-unit tag
 (``topic-long``) as resources; units ask for one of them. Our own workers get both when they
@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from troy.frameworks.base import Pilot
 from troy.frameworks.dask import agent
 from troy.frameworks.dask.events import UnitRecord
-from troy.frameworks.drain import AMPLE, Drain, DrainPlan, keeps
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit
 
@@ -46,7 +43,6 @@ class PilotMoves:
     _dead_addrs: set[str]
     _parked: dict[str, list[UnitRecord]]
     _moved: dict[str, ComputeUnit]
-    _drains: dict[str, Drain]
     _workers: dict[str, Any]
     _tags_lock: Any
     verify_names: bool
@@ -190,10 +186,7 @@ class PilotMoves:
         return [r.unit for r in recs]
 
     def _unit_gone(self, rec: UnitRecord, addr: str | None) -> None:
-        for d in list(self._drains.values()):
-            if rec.unit.id in d.holding:
-                d.holding.discard(rec.unit.id)
-                d.fire_if_empty(self.get_pilot(d.plan.pilot))
+        self._unit_left(rec.unit.id)
 
     def _handle_cluster(self, msg: dict) -> None:
         addr = msg.get("worker")
@@ -229,83 +222,40 @@ class PilotMoves:
             return
         w.proc.stop()
 
-    # -------------------------------------------------------------- drain / lose -------
-    def drain_pilot(self, pilot: Pilot, deadline: float | None = None, *, margin: float = 5.0,
-                    on_empty: Callable[[Pilot], None] | None = None) -> DrainPlan:
-        now = time.time()
-        with self._dispatch_lock:
-            d = self._drains.get(pilot.id)
-            if d is not None:  # again: the deadline may only come closer
-                if deadline is not None and (d.plan.deadline is None
-                                             or deadline < d.plan.deadline):
-                    d.plan.deadline = deadline
-                    d.plan.margin = margin
-                d.add_callback(pilot, on_empty)
-                self._drain_decide(pilot, d)
-                return d.plan
-            d = Drain(DrainPlan(pilot.id, deadline, margin, now), [on_empty] if on_empty else [])
-            self._drains[pilot.id] = d
-            pilot.draining = True
+    # -------------------------------------------------------------- drain hooks --------
+    # (the drain itself is PilotFramework.drain_pilot, the same on every framework)
+    def _stop_dispatch(self, pilot: Pilot) -> None:
+        """Its tags to 0 (under ``_tags_lock``: an adoption's grant in flight lands first,
+        and then sees ``draining``); units parked for it go back to the queue."""
         addr = pilot.native_id
         if addr and pilot.state is State.RUNNING and addr not in self._dead_addrs:
-            self._grant(addr, {self.topic: 0, self.long_tag: 0})
-        d.plan.dispatch_stopped_at = time.time()
-        log.info("pilot %s: draining (deadline in %s s)", pilot.id,
-                 "-" if deadline is None else f"{deadline - now:.1f}")
+            with self._tags_lock:
+                self._grant(addr, {self.topic: 0, self.long_tag: 0})
         self._values_changed()  # long units may need another home
-        keys = self._processing(addr) if addr else set()
         with self._dispatch_lock:
             for rec in self._parked.pop(pilot.id, []):
                 rec.bound = None
                 self._submitq.put(rec)
-            held = self._held_by(pilot, keys)
-            d.holding = {r.unit.id for r in held}
-            for rec in self._records.values():  # guessed here, will run elsewhere
-                if rec.reserved is pilot and rec not in held:
-                    self._unreserve(rec)
-            self._drain_decide(pilot, d)
-        return d.plan
 
-    def _drain_decide(self, pilot: Pilot, d: Drain, at_deadline: bool = False) -> None:
-        """Requeue the held units not expected to end by ``deadline - margin`` (all of them
-        ``at_deadline``); arm the watchdog; fire ``on_empty`` if nothing is left."""
-        now = time.time()
-        ample = max(AMPLE, self.long_unit)
-        moved = []
-        for rec in [self._records[u] for u in list(d.holding) if u in self._records]:
-            if at_deadline or not keeps(rec.unit, d.until, now, ample):
-                self._requeue_rec(rec, pilot.native_id)
-                moved.append(rec.unit.id)
-        d.holding &= set(self._records)
-        (d.plan.late_requeued if at_deadline else d.plan.requeued).extend(moved)
-        d.plan.kept = sorted(d.holding)
-        if pilot.native_id:
-            self._kill_later(pilot.native_id, moved)
-        if not at_deadline and d.holding:
-            d.arm(lambda: self._drain_deadline(pilot))
-        d.fire_if_empty(pilot)
-
-    def _drain_deadline(self, pilot: Pilot) -> None:
+    def _held_units(self, pilot: Pilot) -> dict[str, ComputeUnit]:
+        addr = pilot.native_id
+        keys = self._processing(addr) if addr else set()
         with self._dispatch_lock:
-            d = self._drains.get(pilot.id)
-            if d is not None and d.holding and pilot.state not in FINAL_STATES:
-                log.warning("pilot %s: %d unit(s) still running at deadline - margin: "
-                            "requeued", pilot.id, len(d.holding))
-                self._drain_decide(pilot, d, at_deadline=True)
+            held = {r.unit.id: r for r in self._held_by(pilot, keys)}
+            for rec in list(self._records.values()):  # guessed here, will run elsewhere
+                if rec.reserved is pilot and rec.unit.id not in held:
+                    self._unreserve(rec)
+        return {uid: r.unit for uid, r in held.items()}
 
-    def _end_drain(self, pilot: Pilot) -> None:
-        """The pilot is gone before it emptied: its drain's watchdog and ``on_empty`` are
-        moot (the units are requeued by whoever ends it)."""
-        d = self._drains.get(pilot.id)
-        if d is not None:
-            d.fired = True
-            if d.timer is not None:
-                d.timer.cancel()
-
-    def drain_plan(self, pilot: Pilot) -> DrainPlan | None:
-        """The plan of ``pilot``'s drain, if it is being drained."""
-        d = self._drains.get(pilot.id)
-        return d.plan if d is not None else None
+    def _requeue_units(self, pilot: Pilot, units: list[ComputeUnit]) -> None:
+        addr = pilot.native_id
+        with self._dispatch_lock:
+            recs = [r for u in units if (r := self._records.get(u.id)) is not None
+                    and r.unit is u and r.future is not None and not r.canceling]
+            for rec in recs:
+                self._requeue_rec(rec, addr)
+        if addr:
+            self._kill_later(addr, [r.unit.id for r in recs])
 
     def lose_pilot(self, pilot: Pilot, reason: str = "lost") -> list[ComputeUnit]:
         with self._lock:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from troy.descriptions import PilotDescription
-from troy.frameworks.drain import Drain
 from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.dask import agent
@@ -138,7 +137,6 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         self._by_key: dict[str, UnitRecord] = {}
         self._started = False
         self._dispatch_lock = threading.RLock()
-        self._drains: dict[str, Drain] = {}
         self._tags_lock = threading.Lock()
         self._moved: dict[str, ComputeUnit] = {}   # units requeued at least once
 
@@ -216,9 +214,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         if not self._started:
             return
         self._started = False
-        for d in self._drains.values():
-            if d.timer is not None:
-                d.timer.cancel()
+        self._end_drains()
         for rec in list(self._records.values()):
             self._records.pop(rec.unit.id, None)
             self._unreserve(rec)
@@ -458,6 +454,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         addr = rec.addr
         self._records.pop(unit.id, None)
         self._unreserve(rec)
+        self._unit_gone(rec, addr)   # a drain waiting for it does not wait any more
         unit._set_state(State.CANCELED, result=UnitResult(error="canceled"))
         fut, rec.future = rec.future, None
         if fut is not None:
