@@ -10,7 +10,8 @@ The Python contract::
     us.wait_units()                                      # u.state, u.framework, u.pilot
     s.close()
 
-and ``troy.execute_workload(session, workload, overlay)`` for whole workloads.
+and ``troy.execute_workload(session, workload, overlay)`` for whole workloads
+(``troy.WorkloadRun``: the same on a thread, with a future and progress events).
 ``troy.Pilot`` is the framework pilot ``submit_pilot`` returns; the overlay element of seed
 000 is ``troy.overlay.Pilot`` (also ``troy.OverlayPilot``).
 """
@@ -25,6 +26,7 @@ from troy.frameworks.drain import DrainPlan, UnitStats
 from troy.overlay import Overlay, OverlayManager
 from troy.overlay import Pilot as OverlayPilot
 from troy.planner import Planner
+from troy.runs import RunProgress, TaskEvent, WorkloadRun
 from troy.schedulers import BaseScheduler, register_scheduler
 from troy.session import Session
 from troy.states import State
@@ -37,4 +39,5 @@ __all__ = ["State", "TaskDescription", "ComputeUnitDescription", "PilotDescripti
            "IncorrectState", "DoesNotExist", "Session", "UnitService", "PilotFramework",
            "Pilot", "OverlayPilot", "Overlay", "OverlayManager", "Planner", "Task",
            "Relation", "Workload", "WorkloadManager", "BaseScheduler", "register_scheduler",
-           "execute_workload", "Demand", "DrainPlan", "UnitStats"]
+           "execute_workload", "Demand", "DrainPlan", "UnitStats", "WorkloadRun",
+           "TaskEvent", "RunProgress"]

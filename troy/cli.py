@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import queue
 import re
 import sys
-import threading
 import time
 from typing import Any
 
 import click
 
-from troy.errors import UsageError
-from troy.errors import BadParameter, TroyError
+from troy.errors import BadParameter, TroyError, UsageError
 from troy.estimate import estimate
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
 from troy.plot import plot_cmd
 from troy.progress import show_progress
-from troy.report import build_report  # noqa: F401  (its old home: troy.cli.build_report)
+from troy.report import build_report
+from troy.runs import run_numbers_problem
 
 log = logging.getLogger("troy")
 
@@ -82,25 +79,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def quiet_dask() -> None:
-    """Dask logs its own connection chatter (and closing tracebacks) at INFO and above;
-    ``troy run`` reports unit failures itself, so Dask speaks only under ``--debug``."""
-    import distributed  # noqa: F401  (configures its loggers on import; we override them)
-    for name in list(logging.root.manager.loggerDict):
-        if name == "distributed" or name.startswith("distributed."):
-            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
-
-
-def run_numbers_problem(time_scale: float, timeout: float | None) -> str | None:
-    """What is wrong with a run's ``--time-scale`` and ``--timeout`` (None: nothing); the
-    commands that run workflows (``troy run``, ``elasticslice run``) share it."""
-    if not math.isfinite(time_scale) or time_scale < 0:
-        return f"--time-scale {time_scale}: expected a finite number >= 0"
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        return f"--timeout {timeout}: expected a number of seconds > 0"
-    return None
 
 
 def parse_pilots(spec: str | None) -> tuple[int, int]:
@@ -173,7 +151,7 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
     import troy
     from troy.output import OutputKeeper, default_output_dir, last_lines
     from troy.workload.files import load_workload
-    from troy.resume import finish, prepare, resume_line, run_session  # noqa: I001
+    from troy.resume import prepare, resume_line, run_session
 
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -207,7 +185,8 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
     workload = load_workload(file, time_scale=time_scale, max_cores=cores)
     outputs = OutputKeeper(output_dir or default_output_dir(file, report))
     if framework == "dask" and not click.get_current_context().find_root().obj.get("debug"):
-        quiet_dask()
+        from troy.frameworks.dask.processes import silence_dask
+        silence_dask()
     manager: dict[str, Any] = {}
     if scheduler:
         from troy.schedulers import get_scheduler
@@ -215,7 +194,6 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
         manager["scheduler"] = scheduler
     if no_bundle:
         manager["bundle"] = False
-    finished: queue.SimpleQueue = queue.SimpleQueue()
     with run_session(store, {"scheduler": scheduler} if scheduler else None) as session:
         resumed = prepare(session, store, file, workload, time_scale) if store else None
         if resumed is not None:  # the store's workload, its unfinished units queued
@@ -234,38 +212,14 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
         # once the pilots' framework is up: a scheduler that cannot be reached is one line
         click.echo(estimate(workload, count * cores).line(), err=True)
         overlay = troy.Overlay([{"size": cores, "framework": framework}] * count)
-        outcome: dict[str, Any] = {}
-
-        def on_task(task: Any, state: troy.State) -> None:
-            finished.put((task.id, state))  # progress counts running, failed and final
-
-        for t in workload.tasks.values():
-            t.add_callback(on_task)
-            if resumed is not None and t.state.is_final:  # ended before: counted at once
-                on_task(t, t.state)
-
-        def execute() -> None:
-            try:
-                left = None if deadline is None else max(0.001, deadline - time.monotonic())
-                outcome["state"] = finish(session, workload, overlay, left) if resumed \
-                    else troy.execute_workload(session, workload, overlay, timeout=left,
-                                               **manager)
-            except BaseException as err:  # handed to the main thread, raised there
-                outcome["error"] = err
-            finally:
-                finished.put(None)
-
+        left = None if deadline is None else max(0.001, deadline - time.monotonic())
         started = time.time()
-        runner = threading.Thread(target=execute, name="troy-run", daemon=True)
-        runner.start()
-        show_progress(finished, total)
-        runner.join()
+        run = troy.WorkloadRun(session, workload, overlay, timeout=left, **manager).start()
+        show_progress(run.events(), total)
         overlay.cancel()
-        if "error" in outcome:
-            raise outcome["error"]
-        data = build_report(workload, outcome["state"], time.time() - started,
-                            outputs=outputs, base=os.path.dirname(os.path.abspath(report))
-                            if report else None)
+        state = run.result()  # what the run raised, raised here
+        data = build_report(workload, state, time.time() - started, outputs=outputs,
+                            base=os.path.dirname(os.path.abspath(report)) if report else None)
     if report:
         try:
             with open(report, "w") as f:

@@ -1,6 +1,7 @@
 """``troy run``'s progress on stderr: tasks final, running and failed, and an ETA.
 
-Fed by task state events ``(task id, State)`` on a queue (``None`` ends it). A terminal gets
+Fed by task state events ``(task id, State)``: a run's ``WorkloadRun.events()``, or a queue
+(``None`` ends it). A terminal gets
 a bar; anything else a line per tenth of the tasks (and the last one)::
 
     tasks: 40/100 final, 4 running, 1 failed, ETA 1 min 30 s
@@ -13,7 +14,7 @@ from __future__ import annotations
 import queue
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -67,7 +68,11 @@ class Counts:
         return f"tasks: {len(self.final)}/{self.total} final, {self.status(elapsed)}"
 
 
-def _events(events: queue.SimpleQueue) -> Iterator[tuple[str, State]]:
+def _events(events: queue.SimpleQueue | Iterable[tuple[str, State]]
+            ) -> Iterator[tuple[str, State]]:
+    if not isinstance(events, queue.SimpleQueue):
+        yield from events
+        return
     while True:
         item = events.get()
         if item is None:
@@ -75,9 +80,11 @@ def _events(events: queue.SimpleQueue) -> Iterator[tuple[str, State]]:
         yield item
 
 
-def show_progress(events: queue.SimpleQueue, total: int, *, stream: IO[str] | None = None,
+def show_progress(events: queue.SimpleQueue | Iterable[tuple[str, State]], total: int, *,
+                  stream: IO[str] | None = None,
                   clock: Callable[[], float] = time.monotonic) -> Counts:
-    """Show progress until ``None`` arrives on ``events``; returns the last counts."""
+    """Show progress until ``events`` end (an iterable, or ``None`` on a queue); returns
+    the last counts."""
     err = stream if stream is not None else sys.stderr
     counts, started = Counts(total), clock()
     if err.isatty():

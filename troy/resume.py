@@ -7,8 +7,9 @@ again with the same store:
 
 - no record yet (a new or empty store, or a run killed before it dispatched): a fresh run;
 - a record of the same file: the workload is rebuilt from the store with the same task and
-  unit ids (``Session.recover``, ``troy.workload.recovery``); units that ended keep their
-  state (a DONE task is not run again), the others are dispatched again once pilots run;
+  unit ids (``Session.resume_workload``); units that ended keep their state (a DONE task is
+  not run again), the others are dispatched again once pilots run (``troy.WorkloadRun``
+  provisions the pilots and waits for them);
 - a record of another file, or workloads that ``troy run`` did not start: a ``UsageError``.
 
 ``run_session`` closes the store before the session: a run interrupted (Ctrl-C, a timeout)
@@ -25,12 +26,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from troy.errors import NoSuccess, UsageError
+from troy.errors import UsageError
 from troy.states import State
 from troy.store import StoreError
 
 if TYPE_CHECKING:
-    from troy.overlay import Overlay
     from troy.session import Session
     from troy.workload import Workload
 
@@ -109,15 +109,7 @@ def _reason(err: StoreError) -> str:
 
 def _rebuild(session: Session, wid: str, spec: dict[str, Any]) -> Workload:
     """The stored workload ``wid``, rebuilt; its unfinished units dispatched again."""
-    session.recover()
-    workload = session.workloads.get(wid)
-    if workload is None:  # every unit had ended: recover had nothing to do
-        from troy.workload.manager import WorkloadManager
-        from troy.workload.recovery import resume_workload
-        workload, _ = resume_workload(WorkloadManager(session), wid, spec,
-                                      session.store.units(workload=wid))
-        session.workloads[wid] = workload
-    return workload
+    return session.resume_workload(wid)
 
 
 def resume_line(workload: Workload) -> str:
@@ -129,15 +121,3 @@ def resume_line(workload: Workload) -> str:
                                             "canceled")) if n]
     return (f"resuming: {done}/{len(states)} tasks already done"
             + (f" ({', '.join(extra)}: not run again)" if extra else ""))
-
-
-def finish(session: Session, workload: Workload, overlay: Overlay,
-           timeout: float | None) -> State:
-    """Run a rebuilt workload to the end on ``overlay``: provision its pilots and wait."""
-    from troy.overlay import OverlayManager
-    OverlayManager(session).manage_overlay(overlay)
-    state = workload.wait(timeout)
-    if not workload.finished:
-        raise NoSuccess(f"workload {workload.id} not finished after {timeout:.1f} s "
-                        f"(state {state.value})")
-    return state

@@ -23,7 +23,7 @@ from troy.frameworks import framework_class
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.drain import UnitStats
 from troy.schedulers import BaseScheduler
-from troy.states import State
+from troy.states import FINAL_STATES, State
 from troy.store import Store
 from troy.unit import ComputeUnit, UnitResult
 from troy.unit_service import UnitService
@@ -194,15 +194,11 @@ class Session:
         specs = {wid: self.store.workload_spec(wid) for wid in {r.workload for r in records}
                  if wid is not None}
         resumed: list[ComputeUnit] = []
-        if any(specs.values()):
-            from troy.workload.manager import WorkloadManager
-            from troy.workload.recovery import resume_workload
-            wm = WorkloadManager(self, unit_service=unit_service)
-            for wid, spec in specs.items():
-                if spec:
-                    w, pending = resume_workload(wm, wid, spec, self.store.units(workload=wid))
-                    self.workloads[wid] = w
-                    resumed.extend(pending)
+        for wid, spec in specs.items():
+            if spec:
+                w = self.resume_workload(wid, unit_service=unit_service)
+                resumed.extend({u.id: u for t in w.tasks.values() for u in t.units
+                                if u.state not in FINAL_STATES}.values())
         records = [r for r in records if not (r.workload and specs.get(r.workload))]
         if not records:
             return resumed
@@ -223,6 +219,38 @@ class Session:
         if units:
             us.submit_units(units)
         return resumed + units
+
+    def resume_workload(self, workload_id: str | None = None, *,
+                        unit_service: UnitService | None = None) -> Any:
+        """The dispatched workload ``workload_id`` (None: the last one the store holds),
+        rebuilt from the store with the same task and unit ids (``session.workloads[id]``):
+        units that ended keep their recorded state, those in flight are dispatched again
+        (at least once, through ``unit_service``; default: the config's scheduler), held
+        ones are released by the relations as before. A workload rebuilt already (by
+        ``recover`` or an earlier call) is returned as it is. ``troy.WorkloadRun`` runs it
+        on (provisions an overlay and waits). ``DoesNotExist`` if the store holds no such
+        workload."""
+        store = self.store
+        if workload_id is None:
+            known = [r["id"] for r in store.workloads() if store.workload_spec(r["id"])]
+            if not known:
+                raise DoesNotExist(f"store {self.store_path}: holds no dispatched workload")
+            workload_id = known[-1]
+        with self._lock:
+            found = self.workloads.get(workload_id)
+        if found is not None:
+            return found
+        spec = store.workload_spec(workload_id)
+        if spec is None:
+            raise DoesNotExist(f"store {self.store_path}: no dispatched workload "
+                               f"{workload_id!r}")
+        from troy.workload.manager import WorkloadManager
+        from troy.workload.recovery import resume_workload
+        workload, _ = resume_workload(WorkloadManager(self, unit_service=unit_service),
+                                      workload_id, spec, store.units(workload=workload_id))
+        with self._lock:
+            self.workloads[workload_id] = workload
+        return workload
 
     # -- for scaling and reports --------------------------------------------------------
     def demand(self) -> Demand:

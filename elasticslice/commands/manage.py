@@ -7,19 +7,17 @@
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import logging
-import os
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 import click
 
 from elasticslice.config import load_config
 from elasticslice.errors import ElasticSliceError
+from elasticslice.managers.statedir import lock_state_dir
 
 log = logging.getLogger("elasticslice.manage")
 
@@ -28,27 +26,6 @@ def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def lock_state_dir(state_dir: Path) -> int:
-    """Take ``state_dir/manage.lock``: two managers of one slice would both add nodes.
-    Returns the descriptor holding it (the lock goes with the process)."""
-    try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(state_dir / "manage.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as err:
-        raise ElasticSliceError(f"{state_dir}: cannot use the state directory: "
-                                f"{err.strerror or err}") from err
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise ElasticSliceError(f"{state_dir}: another manager (pid {holder}) is running on "
-                                "this state directory; stop it first") from err
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def build_manager(config_path: str | None, *, endpoint: bool = True) -> Any:

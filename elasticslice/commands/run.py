@@ -4,10 +4,11 @@
 
 DIR holds the whole run (the cluster CA, the Troy store, the manager's state, ``cluster.json``
 with the scheduler's address and the process id, ``run.json`` naming the workflow, the
-run's counters and ``run.log``). Run the same command again after the process died, even of
-a SIGKILL: it resumes (same scheduler port, the node agents rejoin, finished tasks are not
-run again). Exit 0: every task DONE; 1: some did not end DONE, or an error; 2: bad usage;
-130: interrupted.
+run's counters, ``run.log``, and each task's output in ``output/``). Run the same command
+again after the process died, even of a SIGKILL, or after a Ctrl-C, SIGTERM or --timeout
+(which keep the nodes): it resumes (same scheduler port, the node agents rejoin, finished
+tasks are not run again). Exit 0: every task DONE; 1: some did not end DONE, --timeout, or
+an error; 2: bad usage; 130: interrupted.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import hashlib
 import logging
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ log = logging.getLogger("elasticslice.run")
 TICK = 0.5          # seconds between two looks at the run
 PROGRESS_EVERY = 5.0  # a progress line at least this often while something changes
 RUN_FILE = "run.json"
+OUTPUT_DIR = "output"  # DIR/output: each task's stdout and stderr
 #: the report's ``stats``: its names, and the cluster's counter each comes from
 STATS = {"units_requeued": "units_requeued", "duplicate_runs": "duplicates",
          "units_lost": "units_lost", "revocations": "revocations",
@@ -71,106 +72,87 @@ def check_same_run(state_dir: Path, mine: dict[str, Any]) -> dict[str, Any] | No
 
 
 def _terminated(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops a run as Ctrl-C does: resumable, nodes tidy
+    raise KeyboardInterrupt  # SIGTERM stops a run as Ctrl-C does: resumable, nodes kept
 
 
 def log_to_file(path: Path, debug: bool) -> None:
     """The details go to DIR/run.log; stderr keeps warnings, progress and the outcome."""
-    from troy.cli import quiet_dask
     if not debug:
+        from troy.frameworks.dask.processes import silence_dask
         for handler in logging.getLogger().handlers:
             handler.setLevel(logging.WARNING)
-        quiet_dask()
+        silence_dask()
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)
     logging.getLogger().addHandler(handler)
 
 
-def the_workload(session: Any, fresh: Any) -> tuple[Any, bool]:
-    """The run's workload and whether it was dispatched before: the one the session
-    resumed, else one the store holds (all its units final: rebuilt as it ended), else
-    ``fresh`` (not dispatched yet)."""
-    if session.workloads:
-        return list(session.workloads.values())[-1], True
-    for rec in reversed(session.store.workloads()):
-        spec = session.store.workload_spec(rec["id"])
-        if spec:
-            from troy.workload.manager import WorkloadManager
-            from troy.workload.recovery import resume_workload
-            w, _ = resume_workload(WorkloadManager(session), rec["id"], spec,
-                                   session.store.units(workload=rec["id"]))
-            return w, True
-    return fresh, False
+def the_workload(session: Any, fresh: Any) -> Any:
+    """The run's workload: the one the store holds (resumed: its in-flight units dispatched
+    again, or rebuilt as it ended), else ``fresh`` (planned: its tasks are final)."""
+    from troy.errors import DoesNotExist
+    from troy.planner import Planner
+    try:
+        return session.resume_workload()
+    except DoesNotExist:
+        Planner(session).plan(fresh)
+        return fresh
 
 
-def dispatch(cluster: Any, workload: Any) -> dict[str, Any]:
-    """Run ``workload`` on the cluster's pilots (late binding) in a thread; the returned
-    dict gets ``error`` if dispatching failed."""
-    import troy
-    outcome: dict[str, Any] = {}
-
-    def execute() -> None:
-        try:
-            troy.execute_workload(cluster.session, workload, cluster.overlay(),
-                                  bind_mode="late")
-        except Exception as err:  # handed to the main thread
-            outcome["error"] = err
-
-    threading.Thread(target=execute, name="run-workload", daemon=True).start()
-    return outcome
-
-
-def progress_line(cluster: Any, workload: Any, elapsed: float) -> str:
+def progress_line(cluster: Any, progress: Any, elapsed: float) -> str:
     snap = cluster.snapshot()
-    done = sum(1 for t in workload.tasks.values() if t.state.value == "DONE")
-    return (f"[{elapsed:6.1f}s] tasks {done}/{len(workload.tasks)} done, "
+    return (f"[{elapsed:6.1f}s] tasks {progress.done}/{progress.total} done, "
             f"{snap.units_running} units running, {snap.units_queued} queued; "
-            f"{snap.nodes_held} nodes, {snap.pilots} pilots")
+            f"{snap.nodes_held} nodes, {snap.pilots} pilots; {snap.revocations} revocations")
 
 
-def follow(cluster: Any, workload: Any, outcome: dict[str, Any],
-           timeout: float | None) -> None:
-    """Progress on stderr until every task is final; Stopped after ``timeout``."""
+def follow(cluster: Any, run: Any, timeout: float | None) -> Any:
+    """Progress on stderr until the run ends (its final state; what it raised, raised);
+    Stopped after ``timeout``."""
     started = time.monotonic()
     shown, shown_at = "", 0.0
-    while not workload.finished:
-        if "error" in outcome:
-            raise outcome["error"]
+    while not run.wait(0 if not shown else TICK):
         now = time.monotonic()
         if timeout is not None and now - started > timeout:
-            raise Stopped(f"not finished within --timeout {timeout:g} s; run the same command "
-                          f"again to resume")
-        line = progress_line(cluster, workload, now - started)
+            raise Stopped(f"not finished within --timeout {timeout:g} s")
+        line = progress_line(cluster, run.progress(), now - started)
         body = line.split("] ", 1)[1]
         if body != shown and now - shown_at >= PROGRESS_EVERY or not shown:
             click.echo(line, err=True)
             shown, shown_at = body, now
-        time.sleep(TICK)
-    click.echo(progress_line(cluster, workload, time.monotonic() - started), err=True)
+    click.echo(progress_line(cluster, run.progress(), time.monotonic() - started), err=True)
+    return run.result()
 
 
-def make_report(workload: Any, wall: float, stats: dict[str, Any]) -> dict[str, Any]:
-    """``troy run``'s report of ``workload`` plus ``stats`` (the contract's names) and
-    ``nodes_peak``, from the cluster's counters ``stats``."""
-    from troy.cli import build_report
-    data = build_report(workload, workload.state, wall)
+def make_report(workload: Any, wall: float, stats: dict[str, Any], outputs: Any = None,
+                base: str | None = None) -> dict[str, Any]:
+    """``troy run``'s report of ``workload`` (its tasks' kept output files relative to
+    ``base``) plus ``stats`` (the contract's names) and ``nodes_peak``, from the cluster's
+    counters ``stats``."""
+    from troy.report import build_report
+    data = build_report(workload, workload.state, wall, outputs=outputs, base=base)
     data["stats"] = {name: int(stats.get(key, 0)) for name, key in STATS.items()}
     data["nodes_peak"] = int(stats.get("nodes_peak", 0))
     return data
 
 
-def ended_report(state_dir: Path, theirs: dict[str, Any]) -> dict[str, Any]:
+def ended_report(state_dir: Path, theirs: dict[str, Any], outputs: Any,
+                 base: str | None) -> dict[str, Any]:
     """The report of a run that ended already (from its store; no cluster, no node)."""
     import troy
+    from troy.errors import DoesNotExist
     with troy.Session(state_dir / "troy.db") as session:
-        workload, dispatched = the_workload(session, None)
-        if not dispatched:
+        try:
+            workload = session.resume_workload()
+        except DoesNotExist as err:
             raise ElasticSliceError(f"--state-dir {state_dir}: the run ended but its store "
-                                    f"holds no workload")
+                                    f"holds no workload") from err
+        outputs.watch(workload)   # the files the run kept
         wall = float(theirs.get("ended", 0.0)) - float(theirs.get("started", 0.0))
         stats = {key: theirs.get("stats", {}).get(name, 0) for name, key in STATS.items()}
-        return make_report(workload, wall, {**stats, "nodes_peak": theirs.get("nodes_peak", 0)})
+        return make_report(workload, wall, {**stats, "nodes_peak": theirs.get("nodes_peak", 0)},
+                           outputs, base)
 
 
 def write_report(path: str, data: dict[str, Any]) -> None:
@@ -186,21 +168,43 @@ def summary(data: dict[str, Any]) -> str:
     s = data["stats"]
     return (f"{data['state']}: {data['tasks_done']}/{data['tasks_total']} tasks done, "
             f"{data['tasks_failed']} failed, {data['tasks_canceled']} canceled; "
-            f"{data['nodes_peak']} nodes at most; {s['restarts']} restart(s), "
-            f"{s['units_requeued']} units requeued, {s['units_lost']} lost")
+            f"{data['nodes_peak']} nodes at most; {s['revocations']} revocation(s): "
+            f"{s['early_releases']} released early, {s['forced_releases']} forced; "
+            f"{s['restarts']} restart(s), {s['units_requeued']} units requeued, "
+            f"{s['units_lost']} lost")
 
 
 def check_options(state_dir: Path | None, time_scale: float, timeout: float | None,
                   report: str | None) -> None:
     if state_dir is None:
         raise BadUsage("give --state-dir DIR: where the run lives (the same DIR resumes it)")
-    from troy.cli import run_numbers_problem
+    from troy.runs import run_numbers_problem
     problem = run_numbers_problem(time_scale, timeout)
     if problem:
         raise BadUsage(problem)
     if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
         raise BadUsage(f"--report {report}: no directory "
                        f"{os.path.dirname(os.path.abspath(report))}")
+
+
+def stop_line(why: str, state_dir: Path, held: int, released: bool) -> str:
+    """What a run stopped before its end says on stderr."""
+    nodes = "" if not held else (f"; its {held} node(s) given back (--release)" if released
+                                 else f"; its {held} node(s) kept for it (--release gives "
+                                      f"them back)")
+    return f"{why}: run the same command again to resume ({state_dir}){nodes}"
+
+
+def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
+    """Stop the cluster: a run that ended gives its nodes back (unless ``keep``), one that
+    stopped before its end keeps them for a resume (unless ``release``) and leaves what was
+    in flight unfinished in its store. Returns how many nodes it held."""
+    held = cluster.snapshot().nodes_held if cluster.manager is not None else 0
+    if not ended and cluster.session is not None:
+        cluster.session.store.close()  # what was in flight is not recorded CANCELED
+    cluster.close(keep=keep if ended else not release)
+    cluster.server.close()
+    return held
 
 
 @click.command("run")
@@ -213,24 +217,36 @@ def check_options(state_dir: Path | None, time_scale: float, timeout: float | No
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="WfFormat files: multiply recorded runtimes by this.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None,
-              help="Write a JSON report: the tasks, and 'stats' over the whole run.")
-@click.option("--keep", is_flag=True, help="Leave the nodes held at the end.")
+              help="Write a JSON report: the tasks (with their output files), and 'stats' "
+                   "over the whole run.")
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep each task's stdout and stderr (the last 64 KiB of each) here "
+                   "(default: DIR/output).")
+@click.option("--keep", is_flag=True, help="Leave the nodes held when the run ends.")
+@click.option("--release", is_flag=True,
+              help="Give the nodes back when the run stops before its end (Ctrl-C, SIGTERM, "
+                   "--timeout, an error); by default they are kept for a resume.")
 @click.option("--timeout", type=float, default=None,
-              help="Stop after this many seconds (exit 1; run again to resume).")
+              help="Stop after this many seconds (exit 1; the nodes are kept: run again to "
+                   "resume).")
 @click.pass_context
 def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_nodes: int,
-            hardware_type: str | None, time_scale: float, report: str | None, keep: bool,
+            hardware_type: str | None, time_scale: float, report: str | None,
+            output_dir: Path | None, keep: bool, release: bool,
             timeout: float | None) -> None:
     """Run WORKFLOW (Troy JSON or WfFormat) on an elastic cluster of the configured CM.
 
     The cluster grows to the workflow's demand (up to --max-nodes); every node runs a Troy
     pilot agent that joins this process' Dask scheduler over TLS. Progress goes to stderr,
-    one summary line to stdout. DIR keeps everything: if this process dies (even of
-    SIGKILL), the same command with the same --state-dir resumes the run: the nodes held
-    are kept, their agents rejoin, tasks already DONE do not run again. The nodes are given
-    back at the end unless --keep. Exit status: 0 every task DONE, 1 otherwise or on an
-    error, 2 bad usage, 130 interrupted: Ctrl-C or SIGTERM (the run can be resumed)."""
+    one summary line to stdout; each task's output is kept in DIR/output. DIR keeps
+    everything: if this process dies (even of SIGKILL), or stops on Ctrl-C, SIGTERM or
+    --timeout, the same command with the same --state-dir resumes the run: the nodes held
+    are kept, their agents rejoin, tasks already DONE do not run again (--release gives the
+    nodes back when it stops instead). The nodes are given back at the end unless --keep.
+    Exit status: 0 every task DONE, 1 otherwise, on --timeout or on an error, 2 bad usage,
+    130 interrupted (Ctrl-C or SIGTERM)."""
     from troy.errors import TroyError
+    from troy.output import OutputKeeper
     from troy.workload.files import load_workload
     check_options(state_dir, time_scale, timeout, report)
     try:
@@ -241,11 +257,13 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
                        else f"{workflow}: cannot read: {err.strerror or err}") from err
     state_dir = state_dir.expanduser().resolve()
     theirs = check_same_run(state_dir, mine)
+    outputs = OutputKeeper(output_dir or state_dir / OUTPUT_DIR)
+    base = os.path.dirname(os.path.abspath(report)) if report else None
     if theirs is not None and theirs.get("ended"):
         log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
         click.echo(f"the run in {state_dir} ended already: its summary (another --state-dir "
                    f"runs the workflow again)", err=True)
-        finish(ctx, ended_report(state_dir, theirs), report)
+        finish(ctx, ended_report(state_dir, theirs, outputs, base), report)
     from elasticslice.config import load_config
     from elasticslice.pilots import ElasticCluster
     from elasticslice.pilots.restart import write_json
@@ -260,11 +278,12 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     cluster = ElasticCluster(ProtoGeniServer(config), state_dir, maxthreshold=max_nodes,
                              hardware_type=hardware_type, keep=keep)
     started = time.time()
-    ended = False
+    data: dict[str, Any] | None = None
+    interrupted, timed_out = False, ""
     signal.signal(signal.SIGTERM, _terminated)
     try:
         cluster.start()
-        workload, dispatched = the_workload(cluster.session, workload)
+        workload = the_workload(cluster.session, workload)
         if theirs is None:
             write_json(state_dir / RUN_FILE, {**mine, "started": started})
         else:
@@ -272,19 +291,26 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
         if cluster.resumed:
             click.echo(f"resuming the run in {state_dir} (restart {cluster.restarts}; "
                        f"scheduler {cluster.framework.scheduler_address})", err=True)
-        outcome = {} if dispatched else dispatch(cluster, workload)
-        follow(cluster, workload, outcome, timeout)
-        data = make_report(workload, time.time() - started, cluster.stats())
-        ended = True
+        outputs.open().watch(workload)    # before any task can end (said if it cannot be)
+        import troy
+        run = troy.WorkloadRun(cluster.session, workload, cluster.overlay(),
+                               name="run-workload").start()
+        follow(cluster, run, timeout)
+        data = make_report(workload, time.time() - started, cluster.stats(), outputs, base)
     except KeyboardInterrupt:
-        click.echo(f"interrupted: run the same command again to resume ({state_dir})",
-                   err=True)
+        interrupted = True
         raise
+    except Stopped as err:
+        timed_out = str(err)
     finally:
-        if not ended and cluster.session is not None:
-            cluster.session.store.close()  # what was in flight is not recorded CANCELED
-        cluster.close(keep=keep)
-        cluster.server.close()
+        held = close_cluster(cluster, data is not None, keep, release)
+        if interrupted:
+            click.echo(stop_line("interrupted", state_dir, held, release), err=True)
+        elif data is None and not timed_out and held:   # an error: its line comes next
+            click.echo(stop_line("stopped by the error below", state_dir, held, release),
+                       err=True)
+    if timed_out:
+        raise click.ClickException(stop_line(timed_out, state_dir, held, release))
     if not keep:  # the nodes went back: a rerun only tells how it ended
         write_json(state_dir / RUN_FILE, {**mine, "started": started, "ended": time.time(),
                                           "stats": data["stats"],

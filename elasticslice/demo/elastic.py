@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,47 +175,34 @@ class ElasticDemo:
                                   f"task time (recorded runtimes x {self.o.time_scale:g})")
         self.tenants = TenantLoad(AdminClient(self.emu_dir), revocations=self.o.revocations,
                                   node_cores=self.node_cores)
-        done = [0]
-        for task in workload.tasks.values():
-            task.add_callback(lambda t, s: done.__setitem__(0, done[0] + 1)
-                              if s is troy.State.DONE else None)
-        overlay = self.cluster.overlay()
-        outcome: dict[str, Any] = {}
-
-        def execute() -> None:
-            try:
-                outcome["state"] = troy.execute_workload(
-                    self.cluster.session, workload, overlay, bind_mode="late",
-                    timeout=self.o.timeout)
-            except Exception as err:   # handed to the main thread, raised there
-                outcome["error"] = err
-
+        run = troy.WorkloadRun(self.cluster.session, workload, self.cluster.overlay(),
+                               bind_mode="late", timeout=self.o.timeout, name="demo-workload")
         started = time.monotonic()
-        thread = threading.Thread(target=execute, name="demo-workload", daemon=True)
-        thread.start()
+        run.start()
         printer = ProgressPrinter(self.c)
         last_stats: dict[str, Any] = {}
         while True:
-            alive = thread.is_alive()
+            alive = not run.done()
             snap = self.cluster.snapshot()
             stats = dict(self.cluster.stats())
+            done = run.progress().done
             progress = Progress(time.monotonic() - started, int(snap.nodes_held),
                                 int(snap.pilots), int(snap.units_queued),
-                                int(snap.units_running), done[0], total,
+                                int(snap.units_running), done, total,
                                 int(stats.get("revocations", snap.revocations)))
             if self.tenants.node_cores is None:     # a shared emulator: the pilots say
                 self.tenants.node_cores = self.pilot_cores()
             lines = event_lines(last_stats, stats) + self.tenants.step(
-                snap, stats, work_left=alive and done[0] < total)
+                snap, stats, work_left=alive and done < total)
             last_stats = stats
             for line in lines:
                 self.c.event(f"{progress.elapsed:5.1f}s  * {line}")
             printer.show(progress, final=not alive)
             if not alive:
                 break
-            time.sleep(TICK)
+            run.wait(TICK)
         self.report.makespan_s = time.monotonic() - started
-        self.finish_workload(workload, outcome)
+        self.finish_workload(workload, run.exception())
 
     def pilot_cores(self) -> int | None:
         manager = getattr(self.cluster, "manager", None)
@@ -228,7 +214,7 @@ class ElasticDemo:
         return load_workload(self.o.workload, time_scale=self.o.time_scale,
                              max_cores=max_cores)
 
-    def finish_workload(self, workload: Any, outcome: dict[str, Any]) -> None:
+    def finish_workload(self, workload: Any, err: BaseException | None) -> None:
         import troy
         from troy.errors import NoSuccess
         states = [t.state for t in workload.tasks.values()]
@@ -244,7 +230,6 @@ class ElasticDemo:
                          f"for happened: the workload ended, or never ran on two busy "
                          f"pilots again, before the next (a larger --time-scale leaves "
                          f"time for it)")
-        err = outcome.get("error")
         if isinstance(err, NoSuccess) and r.units_done < r.units_total:
             raise DemoError(f"the workload did not finish within --timeout "
                             f"{self.o.timeout:g}s ({r.units_done}/{r.units_total} units "

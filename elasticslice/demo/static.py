@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -349,47 +347,32 @@ class Demo:
 
     def execute(self, session: Any, workload: Any, overlay: Any,
                 total: int) -> tuple[Any, float]:
-        """``execute_workload`` in a thread; progress here, fed by task events."""
+        """``execute_workload`` in a thread (``troy.WorkloadRun``); progress here, fed by
+        task events."""
         import troy
         from troy.errors import NoSuccess
-        finished: queue.SimpleQueue = queue.SimpleQueue()
-        for task in workload.tasks.values():
-            task.add_callback(lambda t, s: finished.put(t.id) if s.is_final else None)
-        outcome: dict[str, Any] = {}
-
-        def execute() -> None:
-            try:
-                # early binding spreads the units over every node's pilot by its cores
-                outcome["state"] = troy.execute_workload(
-                    session, workload, overlay, bind_mode="early", timeout=self.o.timeout)
-            except Exception as err:  # handed over to the main thread, raised there
-                outcome["error"] = err
-            finally:
-                finished.put(None)
-
+        # early binding spreads the units over every node's pilot by its cores
+        run = troy.WorkloadRun(session, workload, overlay, bind_mode="early",
+                               timeout=self.o.timeout, name="demo-troy")
         started = time.monotonic()
-        threading.Thread(target=execute, name="demo-troy", daemon=True).start()
+        run.start()
         seen: set[str] = set()
         step, shown = max(1, total // 4), 0
-        while True:
-            try:   # a timeout, so that Ctrl-C is noticed even when no task ends for a while
-                tid = finished.get(timeout=0.5)
-            except queue.Empty:
+        for tid, state in run.events():   # (it notices a Ctrl-C while no task ends)
+            if not state.is_final:
                 continue
-            if tid is None:
-                break
             seen.add(tid)
             if self.c.tty or len(seen) - shown >= step or len(seen) == total:
                 shown = len(seen)
                 self.c.progress(f"{time.monotonic() - started:5.1f}s  tasks final "
                                 f"{shown}/{total}", shown == total)
-        err = outcome.get("error")
+        err = run.exception()
         if isinstance(err, NoSuccess) and not workload.finished:
             raise DemoError(f"the workflow did not finish within --timeout "
                             f"{self.o.timeout:g}s (a smaller --time-scale is faster)") from err
         if err is not None:
             raise err
-        return outcome["state"], time.monotonic() - started
+        return run.result(), time.monotonic() - started
 
     # ---------------------------------------------------------------- step 5
     def release(self) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.policy import PolicyConfig
+from elasticslice.managers.statedir import StateDirLock
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.helper import PilotElasticSliceHelper
 from elasticslice.pilots.manager import PilotSliceManager
@@ -113,7 +114,7 @@ class ElasticCluster:
         self.restarts = 0
         self._recovered = 0     # units running when the last process died, run again
         self._ledger: StatsLedger | None = None
-        self._lock_fd: int | None = None
+        self._lock: StateDirLock | None = None
         self._saving = threading.Event()
 
     # ------------------------------------------------------------------ running
@@ -135,8 +136,7 @@ class ElasticCluster:
 
     def _start(self) -> None:
         import troy
-        from elasticslice.commands.manage import lock_state_dir
-        self._lock_fd = lock_state_dir(self.state_dir / "state")  # one process per cluster
+        self._lock = StateDirLock(self.state_dir / "state").acquire()  # one process each
         previous = ClusterFile.load(self.state_dir)
         self.resumed = previous is not None
         self.restarts = previous.restarts + 1 if previous is not None else 0
@@ -303,9 +303,9 @@ class ElasticCluster:
         finally:
             if manager is not None:
                 manager.state.close()
-            fd, self._lock_fd = self._lock_fd, None
-            if fd is not None:
-                os.close(fd)
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
     def _mark_closed(self) -> None:
         try:

@@ -44,6 +44,17 @@ def quiet_dask_here(level: int, explicit: bool) -> None:
         logger.setLevel(level)
 
 
+def silence_dask() -> None:
+    """Silence every ``distributed`` logger of this process: Dask logs its connection chatter
+    (and closing tracebacks) at INFO and above, and the commands that run workloads (``troy
+    run``, ``elasticslice run``) report unit failures themselves, so Dask speaks only under
+    ``--debug``."""
+    import distributed  # noqa: F401  (configures its loggers on import; we override them)
+    for name in list(logging.root.manager.loggerDict):
+        if name == "distributed" or name.startswith("distributed."):
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
 def tls_options(security: Any) -> dict[str, Any]:
     """Scheduler keyword arguments: listen on ``tls://`` with ``security``, or as Dask
     defaults (plain TCP) without one."""
