@@ -1,69 +1,24 @@
 """`elasticslice run` as a user runs it (a real subprocess against a real emulator whose nodes
 start real agents): it runs a workflow to the end, and a SIGKILL of its whole process
-(manager, Troy, Dask scheduler) costs neither tasks nor nodes: the same command resumes."""
+(manager, Troy, Dask scheduler) costs neither tasks nor nodes: the same command resumes; a
+SIGTERM (or Ctrl-C) stops it the same way. More in tests/elasticslice/pilots/test_run_*.py."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from elasticslice.emulator.adminclient import AdminClient
-from elasticslice.managers.state import ManagerState
-from tests.helpers import WORKFLOWS, process_alive, wait_for
 from tests.elasticslice.emulator.helpers import processes_with
+from tests.elasticslice.helpers import (AGENT, FORKJOIN, RUN_TIMEOUT, elasticslice,
+                                        nodes_in_slices, run_agents, run_forkjoin, tracked,
+                                        unit_states, units)
+from tests.helpers import process_alive, wait_for
 
 pytestmark = pytest.mark.slow
-
-FORKJOIN = WORKFLOWS / "helloworld-forkjoin-10-chameleon.json"   # 10 tasks of ~100 s
-AGENT = "troy.frameworks.dask node"
-RUN_TIMEOUT = 300
-
-
-def elasticslice(emulator: Any, tmp: Path, *args: str, stderr: Any = None,
-                 stdout: Any = subprocess.PIPE) -> subprocess.Popen:
-    env = {**os.environ, "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(tmp / "cred-cache")}
-    return subprocess.Popen([sys.executable, "-m", "elasticslice.cli", "-c",
-                             str(emulator.config_path), *args], env=env, stdout=stdout,
-                            stderr=stderr if stderr is not None else subprocess.PIPE,
-                            text=True, stdin=subprocess.DEVNULL)
-
-
-def run_forkjoin(emulator: Any, tmp: Path, state_dir: Path, log: Path,
-                 *extra: str) -> subprocess.Popen:
-    return elasticslice(emulator, tmp, "run", str(FORKJOIN), "--state-dir", str(state_dir),
-                        "--time-scale", "0.03", "--max-nodes", "2", *extra,
-                        stderr=open(log, "a"))
-
-
-def units(state_dir: Path) -> dict[str, tuple[str, float | None]]:
-    """unit id -> (state, start) as the Troy store of the run says."""
-    try:
-        with sqlite3.connect(f"file:{state_dir / 'troy.db'}?mode=ro", uri=True,
-                             timeout=5) as db:
-            return {r[0]: (r[1], r[2]) for r in db.execute("SELECT id, state, start FROM units")}
-    except sqlite3.Error:   # not made yet
-        return {}
-
-
-def nodes_in_slices(emulator: Any) -> int:
-    pool = AdminClient(emulator.dir).call("Status")["pool"]
-    return sum(row.get("slice", 0) for row in pool.values())
-
-
-def tracked(state_dir: Path) -> list[str]:
-    state = ManagerState.read_only(state_dir / "state")
-    try:
-        return sorted(r.node_id for r in state.nodes())
-    finally:
-        state.close()
 
 
 def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
@@ -122,6 +77,7 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
     assert second.returncode == 0, stderr[-3000:]
     assert "resuming the run in" in stderr and "Traceback" not in stderr
     assert out.startswith("DONE: 10/10 tasks done, 0 failed, 0 canceled;")
+    assert "; 0 revocation(s): 0 released early, 0 forced; 1 restart(s)," in out
     data = json.loads(report.read_text())
     assert data["tasks_done"] == data["tasks_total"] == 10
     assert data["stats"]["restarts"] == 1 and data["stats"]["units_lost"] == 0
@@ -168,24 +124,42 @@ def test_a_state_dir_of_another_workflow_is_refused(emulator: Any, tmp_path: Pat
     assert err.strip().startswith(f"Error: --state-dir {d} holds a run of /x/other.json")
 
 
-def test_a_run_stopped_by_sigterm_gives_the_nodes_back_and_resumes(emulator: Any,
-                                                                   tmp_path: Path) -> None:
+def test_a_run_stopped_by_sigterm_keeps_its_nodes_and_resumes_on_them(emulator: Any,
+                                                                       tmp_path: Path) -> None:
+    """What broke: a run stopped by SIGTERM or Ctrl-C gave its nodes back, although
+    docs/pilots.md says it stops as a killed one does (resumable on the same nodes)."""
     state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
     first = run_forkjoin(emulator, tmp_path, state_dir, log)
     try:
-        wait_for(lambda: [s for s, _ in units(state_dir).values()].count("DONE") >= 1
-                 and "RUNNING" in [s for s, _ in units(state_dir).values()],
+        wait_for(lambda: unit_states(state_dir).count("DONE") >= 1
+                 and "RUNNING" in unit_states(state_dir),
                  RUN_TIMEOUT, 0.2, what="a task done and one running")
+        wait_for(lambda: run_agents(state_dir), RUN_TIMEOUT, 0.2, what="the run's agents")
     finally:
         first.send_signal(signal.SIGTERM)
         out, _ = first.communicate(timeout=120)
+    held, agents = tracked(state_dir), run_agents(state_dir)
     assert first.returncode == 130 and out == ""
-    assert f"interrupted: run the same command again to resume ({state_dir})" in log.read_text()
-    assert "CANCELED" not in {s for s, _ in units(state_dir).values()}
-    assert nodes_in_slices(emulator) == 0
+    assert held and nodes_in_slices(emulator) == len(held)   # still ours at the CM
+    assert (f"interrupted: run the same command again to resume ({state_dir}); its "
+            f"{len(held)} node(s) kept for it (--release gives them back)") in log.read_text()
+    assert "CANCELED" not in unit_states(state_dir)
+    assert all(process_alive(pid) for pid in agents)         # waiting for their scheduler
 
+    restarted = time.time()
     second = run_forkjoin(emulator, tmp_path, state_dir, log)
-    out, _ = second.communicate(timeout=RUN_TIMEOUT)
+    try:
+        wait_for(lambda: any(s == "RUNNING" and (start or 0) > restarted
+                             for s, start in units(state_dir).values()),
+                 RUN_TIMEOUT, 0.1, what="a unit running again after the restart")
+        assert set(held) <= set(tracked(state_dir))            # the same nodes serve
+        assert set(agents) <= set(run_agents(state_dir))        # their agents rejoined
+        out, _ = second.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
     assert second.returncode == 0, log.read_text()[-3000:]
+    assert "resuming the run in" in log.read_text()
     assert out.startswith("DONE: 10/10 tasks done") and "1 restart(s)" in out
     assert nodes_in_slices(emulator) == 0

@@ -1,0 +1,40 @@
+"""`elasticslice run` keeps each task's output as `troy run` does (DIR/output by default,
+named per task in the report), and its summary line gives the revocations, early and
+forced releases; a run that ended is only summarised again, with the same files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.elasticslice.helpers import RUN_TIMEOUT, nodes_in_slices, run_workflow
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_run_keeps_each_task_s_output_and_says_its_releases(emulator: Any,
+                                                             tmp_path: Path) -> None:
+    """What broke: its report had ``stdout: null`` for every task and no output directory."""
+    workflow = tmp_path / "talk.json"
+    workflow.write_text(json.dumps({"tasks": [
+        {"id": f"talk-{i}", "executable": "/bin/sh",
+         "arguments": ["-c", f"echo said-{i}; echo warned-{i} >&2"]} for i in range(3)]}))
+    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    report = reports / "report.json"
+    for attempt in ("ran", "ended already"):
+        p = run_workflow(emulator, tmp_path, workflow, state_dir, log, "--report", str(report))
+        out, _ = p.communicate(timeout=RUN_TIMEOUT)
+        assert p.returncode == 0, (attempt, log.read_text()[-3000:])
+        assert out.startswith("DONE: 3/3 tasks done, 0 failed, 0 canceled;"), out
+        assert "; 0 revocation(s): 0 released early, 0 forced; 0 restart(s), " in out
+        data = json.loads(report.read_text())
+        for entry in data["tasks"]:
+            i = entry["task"].rsplit("-", 1)[1]
+            stdout, stderr = reports / entry["stdout"], reports / entry["stderr"]
+            assert stdout.read_text() == f"said-{i}\n" and stderr.read_text() == f"warned-{i}\n"
+            assert stdout.resolve().parent == state_dir / "output"
+    assert "ended already" in log.read_text() and nodes_in_slices(emulator) == 0
