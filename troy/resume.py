@@ -67,9 +67,7 @@ def run_session(store: str | None, config: dict[str, Any] | None = None
     try:
         yield session
     finally:
-        if store is not None and session._store is not None:
-            session._store.close()
-        session.close()
+        session.close(keep_unfinished=store is not None)
 
 
 def prepare(session: Session, store: str, file: str, workload: Workload,

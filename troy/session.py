@@ -266,13 +266,17 @@ class Session:
         return total
 
     # -- lifecycle ----------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, *, keep_unfinished: bool = False) -> None:
         """Stop unit services, close every framework (units not final become CANCELED),
-        flush and close the store. Idempotent."""
+        flush and close the store. Idempotent. ``keep_unfinished``: close the store first,
+        so that the units not final stay unfinished in it (a run stopped to be resumed
+        later: ``recover``, ``resume_workload``) instead of being recorded CANCELED."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            if keep_unfinished and self._store is not None:
+                self._store.close()
             services, self._services = self._services, []
             frameworks = list(self.frameworks.values())
         for us in services:

@@ -200,9 +200,7 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
     stopped before its end keeps them for a resume (unless ``release``) and leaves what was
     in flight unfinished in its store. Returns how many nodes it held."""
     held = cluster.snapshot().nodes_held if cluster.manager is not None else 0
-    if not ended and cluster.session is not None:
-        cluster.session.store.close()  # what was in flight is not recorded CANCELED
-    cluster.close(keep=keep if ended else not release)
+    cluster.close(keep=keep if ended else not release, resume=not ended)
     cluster.server.close()
     return held
 
@@ -219,7 +217,7 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
 @click.option("--report", type=click.Path(dir_okay=False), default=None,
               help="Write a JSON report: the tasks (with their output files), and 'stats' "
                    "over the whole run.")
-@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--output-dir", type=click.Path(path_type=Path), default=None,
               help="Keep each task's stdout and stderr (the last 64 KiB of each) here "
                    "(default: DIR/output).")
 @click.option("--keep", is_flag=True, help="Leave the nodes held when the run ends.")
@@ -274,6 +272,10 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
         raise ElasticSliceError(f"--state-dir {state_dir}: cannot make it: "
                                 f"{err.strerror or err}") from err
     config = load_config(getattr(ctx.obj, "config_path", None))
+    try:
+        outputs.open()    # a bad --output-dir is said before any node is taken
+    except TroyError as err:
+        raise BadUsage(str(err)) from err
     log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
     cluster = ElasticCluster(ProtoGeniServer(config), state_dir, maxthreshold=max_nodes,
                              hardware_type=hardware_type, keep=keep)
@@ -291,7 +293,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
         if cluster.resumed:
             click.echo(f"resuming the run in {state_dir} (restart {cluster.restarts}; "
                        f"scheduler {cluster.framework.scheduler_address})", err=True)
-        outputs.open().watch(workload)    # before any task can end (said if it cannot be)
+        outputs.watch(workload)           # before any task can end
         import troy
         run = troy.WorkloadRun(cluster.session, workload, cluster.overlay(),
                                name="run-workload").start()
@@ -302,6 +304,8 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
         raise
     except Stopped as err:
         timed_out = str(err)
+    except TroyError as err:   # one line, as ours
+        raise ElasticSliceError(str(err)) from err
     finally:
         held = close_cluster(cluster, data is not None, keep, release)
         if interrupted:

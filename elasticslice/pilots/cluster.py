@@ -128,8 +128,8 @@ class ElasticCluster:
                                     f"state directory: {err.strerror or err}") from err
         try:
             self._start()
-        except BaseException:
-            self.close(keep=True)  # what started stops; nodes (if any) stay for a retry
+        except BaseException:  # what started stops; nodes and units stay for a retry
+            self.close(keep=True, resume=True)
             raise
         log.info("elastic cluster up: scheduler %s, state %s", self.framework.scheduler_address,
                  self.state_dir)
@@ -276,9 +276,11 @@ class ElasticCluster:
         return out
 
     # ------------------------------------------------------------------ stopping
-    def close(self, keep: bool | None = None) -> None:
+    def close(self, keep: bool | None = None, *, resume: bool = False) -> None:
         """Stop the manager, the framework (and our session); give the slice back unless
-        ``keep`` (default: the constructor's). Idempotent; safe after a failed ``start``."""
+        ``keep`` (default: the constructor's). ``resume``: the run stops before its end, to
+        be resumed: what was in flight stays unfinished in our session's store (not
+        CANCELED). Idempotent; safe after a failed ``start``."""
         keep = self.keep if keep is None else keep
         self._saving.set()
         if self.session is not None:
@@ -294,7 +296,7 @@ class ElasticCluster:
             framework, self.framework = self.framework, None
             if self._own_session and self.session is not None:
                 session, self.session = self.session, None
-                session.close()
+                session.close(keep_unfinished=resume)
             elif framework is not None:
                 framework.close()
             if manager is not None and not keep:

@@ -113,6 +113,18 @@ def test_a_bad_state_dir_is_one_line_and_exit_1(emulator: Any, tmp_path: Path) -
     assert err.strip() == f"Error: --state-dir {plain}: not a directory"
 
 
+def test_a_bad_output_dir_is_one_line_and_exit_2_before_any_node(emulator: Any,
+                                                                  tmp_path: Path) -> None:
+    plain = tmp_path / "a-file"
+    plain.write_text("")
+    p = elasticslice(emulator, tmp_path, "run", str(FORKJOIN), "--state-dir",
+                     str(tmp_path / "d"), "--output-dir", str(plain))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"Error: --output-dir {plain}: cannot make it")
+    assert nodes_in_slices(emulator) == 0
+
+
 def test_a_state_dir_of_another_workflow_is_refused(emulator: Any, tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir()

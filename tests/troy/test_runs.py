@@ -81,21 +81,22 @@ def test_resume_workload_rebuilds_the_store_s_last_workload(tmp_path):
 
 
 def test_a_run_of_a_resumed_workload_runs_only_what_had_not_ended(tmp_path):
-    """The workload of a session stopped mid-way (its store closed first, as ``troy run``
-    and ``elasticslice run`` do) goes on in a new session: what ended is not run again."""
+    """The workload of a session stopped mid-way (``close(keep_unfinished=True)``, as
+    ``troy run`` and ``elasticslice run`` do) goes on in a new session: what ended is not
+    run again."""
     store = tmp_path / "troy.sqlite"
     w, gate, ran = gated_chain(tmp_path)
     s = troy.Session(store_path=store)
     s.add_framework("local", sandbox=str(tmp_path))
     first = troy.WorkloadRun(s, w, troy.Overlay([{"size": 1}])).start()
     wait_for(lambda: w.tasks["waits"].state is State.RUNNING, WAIT, what="the second task")
-    s.store.close()
-    s.close()
+    s.close(keep_unfinished=True)
     assert first.wait(WAIT)
     with troy.Session(store_path=store) as again:
         again.add_framework("local", sandbox=str(tmp_path))
         rebuilt = again.resume_workload()
         assert rebuilt.tasks["first"].state is State.DONE
+        assert rebuilt.tasks["waits"].state is not State.CANCELED   # left unfinished
         run = troy.WorkloadRun(again, rebuilt, troy.Overlay([{"size": 1}])).start()
         assert run.resumed
         events = run.events()
