@@ -123,7 +123,8 @@ class World:
         argv = [sys.executable, "-m", "bench.chaos.launch", "-c",
                 str(self.emu_dir / "elasticslice.conf"), "run", str(self.workflow),
                 "--state-dir", str(self.state_dir), "--max-nodes", str(self.maxthreshold),
-                "--report", str(self.report), "--timeout", f"{left:.0f}"]
+                "--report", str(self.report), "--timeout", f"{left:.0f}",
+                "--release"]   # stopped (SIGINT, --timeout): the nodes go back, no leak
         env = {**os.environ, **CLIENT_ENV,
                "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(self.dir / "cache")}
         if self._out is not None:
@@ -176,8 +177,8 @@ class World:
         return len(runs) == self.tasks and all(runs.values())
 
     def close(self) -> None:
-        """Stop the timers and the cluster's process if it still runs (SIGINT: it gives
-        the nodes back; SIGKILL after 60 s), then the emulator."""
+        """Stop the timers and the cluster's process if it still runs (SIGINT: with
+        ``--release`` it gives the nodes back; SIGKILL after 60 s), then the emulator."""
         for timer in self._timers:
             timer.cancel()
             timer.join()
