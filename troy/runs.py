@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from troy.errors import NoSuccess
+from troy.errors import IncorrectState, NoSuccess
 from troy.states import FINAL_STATES, State
 
 if TYPE_CHECKING:
@@ -66,14 +66,18 @@ class RunProgress:
 
 class WorkloadRun:
     """The handle of one workload being executed (see the module documentation).
-    ``manager_options`` go to ``execute_workload`` (``bundle``, ``scheduler``, ...)."""
+    ``manager_options`` go to ``execute_workload`` (``bundle``, ``scheduler``, ...);
+    ``events=False``: no event queue (a caller that only polls ``progress()`` does not let
+    one grow with every task change)."""
 
     def __init__(self, session: Session, workload: Workload, overlay: Overlay | None = None,
                  *, bind_mode: str = "late", timeout: float | None = None,
-                 name: str = "troy-run", **manager_options: Any) -> None:
+                 name: str = "troy-run", events: bool = True,
+                 **manager_options: Any) -> None:
         self.session, self.workload, self.overlay = session, workload, overlay
         self.bind_mode, self.timeout, self.name = bind_mode, timeout, name
         self.manager_options = manager_options
+        self._watch = events
         #: the final State, or the error the run raised
         self.future: Future[State] = Future()
         #: the workload was dispatched before: the run only waits for it
@@ -92,7 +96,7 @@ class WorkloadRun:
             from troy.planner import Planner
             Planner(self.session).plan(self.workload)
         self.resumed = self.workload.state not in NOT_DISPATCHED
-        for task in self.workload.tasks.values():
+        for task in self.workload.tasks.values() if self._watch else ():
             task.add_callback(self._on_task)
             if task.state in FINAL_STATES:  # ended in an earlier run: said first
                 self._events.put(TaskEvent(task.id, task.state))
@@ -154,6 +158,8 @@ class WorkloadRun:
     def events(self, poll: float = 0.5) -> Iterator[TaskEvent]:
         """Task state changes, in order, until the run ends (one reader). Waits in steps of
         ``poll`` seconds, so that a Ctrl-C on the reading thread is noticed."""
+        if not self._watch:
+            raise IncorrectState(f"run of {self.workload.id}: made with events=False")
         while True:
             try:
                 event = self._events.get(timeout=poll)

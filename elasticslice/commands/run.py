@@ -296,7 +296,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
         outputs.watch(workload)           # before any task can end
         import troy
         run = troy.WorkloadRun(cluster.session, workload, cluster.overlay(),
-                               name="run-workload").start()
+                               name="run-workload", events=False).start()
         follow(cluster, run, timeout)
         data = make_report(workload, time.time() - started, cluster.stats(), outputs, base)
     except KeyboardInterrupt:

@@ -176,7 +176,8 @@ class ElasticDemo:
         self.tenants = TenantLoad(AdminClient(self.emu_dir), revocations=self.o.revocations,
                                   node_cores=self.node_cores)
         run = troy.WorkloadRun(self.cluster.session, workload, self.cluster.overlay(),
-                               bind_mode="late", timeout=self.o.timeout, name="demo-workload")
+                               bind_mode="late", timeout=self.o.timeout, name="demo-workload",
+                               events=False)
         started = time.monotonic()
         run.start()
         printer = ProgressPrinter(self.c)

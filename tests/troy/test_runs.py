@@ -39,6 +39,15 @@ def test_a_run_gives_every_task_event_and_its_final_state(troy_session, local_fw
     assert run.progress() == troy.RunProgress(5, 5, 0, 0, 0)
 
 
+def test_a_run_without_events_keeps_none(troy_session, local_fw):
+    w = troy.Workload()
+    w.add_task({"executable": "/bin/true", "cardinality": 3})
+    run = troy.WorkloadRun(troy_session, w, troy.Overlay([{"size": 2}]), events=False).start()
+    assert run.result(WAIT) is State.DONE and run.progress().done == 3
+    with pytest.raises(IncorrectState, match="events=False"):
+        next(run.events())
+
+
 def test_a_run_raises_what_execute_workload_raised(troy_session, local_fw):
     overlay = troy.Overlay([{"size": 1}])
     overlay.cancel()                     # its pilots are gone: execute_workload refuses
