@@ -117,9 +117,15 @@ class ComputeUnit:
     def state(self) -> State:
         return self._state
 
-    def add_callback(self, cb: UnitCallback) -> None:
+    def add_callback(self, cb: UnitCallback, *, first: bool = False) -> None:
+        """Call ``cb(unit, state)`` on every state change; ``first``: before the callbacks
+        added so far (the store's record goes first, so that whoever a final state wakes
+        finds it queued for the store)."""
         with self._cond:
-            self._callbacks.append(cb)
+            if first:
+                self._callbacks.insert(0, cb)
+            else:
+                self._callbacks.append(cb)
 
     def remove_callback(self, cb: UnitCallback) -> None:
         with self._cond:

@@ -107,7 +107,9 @@ class UnitService:
         target = self._find_pilot(pilot) if pilot is not None else None
         for u in cus:
             u._set_state(State.PENDING)
-            u.add_callback(self._on_unit)
+            # recorded before its task hears of it: a run woken by its last task's end and
+            # closing the store at once still finds that unit's final state queued there
+            u.add_callback(self._on_unit, first=True)
         if stored:
             for u in cus:
                 self.session.store.record(u)

@@ -215,3 +215,23 @@ def test_a_unit_the_framework_refuses_fails_with_the_reason(troy_session):
     u = us.submit_unit(CUD(executable="/bin/true", cores=2))
     assert u.wait(10) is State.FAILED
     assert "refused" in u.result.error and "needs 2 cores" in u.result.error
+
+
+def test_a_task_that_ends_finds_its_unit_s_end_queued_for_the_store(troy_session, local_fw):
+    """What broke (``troy run --store`` resumed, then run again: "resuming: 6/7 tasks
+    already done"): a task heard of its unit's end before the store did, so a run woken by
+    its last task closed the store before that unit's DONE was queued, and lost it."""
+    seen: list[str] = []
+
+    def on_task(task: troy.Task, state: State) -> None:
+        if state.is_final:
+            troy_session.store.flush()
+            seen.extend(r.state.value for r in troy_session.store.units()
+                        if task.id in r.task_ids)
+
+    w = troy.Workload()
+    w.add_task({"executable": "/bin/true"}, uid="one")
+    troy.Planner(troy_session).plan(w)
+    w.tasks["one"].add_callback(on_task)
+    assert troy.execute_workload(troy_session, w, troy.Overlay([{"size": 1}])) is State.DONE
+    assert seen == ["DONE"]
