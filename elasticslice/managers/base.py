@@ -14,7 +14,9 @@ class TrackedState:
 
     OBSERVED_WRITES = frozenset({"upsert_node", "mark_gone", "add_pending_delete",
                                  "finish_pending_delete", "forget_pending_delete",
-                                 "set_values", "begin_intent", "finish_intent"})
+                                 "release_pending_delete", "force_pending_delete",
+                                 "expire_pending_deletes", "set_values", "begin_intent",
+                                 "finish_intent"})
 
     def __init__(self, state: ManagerState) -> None:
         self.inner = state
@@ -35,8 +37,8 @@ class TrackedState:
 
 
 class ElasticSliceManager(ElasticSliceHelper):
-    """The abstract manager: a helper too (the seed's OO style); subclasses implement the
-    cycle methods."""
+    """The abstract manager: a helper too (the seed's OO style, so that a subclass may
+    override the helper methods); subclasses implement the cycle methods."""
 
     def __init__(self, server: Any, config: Any = None) -> None:
         ElasticSliceHelper.__init__(self, server, config)

@@ -106,21 +106,64 @@ def test_upsert_rejects_unknown_fields(state):
         state.upsert_node(CM, "a", now=1.0, password="x")
 
 
-def test_countdown_updates_the_deadline(state):
+def test_the_countdown_only_brings_the_deadline_earlier(state):
     state.upsert_node(CM, "node1", now=0.0, node_id="pc1")
     state.add_pending_delete(CM, "pc1", "node1", deadline=300.0, now=0.0)
     state.add_pending_delete(CM, "pc1", None, deadline=240.0, now=60.0)
+    later = state.add_pending_delete(CM, "pc1", "node1", deadline=400.0, now=70.0)
     [pd] = state.pending_deletes()
+    assert pd == later
     assert (pd.deadline, pd.first_seen, pd.client_id, pd.finished) == (240.0, 0.0, "node1", None)
     assert state.node(CM, "node1").pending_deadline == 240.0
-    state.finish_pending_delete("pc1", now=100.0, outcome="released")
-    state.add_pending_delete(CM, "pc1", "node1", deadline=180.0, now=120.0)  # countdown goes on
+    assert state.release_pending_delete("pc1", now=100.0, note="drained")
+    assert not state.release_pending_delete("pc1", now=101.0)   # once
+    state.finish_pending_delete("pc1", now=120.0)
     [pd] = state.pending_deletes()
-    assert (pd.deadline, pd.finished, pd.outcome) == (180.0, 100.0, "released")
+    assert (pd.deadline, pd.released, pd.finished, pd.outcome) == (240.0, 100.0, 120.0, "early")
     assert state.pending_deletes(open_only=True) == []
     assert state.node(CM, "node1").pending_deadline is None
+    # the same machine revoked again later is another revocation, counted again
+    state.add_pending_delete(CM, "pc1", "node1", deadline=900.0, now=800.0)
+    assert state.force_pending_delete("pc1")
+    state.finish_pending_delete("pc1", now=850.0)
+    assert state.revocation_counts() == {"revocations": 2, "early": 1, "forced": 1}
     state.forget_pending_delete("pc1")
     assert state.pending_deletes() == []
+
+
+def test_a_version_1_state_is_migrated_with_its_notices(state_dir):
+    state_dir.mkdir(mode=0o700)
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        db.executescript("""
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+            INSERT INTO meta VALUES ('schema_version', '1');
+            CREATE TABLE pending_deletes (cm TEXT, node_id TEXT, client_id TEXT,
+                deadline REAL, first_seen REAL, last_seen REAL, finished REAL, outcome TEXT,
+                PRIMARY KEY (cm, node_id));
+            INSERT INTO pending_deletes VALUES ('cm', 'pc1', 'n1', 50.0, 1.0, 2.0, NULL, NULL);
+        """)
+    st = ManagerState.open(state_dir)
+    try:
+        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "2"
+        [pd] = st.pending_deletes(open_only=True)
+        assert (pd.cm, pd.node_id, pd.client_id, pd.deadline) == ("cm", "pc1", "n1", 50.0)
+    finally:
+        st.close()
+
+
+def test_slice_ownership_is_recorded_per_state_directory(state_dir, tmp_path):
+    urn = "urn:publicid:IDN+emulab.net+slice+e1"
+    st = ManagerState.open(state_dir)
+    assert not st.owns_slice(urn)
+    st.own_slice(urn, "created", now=1.0)
+    assert st.owns_slice(urn) and not st.owns_slice(urn + "x")
+    st.close()
+    assert ManagerState.open(state_dir).owns_slice(urn)
+    other = ManagerState.open(tmp_path / "other")
+    assert not other.owns_slice(urn)
+    assert other.get_meta("state_id") != ManagerState.open(state_dir).get_meta("state_id")
+    other.set_slice(urn, 10.0)   # a state that recorded the slice before ownership existed
+    assert other.owns_slice(urn)
 
 
 def test_values_per_cm(state):
