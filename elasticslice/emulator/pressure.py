@@ -120,6 +120,16 @@ class Pressure:
         with self._lock:
             return self._busy_answers.get(method, 0)
 
+    def set(self, slow: Mapping[str, float] | None = None,
+            busy: Mapping[str, float] | None = None) -> None:
+        """Change the pressure of a running server (None: leave it as it is)."""
+        slow = self._check(slow, "slow", 0.0, MAX_SLOW) if slow is not None else None
+        busy = self._check(busy, "busy", 0.0, 1.0) if busy is not None else None
+        with self._lock:
+            self.slow = self.slow if slow is None else slow
+            self.busy = self.busy if busy is None else busy
+            self._relieved.clear()
+
     def relieve(self) -> None:
         """No more pressure: calls waiting go on at once, later ones are neither slow nor
         busy."""
