@@ -20,6 +20,7 @@ from elasticslice.errors import ElasticSliceError, RPCError, TransportError
 from elasticslice.managers.cycle import one_line
 from elasticslice.managers.deletes import DeleteJob
 from elasticslice.managers.holdings import Holdings, node_id_of
+from elasticslice.managers.ownership import own_slice
 from elasticslice.managers.policy import NodeState
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
@@ -62,7 +63,7 @@ class Actuator:
         cred = self.server.register_slice(expiration=expires)
         urn = self.server.slice_urn()
         self.state.set_slice(urn, expires_of(cred).timestamp())
-        self.state.own_slice(urn, "created", now=self.clock())
+        own_slice(self.state, urn, "created", now=self.clock())
         log.info("registered slice %s until %s", urn, expires_of(cred))
         self.notify("slice created", f"registered slice {urn}")
         return 1

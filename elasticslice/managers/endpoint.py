@@ -40,7 +40,8 @@ MAX_WAIT_TIME = 2**31 - 1   # XML-RPC's int
 MAX_VALUES = MAX_NODES      # resource values kept in memory (the oldest go first)
 KINDS = ("pending", "complete", "values")
 __all__ = ["MAX_NODES", "MAX_PARALLEL_DELETES", "DeleteNotice", "ElasticSliceClientEndpoint",
-           "Releaser", "ResourceValue", "SimpleElasticSliceClientEndpoint", "parse_nodelist"]
+           "PluginElasticSliceClientEndpoint", "Releaser", "ResourceValue",
+           "SimpleElasticSliceClientEndpoint", "parse_nodelist"]
 
 
 @dataclass(frozen=True)
@@ -334,3 +335,35 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
 
     def on_delete_finished(self, node_ids: list[str], outcome: str) -> None:
         """The release of these nodes ended: done, failed, killed or no-time."""
+
+
+class PluginElasticSliceClientEndpoint:
+    """The seed's endpoint methods on an object that has one (``client_endpoint``), as
+    :class:`~.helpers.PluginElasticSliceHelper` has a helper: what a manager mixes in so
+    that it still answers the seed's endpoint calls, the endpoint being a part of its own."""
+
+    client_endpoint: SimpleElasticSliceClientEndpoint
+
+    def GetVersion(self, params: dict[str, Any] | None = None) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.GetVersion(params)
+
+    def NotifyDeletePending(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.NotifyDeletePending(params)
+
+    def NotifyDeleteComplete(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.NotifyDeleteComplete(params)
+
+    def SetResourceValues(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.SetResourceValues(params)
+
+    def start_delete(self, nodelist: list[dict[str, Any]]) -> None:
+        self.client_endpoint.start_delete(nodelist)
+
+    def end_delete(self, nodelist: list[dict[str, Any]]) -> None:
+        self.client_endpoint.end_delete(nodelist)
+
+    def has_pending_deletes(self) -> bool:
+        return self.client_endpoint.has_pending_deletes()
+
+    def delete_finished(self, node_id: str) -> bool:
+        return self.client_endpoint.delete_finished(node_id)

@@ -99,7 +99,7 @@ class Holdings:
                 return
             self.state.mark_gone(rec.cm, rec.client_id, now=now, reason=reason)
             if rec.node_id:
-                self.state.finish_pending_delete(rec.node_id, now=now, cm=rec.cm)
+                self.state.revocations.finish(rec.node_id, now=now, cm=rec.cm)
         log.info("node %s (%s) left the slice: %s", rec.client_id, rec.node_id, reason)
         self.notify(f"node {rec.client_id} gone",
                     f"{rec.client_id} ({rec.node_id}) at {rec.cm}: {reason}")

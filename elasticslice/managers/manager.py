@@ -3,8 +3,9 @@
 A manager keeps a slice alive (``ensure_slice``, ``ensure_sliver``, ``renew``), watches it
 (``update_sliver_status``, ``update_all``, ``update_available``), grows and shrinks it
 (``add_nodes``, ``delete_nodes``, as the pure policy in :mod:`.policy` decides) and answers
-CloudLab's callbacks. The seed's methods are its public face; the work is done by small
-parts it composes, each with explicit collaborators:
+CloudLab's callbacks (the seed's endpoint methods forward to ``client_endpoint``). The
+seed's methods are its public face; the work is done by small parts it composes, each with
+explicit collaborators:
 
 * :class:`~.observer.Observer`: reads the CMs into the state, builds what the policy sees;
 * :class:`~.actuator.Actuator`: acts at the SA and CMs; owns the intent log;
@@ -34,7 +35,8 @@ from elasticslice.managers.actuator import Actuator
 from elasticslice.managers.background import Background
 from elasticslice.managers.base import ElasticSliceManager, TrackedState
 from elasticslice.managers.cycle import Cycle
-from elasticslice.managers.endpoint import Releaser, SimpleElasticSliceClientEndpoint
+from elasticslice.managers.endpoint import (PluginElasticSliceClientEndpoint, Releaser,
+                                            SimpleElasticSliceClientEndpoint)
 from elasticslice.managers.helpers import ElasticSliceHelper, PluginElasticSliceHelper
 from elasticslice.managers.holdings import Holdings
 from elasticslice.managers.notices import NoticeBook
@@ -49,7 +51,8 @@ from elasticslice.managers.state import ManagerState
 log = logging.getLogger(__name__)
 
 
-class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper):
+class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
+                                PluginElasticSliceClientEndpoint):
     """A complete manager. Seed options and defaults; ``state_dir`` (or ``state``), the
     ``helper``, ``clock``, ``policy`` extras (a :class:`PolicyConfig` whose thresholds the
     seed options override), renewal (``renew_hours``, ``renew_margin``), ``endpoint`` (an
@@ -363,31 +366,6 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper):
             return None
         data = dataclasses.asdict(entry)
         return data.get(key) if key else data
-
-    # ------------------------------------------------------------------ the seed's endpoint
-    def GetVersion(self, params: dict[str, Any] | None = None) -> dict[str, Any]:  # noqa: N802
-        return self.client_endpoint.GetVersion(params)
-
-    def NotifyDeletePending(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        return self.client_endpoint.NotifyDeletePending(params)
-
-    def NotifyDeleteComplete(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        return self.client_endpoint.NotifyDeleteComplete(params)
-
-    def SetResourceValues(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        return self.client_endpoint.SetResourceValues(params)
-
-    def start_delete(self, nodelist: list[dict[str, Any]]) -> None:
-        self.client_endpoint.start_delete(nodelist)
-
-    def end_delete(self, nodelist: list[dict[str, Any]]) -> None:
-        self.client_endpoint.end_delete(nodelist)
-
-    def has_pending_deletes(self) -> bool:
-        return self.client_endpoint.has_pending_deletes()
-
-    def delete_finished(self, node_id: str) -> bool:
-        return self.client_endpoint.delete_finished(node_id)
 
     # ------------------------------------------------------------------ running
     def manage_once(self, force: bool = False) -> dict[str, str | None]:

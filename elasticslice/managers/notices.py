@@ -110,11 +110,11 @@ class NoticeBook:
         entries: list[Entry] = []
         fresh: list[Entry] = []
         with self._lock:
-            self.state.expire_pending_deletes(received - STALE_AFTER)
+            self.state.revocations.expire(received - STALE_AFTER)
             held = [(n, self._held(n)) for n in notices]
             new = sum(1 for n, h in held if h is not None and
-                      self.state.pending_delete(n.node_id, h[0]) is None)
-            if new and len(self.state.pending_deletes(open_only=True)) + new > MAX_NODES:
+                      self.state.revocations.get(n.node_id, h[0]) is None)
+            if new and len(self.state.revocations.all(open_only=True)) + new > MAX_NODES:
                 raise BadArgs(f"nodelist: more than {MAX_NODES} nodes would be pending "
                               "delete at once")
             with self.state.transaction():
@@ -136,11 +136,11 @@ class NoticeBook:
         return entries
 
     def _record(self, notice: DeleteNotice, cm: str, client_id: str | None) -> Entry:
-        before = self.state.pending_delete(notice.node_id, cm)
-        after = self.state.add_pending_delete(cm, notice.node_id, client_id,
+        before = self.state.revocations.get(notice.node_id, cm)
+        after = self.state.revocations.add(cm, notice.node_id, client_id,
                                               deadline=notice.deadline, now=notice.received)
         if notice.max_wait_time == 0 and after.released is None:
-            self.state.force_pending_delete(notice.node_id, cm)  # CloudLab cannot wait
+            self.state.revocations.force(notice.node_id, cm)  # CloudLab cannot wait
         return Entry(notice, after, fresh=before is None,
                      hurried=before is not None and after.deadline < before.deadline)
 
@@ -156,8 +156,8 @@ class NoticeBook:
                     if self._was_ours(notice):
                         known.append(notice)  # gone already: nothing to change or count
                     continue
-                revocation = self.state.pending_delete(notice.node_id, where[0])
-                self.state.finish_pending_delete(notice.node_id, now=received, cm=where[0])
+                revocation = self.state.revocations.get(notice.node_id, where[0])
+                self.state.revocations.finish(notice.node_id, now=received, cm=where[0])
                 entries.append(Entry(notice, revocation or PendingDelete(
                     where[0], notice.node_id, where[1], received, received)))
             self._count_foreign([e.notice for e in entries
@@ -219,30 +219,30 @@ class NoticeBook:
         now = self.clock()
         with self._lock:
             return [i for i in node_ids
-                    if self.state.release_pending_delete(i, now=now, note=note)]
+                    if self.state.revocations.release(i, now=now, note=note)]
 
     def released(self, node_id: str) -> bool:
         """Whether the open revocation of ``node_id`` was released."""
         with self._lock:
-            found = self.state.pending_delete(node_id)
+            found = self.state.revocations.get(node_id)
         return found is not None and found.released is not None
 
     def revocation(self, node_id: str) -> PendingDelete | None:
         """The open revocation of ``node_id``."""
         with self._lock:
-            return self.state.pending_delete(node_id)
+            return self.state.revocations.get(node_id)
 
     def open(self) -> list[PendingDelete]:
         """The revocations CloudLab has not completed (after ending stale released ones)."""
         with self._lock:
-            self.state.expire_pending_deletes(self.clock() - STALE_AFTER)
-            return self.state.pending_deletes(open_only=True)
+            self.state.revocations.expire(self.clock() - STALE_AFTER)
+            return self.state.revocations.all(open_only=True)
 
     def counts(self) -> dict[str, int]:
         """revocations, early and forced releases (as the CM reports them), and foreign
         notices (distinct nodes we do not hold; counted apart)."""
         with self._lock:
-            return {**self.state.revocation_counts(), "foreign": self.foreign}
+            return {**self.state.revocations.counts(), "foreign": self.foreign}
 
 
 def notices_of(nodes: list[dict[str, Any]], received: float) -> list[DeleteNotice]:

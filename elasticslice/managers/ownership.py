@@ -1,7 +1,7 @@
 """Slices users can trust: a manager works only on a slice its state directory created
 (or adopted on purpose), and a CM that cannot be reached is said so, at once.
 
-A state directory records the slice it registered (``ManagerState.own_slice``). Before the
+A state directory records the slice it registered (:func:`own_slice`). Before the
 first cycle, :class:`SliceClaim` asks the SA whether the configured slice exists: a slice
 this directory did not create is refused with one line (another ``manage`` or ``run`` may
 be using it: growing, shrinking or deleting it under them) unless ``adopt``, which records
@@ -11,6 +11,7 @@ before anything is made on disk.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +35,22 @@ class SliceNotOurs(ElasticSliceError):
 
 class Unreachable(ElasticSliceError):
     """The SA or a CM did not answer within the connect timeout."""
+
+
+def owns_slice(state: Any, urn: str) -> bool:
+    """Whether the state directory of ``state`` created (or adopted) the slice ``urn``; a
+    state that recorded the slice before ownership was kept counts as its owner."""
+    owner = state.get_meta("slice_owner")
+    if owner is not None:
+        return json.loads(owner).get("urn") == urn
+    record = state.slice()
+    return record is not None and record.urn == urn
+
+
+def own_slice(state: Any, urn: str, how: str, *, now: float) -> None:
+    """Record that this state directory ``created`` or ``adopted`` the slice ``urn``."""
+    state.set_meta("slice_owner", json.dumps({"urn": urn, "how": how, "at": now,
+                                              "state_id": state.get_meta("state_id")}))
 
 
 def _not_ours(urn: str, where: str) -> SliceNotOurs:
@@ -60,7 +77,7 @@ class SliceClaim:
         if self.claimed:
             return
         urn = self.server.slice_urn()
-        if not self.state.owns_slice(urn):
+        if not owns_slice(self.state, urn):
             try:
                 self.server.get_slice_credential()
             except RPCError as err:
@@ -70,7 +87,7 @@ class SliceClaim:
                 return
             if not self.adopt:
                 raise _not_ours(urn, self.where)
-            self.state.own_slice(urn, "adopted", now=self.clock())
+            own_slice(self.state, urn, "adopted", now=self.clock())
             log.warning("adopted the existing slice %s (--adopt)", urn)
         self.claimed = True
 
@@ -123,7 +140,7 @@ def preflight(server: Any, state_dir: Path, *, adopt: bool, connect_timeout: flo
     if (state_dir / DB_NAME).is_file():
         state = ManagerState.open(state_dir)
         try:
-            if state.owns_slice(urn):
+            if owns_slice(state, urn):
                 return
         finally:
             state.close()

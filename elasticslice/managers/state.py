@@ -26,6 +26,7 @@ from elasticslice.managers.records import (
     CycleRecord, Intent, IntentKind, IntentOutcome, NodeRecord, PendingDelete, SliceRecord,
     SliverRecord, StateError,
 )
+from elasticslice.managers.revocations import RevocationLog
 from elasticslice.managers.schema import SCHEMA_VERSION, create, migrate
 
 DB_NAME = "manager.db"
@@ -48,6 +49,7 @@ class ManagerState:
         self.readonly = readonly
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
+        self.revocations = RevocationLog(self)
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
@@ -159,19 +161,6 @@ class ManagerState:
         rows = self._rows("SELECT urn, expires, updated FROM slice")
         return SliceRecord(*rows[0]) if rows else None
 
-    def owns_slice(self, urn: str) -> bool:
-        """Whether this state directory created (or adopted) the slice ``urn``; a state that
-        already recorded the slice before ownership was kept counts as its owner."""
-        owner = self.get_meta("slice_owner")
-        if owner is not None:
-            return json.loads(owner).get("urn") == urn
-        record = self.slice()
-        return record is not None and record.urn == urn
-
-    def own_slice(self, urn: str, how: str, *, now: float) -> None:
-        """Record that this state directory ``created`` or ``adopted`` the slice ``urn``."""
-        self.set_meta("slice_owner", json.dumps({"urn": urn, "how": how, "at": now,
-                                                 "state_id": self.get_meta("state_id")}))
 
     def set_sliver(self, cm: str, urn: str | None, expires: float | None, status: str | None,
                    *, now: float | None = None) -> None:
@@ -276,87 +265,10 @@ class ManagerState:
             "SELECT ts, state, note FROM history WHERE cm = ? AND client_id = ? ORDER BY id",
             (cm, client_id))]
 
-    # --- CloudLab's revocations (one row each) and values -----------------------------------
-    _REV = ("SELECT cm, node_id, client_id, deadline, first_seen, finished, outcome, released, "
-            "note, id, last_seen FROM revocations")
-
-    def _rev_where(self, node_id: str, cm: str | None, open_only: bool = True
-                   ) -> tuple[str, tuple[Any, ...]]:
-        where = " WHERE node_id = ?" + (" AND cm = ?" if cm is not None else "")
-        where += " AND finished IS NULL" if open_only else ""
-        return where, ((node_id, cm) if cm is not None else (node_id,))
-
-    def add_pending_delete(self, cm: str, node_id: str, client_id: str | None, *,
-                           deadline: float, now: float) -> PendingDelete:
-        """Record a NotifyDeletePending: a new revocation, or the countdown of the open one
-        (its deadline only ever comes earlier). The revocation as recorded."""
-        with self.transaction():
-            where, args = self._rev_where(node_id, cm)
-            if self._rows("SELECT id FROM revocations" + where, args):
-                self._run("UPDATE revocations SET deadline = MIN(deadline, ?), last_seen = ?, "
-                          "client_id = COALESCE(client_id, ?)" + where,
-                          (deadline, now, client_id, *args))
-            else:
-                self._run("INSERT INTO revocations (cm, node_id, client_id, deadline, "
-                          "first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?)",
-                          (cm, node_id, client_id, deadline, now, now))
-            found = self.pending_delete(node_id, cm)
-        assert found is not None
-        return found
-
-    def pending_delete(self, node_id: str, cm: str | None = None) -> PendingDelete | None:
-        """The open revocation of ``node_id`` (None: none open)."""
-        where, args = self._rev_where(node_id, cm)
-        rows = self._rows(self._REV + where + " ORDER BY id DESC LIMIT 1", args)
-        return PendingDelete(*rows[0]) if rows else None
-
+    # --- CloudLab's revocations (see :mod:`.revocations`) and values ------------------------
     def pending_deletes(self, *, open_only: bool = False) -> list[PendingDelete]:
-        sql = self._REV + (" WHERE finished IS NULL" if open_only else "")
-        return [PendingDelete(*r) for r in self._rows(sql + " ORDER BY deadline, cm, node_id")]
-
-    def release_pending_delete(self, node_id: str, *, now: float, note: str | None = None,
-                               cm: str | None = None) -> bool:
-        """We are done with the node (its answer says max_wait_time 0 from now); False when
-        it was released already or no revocation of it is open."""
-        where, args = self._rev_where(node_id, cm)
-        cur = self._run("UPDATE revocations SET released = ?, note = COALESCE(note, ?)" + where
-                        + " AND released IS NULL", (now, note, *args))
-        return cur.rowcount > 0
-
-    def force_pending_delete(self, node_id: str, cm: str | None = None) -> bool:
-        """CloudLab could not wait (max_wait_time 0) before we released the node: forced."""
-        where, args = self._rev_where(node_id, cm)
-        cur = self._run("UPDATE revocations SET outcome = 'forced'" + where
-                        + " AND released IS NULL AND outcome IS NULL", args)
-        return cur.rowcount > 0
-
-    def finish_pending_delete(self, node_id: str, *, now: float, outcome: str | None = None,
-                              cm: str | None = None) -> None:
-        """The node left the slice: the revocation ends, ``early`` when we released it by
-        its deadline, else ``forced`` (unless ``outcome`` says otherwise)."""
-        where, args = self._rev_where(node_id, cm)
-        self._run("UPDATE revocations SET finished = ?, outcome = COALESCE(outcome, ?, CASE "
-                  "WHEN released IS NOT NULL AND released <= deadline THEN 'early' "
-                  "ELSE 'forced' END)" + where, (now, outcome, *args))
-
-    def expire_pending_deletes(self, before: float) -> None:
-        """End the released revocations whose deadline passed before ``before`` (CloudLab
-        never said it completed them)."""
-        self._run("UPDATE revocations SET finished = deadline, outcome = COALESCE(outcome, "
-                  "'early') WHERE finished IS NULL AND released IS NOT NULL AND deadline < ?",
-                  (before,))
-
-    def forget_pending_delete(self, node_id: str, cm: str | None = None) -> None:
-        """Drop every revocation row of the node."""
-        where, args = self._rev_where(node_id, cm, open_only=False)
-        self._run("DELETE FROM revocations" + where, args)
-
-    def revocation_counts(self) -> dict[str, int]:
-        """revocations, early (released by the deadline) and forced (taken by CloudLab)."""
-        [(total, early, forced)] = self._rows(
-            "SELECT COUNT(*), COALESCE(SUM(outcome = 'early' OR (outcome IS NULL AND released "
-            "<= deadline)), 0), COALESCE(SUM(outcome = 'forced'), 0) FROM revocations")
-        return {"revocations": total, "early": early, "forced": forced}
+        """Every revocation (``open_only``: those whose node has not left yet)."""
+        return self.revocations.all(open_only=open_only)
 
     def set_values(self, cm: str, values: Mapping[str, float], *, now: float) -> None:
         with self.transaction():

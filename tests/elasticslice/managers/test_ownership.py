@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from elasticslice.managers.ownership import SliceNotOurs
+from elasticslice.managers.ownership import SliceNotOurs, owns_slice
 from tests.elasticslice.managers.helpers import cm_nodes, manager_config
 from tests.helpers import REPO, WORKFLOWS
 
@@ -33,7 +33,7 @@ def test_a_manager_refuses_a_slice_another_state_directory_created(
     with pytest.raises(SliceNotOurs):
         second.start()
     assert sorted(cm_nodes(emulator, tmp_path)) == held   # nothing was done to it
-    assert first.state.owns_slice(first.server.slice_urn())
+    assert owns_slice(first.state, first.server.slice_urn())
     # --adopt: on purpose, recorded, so the next start needs no --adopt
     adopter = make_manager(emulator, maxthreshold=3, state_dir=tmp_path / "c", adopt=True)
     assert not any(adopter.manage_once().values())

@@ -103,13 +103,13 @@ def revoke_as_cm_while(cluster: Any, emulator: Any, tmp_path: Path, busy: Any,
     log.info("NotifyDeletePending answered in %.0f ms while %s", (answered - sent) * 1000,
              what)
     plan = wait_for(lambda: manager.drains.get(node.node_id), what="the drain")
-    revocation = manager.state.pending_delete(node.node_id)
+    revocation = manager.state.revocations.get(node.node_id)
     assert plan.deadline == revocation.deadline   # one deadline, carried unchanged
     assert sent + 60 <= revocation.deadline <= answered + 60
     sooner = as_cm(emulator, tmp_path, manager.endpoint_url, "NotifyDeletePending",
                    [{**item, "max_wait_time": 40}])   # the countdown: earlier, never later
     assert busy() and sooner["code"] == 0
-    wait_for(lambda: plan.deadline == manager.state.pending_delete(node.node_id).deadline
+    wait_for(lambda: plan.deadline == manager.state.revocations.get(node.node_id).deadline
              < revocation.deadline, what="the countdown's deadline in the drain")
     return pilot, watch, sent
 
