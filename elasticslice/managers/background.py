@@ -12,8 +12,8 @@ log = logging.getLogger(__name__)
 
 
 class Background:
-    """``post(fn, *args)`` runs ``fn(*args)`` later on the ``name`` thread, in posting order.
-    After :meth:`close` a post runs nothing (the manager is stopping)."""
+    """``post(fn, *args)`` runs ``fn(*args)`` later on the ``name`` thread(s), in posting
+    order. After :meth:`close` a post runs nothing (the manager is stopping)."""
 
     def __init__(self, name: str, threads: int = 1) -> None:
         self.name = name
@@ -37,8 +37,13 @@ class Background:
         except Exception:  # one failed reaction must not stop the next
             log.exception("%s: %s failed", self.name, getattr(fn, "__name__", fn))
 
+    def open(self) -> None:
+        """Take posts again (a manager started again)."""
+        with self._lock:
+            self._closed = False
+
     def close(self, wait: bool = True) -> None:
-        """Run what was posted (``wait``), then nothing more."""
+        """Run what was posted (``wait``), then nothing more until :meth:`open`."""
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None

@@ -122,7 +122,9 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.last_decision: Decision | None = None
         self.last_observed: Observed | None = None
         self._passes = 0
-        self._methods_lock = threading.RLock()  # cycle methods only; no callback takes it
+        # cycle methods run one at a time; no callback, drain or release ever takes it (the
+        # seed's per-instance RLock, ``rlock``)
+        self._methods_lock = self.rlock = threading.RLock()
         self._stop = threading.Event()
         self._started = False
         self._reconciled = False
@@ -386,9 +388,15 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             return
         self.claim.claim()
         self._started = True
+        for part in self._threads():
+            part.open()
         if self.registrar is not None:
             self.registrar.start()
         self.cycle.start(first_delay=0.0)
+
+    def _threads(self) -> list[Background]:
+        """The threads of the manager's own that callbacks hand work to."""
+        return [self.events, self.mail]
 
     def stop(self) -> None:
         """Stop the cycle, unregister and stop the endpoint, finish what callbacks started."""
@@ -400,11 +408,13 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         if self.registrar is not None:
             self.registrar.stop()
         self.client_endpoint.shutdown_deletes()
-        self.events.close()
-        self.mail.close()
+        for part in self._threads():
+            part.close()
 
     def close(self) -> None:
         self.stop()
+        for part in self._threads():  # a manager never started may have some too
+            part.close()
         self.state.close()
 
     def stop_requested(self) -> None:

@@ -304,9 +304,8 @@ class PilotSliceManager(SimpleElasticSliceManager):
         self.actuator.give_back(node_id)
         self.wake("update_sliver_status")
 
-    def stop(self) -> None:
-        super().stop()
-        self.releases.close()
+    def _threads(self) -> list[Background]:
+        return [*super()._threads(), self.drainer.work, self.releases]
 
     # ------------------------------------------------------------------ figures
     @property
