@@ -148,20 +148,16 @@ class NoticeBook:
         """A NotifyDeleteComplete: the nodes we hold are gone; others change nothing."""
         entries: list[Entry] = []
         with self._lock:
-            known = []
             for notice in notices_of(nodes, received):
                 where = self._held(notice)
                 if where is None:
                     entries.append(Entry(notice))
-                    if self._was_ours(notice):
-                        known.append(notice)  # gone already: nothing to change or count
                     continue
                 revocation = self.state.revocations.get(notice.node_id, where[0])
                 self.state.revocations.finish(notice.node_id, now=received, cm=where[0])
                 entries.append(Entry(notice, revocation or PendingDelete(
                     where[0], notice.node_id, where[1], received, received)))
-            self._count_foreign([e.notice for e in entries
-                                 if not e.ours and e.notice not in known], received)
+            self._count_foreign([e.notice for e in entries if not e.ours], received)
         if self.holdings is not None:
             for e in entries:
                 rec = self.holdings.find(e.notice.node_id, e.notice.client_id) \
@@ -178,8 +174,12 @@ class NoticeBook:
         return rec is not None and rec.client_id == notice.client_id
 
     def _count_foreign(self, notices: list[DeleteNotice], now: float) -> None:
+        """Count apart the items naming nodes we do not hold (but those of a node we held,
+        gone already: CloudLab's late word about it, answered 0 all the same)."""
         fresh = 0
         for n in notices:
+            if self.holdings is not None and self._was_ours(n):
+                continue
             key = (n.node_id, n.client_id)
             if key not in self._foreign:
                 fresh += 1
