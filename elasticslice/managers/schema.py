@@ -7,6 +7,7 @@ overwrote). A version-1 file is migrated when opened for writing.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 
 SCHEMA_VERSION = 2
@@ -71,6 +72,7 @@ def migrate(conn: sqlite3.Connection, version: str) -> str:
         if has_v1:
             for statement in filter(str.strip, _V1_TO_V2.split(";")):
                 conn.execute(statement)
+            _fold_pilot_counts(conn)
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                      (str(SCHEMA_VERSION),))
     except BaseException:
@@ -78,3 +80,23 @@ def migrate(conn: sqlite3.Connection, version: str) -> str:
         raise
     conn.execute("COMMIT")
     return str(SCHEMA_VERSION)
+
+
+def _fold_pilot_counts(conn: sqlite3.Connection) -> None:
+    """Version 1's pilots manager kept its counts apart (meta ``pilots.revocations``, node_ids
+    seen, early, forced): they become the revocations' outcomes."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'pilots.revocations'").fetchone()
+    try:
+        counts = json.loads(row[0]) if row else {}
+    except ValueError:
+        counts = {}
+    for node_id in counts.get("seen", ()):
+        if not conn.execute("SELECT 1 FROM revocations WHERE node_id = ?",
+                            (str(node_id),)).fetchone():
+            conn.execute("INSERT INTO revocations (cm, node_id, deadline, first_seen, finished)"
+                         " VALUES ('', ?, 0, 0, 0)", (str(node_id),))
+    for outcome in ("early", "forced"):
+        for node_id in counts.get(outcome, ()):
+            conn.execute("UPDATE revocations SET outcome = ? WHERE node_id = ?",
+                         (outcome, str(node_id)))
+    conn.execute("DELETE FROM meta WHERE key = 'pilots.revocations'")

@@ -142,12 +142,17 @@ def test_a_version_1_state_is_migrated_with_its_notices(state_dir):
                 deadline REAL, first_seen REAL, last_seen REAL, finished REAL, outcome TEXT,
                 PRIMARY KEY (cm, node_id));
             INSERT INTO pending_deletes VALUES ('cm', 'pc1', 'n1', 50.0, 1.0, 2.0, NULL, NULL);
+            INSERT INTO pending_deletes VALUES ('cm', 'pc2', 'n2', 50.0, 1.0, 2.0, 9.0, 'gone');
+            INSERT INTO meta VALUES ('pilots.revocations',
+                '{"seen": ["pc2", "pc3"], "early": ["pc2"], "forced": ["pc3"]}');
         """)
     st = ManagerState.open(state_dir)
     try:
         assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "2"
         [pd] = st.pending_deletes(open_only=True)
         assert (pd.cm, pd.node_id, pd.client_id, pd.deadline) == ("cm", "pc1", "n1", 50.0)
+        # the pilots manager's counts, kept apart in version 1, are the outcomes now
+        assert st.revocations.counts() == {"revocations": 3, "early": 1, "forced": 1}
     finally:
         st.close()
 
