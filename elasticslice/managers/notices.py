@@ -64,7 +64,7 @@ class Entry:
         return self.revocation is not None
 
 
-class Holdings(Protocol):
+class HeldNodes(Protocol):
     """What the book checks notices against (the manager's :class:`~.holdings.Holdings`)."""
 
     def find(self, node_id: str, client_id: str | None) -> NodeRecord | None: ...
@@ -83,7 +83,7 @@ class NoticeBook:
     wakes the cycle (``wake(*methods)``) and mails (``notify(subject, body)``, which must
     not block: the manager's posts it to a thread of its own)."""
 
-    def __init__(self, state: ManagerState, *, holdings: Holdings | None = None,
+    def __init__(self, state: ManagerState, *, holdings: HeldNodes | None = None,
                  clock: Callable[[], float] = time.time,
                  wake: Callable[..., None] = _nothing,
                  notify: Callable[[str, str], None] = _nothing) -> None:
