@@ -108,7 +108,6 @@ class NoticeBook:
         """A NotifyDeletePending (checked items, see ``parse_nodelist``) as it arrived."""
         notices = notices_of(nodes, received)
         entries: list[Entry] = []
-        fresh: list[Entry] = []
         with self._lock:
             self.state.revocations.expire(received - STALE_AFTER)
             held = [(n, self._held(n)) for n in notices]
@@ -138,7 +137,7 @@ class NoticeBook:
     def _record(self, notice: DeleteNotice, cm: str, client_id: str | None) -> Entry:
         before = self.state.revocations.get(notice.node_id, cm)
         after = self.state.revocations.add(cm, notice.node_id, client_id,
-                                              deadline=notice.deadline, now=notice.received)
+                                           deadline=notice.deadline, now=notice.received)
         if notice.max_wait_time == 0 and after.released is None:
             self.state.revocations.force(notice.node_id, cm)  # CloudLab cannot wait
         return Entry(notice, after, fresh=before is None,
