@@ -17,6 +17,13 @@ Throughput: 4 nodes of 2 cores are kept fed with 0.5 s units; units completed pe
 with all of them, then in a window starting when 1 (25%) and then 2 (50%) of them are
 drained with a 10 s notice, against what the survivors carry (the all-nodes rate per core
 times the surviving cores; goal >= 95%).
+
+A slow CM (bench/slowcm.py): the pilots manager on the emulator while AddNodes takes 30 s,
+then while AddNodes answers BUSY and the client backs off; two busy nodes are revoked (15 s
+notices), the second during the replacement's AddNodes. Per case: the notices' answer
+times as the CM saw them (p50 / p99; goal < 200 ms), from the notice until nothing new can
+start on the doomed pilot (and units started there afterwards), how the reclamations ended
+(goal: early, 0 units lost).
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import troy  # noqa: E402
+import slowcm  # noqa: E402  (bench/slowcm.py)
 from elasticslice.rpc.pki import issue_certificate, make_ca  # noqa: E402
 from table import print_table  # noqa: E402  (bench/table.py)
 from troy import ComputeUnitDescription as CUD  # noqa: E402
@@ -224,6 +232,10 @@ def run(quick: bool = False) -> dict[str, Any]:
          f"{tp['kept_50_pct']:.0f}% of what the survivors carry"),
         ("throughput run: units lost (goal 0)", f"{tp['tp_lost']}"),
     ]
+    for case in slowcm.CASES:
+        r = slowcm.slow_cm(case, quick)
+        figures.update({f"{case}_cm_{k}": v for k, v in r.items()})
+        table += slowcm.rows(case, r)
     figures["table"] = table
     return figures
 
@@ -231,8 +243,15 @@ def run(quick: bool = False) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter units and windows")
+    parser.add_argument("--only-slow-cm", action="store_true",
+                        help="only the slow-CM cases (AddNodes 30 s, BUSY back-off)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.only_slow_cm:
+        table = [row for case in slowcm.CASES
+                 for row in slowcm.rows(case, slowcm.slow_cm(case, args.quick))]
+        print_table(table)
+        return 0
     print_table(run(args.quick)["table"])
     return 0
 

@@ -1,9 +1,10 @@
 """The scaling policies under comparison: ours (the manager's real ``decide``) and baselines.
 
 * :class:`Ours`: :func:`elasticslice.managers.policy.decide` itself, fed the Observed the
-  manager builds (node states, availability, demand = nodes for the cores of the units
-  ready or running, as Troy reports it, busy/idle per node) every 60 s; it drains nodes
-  under notice (the manager's deadline-aware drain).
+  pilots manager builds (node states, availability, the cores of the units ready or running
+  as Troy reports them and the cores of a node: the policy turns them into nodes, as in the
+  manager; busy/idle per node) every 60 s; it drains nodes under notice (the manager's
+  deadline-aware drain).
 * :class:`Static`: N nodes held from the start (re-acquired after a revocation).
 * :class:`SeedDefaults`: the seed's manager as shipped: every 300 s (``add_nodes``), grow to
   ``maxthreshold`` while the CM keeps ``percent_available_minimum`` (0.5) free; no deletes
@@ -57,10 +58,11 @@ class Ours:
             state=NodeState.READY if n.ready(view.now) else NodeState.NOTREADY,
             added_at=n.added_at, initial=n.initial, pending_delete=n.deadline is not None,
             busy=bool(n.running), idle_since=n.idle_since) for n in view.nodes)
-        demand = math.ceil((view.queued_cores + view.running_cores) / view.cores_per_node)
         return Observed(now=view.now, nodes=nodes,
                         availability={CM: {ALL_TYPES: Availability(view.free, view.total)}},
-                        demand=demand, last_add=self.last_add, last_delete=self.last_delete)
+                        demand_cores=view.queued_cores + view.running_cores,
+                        cores_per_node=view.cores_per_node,
+                        last_add=self.last_add, last_delete=self.last_delete)
 
     def decide(self, view: View) -> Action:
         decision = decide(self.observed(view), self.config)
@@ -70,7 +72,8 @@ class Ours:
         if decision.delete:
             self.last_delete = view.now
         return Action(decision.add_total,
-                      tuple(c for ids in decision.delete.values() for c in ids))
+                      tuple(c for cm in {**decision.delete, **decision.replace}
+                            for c in decision.give_back(cm)))
 
 
 @dataclass

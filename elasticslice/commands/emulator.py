@@ -19,6 +19,7 @@ from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.emulator.admin import reclamation_report
 from elasticslice.emulator.daemon import (DEFAULT_LOG, STOP_TIMEOUT, start_background,
                                           stop_emulator)
+from elasticslice.emulator.pressure import Pressure, parse_items
 from elasticslice.emulator.server import access
 from elasticslice.emulator.setup import (DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER,
                                          issue_user, load_config)
@@ -99,6 +100,12 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
               help="Seconds between changes of the tenant load.")
 @click.option("--allow-remote-endpoints", is_flag=True,
               help="Accept client endpoints that are not on 127.0.0.1.")
+@click.option("--slow", "slow", multiple=True, metavar="METHOD=SECONDS",
+              help="Every call of METHOD waits SECONDS before it is carried out (e.g. "
+                   "AddNodes=30, as CloudLab's CM). Repeatable.")
+@click.option("--busy", "busy", multiple=True, metavar="METHOD=FRACTION",
+              help="That share of METHOD's calls answer BUSY at once (e.g. AddNodes=0.5). "
+                   "Repeatable.")
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Log there (appended), one line per request too, instead of on stderr. "
                    f"With --background the default is DIR/{DEFAULT_LOG}.")
@@ -109,7 +116,8 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
 def serve_cmd(ctx: click.Context, directory: Path, port: int | None, host: str | None,
               inventory: str | None, boot_delay: float, notify_interval: float, max_wait: int,
               fault_rate: float, seed: int | None, tenant_load: float, tenant_interval: float,
-              allow_remote_endpoints: bool, log_file: Path | None, background: bool) -> None:
+              allow_remote_endpoints: bool, slow: tuple[str, ...], busy: tuple[str, ...],
+              log_file: Path | None, background: bool) -> None:
     """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM
     (or, with --background, until `emulator stop`).
 
@@ -118,14 +126,16 @@ def serve_cmd(ctx: click.Context, directory: Path, port: int | None, host: str |
     State (slices, slivers, nodes) is kept in DIR/state.db across restarts; DIR/server.json
     names the URL and pid of the running server. One server per directory.
     """
+    pressure = {"slow": parse_items(slow, "--slow"), "busy": parse_items(busy, "--busy")}
     if background:
+        Pressure(**pressure)  # a bad method name is said here, not in the log
         _serve_in_background(ctx, directory, log_file or directory / DEFAULT_LOG)
         return
     with _logging_to(log_file, debug=_debug(ctx)):
         _serve(directory, port=port, host=host, inventory=inventory, boot_delay=boot_delay,
                notify_interval=notify_interval, max_wait=max_wait, fault_rate=fault_rate,
                seed=seed, tenant_load=tenant_load, tenant_interval=tenant_interval,
-               allow_remote_endpoints=allow_remote_endpoints)
+               allow_remote_endpoints=allow_remote_endpoints, **pressure)
 
 
 def _debug(ctx: click.Context) -> bool:
@@ -145,6 +155,9 @@ def _serve_in_background(ctx: click.Context, directory: Path, log_file: Path) ->
         flag = param.opts[0]
         if param.name in ("directory", "inventory"):
             value = Path(value).resolve()
+        if isinstance(value, tuple):  # a repeatable option (--slow, --busy)
+            args += [a for v in value for a in (flag, str(v))]
+            continue
         args += [flag] if value is True else [flag, str(value)]
     log_file = log_file.resolve()
     running = start_background(directory.resolve(), [*args, "--log-file", str(log_file)],

@@ -28,7 +28,8 @@ def _iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def build_manager(config_path: str | None, *, endpoint: bool = True) -> Any:
+def build_manager(config_path: str | None, *, endpoint: bool = True,
+                  adopt: bool = False) -> Any:
     """The manager the `manage` command runs, from the config file's sections."""
     from elasticslice.managers import SimpleElasticSliceHelper, SimpleElasticSliceManager
     from elasticslice.managers.config import load_manager_config
@@ -43,23 +44,27 @@ def build_manager(config_path: str | None, *, endpoint: bool = True) -> Any:
         multiplex_lans=mcfg.multiplex_lans, tarballs=list(mcfg.tarballs),
         startup_command=mcfg.startup_command, nodetype=mcfg.nodetype,
         node_prefix=mcfg.node_prefix, lan_prefix=mcfg.lan_prefix)
-    extra = {} if endpoint else {"endpoint": None}
+    extra: dict[str, Any] = {"adopt": adopt} if endpoint else {"endpoint": None, "adopt": adopt}
     return SimpleElasticSliceManager.from_config(server, mcfg, helper=helper, **extra)
 
 
 @click.command("manage")
 @click.option("--once", is_flag=True, default=False,
               help="Run one full cycle (every method once, in order) and exit.")
+@click.option("--adopt", is_flag=True, default=False,
+              help="Manage the configured slice although this state_dir did not create it "
+                   "(another manage or run may be using it).")
 @click.pass_context
-def manage_cmd(ctx: click.Context, once: bool) -> None:
+def manage_cmd(ctx: click.Context, once: bool, adopt: bool) -> None:
     """Run the elastic slice manager in the foreground.
 
     Keeps the slice and its slivers alive, grows the slice while CloudLab has spare nodes
     (up to maxthreshold), gives nodes back when told (or when enable_delete and CloudLab
     runs short), and answers CloudLab's callbacks on the [endpoint]. SIGTERM or SIGINT stop
-    it cleanly: the endpoint is removed at every CM and the state is flushed.
+    it cleanly: the endpoint is removed at every CM and the state is flushed. A slice
+    this state_dir did not create is refused unless --adopt.
     """
-    manager = build_manager(ctx.obj.config_path, endpoint=not once)
+    manager = build_manager(ctx.obj.config_path, endpoint=not once, adopt=adopt)
     try:
         if once:
             errors = {k: v for k, v in manager.manage_once().items() if v}

@@ -227,11 +227,17 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
 @click.option("--timeout", type=float, default=None,
               help="Stop after this many seconds (exit 1; the nodes are kept: run again to "
                    "resume).")
+@click.option("--adopt", is_flag=True,
+              help="Work on the configured slice although this --state-dir did not create "
+                   "it (another manage or run may be using it).")
+@click.option("--connect-timeout", type=click.FloatRange(0.1), default=60.0,
+              show_default=True, help="Fail, leaving nothing behind, when the SA or a CM "
+                                      "does not answer within this many seconds.")
 @click.pass_context
 def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_nodes: int,
             hardware_type: str | None, time_scale: float, report: str | None,
             output_dir: Path | None, keep: bool, release: bool,
-            timeout: float | None) -> None:
+            timeout: float | None, adopt: bool, connect_timeout: float) -> None:
     """Run WORKFLOW (Troy JSON or WfFormat) on an elastic cluster of the configured CM.
 
     The cluster grows to the workflow's demand (up to --max-nodes); every node runs a Troy
@@ -265,20 +271,28 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     from elasticslice.config import load_config
     from elasticslice.pilots import ElasticCluster
     from elasticslice.pilots.restart import write_json
+    from elasticslice.managers.ownership import preflight
     from elasticslice.rpc.client import ProtoGeniServer
-    try:
+    server = ProtoGeniServer(load_config(getattr(ctx.obj, "config_path", None)))
+    try:  # the CM answers and the slice is ours (or --adopt): else nothing is made
+        preflight(server, state_dir / "state", adopt=adopt, connect_timeout=connect_timeout)
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as err:
+        server.close()
         raise ElasticSliceError(f"--state-dir {state_dir}: cannot make it: "
                                 f"{err.strerror or err}") from err
-    config = load_config(getattr(ctx.obj, "config_path", None))
+    except BaseException:
+        server.close()
+        raise
     try:
         outputs.open()    # a bad --output-dir is said before any node is taken
     except TroyError as err:
+        server.close()
         raise BadUsage(str(err)) from err
     log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
-    cluster = ElasticCluster(ProtoGeniServer(config), state_dir, maxthreshold=max_nodes,
-                             hardware_type=hardware_type, keep=keep)
+    cluster = ElasticCluster(server, state_dir, maxthreshold=max_nodes,
+                             hardware_type=hardware_type, keep=keep,
+                             manager_options={"adopt": adopt})
     started = time.time()
     data: dict[str, Any] | None = None
     interrupted, timed_out = False, ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -24,6 +25,7 @@ from elasticslice.emulator.dispatch import EmulatorDispatcher
 from elasticslice.emulator.dynamic import DynamicSliceService, Reclaimer
 from elasticslice.emulator.faults import FaultInjector
 from elasticslice.emulator.pool import load_inventory, sync_nodes
+from elasticslice.emulator.pressure import Pressure
 from elasticslice.emulator.sa import SliceAuthority
 from elasticslice.emulator.server import TLSServer, server_context
 from elasticslice.emulator.setup import (EmulatorConfig, base_url, load_config, lock_directory,
@@ -43,7 +45,9 @@ class EmulatorServer:
                  notify_interval: float = 10.0, max_wait: int = 60, fault_rate: float = 0.0,
                  seed: int | None = None, tenant_load: float = 0.0, tenant_interval: float = 5.0,
                  allow_remote_endpoints: bool = False, slow_seconds: float = 1.0,
-                 boot_failure_rate: float | None = None) -> None:
+                 boot_failure_rate: float | None = None,
+                 slow: Mapping[str, float] | None = None,
+                 busy: Mapping[str, float] | None = None) -> None:
         self.directory = Path(directory).resolve()
         self._port = port
         self._host = host
@@ -57,6 +61,7 @@ class EmulatorServer:
                                         boot_rate=boot_failure_rate)
         except ValueError as err:
             raise ConfigError(str(err), key="fault-rate") from err
+        self.pressure = Pressure(slow, busy, seed)  # --slow / --busy: a slow CM on demand
         self.seed = seed
         self.ctx: Context | None = None
         self.reclaimer: Reclaimer | None = None
@@ -105,7 +110,8 @@ class EmulatorServer:
             self.reclaimer = Reclaimer(ctx, slivers, seed=self.seed)
             services = [SliceAuthority(ctx), ComponentManager(ctx, slivers),
                         DynamicSliceService(ctx, self.reclaimer), AdminService(ctx, self.reclaimer)]
-            dispatcher = EmulatorDispatcher(services, self.faults, identity.admin_urn)
+            dispatcher = EmulatorDispatcher(services, self.faults, identity.admin_urn,
+                                            self.pressure)
             tls_ctx = server_context(str(self.directory / "server.pem"),
                                      str(self.directory / "server-key.pem"),
                                      str(self.directory / "ca.pem"))
@@ -129,6 +135,7 @@ class EmulatorServer:
         log.info("emulator serving %s (state %s)", self.url, store.path)
 
     def stop(self) -> None:
+        self.pressure.close()
         if self.reclaimer is not None:
             self.reclaimer.stop()
         if self._tls is not None:

@@ -7,36 +7,46 @@ from elasticslice.managers.helpers import ElasticSliceHelper
 from elasticslice.managers.state import ManagerState
 
 
-class TrackedState:
-    """The manager's :class:`ManagerState`, counting the writes that change what the policy
-    sees (nodes, notices, values, intents), so the policy's view of a large slice is built
-    again only when one happened. Everything else passes through."""
+class _Counting:
+    """Passes through to ``inner``, counting the calls of ``writes`` on ``owner``."""
 
-    OBSERVED_WRITES = frozenset({"upsert_node", "mark_gone", "add_pending_delete",
-                                 "finish_pending_delete", "forget_pending_delete",
-                                 "set_values", "begin_intent", "finish_intent"})
-
-    def __init__(self, state: ManagerState) -> None:
-        self.inner = state
-        self.writes = 0
+    def __init__(self, inner: Any, owner: TrackedState, writes: frozenset[str]) -> None:
+        self._inner, self._owner, self._writes = inner, owner, writes
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if name not in self.OBSERVED_WRITES:
+        attr = getattr(self._inner, name)
+        if name not in self._writes:
             return attr
+        owner = self._owner
 
         def write(*args: Any, **kwargs: Any) -> Any:
-            self.writes += 1
+            owner.writes += 1
             try:
                 return attr(*args, **kwargs)
             finally:
-                self.writes += 1
+                owner.writes += 1
         return write
 
 
+class TrackedState(_Counting):
+    """The manager's :class:`ManagerState`, counting the writes that change what the policy
+    sees (nodes, revocations, values, intents), so the policy's view of a large slice is
+    built again only when one happened. Everything else passes through."""
+
+    OBSERVED_WRITES = frozenset({"upsert_node", "mark_gone", "set_values", "begin_intent",
+                                 "finish_intent"})
+    REVOCATION_WRITES = frozenset({"add", "release", "force", "finish", "expire", "forget"})
+
+    def __init__(self, state: ManagerState) -> None:
+        super().__init__(state, self, self.OBSERVED_WRITES)
+        self.inner = state
+        self.writes = 0
+        self.revocations = _Counting(state.revocations, self, self.REVOCATION_WRITES)
+
+
 class ElasticSliceManager(ElasticSliceHelper):
-    """The abstract manager: a helper too (the seed's OO style); subclasses implement the
-    cycle methods."""
+    """The abstract manager: a helper too (the seed's OO style, so that a subclass may
+    override the helper methods); subclasses implement the cycle methods."""
 
     def __init__(self, server: Any, config: Any = None) -> None:
         ElasticSliceHelper.__init__(self, server, config)

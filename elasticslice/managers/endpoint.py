@@ -1,13 +1,16 @@
 """The seed's client endpoints: what CloudLab calls when it takes nodes back or values them.
 
 ``ElasticSliceClientEndpoint`` answers SUCCESS to everything (after checking the params);
-``SimpleElasticSliceClientEndpoint`` tracks delete notices, runs the helper's delete commands
-in a child process bounded by the notice's ``max_wait_time``, and answers the countdown with
-``max_wait_time`` 0 for the nodes whose delete finished, so CloudLab takes them early.
+``SimpleElasticSliceClientEndpoint`` records delete notices in a notice book
+(:class:`~.notices.NoticeBook`: one record per revocation, one deadline), has a releaser
+release the revoked nodes (by default the helper's delete commands, in a child process
+bounded by the deadline: :class:`~.deletes.CommandReleaser`; a pilots manager drains
+pilots instead), and answers the countdown with ``max_wait_time`` 0 for the nodes released,
+so CloudLab takes them early, and for nodes the book says we do not hold.
 
 Serve either with :class:`elasticslice.rpc.endpoint.EndpointServer`. Every handler answers
-at once: the delete commands run on a small pool of background threads, each command a child
-process in its own process group, killed when the deadline passes.
+at once: it takes no lock but the book's (memory and a local SQLite file), and what takes
+time (commands, drains) runs on threads of the releaser's.
 """
 from __future__ import annotations
 
@@ -15,11 +18,14 @@ import logging
 import math
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from elasticslice.managers.deletes import DeleteJob
+from elasticslice.managers.deletes import MAX_PARALLEL_DELETES, CommandReleaser
+from elasticslice.managers.notices import MAX_NODES, DeleteNotice, Entry, NoticeBook
+from elasticslice.managers.records import PendingDelete
+from elasticslice.managers.state import ManagerState
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.endpoint import BadArgs, ProtoGeniClientServerEndpoint, response
 
@@ -28,27 +34,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_NODES = 10_000          # nodes in one nodelist
 MAX_ID = 256                # characters in a node_id / client_id
 MAX_URN = 1024              # characters in a component_urn
 MAX_WAIT_TIME = 2**31 - 1   # XML-RPC's int
-MAX_PARALLEL_DELETES = 4    # delete jobs running at once; more wait their turn
-STALE_AFTER = 600.0         # a finished notice CloudLab never completed is forgotten then
+MAX_VALUES = MAX_NODES      # resource values kept in memory (the oldest go first)
 KINDS = ("pending", "complete", "values")
-
-
-@dataclass(frozen=True)
-class DeleteNotice:
-    """One node of a NotifyDeletePending / NotifyDeleteComplete; ``received`` is epoch time."""
-
-    node_id: str
-    client_id: str | None
-    max_wait_time: int
-    received: float
-
-    @property
-    def deadline(self) -> float:
-        return self.received + self.max_wait_time
+__all__ = ["MAX_NODES", "MAX_PARALLEL_DELETES", "DeleteNotice", "ElasticSliceClientEndpoint",
+           "PluginElasticSliceClientEndpoint", "Releaser", "ResourceValue",
+           "SimpleElasticSliceClientEndpoint", "parse_nodelist"]
 
 
 @dataclass(frozen=True)
@@ -126,11 +119,6 @@ def parse_nodelist(params: object, *, kind: str) -> list[dict[str, Any]]:
     return out
 
 
-def _notices(nodes: list[dict[str, Any]], received: float) -> list[DeleteNotice]:
-    return [DeleteNotice(n["node_id"], n.get("client_id"), int(n.get("max_wait_time", 0)),
-                         received) for n in nodes]
-
-
 class ElasticSliceClientEndpoint(ProtoGeniClientServerEndpoint):
     """The stub endpoint: checks the params, logs them at DEBUG, answers SUCCESS."""
 
@@ -156,98 +144,108 @@ class ElasticSliceClientEndpoint(ProtoGeniClientServerEndpoint):
         return response(GeniCode.SUCCESS)
 
 
-@dataclass
-class _Pending:
-    notice: DeleteNotice
-    job: DeleteJob | None = None
-    finished: bool = False
-    outcome: str | None = None
+class Releaser(Protocol):
+    """How revoked nodes are released (:class:`~.deletes.CommandReleaser`, or a pilots
+    manager's drain). Every method returns at once; the releaser calls back (the endpoint's
+    ``end_delete``, or the book's ``release``) when a node may go."""
+
+    def start(self, revocations: Sequence[PendingDelete]) -> None: ...
+
+    def hurry(self, revocation: PendingDelete) -> None: ...
+
+    def gone(self, revocations: Sequence[PendingDelete], *, now: bool = False) -> None: ...
+
+    def running(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
-    """Tracks CloudLab's notices and runs the helper's delete commands.
+    """Tracks CloudLab's notices and releases the revoked nodes.
 
     ``helper``: whose ``get_delete_commands(nodelist)`` gives the shell commands to run before
-    nodes are given back (None: this object's own ``get_delete_commands`` when it is also a
-    helper, as the manager is, else no commands). ``delete_in_group``: all new nodes of one
-    notice in one job (bounded by the smallest max_wait_time), else one job per node.
-    ``rlock``: the lock guarding the notices (share the manager's).
+    nodes are given back (None: this object's own ``get_delete_commands`` when it has one,
+    else no commands). ``delete_in_group``: all new nodes of one notice in one job (bounded
+    by the earliest deadline), else one job per node. ``rlock``: the seed's; it guards the
+    resource values only and is never held across I/O. ``book``: where notices are recorded
+    (default: a book of this process, every notice counts); ``releaser``: how nodes are
+    released (default: the helper's delete commands); ``clock``: when a call arrived.
     """
 
     def __init__(self, helper: ElasticSliceHelper | None = None, delete_in_group: bool = True,
-                 rlock: threading.RLock | None = None) -> None:
+                 rlock: threading.RLock | None = None, *, book: NoticeBook | None = None,
+                 releaser: Releaser | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         ElasticSliceClientEndpoint.__init__(self)
         self._ep_helper = helper
         self.delete_in_group = delete_in_group
-        self._ep_lock = rlock if rlock is not None else threading.RLock()
-        self._ep_pending: dict[str, _Pending] = {}
+        self.clock = clock
+        self._values_lock = rlock if rlock is not None else threading.RLock()
         self._ep_values: dict[str, ResourceValue] = {}
-        self._ep_pool: ThreadPoolExecutor | None = None
-        self._ep_jobs: set[DeleteJob] = set()
+        self.book = book if book is not None else NoticeBook(ManagerState.in_memory(),
+                                                             clock=clock)
+        self.releaser: Releaser = releaser if releaser is not None else CommandReleaser(
+            self._delete_commands, self._finish, delete_in_group=delete_in_group, clock=clock)
 
     # -- the RPC methods ---------------------------------------------------------------------
     def NotifyDeletePending(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         nodes = parse_nodelist(params, kind="pending")
-        notices = _notices(nodes, time.time())
-        fresh: list[dict[str, Any]] = []
-        with self._ep_lock:
-            self._forget_stale(notices[0].received if notices else time.time())
-            unknown = sum(1 for n in notices if n.node_id not in self._ep_pending)
-            if len(self._ep_pending) + unknown > MAX_NODES:
-                raise BadArgs(f"nodelist: more than {MAX_NODES} nodes would be pending "
-                              "delete at once")
-            for node, notice in zip(nodes, notices):
-                known = self._ep_pending.get(notice.node_id)
-                if known is None:
-                    self._ep_pending[notice.node_id] = _Pending(notice)
-                    fresh.append(node)
-                    continue
-                known.notice = notice  # the countdown: a later deadline never extends a job
-                if known.job is not None:
-                    known.job.deadline = min(known.job.deadline, notice.deadline)
-        log.info("NotifyDeletePending: %d node(s), %d new: %s", len(nodes), len(fresh),
-                 " ".join(f"{n.node_id}({n.max_wait_time}s)" for n in notices[:20]))
-        self._call_hook(self.on_delete_pending, notices)
-        gone = [n["node_id"] for n in fresh if n["max_wait_time"] == 0]
-        if gone:  # CloudLab could not wait: the node may be gone already, no time for commands
-            self._finish(gone, "no-time")
-        fresh = [n for n in fresh if n["max_wait_time"] > 0]
-        if fresh:
-            groups = [fresh] if self.delete_in_group else [[n] for n in fresh]
-            for group in groups:
-                self.start_delete(group)
+        entries = self.book.pending(nodes, self.clock())
+        ours = [e for e in entries if e.ours]
+        log.info("NotifyDeletePending: %d node(s), %d ours, %d new: %s", len(entries),
+                 len(ours), sum(e.fresh for e in ours),
+                 " ".join(f"{e.notice.node_id}({e.notice.max_wait_time}s)"
+                          for e in entries[:20]))
+        self._call_hook(self.on_delete_pending, [e.notice for e in entries])
+        self._act(ours)
         answer = []
-        for node in nodes:
+        for node, entry in zip(nodes, entries):
             copy = dict(node)
-            if copy["max_wait_time"] == 0 or self.delete_finished(copy["node_id"]):
+            if not entry.ours or copy["max_wait_time"] == 0 or \
+                    self.book.released(entry.notice.node_id):
                 copy["max_wait_time"] = 0
             answer.append(copy)
         return response(GeniCode.SUCCESS, answer)
 
+    def _act(self, ours: list[Entry]) -> None:
+        """Hand the notice's revocations on: start releasing the new ones, move a job's or a
+        drain's deadline earlier, stop what CloudLab takes now (max_wait_time 0)."""
+        taken = [e for e in ours if e.notice.max_wait_time == 0 and e.revocation is not None
+                 and e.revocation.released is None]
+        if taken:  # CloudLab could not wait: the node may be gone already
+            self._call_hook(self.releaser.gone, [e.revocation for e in taken], now=True)
+            fresh = [e.notice.node_id for e in taken if e.fresh]
+            if fresh:
+                self._finish(fresh, "no-time")
+        start = [e.revocation for e in ours if e.fresh and e.notice.max_wait_time > 0]
+        if start:
+            self._call_hook(self.releaser.start, start)
+        for e in ours:
+            if e.hurried and e.notice.max_wait_time > 0:
+                self._call_hook(self.releaser.hurry, e.revocation)
+
     def NotifyDeleteComplete(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         nodes = parse_nodelist(params, kind="complete")
-        notices = _notices(nodes, time.time())
-        with self._ep_lock:
-            for notice in notices:
-                gone = self._ep_pending.pop(notice.node_id, None)
-                job = gone.job if gone else None
-                if job is not None and not any(
-                        p.job is job for p in self._ep_pending.values()):
-                    job.cancelled.set()  # every node of the job is gone: stop its commands
-        log.info("NotifyDeleteComplete: %s", " ".join(n.node_id for n in notices[:20]))
-        self._call_hook(self.on_delete_complete, notices)
+        entries = self.book.complete(nodes, self.clock())
+        log.info("NotifyDeleteComplete: %s", " ".join(
+            e.notice.node_id + ("" if e.ours else "(not ours)") for e in entries[:20]))
+        gone = [e.revocation for e in entries if e.revocation is not None]
+        if gone:
+            self._call_hook(self.releaser.gone, gone)
+        self._call_hook(self.on_delete_complete, [e.notice for e in entries])
         return response(GeniCode.SUCCESS)
 
     def SetResourceValues(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         nodes = parse_nodelist(params, kind="values")
         values = [ResourceValue(n["node_id"], n["value"], n.get("client_id"),
                                 n.get("component_urn")) for n in nodes]
-        with self._ep_lock:
+        with self._values_lock:
             for v in values:
                 self._ep_values[v.node_id] = v
-            while len(self._ep_values) > MAX_NODES:  # bounded: the oldest entries go first
+            while len(self._ep_values) > MAX_VALUES:  # bounded: the oldest entries go first
                 del self._ep_values[next(iter(self._ep_values))]
         log.info("SetResourceValues: %d node(s)", len(values))
+        self._call_hook(self.book.values, values)
         self._call_hook(self.on_resource_values, values)
         return response(GeniCode.SUCCESS)
 
@@ -264,88 +262,47 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         return list(commands)
 
     def start_delete(self, nodelist: list[dict[str, Any]]) -> None:
-        """Start the delete of ``nodelist`` (items with node_id, max_wait_time): the helper's
-        commands run serially in the background, killed at the smallest deadline."""
-        now = time.time()
-        node_ids = [str(n["node_id"]) for n in nodelist]
-        deadline = now + min((int(n.get("max_wait_time", 0)) for n in nodelist), default=0)
-        if deadline <= now:
-            log.info("no time to run delete commands for %s: CloudLab may have them already",
-                     " ".join(node_ids))
-            self._finish(node_ids, "no-time")
-            return
-        try:
-            commands = self._delete_commands(nodelist)
-        except Exception:
-            log.exception("get_delete_commands failed for %s", " ".join(node_ids))
-            self._finish(node_ids, "failed")
-            return
-        if not commands:
-            self._finish(node_ids, "done")
-            return
-        job = DeleteJob(node_ids, [dict(n) for n in nodelist], commands, deadline)
-        with self._ep_lock:
-            for pending in [self._ep_pending[i] for i in node_ids if i in self._ep_pending]:
-                # a countdown that came in meanwhile may have brought the deadline closer
-                pending.job = job
-                deadline = min(deadline, pending.notice.deadline)
-            job.deadline = deadline
-            self._ep_jobs.add(job)
-            if self._ep_pool is None:
-                self._ep_pool = ThreadPoolExecutor(MAX_PARALLEL_DELETES,
-                                                   thread_name_prefix="delete")
-            self._ep_pool.submit(self._run_job, job)
-
-    def _run_job(self, job: DeleteJob) -> None:
-        try:
-            outcome = job.run()
-        except Exception:
-            log.exception("delete job for %s failed", " ".join(job.node_ids))
-            outcome = "failed"
-        finally:
-            with self._ep_lock:
-                self._ep_jobs.discard(job)
-        self._finish(job.node_ids, outcome)
+        """Start releasing ``nodelist`` (items with node_id, max_wait_time): by default the
+        helper's commands run serially in the background, killed at the deadline."""
+        now = self.clock()
+        revocations = []
+        for n in nodelist:
+            found = self.book.revocation(str(n["node_id"]))
+            revocations.append(found or PendingDelete(
+                "", str(n["node_id"]), n.get("client_id"),
+                now + int(n.get("max_wait_time", 0)), now))
+        self.releaser.start(revocations)
 
     def end_delete(self, nodelist: list[dict[str, Any]]) -> None:
         """Mark the nodes of ``nodelist`` finished: the next answer releases them."""
         self._finish([str(n["node_id"]) for n in nodelist], "done")
 
     def _finish(self, node_ids: list[str], outcome: str) -> None:
-        with self._ep_lock:
-            for node_id in node_ids:
-                pending = self._ep_pending.get(node_id)
-                if pending is not None:
-                    pending.finished = True
-                    pending.outcome = outcome
+        self.book.release(node_ids, outcome)
         log.info("delete of %s finished: %s", " ".join(node_ids), outcome)
         self._call_hook(self.on_delete_finished, node_ids, outcome)
 
     def delete_finished(self, node_id: str) -> bool:
-        """Whether the node's delete is over (its answer then says max_wait_time 0)."""
-        with self._ep_lock:
-            pending = self._ep_pending.get(node_id)
-            return pending is not None and pending.finished
+        """Whether the node was released (its answer then says max_wait_time 0)."""
+        return self.book.released(node_id)
 
     def has_pending_deletes(self) -> bool:
         """Whether CloudLab announced taking a node that it has not completed yet."""
-        with self._ep_lock:
-            self._forget_stale(time.time())
-            return bool(self._ep_pending)
+        return bool(self.book.open())
 
     def pending_delete_notices(self) -> list[DeleteNotice]:
-        """The latest notice of every node CloudLab is taking back."""
-        with self._ep_lock:
-            return [p.notice for p in self._ep_pending.values()]
+        """Every revocation CloudLab has not completed, as its latest notice stands."""
+        return [DeleteNotice(p.node_id, p.client_id,
+                             max(0, round(p.deadline - (p.last_seen or p.first_seen))),
+                             p.last_seen or p.first_seen) for p in self.book.open()]
 
     def resource_values(self) -> dict[str, ResourceValue]:
         """The latest SetResourceValues value of every node (node_id -> value)."""
-        with self._ep_lock:
+        with self._values_lock:
             return dict(self._ep_values)
 
     def deletes_running(self) -> int:
-        with self._ep_lock:
-            return len(self._ep_jobs)
+        return self.releaser.running()
 
     def wait_deletes(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until no delete job runs; True when none does."""
@@ -357,24 +314,13 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         return True
 
     def shutdown_deletes(self) -> None:
-        """Kill running delete commands and stop the job pool (the manager's shutdown)."""
-        with self._ep_lock:
-            for job in self._ep_jobs:
-                job.cancelled.set()
-            pool, self._ep_pool = self._ep_pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Kill running delete commands and stop the releaser (the manager's shutdown)."""
+        self.releaser.close()
 
-    def _forget_stale(self, now: float) -> None:
-        stale = [k for k, p in self._ep_pending.items()
-                 if p.finished and p.notice.deadline + STALE_AFTER < now]
-        for node_id in stale:
-            del self._ep_pending[node_id]
-
-    # -- hooks the manager overrides ---------------------------------------------------------
-    def _call_hook(self, hook: Any, *args: Any) -> None:
+    # -- hooks (subclasses override; the manager composes instead) ---------------------------
+    def _call_hook(self, hook: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            hook(*args)
+            hook(*args, **kwargs)
         except Exception:
             log.exception("%s failed", getattr(hook, "__name__", "endpoint hook"))
 
@@ -388,4 +334,36 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         """SetResourceValues: CloudLab's value of each node (lower = reclaimed sooner)."""
 
     def on_delete_finished(self, node_ids: list[str], outcome: str) -> None:
-        """The delete commands of these nodes ended: done, failed, killed or no-time."""
+        """The release of these nodes ended: done, failed, killed or no-time."""
+
+
+class PluginElasticSliceClientEndpoint:
+    """The seed's endpoint methods on an object that has one (``client_endpoint``), as
+    :class:`~.helpers.PluginElasticSliceHelper` has a helper: what a manager mixes in so
+    that it still answers the seed's endpoint calls, the endpoint being a part of its own."""
+
+    client_endpoint: SimpleElasticSliceClientEndpoint
+
+    def GetVersion(self, params: dict[str, Any] | None = None) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.GetVersion(params)
+
+    def NotifyDeletePending(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.NotifyDeletePending(params)
+
+    def NotifyDeleteComplete(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.NotifyDeleteComplete(params)
+
+    def SetResourceValues(self, params: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        return self.client_endpoint.SetResourceValues(params)
+
+    def start_delete(self, nodelist: list[dict[str, Any]]) -> None:
+        self.client_endpoint.start_delete(nodelist)
+
+    def end_delete(self, nodelist: list[dict[str, Any]]) -> None:
+        self.client_endpoint.end_delete(nodelist)
+
+    def has_pending_deletes(self) -> bool:
+        return self.client_endpoint.has_pending_deletes()
+
+    def delete_finished(self, node_id: str) -> bool:
+        return self.client_endpoint.delete_finished(node_id)

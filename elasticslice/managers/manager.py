@@ -3,11 +3,22 @@
 A manager keeps a slice alive (``ensure_slice``, ``ensure_sliver``, ``renew``), watches it
 (``update_sliver_status``, ``update_all``, ``update_available``), grows and shrinks it
 (``add_nodes``, ``delete_nodes``, as the pure policy in :mod:`.policy` decides) and answers
-CloudLab's callbacks (it *is* a :class:`SimpleElasticSliceClientEndpoint`). What the
-experiment is comes from a helper (``set_helper``). It acts only through
-:class:`~elasticslice.rpc.client.ProtoGeniServer`, records everything in a
-:class:`~.state.ManagerState` (an intent row before each AddNodes/DeleteNodes), and the
-:class:`~.cycle.Cycle` decides when each method runs.
+CloudLab's callbacks (the seed's endpoint methods forward to ``client_endpoint``). The
+seed's methods are its public face; the work is done by small parts it composes, each with
+explicit collaborators:
+
+* :class:`~.observer.Observer`: reads the CMs into the state, builds what the policy sees;
+* :class:`~.actuator.Actuator`: acts at the SA and CMs; owns the intent log;
+* :class:`~.renewer.Renewer` and :class:`~.registrar.EndpointRegistrar`;
+* :class:`~.notices.NoticeBook`: CloudLab's notices, checked, recorded once, its own lock;
+* :class:`~.holdings.Holdings`: the node records; :class:`~.ownership.SliceClaim`;
+* :class:`~.cycle.Cycle`: when each method runs;
+* the helper (``helper=``, or a subclass overriding the helper methods, as the seed's MRO
+  advice says): what the experiment is. The manager is the helper the parts are given.
+
+Callbacks never wait for the cycle: the endpoint (``client_endpoint``) takes the book's short
+lock only, and no lock a callback needs is held across an RPC, a back-off or a Dask round
+trip; mail and the helper's reactions to a callback run on threads of their own.
 """
 from __future__ import annotations
 
@@ -20,24 +31,33 @@ from pathlib import Path
 from typing import Any
 
 from elasticslice.errors import ElasticSliceError
-from elasticslice.managers import actions, lifecycle
+from elasticslice.managers.actuator import Actuator
+from elasticslice.managers.background import Background
 from elasticslice.managers.base import ElasticSliceManager, TrackedState
 from elasticslice.managers.cycle import Cycle
-from elasticslice.managers.endpoint import SimpleElasticSliceClientEndpoint
+from elasticslice.managers.endpoint import (PluginElasticSliceClientEndpoint, Releaser,
+                                            SimpleElasticSliceClientEndpoint)
 from elasticslice.managers.helpers import ElasticSliceHelper, PluginElasticSliceHelper
+from elasticslice.managers.holdings import Holdings
+from elasticslice.managers.notices import NoticeBook
 from elasticslice.managers.notify import Notifier
-from elasticslice.managers.policy import Decision, NodeState, Observed, PolicyConfig, decide
+from elasticslice.managers.observer import Observer
+from elasticslice.managers.ownership import SliceClaim
+from elasticslice.managers.policy import Decision, Observed, PolicyConfig, decide, wanted_nodes
+from elasticslice.managers.registrar import EndpointRegistrar
+from elasticslice.managers.renewer import Renewer
 from elasticslice.managers.state import ManagerState
 
 log = logging.getLogger(__name__)
 
 
 class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
-                                SimpleElasticSliceClientEndpoint):
+                                PluginElasticSliceClientEndpoint):
     """A complete manager. Seed options and defaults; ``state_dir`` (or ``state``), the
     ``helper``, ``clock``, ``policy`` extras (a :class:`PolicyConfig` whose thresholds the
-    seed options override), renewal (``renew_hours``, ``renew_margin``), ``notifier`` and
-    ``endpoint`` (an ``EndpointConfig``; None: no callback server) are keyword extras."""
+    seed options override), renewal (``renew_hours``, ``renew_margin``), ``endpoint`` (an
+    ``EndpointConfig``; None: no callback server) and ``adopt`` (work on an existing slice
+    this state directory did not create) are keyword extras."""
 
     CM_METHODS = ["ensure_sliver", "update_sliver_status", "update_available", "update_all",
                   "add_nodes", "delete_nodes"]
@@ -68,17 +88,12 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                  policy: PolicyConfig | None = None, renew_hours: float = 6.0,
                  renew_margin: float = 3600.0, endpoint: Any = None,
                  delete_in_group: bool = True, delete_commands_timeout: float = 600.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, adopt: bool = False) -> None:
         if minthreshold < 0 or maxthreshold < minthreshold:
             raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= maxthreshold "
                                     f"({maxthreshold})")
-        self.rlock = threading.RLock()
-        SimpleElasticSliceClientEndpoint.__init__(self, helper=None,
-                                                  delete_in_group=delete_in_group,
-                                                  rlock=self.rlock)
         PluginElasticSliceHelper.__init__(self, server, config, helper)
-        self.minthreshold = minthreshold
-        self.maxthreshold = maxthreshold
+        self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
         self.percent_available_minimum = percent_available_minimum
         self.manage_order = list(manage_order or self.DEF_ORDER)
         self.manage_intervals = {**self.DEF_INTERVALS, **(manage_intervals or {})}
@@ -91,48 +106,67 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.clock = clock
         self.cms = ([server.cm(c) for c in cmlist] if cmlist else list(server.cms))
         self.cmlist = [c.url for c in self.cms]
-        base = policy or PolicyConfig()
         self.policy = dataclasses.replace(
-            base, minthreshold=minthreshold, maxthreshold=maxthreshold,
+            policy or PolicyConfig(), minthreshold=minthreshold, maxthreshold=maxthreshold,
             percent_available_minimum=percent_available_minimum, enable_delete=enable_delete,
             nodetype=nodetype, cmlist=tuple(self.cmlist))
-        self.renew_hours = renew_hours
-        self.renew_margin = renew_margin
-        self.endpoint_config = endpoint
-        self.delete_commands_timeout = delete_commands_timeout
-        if isinstance(email, Notifier):
-            self.notifier: Notifier = email
-        else:  # the seed's bool: on when an email config says so (off by default)
-            self.notifier = Notifier(None)
+        self.renew_hours, self.renew_margin = renew_hours, renew_margin
+        # the seed's bool: on when an email config says so (off by default)
+        self.notifier = email if isinstance(email, Notifier) else Notifier(None)
         if state is None:
             if state_dir is None:
                 raise ElasticSliceError("a manager needs a state_dir (or a state)")
             state = ManagerState.open(Path(state_dir).expanduser())
         self.state: Any = state if isinstance(state, TrackedState) else TrackedState(state)
-        self.demand: int | None = None
-        self.availability: dict[str, dict[str, Any]] = {}
-        self.totals: dict[str, dict[str, int]] = {}
-        self.last_status: dict[str, Any] = {}
+        self._demand_nodes: int | None = None
         self.last_decision: Decision | None = None
         self.last_observed: Observed | None = None
-        self.full_pass = 0  # the manage_once running (0: none)
-        self.full_advertisement_in: dict[str, int] = {}
         self._passes = 0
-        self.views: tuple[int, tuple[Any, ...]] | None = None  # (state writes, NodeViews)
-        self.cycle = Cycle(self._run_method, order=self.manage_order,
-                           intervals=self.manage_intervals, default_interval=self.DEF_INTERVAL,
-                           reset_triggers=self.method_reset_triggers,
-                           retry_interval=retry_interval, recorder=self.state,
-                           on_error=self._on_method_error, clock=clock)
-        self.endpoint_server: Any = None
-        self.endpoint_url: str | None = None
-        self.registered: set[str] = set()
+        # cycle methods run one at a time; no callback, drain or release ever takes it (the
+        # seed's per-instance RLock, ``rlock``)
+        self._methods_lock = self.rlock = threading.RLock()
         self._stop = threading.Event()
         self._started = False
         self._reconciled = False
+        self._build(server, endpoint, delete_in_group, delete_commands_timeout, adopt)
         self.note_client_ids(r.client_id for r in self.state.nodes(include_gone=True))
         for intent in self.state.open_intents():
             self.note_client_ids(intent.client_ids)
+
+    def _build(self, server: Any, endpoint: Any, delete_in_group: bool,
+               delete_commands_timeout: float, adopt: bool) -> None:
+        """The parts (no I/O)."""
+        now = self._now
+        self.events = Background("manager-events")  # reactions to callbacks, in order
+        self.mail = Background("manager-mail")
+        self.holdings = Holdings(self.state, self, clock=now, notify=self.notify_later,
+                                 post=self.events.post)
+        self.notices = NoticeBook(self.state, holdings=self.holdings, clock=now,
+                                  wake=self.wake, notify=self.notify_later)
+        self.observer = Observer(self.state, self.holdings, self, clock=now,
+                                 notify=self.notify, wake=self.wake)
+        self.actuator = Actuator(server, self.state, self.holdings, self, self.cms, clock=now,
+                                 notify=self.notify, renew_hours=self.renew_hours,
+                                 delete_commands_timeout=delete_commands_timeout)
+        self.renewer = Renewer(server, self.state, self.cms,
+                               ensure_slice=self.actuator.ensure_slice, clock=now,
+                               notify=self.notify, renew_hours=self.renew_hours,
+                               margin=self._renew_margin)
+        self.client_endpoint = SimpleElasticSliceClientEndpoint(
+            self, delete_in_group, book=self.notices, releaser=self._releaser(), clock=now)
+        self.registrar = EndpointRegistrar(server, self.cms, endpoint, self.client_endpoint) \
+            if endpoint is not None else None
+        self.claim = SliceClaim(server, self.state, adopt=adopt,
+                                where=str(Path(self.state.path).parent), clock=now)
+        self.cycle = Cycle(self._run_method, order=self.manage_order,
+                           intervals=self.manage_intervals, default_interval=self.DEF_INTERVAL,
+                           reset_triggers=self.method_reset_triggers,
+                           retry_interval=self.retry_interval, recorder=self.state,
+                           on_error=self._on_method_error, clock=now)
+
+    def _releaser(self) -> Releaser | None:
+        """How revoked nodes are released (None: the helper's delete commands)."""
+        return None
 
     @classmethod
     def from_config(cls, server: Any, mconfig: Any, helper: ElasticSliceHelper | None = None,
@@ -153,18 +187,23 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         return cls(server, **options)
 
     # ------------------------------------------------------------------ small helpers
+    def _now(self) -> float:
+        return self.clock()  # the clock may be swapped after construction (tests do)
+
     def _cms(self, cm: Any = None) -> list[Any]:
         if cm is None:
             return list(self.cms)
-        if hasattr(cm, "url"):
-            return [cm]
-        return [self.server.cm(cm)]
+        return [cm] if hasattr(cm, "url") else [self.server.cm(cm)]
 
     def _run_method(self, name: str) -> Any:
         if name not in self.manage_order:
             raise ElasticSliceError(f"unknown manager method {name!r}")
-        with self.rlock:
+        with self._methods_lock:
             return getattr(self, name)()
+
+    def _renew_margin(self) -> float:
+        return max(self.renew_margin,
+                   2 * self.manage_intervals.get("renew", 3600) + self.retry_interval)
 
     def _on_method_error(self, name: str, err: BaseException, failures: int) -> None:
         if failures == 1 or failures % 10 == 0:
@@ -175,60 +214,88 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         return tuple(self.notifier.config.to) if self.notifier.enabled else ()
 
     def notify(self, subject: str, body: str) -> None:
+        """Mail now (the cycle's thread may wait for the SMTP server)."""
         self.notifier.send(f"[elasticslice] {subject}", body)
 
+    def notify_later(self, subject: str, body: str) -> None:
+        """Mail from a thread that must not wait (a callback's)."""
+        if self.notifier.enabled:
+            self.mail.post(self.notify, subject, body)
+
     def wake(self, *methods: str) -> None:
-        """Run these cycle methods now (events call this)."""
+        """Run these cycle methods now (events call this; it never waits)."""
         self.cycle.wake(*methods)
+
+    @property
+    def demand(self) -> int | None:
+        """Nodes the hosted system wants (None: no opinion)."""
+        return wanted_nodes(self.policy, nodes=self._demand_nodes)
 
     def set_demand(self, demand: int | None) -> None:
         """What the work wants (total nodes; None = no opinion): a demand change wakes
         add_nodes and delete_nodes."""
-        changed = demand != self.demand
-        self.demand = demand
+        changed = demand != self._demand_nodes
+        self._demand_nodes = demand
         if changed:
             self.wake("add_nodes", "delete_nodes")
 
+    @property
+    def endpoint_server(self) -> Any:
+        return self.registrar.endpoint_server if self.registrar else None
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.registrar.url if self.registrar else None
+
+    @property
+    def registered(self) -> set[str]:
+        return self.registrar.registered if self.registrar else set()
+
+    @property
+    def availability(self) -> dict[str, Any]:
+        return self.observer.availability
+
     # ------------------------------------------------------------------ seed methods
     def create_slice(self) -> Any:
-        return actions.create_slice(self)
+        return self.actuator.create_slice()
 
     def ensure_slice(self) -> Any:
-        return actions.ensure_slice(self)
+        return self.actuator.ensure_slice()
 
     def create_sliver(self, cm: Any = None) -> Any:
-        return actions.create_sliver(self, self._cms(cm)[0])
+        return self.actuator.create_sliver(self._cms(cm)[0])
 
     def ensure_sliver(self, cm: Any = None) -> Any:
         created = 0
         for c in self._cms(cm):
-            created += actions.ensure_sliver(self, c)
-            lifecycle.register_endpoint(self, c)
+            created += self.actuator.ensure_sliver(c)
+            if self.registrar is not None:
+                self.registrar.register(c)
         return created
 
     def update_sliver_status(self, cm: Any = None, force: bool = False) -> Any:
         if not self._reconciled or self.state.open_intents():
             self.reconcile()
-        return sum(actions.update_sliver_status(self, c) for c in self._cms(cm))
+        return sum(self.observer.sliver_status(c) for c in self._cms(cm))
 
     def reconcile(self) -> int:
         """Close the open intents against the CMs' slivers (at start, after a crash)."""
-        done = actions.reconcile(self)
+        done = self.actuator.reconcile()
         self._reconciled = True
         return done
 
     def renew(self) -> Any:
-        return lifecycle.renew(self)
+        return self.renewer.renew()
 
     def update_all(self, cm: Any = None, force: bool = False,
                    lastFetchBefore: float | None = None) -> Any:  # noqa: N803 (seed name)
         for c in self._cms(cm):
-            actions.update_resources(self, c, available=False)
+            self.observer.resources(c, available=False)
         return None
 
     def update_available(self, cm: Any = None) -> Any:
         for c in self._cms(cm):
-            actions.update_resources(self, c, available=True)
+            self.observer.resources(c, available=True)
         return None
 
     def get_system_state(self) -> Any:
@@ -240,9 +307,13 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         hosted system."""
         return None
 
+    def observe(self) -> Observed:
+        """What the policy sees now (no RPC)."""
+        return self.observer.observe(demand=self._demand_nodes)
+
     def decide(self) -> Decision:
         """The policy's decision on what the manager observes now (no I/O)."""
-        observed = actions.observe(self)
+        observed = self.observe()
         decision = decide(observed, self.policy)
         self.last_observed, self.last_decision = observed, decision
         return decision
@@ -250,8 +321,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     def should_add_nodes(self, count: int = 0, cm: Any = None) -> Any:
         """How many nodes to add at ``cm`` (int), the AddNodes struct (dict), or None.
         With ``count`` > 0: ``count`` when the policy allows that many, else None."""
-        url = self._cms(cm)[0].url
-        allowed = self.decide().add.get(url, 0)
+        allowed = self.decide().add.get(self._cms(cm)[0].url, 0)
         if count > 0:
             return count if allowed >= count else None
         return allowed or None
@@ -264,101 +334,87 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                 continue
             args = answer if isinstance(answer, dict) else self.get_add_args(int(answer))
             if args:
-                added += actions.add(self, c, args)
+                added += self.actuator.add(c, args)
         return added
 
     def should_delete_nodes(self, cm: Any = None) -> Any:
         """The client_ids to give back at ``cm`` (what DeleteNodes takes), or None: the
-        policy's victims, and added nodes that failed to boot (they only hold a machine;
-        the policy does not count them, so they are replaced)."""
-        url = self._cms(cm)[0].url
-        victims = list(self.decide().delete.get(url, ()))
-        observed = self.last_observed
-        victims += [n.client_id for n in observed.nodes
-                    if n.cm == url and n.state is NodeState.FAILED and not n.initial
-                    and n.client_id not in observed.deleting and not n.pending_delete
-                    and n.client_id not in victims]
-        return victims or None
+        policy's victims and its replacements (added nodes that failed to boot)."""
+        return self.decide().give_back(self._cms(cm)[0].url) or None
 
     def delete_nodes(self, cm: Any = None) -> Any:
         deleted = 0
         for c in self._cms(cm):
             victims = self.should_delete_nodes(c)
             if victims:
-                deleted += actions.delete(self, c, victims)
+                why = "; ".join(self.last_decision.reasons) if self.last_decision else ""
+                deleted += self.actuator.delete(c, victims, why)
         return deleted
 
     # ------------------------------------------------------------------ node queries
     def is_adding(self, node: str | None = None, cm: Any = None) -> bool:
-        return self._in_intent("add", node, cm)
+        return self.actuator.pending("add", node, {c.url for c in self._cms(cm)})
 
     def is_deleting(self, node: str | None = None, cm: Any = None) -> bool:
-        if self._in_intent("delete", node, cm):
+        if self.actuator.pending("delete", node, {c.url for c in self._cms(cm)}):
             return True
-        for p in self.state.pending_deletes():
-            if not p.finished and (node is None or node in (p.node_id, p.client_id)):
-                return True
-        return False
-
-    def _in_intent(self, kind: str, node: str | None, cm: Any) -> bool:
-        urls = {c.url for c in self._cms(cm)}
-        return any(i.kind == kind and i.cm in urls and (node is None or node in i.client_ids)
-                   for i in self.state.open_intents())
+        return any(node is None or node in (p.node_id, p.client_id)
+                   for p in self.state.pending_deletes(open_only=True))
 
     def get_node_status(self, node: str, cm: Any = None, key: str | None = None) -> Any:
         """The last SliverStatus entry of client_id ``node`` (a dict), or its ``key``."""
-        for c in self._cms(cm):
-            status = self.last_status.get(c.url)
-            entry = status.node(node) if status is not None else None
-            if entry is not None:
-                data = dataclasses.asdict(entry)
-                return data.get(key) if key else data
-        return None
-
-    # ------------------------------------------------------------------ endpoint hooks
-    def on_delete_pending(self, nodes: list[Any]) -> None:
-        lifecycle.record_delete_pending(self, nodes)
-        self.wake("update_sliver_status", "update_available")
-
-    def on_delete_complete(self, nodes: list[Any]) -> None:
-        lifecycle.record_delete_complete(self, nodes)
-        self.wake("update_sliver_status", "update_available")
-
-    def on_resource_values(self, values: list[Any]) -> None:
-        lifecycle.record_values(self, values)
-        self.wake("set_system_state")
+        entry = self.observer.node_status(node, self._cms(cm))
+        if entry is None:
+            return None
+        data = dataclasses.asdict(entry)
+        return data.get(key) if key else data
 
     # ------------------------------------------------------------------ running
     def manage_once(self, force: bool = False) -> dict[str, str | None]:
-        """Every method once, in order; method -> its error (None when it worked)."""
+        """Every method once, in order; method -> its error (None when it worked). Raises
+        when the slice is not this state directory's (see :class:`~.ownership.SliceClaim`)."""
+        self.claim.claim()
         self._passes += 1
-        self.full_pass = self._passes
+        self.observer.full_pass = self._passes
         try:
             return self.cycle.run_once()
         finally:
-            self.full_pass = 0
+            self.observer.full_pass = 0
 
     def start(self) -> None:
-        """Start the callback endpoint (registered at every CM) and the cycle: one full
-        cycle at once, then each method at its interval."""
+        """Claim the slice, start the callback endpoint (registered at every CM) and the
+        cycle: one full cycle at once, then each method at its interval."""
         if self._started:
             return
+        self.claim.claim()
         self._started = True
-        if self.endpoint_config is not None:
-            lifecycle.start_endpoint(self)
+        for part in self._threads():
+            part.open()
+        if self.registrar is not None:
+            self.registrar.start()
         self.cycle.start(first_delay=0.0)
 
+    def _threads(self) -> list[Background]:
+        """The threads of the manager's own that callbacks hand work to."""
+        return [self.events, self.mail]
+
     def stop(self) -> None:
-        """Stop the cycle, unregister and stop the endpoint, flush and close the state."""
+        """Stop the cycle, unregister and stop the endpoint, finish what callbacks started."""
         self._stop.set()
         if not self._started:
             return
         self._started = False
         self.cycle.stop()
-        lifecycle.stop_endpoint(self)
+        if self.registrar is not None:
+            self.registrar.stop()
+        self.client_endpoint.shutdown_deletes()
+        for part in self._threads():
+            part.close()
 
     def close(self) -> None:
         self.stop()
+        for part in self._threads():  # a manager never started may have some too
+            part.close()
         self.state.close()
 
     def stop_requested(self) -> None:

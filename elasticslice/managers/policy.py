@@ -9,9 +9,12 @@ can drive it through hours of load in milliseconds.
 
 The rules (the seed's defaults, plus hysteresis and rate limits so it never flaps):
 
-* ``count`` = nodes held that are not failed, not pending delete and not being deleted, plus
-  the nodes of an AddNodes in flight. ``wanted`` = ``maxthreshold`` when demand is unknown
-  (grow while CloudLab has room, like the seed), else demand clamped to the thresholds.
+* ``count`` = nodes held that are not failed, not pending delete, not being deleted and not
+  without their agent (below), plus the nodes of an AddNodes in flight. ``wanted`` =
+  ``maxthreshold`` when demand is unknown (grow while CloudLab has room, like the seed), else
+  demand clamped to the thresholds. Demand is stated in nodes (``Observed.demand``) or in
+  cores (``demand_cores`` plus ``lookahead`` x ``waiting_cores``, over ``cores_per_node``:
+  :func:`wanted_nodes`).
 * Add while ``count < wanted`` at each CM (``cmlist`` order, else the availability's order)
   whose available fraction stays at least ``percent_available_minimum`` after the add; below
   ``minthreshold`` add even when nodes are scarce (as long as some are free). At most
@@ -25,6 +28,10 @@ The rules (the seed's defaults, plus hysteresis and rate limits so it never flap
   ``max_delete_per_cycle``, not within ``delete_cooldown`` of the last delete nor within
   ``add_cooldown`` of the last add.
 * Never both in one decision, and no add anywhere while a CM is scarce enough to give back.
+* Replacements (``Decision.replace``, with either): added nodes that failed to boot, and,
+  with ``agent_grace`` / ``agent_timeout``, nodes whose agent died (gone ``agent_grace``
+  seconds) or never joined (a ready node, ``agent_timeout``); never the last node of a CM.
+  They do not count, so what replaces them is added meanwhile.
 """
 from __future__ import annotations
 
@@ -79,6 +86,8 @@ class NodeView:
     pending_delete: bool = False   # a NotifyDeletePending is open for it
     busy: bool | None = None       # from the hosted system (Troy); None = unknown
     idle_since: float | None = None
+    agentless_since: float | None = None  # held without a live agent since (None: has one)
+    had_agent: bool = False        # an agent ran there once (else it never joined)
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,9 @@ class Observed:
     last_delete: float | None = None
     adding: int = 0
     deleting: frozenset[str] = frozenset()  # client_ids with a DeleteNodes in flight
+    demand_cores: int | None = None  # cores the work wants now (None: no opinion in cores)
+    waiting_cores: int = 0           # cores of work not released yet (``lookahead`` counts)
+    cores_per_node: int | None = None  # None: no node told its size yet
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,9 @@ class PolicyConfig:
     max_delete_per_cycle: int = 1
     hysteresis: float = 0.1
     idle_timeout: float | None = None
+    lookahead: float = 0.0               # share of ``waiting_cores`` that counts as demand
+    agent_grace: float | None = None     # a held node's agent gone this long: replaced
+    agent_timeout: float | None = None   # a ready node no agent joined this long: replaced
 
 
 @dataclass(frozen=True)
@@ -134,10 +149,15 @@ class Decision:
     add: Mapping[str, int] = field(default_factory=dict)
     delete: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
+    replace: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return not self.add and not self.delete
+        return not self.add and not self.delete and not self.replace
+
+    def give_back(self, cm: str) -> list[str]:
+        """What DeleteNodes takes at ``cm``: the victims, then the replaced nodes."""
+        return [*self.delete.get(cm, ()), *self.replace.get(cm, ())]
 
     @property
     def add_total(self) -> int:
@@ -148,21 +168,55 @@ class Decision:
         return sum(len(ids) for ids in self.delete.values())
 
 
-def counted(observed: Observed) -> list[NodeView]:
+def agentless(node: NodeView, observed: Observed, config: PolicyConfig) -> bool:
+    """A held node whose agent died (gone ``agent_grace``) or never joined (``agent_timeout``),
+    and that CloudLab is not taking anyway."""
+    limit = config.agent_grace if node.had_agent else config.agent_timeout
+    return limit is not None and node.agentless_since is not None \
+        and not node.pending_delete and node.client_id not in observed.deleting \
+        and observed.now - node.agentless_since >= limit
+
+
+def counted(observed: Observed, config: PolicyConfig | None = None) -> list[NodeView]:
     """The nodes that count towards the thresholds."""
     return [n for n in observed.nodes
             if n.state is not NodeState.FAILED and not n.pending_delete
-            and n.client_id not in observed.deleting]
+            and n.client_id not in observed.deleting
+            and (config is None or not agentless(n, observed, config))]
 
 
-def node_count(observed: Observed) -> int:
-    return len(counted(observed)) + max(observed.adding, 0)
+def node_count(observed: Observed, config: PolicyConfig | None = None) -> int:
+    return len(counted(observed, config)) + max(observed.adding, 0)
+
+
+def wanted_nodes(config: PolicyConfig, *, nodes: int | None = None, cores: int | None = None,
+                 waiting_cores: int = 0, cores_per_node: int | None = None) -> int | None:
+    """Nodes the work wants before the thresholds: ``nodes`` when stated, else the cores it
+    wants now plus ``lookahead`` of those waiting, in nodes of ``cores_per_node`` (none
+    known yet: ``minthreshold``, the first node will tell); None: no opinion."""
+    if nodes is not None:
+        return nodes
+    if cores is None:
+        return None
+    total = max(cores, 0) + math.ceil(config.lookahead * max(waiting_cores, 0))
+    if total <= 0:
+        return 0
+    if not cores_per_node:
+        return config.minthreshold
+    return math.ceil(total / cores_per_node)
+
+
+def observed_wanted(observed: Observed, config: PolicyConfig) -> int | None:
+    return wanted_nodes(config, nodes=observed.demand, cores=observed.demand_cores,
+                        waiting_cores=observed.waiting_cores,
+                        cores_per_node=observed.cores_per_node)
 
 
 def wanted_count(observed: Observed, config: PolicyConfig) -> int:
-    if observed.demand is None:
+    wanted = observed_wanted(observed, config)
+    if wanted is None:
         return config.maxthreshold
-    return max(config.minthreshold, min(config.maxthreshold, observed.demand))
+    return max(config.minthreshold, min(config.maxthreshold, wanted))
 
 
 def availability_for(observed: Observed, cm: str, nodetype: str | None) -> Availability | None:
@@ -183,19 +237,44 @@ def cm_order(observed: Observed, config: PolicyConfig) -> list[str]:
 
 def decide(observed: Observed, config: PolicyConfig) -> Decision:
     """The decision for this snapshot; see the module docstring for the rules."""
-    count = node_count(observed)
+    count = node_count(observed, config)
     wanted = wanted_count(observed, config)
     head = f"count {count}, wanted {wanted}"
+    delete: dict[str, tuple[str, ...]] = {}
+    reasons: list[str] = []
+    blocking = False
     if config.enable_delete:
         delete, reasons, blocking = _deletes(observed, config, count, wanted)
-        if delete:
-            return Decision(delete=delete, reasons=(head, *reasons))
-        if blocking:
-            return Decision(reasons=(head, *reasons, "no add while a delete is wanted"))
-    else:
-        reasons = []
+    replace, replace_reasons = _replacements(observed, config, delete)
+    if delete or blocking:
+        hold = [] if delete else ["no add while a delete is wanted"]
+        return Decision(delete=delete, replace=replace,
+                        reasons=(head, *reasons, *replace_reasons, *hold))
     add, add_reasons = _adds(observed, config, count, wanted)
-    return Decision(add=add, reasons=(head, *reasons, *add_reasons))
+    return Decision(add=add, replace=replace,
+                    reasons=(head, *reasons, *replace_reasons, *add_reasons))
+
+
+def _replacements(observed: Observed, config: PolicyConfig,
+                  delete: Mapping[str, tuple[str, ...]]
+                  ) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+    """Added nodes that failed to boot and nodes without their agent, given back whatever
+    the rest of the decision is; never the last node held at a CM (CloudLab refuses)."""
+    out: dict[str, tuple[str, ...]] = {}
+    reasons: list[str] = []
+    for cm in dict.fromkeys(n.cm for n in observed.nodes):
+        held = [n for n in observed.nodes if n.cm == cm]
+        taken = set(delete.get(cm, ()))
+        failed = [n for n in held if n.state is NodeState.FAILED and not n.initial
+                  and not n.pending_delete and n.client_id not in observed.deleting]
+        dead = [n for n in held if agentless(n, observed, config)]
+        picks = list(dict.fromkeys(n.client_id for n in failed + dead
+                                   if n.client_id not in taken))
+        room = max(0, len(held) - len(taken) - 1)
+        if picks[:room]:
+            out[cm] = tuple(picks[:room])
+            reasons.append(f"{cm}: replace {', '.join(out[cm])} (failed or no agent)")
+    return out, reasons
 
 
 def _since(now: float, then: float | None) -> float:
@@ -251,8 +330,8 @@ def victim_order(nodes: Iterable[NodeView]) -> list[NodeView]:
                                         -n.added_at, n.client_id))
 
 
-def _deletable(observed: Observed) -> list[NodeView]:
-    return [n for n in counted(observed) if not n.initial and n.busy is not True]
+def _deletable(observed: Observed, config: PolicyConfig) -> list[NodeView]:
+    return [n for n in counted(observed, config) if not n.initial and n.busy is not True]
 
 
 def _idle(node: NodeView, observed: Observed, config: PolicyConfig) -> bool:
@@ -267,7 +346,7 @@ def _deletes(observed: Observed, config: PolicyConfig, count: int, wanted: int
     node it could give back (whether or not the rate limits allow it now); that holds back
     any add, so the slice never grows at one CM while shrinking at another."""
     low = config.percent_available_minimum - config.hysteresis
-    candidates = _deletable(observed)
+    candidates = _deletable(observed, config)
     # (why, eligible nodes, at most how many for this reason)
     wants: list[tuple[str, list[NodeView], int]] = []
     if count > config.minthreshold:

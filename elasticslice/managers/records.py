@@ -58,6 +58,11 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class PendingDelete:
+    """One revocation: CloudLab takes ``node_id`` back by ``deadline`` (the first notice's
+    arrival plus its max_wait_time, brought earlier by the countdown). ``released``: when
+    we were done with the node (answered max_wait_time 0 from then on); ``finished``: when
+    it left the slice; ``outcome``: early or forced."""
+
     cm: str
     node_id: str
     client_id: str | None
@@ -65,6 +70,10 @@ class PendingDelete:
     first_seen: float
     finished: float | None = None
     outcome: str | None = None
+    released: float | None = None
+    note: str | None = None
+    id: int = 0
+    last_seen: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The manager's memory: what must survive a restart, in SQLite (WAL) under ``state_dir``.
 
-One file, ``<state_dir>/manager.db`` (directory 0700, file 0600): the slice and slivers, every
-node with its history, CloudLab's delete notices with their deadlines, resource values, the
-intent log (a row written BEFORE each AddNodes/DeleteNodes and closed after, so a manager
+One file, ``<state_dir>/manager.db`` (directory 0700, file 0600): the slice and slivers (and
+whether this state directory created or adopted the slice), every node with its history,
+CloudLab's revocations (one row each: its deadline, when we released the node, how it
+ended), resource values, the intent log (a row written BEFORE each AddNodes/DeleteNodes and closed after, so a manager
 killed in between knows what to reconcile), and the cycle's runs for ``status``. Secrets are
 never stored. One connection guarded by one lock: every method is atomic and thread-safe;
 :meth:`ManagerState.transaction` groups several. :meth:`ManagerState.read_only` opens the
@@ -14,6 +15,7 @@ import json
 import os
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
@@ -24,34 +26,10 @@ from elasticslice.managers.records import (
     CycleRecord, Intent, IntentKind, IntentOutcome, NodeRecord, PendingDelete, SliceRecord,
     SliverRecord, StateError,
 )
+from elasticslice.managers.revocations import RevocationLog
+from elasticslice.managers.schema import SCHEMA_VERSION, create, migrate
 
 DB_NAME = "manager.db"
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS slice (one INTEGER PRIMARY KEY CHECK (one = 1), urn TEXT,
-    expires REAL, updated REAL);
-CREATE TABLE IF NOT EXISTS slivers (cm TEXT PRIMARY KEY, urn TEXT, expires REAL, status TEXT,
-    updated REAL);
-CREATE TABLE IF NOT EXISTS nodes (cm TEXT, client_id TEXT, node_id TEXT, hostname TEXT,
-    state TEXT, initial INTEGER, added_at REAL, gone_at REAL, gone_reason TEXT, updated REAL,
-    PRIMARY KEY (cm, client_id));
-CREATE INDEX IF NOT EXISTS nodes_by_node_id ON nodes (node_id);
-CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY AUTOINCREMENT, cm TEXT,
-    client_id TEXT, ts REAL, state TEXT, note TEXT);
-CREATE INDEX IF NOT EXISTS history_by_node ON history (cm, client_id);
-CREATE TABLE IF NOT EXISTS pending_deletes (cm TEXT, node_id TEXT, client_id TEXT,
-    deadline REAL, first_seen REAL, last_seen REAL, finished REAL, outcome TEXT,
-    PRIMARY KEY (cm, node_id));
-CREATE TABLE IF NOT EXISTS node_values (cm TEXT, node_id TEXT, value REAL, updated REAL,
-    PRIMARY KEY (cm, node_id));
-CREATE TABLE IF NOT EXISTS intents (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, cm TEXT,
-    client_ids TEXT, created REAL, finished REAL, outcome TEXT);
-CREATE TABLE IF NOT EXISTS cycle (method TEXT PRIMARY KEY, last_run REAL, last_ok REAL,
-    next_run REAL, last_error TEXT, last_error_at REAL, failures INTEGER DEFAULT 0,
-    runs INTEGER DEFAULT 0, last_duration REAL);
-"""
 
 NODE_FIELDS = ("node_id", "hostname", "state", "initial", "added_at")
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "CycleRecord", "Intent", "IntentKind", "IntentOutcome",
@@ -71,6 +49,7 @@ class ManagerState:
         self.readonly = readonly
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
+        self.revocations = RevocationLog(self)
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
@@ -85,16 +64,22 @@ class ManagerState:
                                    timeout=30.0)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
-                             (str(SCHEMA_VERSION),))
+            version = migrate(conn, create(conn))
         except (OSError, sqlite3.Error) as err:
             raise StateError(f"{path}: cannot open the manager state: {err}") from err
         state = cls(path, conn)
-        state._check_version(row[0] if row else str(SCHEMA_VERSION))
+        state._check_version(version)
+        if state.get_meta("state_id") is None:
+            state.set_meta("state_id", uuid.uuid4().hex)
         return state
+
+    @classmethod
+    def in_memory(cls) -> ManagerState:
+        """A state of this process only (an endpoint without a manager keeps its notices
+        here)."""
+        conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        create(conn)
+        return cls(Path(":memory:"), conn)
 
     @classmethod
     def read_only(cls, state_dir: Path) -> ManagerState:
@@ -176,6 +161,7 @@ class ManagerState:
         rows = self._rows("SELECT urn, expires, updated FROM slice")
         return SliceRecord(*rows[0]) if rows else None
 
+
     def set_sliver(self, cm: str, urn: str | None, expires: float | None, status: str | None,
                    *, now: float | None = None) -> None:
         self._run("INSERT OR REPLACE INTO slivers (cm, urn, expires, status, updated) "
@@ -188,7 +174,7 @@ class ManagerState:
     # --- nodes -----------------------------------------------------------------------------
     _NODE_SELECT = (
         "SELECT n.cm, n.client_id, n.node_id, n.hostname, n.state, n.initial, n.added_at, "
-        "n.gone_at, v.value, (SELECT MIN(p.deadline) FROM pending_deletes p WHERE p.cm = n.cm "
+        "n.gone_at, v.value, (SELECT MIN(p.deadline) FROM revocations p WHERE p.cm = n.cm "
         "AND p.finished IS NULL AND (p.node_id = n.node_id OR p.client_id = n.client_id)), "
         "n.gone_reason FROM nodes n LEFT JOIN node_values v ON v.cm = n.cm "
         "AND v.node_id = n.node_id")
@@ -279,34 +265,10 @@ class ManagerState:
             "SELECT ts, state, note FROM history WHERE cm = ? AND client_id = ? ORDER BY id",
             (cm, client_id))]
 
-    # --- CloudLab's notices and values -------------------------------------------------------
-    def add_pending_delete(self, cm: str, node_id: str, client_id: str | None, *,
-                           deadline: float, now: float) -> None:
-        """Record a NotifyDeletePending; repeats (the countdown) update the deadline only."""
-        self._run("INSERT INTO pending_deletes (cm, node_id, client_id, deadline, first_seen, "
-                  "last_seen) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (cm, node_id) DO UPDATE SET "
-                  "deadline = excluded.deadline, last_seen = excluded.last_seen, "
-                  "client_id = COALESCE(excluded.client_id, client_id)",
-                  (cm, node_id, client_id, deadline, now, now))
-
+    # --- CloudLab's revocations (see :mod:`.revocations`) and values ------------------------
     def pending_deletes(self, *, open_only: bool = False) -> list[PendingDelete]:
-        sql = ("SELECT cm, node_id, client_id, deadline, first_seen, finished, outcome "
-               "FROM pending_deletes")
-        if open_only:
-            sql += " WHERE finished IS NULL"
-        return [PendingDelete(*r) for r in self._rows(sql + " ORDER BY deadline, cm, node_id")]
-
-    def finish_pending_delete(self, node_id: str, *, now: float, outcome: str,
-                              cm: str | None = None) -> None:
-        sql = ("UPDATE pending_deletes SET finished = ?, outcome = ? "
-               "WHERE node_id = ? AND finished IS NULL")
-        self._run(sql + (" AND cm = ?" if cm else ""),
-                  (now, outcome, node_id, cm) if cm else (now, outcome, node_id))
-
-    def forget_pending_delete(self, node_id: str, cm: str | None = None) -> None:
-        """Drop the notice rows (after NotifyDeleteComplete), so a later notice starts anew."""
-        sql = "DELETE FROM pending_deletes WHERE node_id = ?"
-        self._run(sql + (" AND cm = ?" if cm else ""), (node_id, cm) if cm else (node_id,))
+        """Every revocation (``open_only``: those whose node has not left yet)."""
+        return self.revocations.all(open_only=open_only)
 
     def set_values(self, cm: str, values: Mapping[str, float], *, now: float) -> None:
         with self.transaction():

@@ -39,7 +39,8 @@ def test_our_policy_is_the_managers_decide(monkeypatch: pytest.MonkeyPatch) -> N
     real = policy_module.decide
 
     def spy(observed, config):  # the real function, counted
-        calls.append(observed.demand)
+        assert observed.demand is None   # the cores, not a copy of the cores-to-nodes step
+        calls.append(policy_module.wanted_count(observed, config))
         return real(observed, config)
 
     import elastic.policies
@@ -48,7 +49,7 @@ def test_our_policy_is_the_managers_decide(monkeypatch: pytest.MonkeyPatch) -> N
                              delete_cooldown=0.0, add_cooldown=0.0, max_delete_per_cycle=4))
     result = simulate(CONFIG, flat(16, 600.0), Steady("steady", 40, load=0.0), ours)
     assert result.finished and calls
-    assert max(c for c in calls if c is not None) == 4   # 16 one-core units, 4 cores a node
+    assert max(calls) == 4   # 16 one-core units, 4 cores a node
     assert result.adds == 3 and result.gives_back == 3   # up to 4 nodes, back to 1
     assert result.makespan >= result.lower_bound
 

@@ -9,6 +9,7 @@ import pytest
 from elasticslice.managers import policysim
 from elasticslice.managers.policy import (
     Availability, Decision, NodeState, NodeView, Observed, PolicyConfig, decide, victim_order,
+    wanted_nodes,
 )
 from elasticslice.managers.policysim import reversals, simulate
 
@@ -277,6 +278,55 @@ def test_decision_empty_and_totals():
     d = Decision(add={CM: 2, CM2: 1}, reasons=("x",))
     assert not d.empty and d.add_total == 3 and d.delete_total == 0
     assert Decision().empty
+
+
+# --- demand in cores, agents, replacements ---------------------------------------------------
+
+def test_wanted_nodes_from_cores_is_pure_and_rounds_up():
+    cfg = PolicyConfig(minthreshold=1, lookahead=0.5)
+    assert wanted_nodes(cfg) is None                            # no opinion
+    assert wanted_nodes(cfg, nodes=3, cores=100) == 3           # stated in nodes first
+    assert wanted_nodes(cfg, cores=0) == 0
+    assert wanted_nodes(cfg, cores=24, cores_per_node=8) == 3
+    assert wanted_nodes(cfg, cores=25, cores_per_node=8) == 4
+    assert wanted_nodes(cfg, cores=8, waiting_cores=16, cores_per_node=8) == 2  # half of 16
+    assert wanted_nodes(cfg, cores=5) == 1   # no node told its size yet: the first will
+
+
+def test_demand_in_cores_drives_decide():
+    cfg = PolicyConfig(maxthreshold=6)
+    d = decide(seen(nodes(1), demand_cores=24, cores_per_node=8), cfg)
+    assert d.add == {CM: 2} and "wanted 3" in d.reasons[0]
+
+
+def test_a_node_without_its_agent_does_not_count_and_is_replaced():
+    cfg = PolicyConfig(maxthreshold=4, agent_grace=15, agent_timeout=120)
+    held = (node("a", initial=True), node("b", agentless_since=NOW - 20, had_agent=True),
+            node("c", agentless_since=NOW - 20),     # never joined, within agent_timeout
+            node("d", agentless_since=NOW - 5, had_agent=True))  # within the grace
+    d = decide(seen(held, demand=4), cfg)
+    assert d.add == {CM: 1} and d.replace == {CM: ("b",)}
+    assert d.give_back(CM) == ["b"]
+    # CloudLab is taking it anyway: no replacement is given back
+    held = (node("a", initial=True),
+            node("b", agentless_since=NOW - 20, had_agent=True, pending_delete=True))
+    assert decide(seen(held, demand=2), cfg).replace == {}
+
+
+def test_replacements_never_take_the_last_node_of_a_cm():
+    cfg = PolicyConfig(maxthreshold=2, agent_grace=1)
+    only = (node("a", initial=True, agentless_since=NOW - 50, had_agent=True),)
+    d = decide(seen(only, demand=1), cfg)
+    assert d.replace == {} and d.add == {CM: 1}   # the replacement first
+    two = only + (node("b"),)
+    assert decide(seen(two, demand=1), cfg).replace == {CM: ("a",)}
+
+
+def test_added_nodes_that_failed_are_replaced_initial_ones_are_not():
+    held = (node("a", initial=True, state=NodeState.FAILED), node("b", state=NodeState.FAILED),
+            node("c"))
+    d = decide(seen(held), PolicyConfig(maxthreshold=3))
+    assert d.replace == {CM: ("b",)} and d.add == {CM: 2}
 
 
 # --- no flapping: the virtual-clock simulation ----------------------------------------------

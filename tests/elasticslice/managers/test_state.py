@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticslice.managers.ownership import own_slice, owns_slice
 from elasticslice.managers.policy import NodeState
 from elasticslice.managers.state import (
     DB_NAME, SCHEMA_VERSION, CycleRecord, ManagerState, NodeRecord, StateError,
@@ -44,7 +45,7 @@ def test_everything_survives_reopen(state_dir):
     st.set_sliver(CM, "urn:sliver", 900.0, "ready")
     st.upsert_node(CM, "node1", now=1.0, node_id="pc1", hostname="pc1.a", state="ready",
                    initial=True)
-    st.add_pending_delete(CM, "pc1", "node1", deadline=500.0, now=2.0)
+    st.revocations.add(CM, "pc1", "node1", deadline=500.0, now=2.0)
     st.set_values(CM, {"pc1": 0.25}, now=3.0)
     intent = st.begin_intent("add", CM, ["node2", "node3"], now=4.0)
     st.record_run("renew", started=5.0, finished=6.0, error=None, next_run=3605.0)
@@ -106,21 +107,74 @@ def test_upsert_rejects_unknown_fields(state):
         state.upsert_node(CM, "a", now=1.0, password="x")
 
 
-def test_countdown_updates_the_deadline(state):
+def test_the_countdown_only_brings_the_deadline_earlier(state):
     state.upsert_node(CM, "node1", now=0.0, node_id="pc1")
-    state.add_pending_delete(CM, "pc1", "node1", deadline=300.0, now=0.0)
-    state.add_pending_delete(CM, "pc1", None, deadline=240.0, now=60.0)
+    state.revocations.add(CM, "pc1", "node1", deadline=300.0, now=0.0)
+    state.revocations.add(CM, "pc1", None, deadline=240.0, now=60.0)
+    later = state.revocations.add(CM, "pc1", "node1", deadline=400.0, now=70.0)
     [pd] = state.pending_deletes()
+    assert pd == later
     assert (pd.deadline, pd.first_seen, pd.client_id, pd.finished) == (240.0, 0.0, "node1", None)
     assert state.node(CM, "node1").pending_deadline == 240.0
-    state.finish_pending_delete("pc1", now=100.0, outcome="released")
-    state.add_pending_delete(CM, "pc1", "node1", deadline=180.0, now=120.0)  # countdown goes on
+    assert state.revocations.release("pc1", now=100.0, note="drained")
+    assert not state.revocations.release("pc1", now=101.0)   # once
+    state.revocations.finish("pc1", now=120.0)
     [pd] = state.pending_deletes()
-    assert (pd.deadline, pd.finished, pd.outcome) == (180.0, 100.0, "released")
+    assert (pd.deadline, pd.released, pd.finished, pd.outcome) == (240.0, 100.0, 120.0, "early")
     assert state.pending_deletes(open_only=True) == []
     assert state.node(CM, "node1").pending_deadline is None
-    state.forget_pending_delete("pc1")
+    # the same machine revoked again later is another revocation, counted again
+    state.revocations.add(CM, "pc1", "node1", deadline=900.0, now=800.0)
+    assert state.revocations.force("pc1")
+    state.revocations.finish("pc1", now=850.0)
+    assert state.revocations.counts() == {"revocations": 2, "early": 1, "forced": 1}
+    state.revocations.forget("pc1")
     assert state.pending_deletes() == []
+
+
+def test_a_version_1_state_is_migrated_with_its_notices(state_dir):
+    state_dir.mkdir(mode=0o700)
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        db.executescript("""
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+            INSERT INTO meta VALUES ('schema_version', '1');
+            CREATE TABLE pending_deletes (cm TEXT, node_id TEXT, client_id TEXT,
+                deadline REAL, first_seen REAL, last_seen REAL, finished REAL, outcome TEXT,
+                PRIMARY KEY (cm, node_id));
+            INSERT INTO pending_deletes VALUES ('cm', 'pc1', 'n1', 50.0, 1.0, 2.0, NULL, NULL);
+            INSERT INTO pending_deletes VALUES ('cm', 'pc2', 'n2', 50.0, 1.0, 2.0, 9.0, 'gone');
+            INSERT INTO meta VALUES ('pilots.revocations',
+                '{"seen": ["pc2", "pc3"], "early": ["pc2"], "forced": ["pc3"]}');
+        """)
+    st = ManagerState.open(state_dir)
+    try:
+        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "2"
+        [pd] = st.pending_deletes(open_only=True)
+        assert (pd.cm, pd.node_id, pd.client_id, pd.deadline) == ("cm", "pc1", "n1", 50.0)
+        # the pilots manager's counts, kept apart in version 1, are the outcomes now
+        assert st.revocations.counts() == {"revocations": 3, "early": 1, "forced": 1}
+    finally:
+        st.close()
+
+
+def test_slice_ownership_is_recorded_per_state_directory(state_dir, tmp_path):
+    urn = "urn:publicid:IDN+emulab.net+slice+e1"
+    st = ManagerState.open(state_dir)
+    assert not owns_slice(st, urn)
+    own_slice(st, urn, "created", now=1.0)
+    assert owns_slice(st, urn) and not owns_slice(st, urn + "x")
+    first_id = st.get_meta("state_id")
+    st.close()
+    st = ManagerState.open(state_dir)
+    other = ManagerState.open(tmp_path / "other")
+    try:
+        assert owns_slice(st, urn) and st.get_meta("state_id") == first_id
+        assert not owns_slice(other, urn) and other.get_meta("state_id") != first_id
+        other.set_slice(urn, 10.0)  # a state that recorded the slice before ownership existed
+        assert owns_slice(other, urn)
+    finally:
+        st.close()
+        other.close()
 
 
 def test_values_per_cm(state):

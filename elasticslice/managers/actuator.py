@@ -1,0 +1,265 @@
+"""The actuator: acts at the SA and the CMs (slice, sliver, AddNodes, DeleteNodes) and owns
+the intent log.
+
+Intent before action, then reconcile: an intent row is written BEFORE each AddNodes and
+DeleteNodes and closed after; one whose answer was lost (or whose caller died) stays open
+until :meth:`Actuator.reconcile` settles it against the CM's sliver. The actuator holds no
+lock across its calls: the cycle runs its methods one at a time, a released node is given
+back from another thread (:meth:`give_back`), and the intents in flight in this process
+are left alone by a reconcile.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from elasticslice.errors import ElasticSliceError, RPCError, TransportError
+from elasticslice.managers.cycle import one_line
+from elasticslice.managers.deletes import DeleteJob
+from elasticslice.managers.holdings import Holdings, node_id_of
+from elasticslice.managers.ownership import own_slice
+from elasticslice.managers.policy import NodeState
+from elasticslice.rpc.codes import GeniCode
+from elasticslice.rpc.credential import expires_of, parse_credential
+
+log = logging.getLogger("elasticslice.managers.manager")
+
+
+def utc(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc)
+
+
+def iso_utc(ts: float | None) -> str:
+    return utc(ts).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "unknown"
+
+
+class Actuator:
+    """Calls through ``server`` (a ``ProtoGeniServer``) at ``cms``; records in ``state``
+    and ``holdings``; ``helper`` says what the sliver and new nodes are; ``notify(subject,
+    body)`` mails."""
+
+    def __init__(self, server: Any, state: Any, holdings: Holdings, helper: Any,
+                 cms: Sequence[Any], *, clock: Callable[[], float],
+                 notify: Callable[[str, str], None], renew_hours: float,
+                 delete_commands_timeout: float) -> None:
+        self.server = server
+        self.state = state
+        self.holdings = holdings
+        self.helper = helper
+        self.cms = list(cms)
+        self.clock = clock
+        self.notify = notify
+        self.renew_hours = renew_hours
+        self.delete_commands_timeout = delete_commands_timeout
+        self._lock = threading.Lock()   # the set below only, never across a call
+        self._in_flight: set[int] = set()
+
+    # -- slice and sliver -------------------------------------------------------------------
+    def create_slice(self) -> int:
+        expires = utc(self.clock() + self.renew_hours * 3600)
+        cred = self.server.register_slice(expiration=expires)
+        urn = self.server.slice_urn()
+        self.state.set_slice(urn, expires_of(cred).timestamp())
+        own_slice(self.state, urn, "created", now=self.clock())
+        log.info("registered slice %s until %s", urn, expires_of(cred))
+        self.notify("slice created", f"registered slice {urn}")
+        return 1
+
+    def ensure_slice(self) -> int:
+        try:
+            cred = self.server.get_slice_credential()
+        except RPCError as err:
+            if err.code != GeniCode.SEARCHFAILED:
+                raise
+            return self.create_slice()
+        self.state.set_slice(self.server.slice_urn(), expires_of(cred).timestamp())
+        return 0
+
+    def create_sliver(self, cm: Any) -> int:
+        cred, manifest = cm.create_sliver(self.helper.create_rspec())
+        info = parse_credential(cred)
+        self.state.set_sliver(cm.url, info.target_urn, info.expires.timestamp(), "created")
+        names = self.holdings.record_manifest(cm.url, manifest, self.clock(), initial=True)
+        log.info("created the sliver at %s: %s", cm.url, " ".join(names))
+        self.notify("sliver created", f"sliver at {cm.url}: {' '.join(names)}")
+        return 1
+
+    def ensure_sliver(self, cm: Any) -> int:
+        try:
+            cred = cm.get_sliver()
+        except RPCError as err:
+            if err.code != GeniCode.SEARCHFAILED:
+                raise
+            return self.create_sliver(cm)
+        info = parse_credential(cred)
+        self.state.set_sliver(cm.url, info.target_urn, info.expires.timestamp(), "exists")
+        return 0
+
+    # -- the intent log -----------------------------------------------------------------------
+    def _begin(self, kind: str, cm: Any, cids: list[str]) -> int:
+        intent = self.state.begin_intent(kind, cm.url, cids, now=self.clock())
+        with self._lock:
+            self._in_flight.add(intent)
+        return intent
+
+    def _end(self, intent: int, outcome: str | None) -> None:
+        with self._lock:
+            self._in_flight.discard(intent)
+        if outcome is not None:
+            self.state.finish_intent(intent, now=self.clock(), outcome=outcome)
+
+    def add(self, cm: Any, args: dict[str, dict[str, Any]]) -> int:
+        """AddNodes of ``args`` (the helper's struct); how many were added."""
+        cids = list(args)
+        self.helper.note_client_ids(cids)
+        intent = self._begin("add", cm, cids)
+        log.info("adding %d node(s) at %s: %s", len(cids), cm.url, " ".join(cids))
+        try:
+            manifest = cm.add_nodes(args)
+        except RPCError as err:
+            self._settle_failed(intent, err)
+            raise
+        now = self.clock()
+        self.holdings.record_manifest(cm.url, manifest, now, initial=False, only=cids)
+        for cid in cids:  # a manifest without them (or unreadable): still ours, not ready yet
+            if self.state.node(cm.url, cid) is None:
+                self.state.upsert_node(cm.url, cid, now=now, state=NodeState.NOTREADY.value,
+                                       initial=False, added_at=now)
+        self._end(intent, "done")
+        self.state.set_meta("last_add", repr(now))
+        self.notify(f"added {len(cids)} node(s)", f"AddNodes at {cm.url}: {' '.join(cids)}")
+        return len(cids)
+
+    def delete(self, cm: Any, cids: list[str], why: str = "") -> int:
+        """The helper's delete commands, then DeleteNodes of ``cids``; how many went."""
+        recs = [r for r in (self.state.node(cm.url, c) for c in cids) if r is not None]
+        self.run_delete_commands([{"client_id": r.client_id, "node_id": r.node_id or "",
+                                   "max_wait_time": 0} for r in recs])
+        self._delete(cm, cids, recs, why, "given back")
+        self.state.set_meta("last_delete", repr(self.clock()))
+        return len(cids)
+
+    def _delete(self, cm: Any, cids: list[str], recs: list[Any], why: str,
+                reason: str) -> None:
+        intent = self._begin("delete", cm, cids)
+        log.info("giving back %d node(s) at %s: %s%s", len(cids), cm.url, " ".join(cids),
+                 f" ({why})" if why else "")
+        try:
+            cm.delete_nodes(cids)
+        except RPCError as err:
+            self._settle_failed(intent, err)
+            raise
+        now = self.clock()
+        for rec in recs:
+            self.holdings.forget(rec, now, reason)
+        self._end(intent, "done")
+
+    def give_back(self, node_id: str) -> bool:
+        """DeleteNodes of a revoked node we released (CloudLab may count down for a while
+        more otherwise); off the cycle, so never behind a slow AddNodes. False when CloudLab
+        refused (the countdown answer releases it anyway)."""
+        rec = self.state.find_node(node_id)
+        cm = next((c for c in self.cms if rec is not None and c.url == rec.cm), None)
+        if rec is None or rec.gone_at is not None or cm is None:
+            return False
+        try:
+            self._delete(cm, [rec.client_id], [rec], "released early", "released early")
+        except ElasticSliceError as err:
+            log.info("DeleteNodes of %s refused (%s): the countdown answer releases it",
+                     rec.client_id, one_line(err))
+            return False
+        return True
+
+    def _settle_failed(self, intent: int, err: RPCError) -> None:
+        """A refused call changed nothing; a lost answer stays open until reconciled."""
+        if isinstance(err, TransportError):
+            self._end(intent, None)
+            log.warning("the outcome of intent %d is unknown (%s); reconciling", intent,
+                        one_line(err))
+            try:
+                self.reconcile()
+            except ElasticSliceError as again:
+                log.warning("cannot reconcile yet (%s); the next status update will",
+                            one_line(again))
+            return
+        self._end(intent, "failed")
+
+    def in_flight(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._in_flight)
+
+    def reconcile(self) -> int:
+        """Settle every open intent (but those in flight here) with what the CM's sliver
+        holds. An AddNodes none of whose nodes are there yet stays open for the client's
+        call timeout after it was written: a CM may still carry out a call whose caller
+        died, and the open intent keeps the policy from adding again meanwhile."""
+        done = 0
+        statuses: dict[str, Any] = {}
+        grace = float(getattr(self.server.config, "timeout", 60.0))
+        busy = self.in_flight()
+        for intent in self.state.open_intents():
+            if intent.id in busy:
+                continue
+            self.helper.note_client_ids(intent.client_ids)
+            cm = next((c for c in self.cms if c.url == intent.cm), None)
+            if cm is None:
+                self.state.finish_intent(intent.id, now=self.clock(), outcome="failed")
+                continue
+            if cm.url not in statuses:
+                try:
+                    statuses[cm.url] = {n.client_id: n for n in cm.sliver_status().nodes}
+                except RPCError as err:
+                    if err.code != GeniCode.SEARCHFAILED:
+                        raise
+                    statuses[cm.url] = {}
+            present = statuses[cm.url]
+            now = self.clock()
+            if intent.kind == "add" and not any(c in present for c in intent.client_ids) \
+                    and now - intent.created < grace:
+                log.info("add intent %d at %s: nothing there yet; waiting up to %.0f s for "
+                         "a late AddNodes", intent.id, cm.url, intent.created + grace - now)
+                continue
+            self._settle(intent, cm, present, now)
+            done += 1
+        return done
+
+    def _settle(self, intent: Any, cm: Any, present: dict[str, Any], now: float) -> None:
+        for cid in intent.client_ids:
+            node = present.get(cid)
+            rec = self.state.node(cm.url, cid)
+            if intent.kind == "add" and node is not None and (rec is None or rec.gone_at):
+                self.state.upsert_node(cm.url, cid, now=now,
+                                       node_id=node_id_of(node.component_id),
+                                       state=NodeState.from_cm(node.status).value,
+                                       initial=False, added_at=intent.created)
+            elif intent.kind == "delete" and node is None and rec is not None \
+                    and rec.gone_at is None:
+                self.holdings.forget(rec, now, "deleted (reconciled)")
+        log.info("reconciled %s intent %d at %s: %s", intent.kind, intent.id, cm.url,
+                 " ".join(f"{c}:{'present' if c in present else 'absent'}"
+                          for c in intent.client_ids))
+        self.state.finish_intent(intent.id, now=now, outcome="reconciled")
+
+    def pending(self, kind: str, node: str | None, urls: set[str]) -> bool:
+        """Whether an open intent of ``kind`` at ``urls`` names ``node`` (any node: None)."""
+        return any(i.kind == kind and i.cm in urls and (node is None or node in i.client_ids)
+                   for i in self.state.open_intents())
+
+    def run_delete_commands(self, nodelist: list[dict[str, Any]]) -> None:
+        """The helper's delete commands before a voluntary give-back: serially, each in its
+        own process group, killed at ``delete_commands_timeout`` (never logging them)."""
+        try:
+            commands = self.helper.get_delete_commands(nodelist) or []
+        except Exception as err:
+            log.warning("get_delete_commands failed: %s", one_line(err))
+            return
+        if commands:
+            node_ids = [str(n.get("node_id") or n.get("client_id")) for n in nodelist]
+            outcome = DeleteJob(node_ids, nodelist, list(commands),
+                                deadline=self.clock() + self.delete_commands_timeout,
+                                clock=self.clock).run()
+            if outcome != "done":
+                log.warning("delete commands for %s: %s", " ".join(node_ids), outcome)

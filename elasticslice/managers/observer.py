@@ -1,0 +1,166 @@
+"""The observer: reads the CMs (SliverStatus, DiscoverResources) into the state store and
+builds what the policy sees (:class:`~.policy.Observed`).
+
+It writes node records through :class:`~.holdings.Holdings` and holds no lock of its own:
+the cycle calls it one method at a time, and nothing a callback needs waits for its RPCs.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from elasticslice.managers.holdings import Holdings, node_dict, node_id_of
+from elasticslice.managers.policy import Availability, NodeState, NodeView, Observed
+from elasticslice.rspec import parse as parse_rspec
+
+log = logging.getLogger("elasticslice.managers.manager")
+
+DONE_STATES = (NodeState.READY.value, NodeState.FAILED.value)
+Decorate = Callable[[tuple[NodeView, ...]], tuple[NodeView, ...]]
+
+
+class Observer:
+    """``state``: the store (a ``TrackedState``: its write count says when the node views
+    must be rebuilt); ``holdings``; ``helper`` (told of nodes that settled);
+    ``notify(subject, body)``; ``wake(*methods)``."""
+
+    def __init__(self, state: Any, holdings: Holdings, helper: Any, *,
+                 clock: Callable[[], float], notify: Callable[[str, str], None],
+                 wake: Callable[..., None]) -> None:
+        self.state = state
+        self.holdings = holdings
+        self.helper = helper
+        self.clock = clock
+        self.notify = notify
+        self.wake = wake
+        self.availability: dict[str, dict[str, Availability]] = {}
+        self.totals: dict[str, dict[str, int]] = {}
+        self.last_status: dict[str, Any] = {}
+        self.full_pass = 0  # the manage_once running (0: none)
+        self.full_advertisement_in: dict[str, int] = {}
+        self._views: tuple[int, tuple[NodeView, ...]] | None = None
+
+    # -- SliverStatus ---------------------------------------------------------------------
+    def sliver_status(self, cm: Any) -> int:
+        """Node states from SliverStatus: new, ready, failed and vanished nodes; how many
+        records changed."""
+        status = cm.sliver_status()
+        self.last_status[cm.url] = status
+        now = self.clock()
+        state = self.state
+        records = {r.client_id: r for r in state.nodes(cm.url)}
+        adopting = not records and not state.nodes(cm.url, include_gone=True)
+        in_flight = {c for i in state.open_intents() if i.kind == "add" and i.cm == cm.url
+                     for c in i.client_ids}
+        changes = 0
+        settled: list[tuple[Any, str]] = []
+        seen = set()
+        for node in status.nodes:
+            cid = node.client_id
+            seen.add(cid)
+            value = NodeState.from_cm(node.status).value
+            nid = node_id_of(node.component_id)
+            rec = state.node(cm.url, cid) if cid not in records else records[cid]
+            if rec is not None and rec.gone_at is None and rec.state == value and \
+                    (rec.node_id == nid or not nid):
+                continue
+            fields: dict[str, Any] = {"state": value}
+            if nid:
+                fields["node_id"] = nid
+            if rec is None or rec.gone_at is not None:
+                fields.update(initial=adopting, added_at=now)
+                log.info("%s: node %s (%s) found in the sliver", cm.url, cid, nid)
+            rec = state.upsert_node(cm.url, cid, now=now, **fields)
+            changes += 1
+            if value in DONE_STATES:
+                settled.append((rec, value))
+        self.helper.note_client_ids(seen)
+        for cid, rec in records.items():
+            if cid not in seen and cid not in in_flight:
+                self.holdings.forget(rec, now, "not in the sliver any more")
+                changes += 1
+        self._settled(settled)
+        return changes
+
+    def _settled(self, settled: list[tuple[Any, str]]) -> None:
+        for rec, value in settled:
+            log.info("node %s (%s) is %s", rec.client_id, rec.node_id, value)
+            self.helper.handle_added_node(node_dict(rec), value)
+        if settled:
+            lines = [f"{r.client_id} ({r.node_id}) at {r.cm}: {st}" for r, st in settled]
+            first = f"node {settled[0][0].client_id} {settled[0][1]}"
+            self.notify(first if len(settled) == 1 else f"{len(settled)} nodes settled",
+                        "\n".join(lines))
+            self.wake("get_system_state", "set_system_state", "add_nodes")
+
+    # -- DiscoverResources ------------------------------------------------------------------
+    def resources(self, cm: Any, *, available: bool) -> None:
+        """Availability per hardware type ("*": all nodes). The full advertisement counts
+        free nodes too: in one ``manage_once`` the available-only one right after it is
+        skipped."""
+        if available and cm.url not in self.totals:
+            self.resources(cm, available=False)
+            return
+        if available and self.full_pass and \
+                self.full_advertisement_in.get(cm.url) == self.full_pass:
+            return
+        ad = parse_rspec(cm.discover_resources(available=available),
+                         f"advertisement of {cm.url}")
+        if available:
+            avail = dict(ad.available_by_type or ad.total_by_type)
+            avail["*"] = sum(1 for n in ad.nodes if n.available is not False)
+        else:
+            totals = dict(ad.total_by_type)
+            totals["*"] = len(ad.nodes)
+            self.totals[cm.url] = totals
+            self.full_advertisement_in[cm.url] = self.full_pass
+            avail = dict(ad.available_by_type)
+            avail["*"] = sum(1 for n in ad.nodes if n.available)
+        totals = self.totals[cm.url]
+        self.availability[cm.url] = {t: Availability(min(avail.get(t, 0), total), total)
+                                     for t, total in totals.items()}
+
+    # -- what the policy sees ----------------------------------------------------------------
+    def views(self) -> tuple[NodeView, ...]:
+        """The nodes as the policy sees them (rebuilt only after a state change)."""
+        writes = self.state.writes
+        if self._views is None or self._views[0] != writes:
+            values = self.state.values()
+            self._views = (writes, tuple(
+                NodeView(client_id=rec.client_id, cm=rec.cm, state=NodeState(rec.state),
+                         added_at=rec.added_at or 0.0, node_id=rec.node_id,
+                         initial=bool(rec.initial),
+                         value=rec.value if rec.value is not None
+                         else values.get(rec.node_id or ""),
+                         pending_delete=rec.pending_deadline is not None)
+                for rec in self.state.nodes()))
+        return self._views[1]
+
+    def observe(self, *, decorate: Decorate | None = None, **demand: Any) -> Observed:
+        """What the policy sees now; ``demand``: Observed's demand fields (demand,
+        demand_cores, waiting_cores, cores_per_node); ``decorate``: adds what the hosted
+        system knows of each node (busy, idle, agent)."""
+        nodes = self.views()
+        if decorate is not None:
+            nodes = decorate(nodes)
+        intents = self.state.open_intents()
+        adding = sum(len(i.client_ids) for i in intents if i.kind == "add")
+        deleting = frozenset(c for i in intents if i.kind == "delete" for c in i.client_ids)
+        return Observed(now=self.clock(), nodes=nodes, availability=dict(self.availability),
+                        last_add=self._meta_float("last_add"),
+                        last_delete=self._meta_float("last_delete"), adding=adding,
+                        deleting=deleting, **demand)
+
+    def _meta_float(self, key: str) -> float | None:
+        raw = self.state.get_meta(key)
+        return float(raw) if raw else None
+
+    def node_status(self, node: str, cms: Sequence[Any]) -> Any:
+        """The last SliverStatus entry of client_id ``node`` at one of ``cms``."""
+        for c in cms:
+            status = self.last_status.get(c.url)
+            entry = status.node(node) if status is not None else None
+            if entry is not None:
+                return entry
+        return None

@@ -1,0 +1,102 @@
+"""The tables of ``<state_dir>/manager.db`` and the migrations between their versions.
+
+Version 2 keeps one row per revocation (``revocations``: CloudLab's NotifyDeletePending for
+a node we hold, from the first notice to the node leaving the slice) instead of one row per
+node (version 1's ``pending_deletes``, which a second revocation of the same machine
+overwrote). A version-1 file is migrated when opened for writing.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+SCHEMA_VERSION = 2
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS slice (one INTEGER PRIMARY KEY CHECK (one = 1), urn TEXT,
+    expires REAL, updated REAL);
+CREATE TABLE IF NOT EXISTS slivers (cm TEXT PRIMARY KEY, urn TEXT, expires REAL, status TEXT,
+    updated REAL);
+CREATE TABLE IF NOT EXISTS nodes (cm TEXT, client_id TEXT, node_id TEXT, hostname TEXT,
+    state TEXT, initial INTEGER, added_at REAL, gone_at REAL, gone_reason TEXT, updated REAL,
+    PRIMARY KEY (cm, client_id));
+CREATE INDEX IF NOT EXISTS nodes_by_node_id ON nodes (node_id);
+CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY AUTOINCREMENT, cm TEXT,
+    client_id TEXT, ts REAL, state TEXT, note TEXT);
+CREATE INDEX IF NOT EXISTS history_by_node ON history (cm, client_id);
+CREATE TABLE IF NOT EXISTS revocations (id INTEGER PRIMARY KEY AUTOINCREMENT, cm TEXT,
+    node_id TEXT, client_id TEXT, deadline REAL, first_seen REAL, last_seen REAL,
+    released REAL, finished REAL, outcome TEXT, note TEXT);
+CREATE INDEX IF NOT EXISTS revocations_open ON revocations (node_id, finished);
+CREATE TABLE IF NOT EXISTS node_values (cm TEXT, node_id TEXT, value REAL, updated REAL,
+    PRIMARY KEY (cm, node_id));
+CREATE TABLE IF NOT EXISTS intents (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, cm TEXT,
+    client_ids TEXT, created REAL, finished REAL, outcome TEXT);
+CREATE TABLE IF NOT EXISTS cycle (method TEXT PRIMARY KEY, last_run REAL, last_ok REAL,
+    next_run REAL, last_error TEXT, last_error_at REAL, failures INTEGER DEFAULT 0,
+    runs INTEGER DEFAULT 0, last_duration REAL);
+"""
+
+_V1_TO_V2 = """
+INSERT INTO revocations (cm, node_id, client_id, deadline, first_seen, last_seen, finished,
+    outcome) SELECT cm, node_id, client_id, deadline, first_seen, last_seen, finished, outcome
+    FROM pending_deletes;
+DROP TABLE pending_deletes;
+"""
+
+
+def create(conn: sqlite3.Connection) -> str:
+    """Make the tables (a new file gets this version); the file's version as stored."""
+    exists = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND "
+                          "name='meta'").fetchone()
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() \
+        if exists else None
+    conn.executescript(SCHEMA)
+    if row is None:
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                     (str(SCHEMA_VERSION),))
+        return str(SCHEMA_VERSION)
+    return str(row[0])
+
+
+def migrate(conn: sqlite3.Connection, version: str) -> str:
+    """Bring a file of an older version up to :data:`SCHEMA_VERSION` (one transaction);
+    the version it has after."""
+    if version != "1":
+        return version
+    has_v1 = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND "
+                          "name='pending_deletes'").fetchone()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if has_v1:
+            for statement in filter(str.strip, _V1_TO_V2.split(";")):
+                conn.execute(statement)
+            _fold_pilot_counts(conn)
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                     (str(SCHEMA_VERSION),))
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return str(SCHEMA_VERSION)
+
+
+def _fold_pilot_counts(conn: sqlite3.Connection) -> None:
+    """Version 1's pilots manager kept its counts apart (meta ``pilots.revocations``, node_ids
+    seen, early, forced): they become the revocations' outcomes."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'pilots.revocations'").fetchone()
+    try:
+        counts = json.loads(row[0]) if row else {}
+    except ValueError:
+        counts = {}
+    for node_id in counts.get("seen", ()):
+        if not conn.execute("SELECT 1 FROM revocations WHERE node_id = ?",
+                            (str(node_id),)).fetchone():
+            conn.execute("INSERT INTO revocations (cm, node_id, deadline, first_seen, finished)"
+                         " VALUES ('', ?, 0, 0, 0)", (str(node_id),))
+    for outcome in ("early", "forced"):
+        for node_id in counts.get(outcome, ()):
+            conn.execute("UPDATE revocations SET outcome = ? WHERE node_id = ?",
+                         (outcome, str(node_id)))
+    conn.execute("DELETE FROM meta WHERE key = 'pilots.revocations'")
