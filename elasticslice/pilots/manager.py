@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,13 +38,6 @@ from troy.frameworks.base import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
-
-# Seconds the answer to a notice with max_wait_time 0 waits, at most, for the pilot's units
-# to be requeued: CloudLab cannot wait (it takes the node as soon as it has the answer, or
-# already has), so nothing is gained by answering sooner, while units requeued before the
-# node dies are accounted for (a unit Dask moves by itself once the worker died is not).
-HEAD_START = 2.0
-
 
 @dataclasses.dataclass
 class Revocations:
@@ -143,17 +135,12 @@ class PilotDrainer:
 
     def gone(self, revocations: Sequence[PendingDelete], *, now: bool = False) -> None:
         """These nodes are gone, or CloudLab takes them ``now``: their pilots' units are
-        requeued, on a thread of the drainer's; for ``now`` the caller waits for that at
-        most :data:`HEAD_START`."""
-        done = threading.Event()
-
+        requeued, on a thread of the drainer's (the answer to CloudLab never waits for it:
+        a unit Dask moves by itself off a dead worker is counted by the framework too)."""
         def lose_all() -> None:
             for rev in revocations:
                 self.lose(rev.client_id, "taken back by CloudLab")
-            done.set()
         self.work.post(lose_all)
-        if now:
-            done.wait(HEAD_START)
 
     def lose(self, client_id: str | None, reason: str) -> None:
         pilot = self.watch.pilot_of(client_id)

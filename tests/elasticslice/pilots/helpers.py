@@ -81,12 +81,16 @@ def node_of(cluster: ElasticCluster, client_id: str) -> Any:
     return manager.state.node(manager.cmlist[0], client_id)
 
 
-def busy_added_node(cluster: ElasticCluster) -> str:
-    """The client_id of a node the manager added (not initial) whose pilot runs units."""
+def busy_added_node(cluster: ElasticCluster, run: Run) -> str:
+    """The client_id of a node the manager added (not initial) on whose pilot a unit of
+    ``run`` runs (started there, not only handed to it: broke, a node taken before its
+    units started had nothing to requeue)."""
     def find() -> str | None:
+        running = {u.pilot for t in run.workload.tasks.values() for u in t.units
+                   if u.state is State.RUNNING}
         for rec in cluster.manager.state.nodes():
             pilot = cluster.manager.pilot_of(rec.client_id)
-            if not rec.initial and pilot is not None and pilot.busy:
+            if not rec.initial and pilot is not None and pilot.id in running:
                 return rec.client_id
         return None
     return str(wait_for(find, timeout=120, what="an added node whose pilot runs units"))

@@ -47,7 +47,7 @@ def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
     run = Run(cluster, sleepers(tmp_path / "out", 12, 3.0, cores=4))
-    victim = busy_added_node(cluster)
+    victim = busy_added_node(cluster, run)
     node_id = node_of(cluster, victim).node_id
     survivors = [p for p in cluster.pilots() if p.worker_name != victim]
     admin(emulator).call("Revoke", nodes=[node_id])
@@ -71,7 +71,7 @@ def test_a_node_taken_without_notice_has_its_units_requeued(emulator_factory, ma
     # the units are still there when the victim goes: they end once it has gone
     gate = closed_gate(tmp_path)
     run = Run(cluster, sleepers(tmp_path / "out", 8, 6.0, cores=4, gate=gate))
-    victim = busy_added_node(cluster)
+    victim = busy_added_node(cluster, run)
     node_id = node_of(cluster, victim).node_id
     admin(emulator).call("Revoke", nodes=[node_id])
     wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,

@@ -191,6 +191,15 @@ class UnitEvents:
                       start: float | None) -> None:
         if rec.addr == addr and rec.unit.state is State.RUNNING:
             return
+        if rec.addr is not None and rec.addr != addr and rec.unit.state is State.RUNNING:
+            # Dask moved the unit itself (the worker it ran on died or closed before we
+            # heard of it): that attempt is lost, the unit was requeued all the same
+            log.info("framework %s: unit %s moved by Dask from %s to %s", self.name,
+                     rec.unit.id, rec.addr, addr)
+            rec.left.add(rec.addr)
+            self._moved[rec.unit.id] = rec.unit
+            self._stats.add(requeued=1)
+            rec.unit.attempts += 1
         rec.addr = addr
         if pilot is not None and rec.reserved is not pilot:
             self._unreserve(rec)
