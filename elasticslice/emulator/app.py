@@ -23,6 +23,7 @@ from elasticslice.emulator.context import Context, Settings
 from elasticslice.emulator.dispatch import EmulatorDispatcher
 from elasticslice.emulator.dynamic import DynamicSliceService, Reclaimer
 from elasticslice.emulator.faults import FaultInjector
+from elasticslice.emulator.pace import Latency
 from elasticslice.emulator.pool import load_inventory, sync_nodes
 from elasticslice.emulator.sa import SliceAuthority
 from elasticslice.emulator.server import TLSServer, server_context
@@ -30,6 +31,7 @@ from elasticslice.emulator.setup import (EmulatorConfig, base_url, load_config, 
                                          write_atomic, write_client_conf)
 from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import Store
+from elasticslice.emulator.tmcd import NodeConfigServer
 from elasticslice.errors import ConfigError, ElasticSliceError
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,8 @@ class EmulatorServer:
                  notify_interval: float = 10.0, max_wait: int = 60, fault_rate: float = 0.0,
                  seed: int | None = None, tenant_load: float = 0.0, tenant_interval: float = 5.0,
                  allow_remote_endpoints: bool = False, slow_seconds: float = 1.0,
-                 boot_failure_rate: float | None = None) -> None:
+                 boot_failure_rate: float | None = None, latency: str = "none",
+                 time_scale: float = 1.0) -> None:
         self.directory = Path(directory).resolve()
         self._port = port
         self._host = host
@@ -51,7 +54,8 @@ class EmulatorServer:
         self.settings = Settings(boot_delay=boot_delay, notify_interval=notify_interval,
                                  max_wait=max_wait, tenant_load=tenant_load,
                                  tenant_interval=tenant_interval,
-                                 allow_remote_endpoints=allow_remote_endpoints)
+                                 allow_remote_endpoints=allow_remote_endpoints,
+                                 latency=Latency(latency, time_scale, seed))
         try:
             self.faults = FaultInjector(fault_rate, seed, slow_seconds=slow_seconds,
                                         boot_rate=boot_failure_rate)
@@ -62,6 +66,7 @@ class EmulatorServer:
         self.reclaimer: Reclaimer | None = None
         self.slivers: SliverOps | None = None
         self._tls: TLSServer | None = None
+        self._tmcd: NodeConfigServer | None = None
         self._lock_fd: int | None = None
         self.host = host or "127.0.0.1"
 
@@ -105,7 +110,8 @@ class EmulatorServer:
             self.reclaimer = Reclaimer(ctx, slivers, seed=self.seed)
             services = [SliceAuthority(ctx), ComponentManager(ctx, slivers),
                         DynamicSliceService(ctx, self.reclaimer), AdminService(ctx, self.reclaimer)]
-            dispatcher = EmulatorDispatcher(services, self.faults, identity.admin_urn)
+            dispatcher = EmulatorDispatcher(services, self.faults, identity.admin_urn,
+                                            self.settings.latency)
             tls_ctx = server_context(str(self.directory / "server.pem"),
                                      str(self.directory / "server-key.pem"),
                                      str(self.directory / "ca.pem"))
@@ -119,6 +125,9 @@ class EmulatorServer:
             store.close()
             raise
         self.ctx = ctx
+        self._tmcd = NodeConfigServer(ctx).start()  # geni-get's server, before nodes boot
+        ctx.node_config_url = self._tmcd.url
+        ctx.url = base_url(self.host, self._tls.port)
         ctx.boot.start()
         slivers.reaper.sweep()
         self._tls.start()
@@ -139,6 +148,9 @@ class EmulatorServer:
                 self.slivers.reaper.stop()  # teardowns still running finish first
             if self.ctx.boot is not None:
                 self.ctx.boot.stop()
+            if self._tmcd is not None:
+                self._tmcd.stop()
+                self._tmcd = None
             self.ctx.store.close()
             self.ctx = None
         if self._lock_fd is not None:
