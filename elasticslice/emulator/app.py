@@ -134,7 +134,8 @@ class EmulatorServer:
         self.reclaimer.start()
         write_client_conf(self.directory, self.host, self.port)
         write_atomic(self.directory / "server.json", json.dumps(
-            {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid()}) + "\n")
+            {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid(),
+             "node_config_url": ctx.node_config_url}) + "\n")
         log.info("emulator serving %s (state %s)", self.url, store.path)
 
     def stop(self) -> None:

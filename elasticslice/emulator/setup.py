@@ -227,8 +227,10 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     (d / "user-ssh.pub").write_bytes(public + f" {user}@{domain}\n".encode())
     (d / "emulator.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n", encoding="utf-8")
     (d / "nodes").mkdir(exist_ok=True)
+    from elasticslice.emulator.geniget import install_client
     from elasticslice.emulator.images import Images
     Images(d, ident, project).register_pilot()
+    install_client(d / "box")
     write_client_conf(d, host, port)
     return d
 

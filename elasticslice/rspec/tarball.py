@@ -31,7 +31,7 @@ WANT = ("http://, https:// or ftp:// ending in .tar, .tar.Z, .tar.gz, .tgz, .bz2
         "only letters, digits and . - / @ : ~ _ (no query string)")
 
 
-def _shown(value: Any, limit: int = 80) -> str:
+def _shown(value: Any, limit: int = 300) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else f"{text[:limit]}..."
 
