@@ -46,7 +46,8 @@ def emulator() -> None:
       elasticslice emulator stop  --dir ~/emu
 
     Admin commands (revoke, load, status) reach the server running on the same --dir;
-    report reads its state and works offline too.
+    report reads its state and works offline too. Nodes are machines booted from an image
+    (image add makes custom ones); serve --latency cloudlab keeps CloudLab's pace.
     """
 
 
