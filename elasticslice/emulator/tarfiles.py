@@ -108,7 +108,8 @@ class TarfileStore:
                 continue  # once per sliver: the same URL is not fetched again
             into.mkdir(parents=True, exist_ok=True)
             fetch(url, target)
-            log.info("tarfiles: fetched %s as %s", url, target.name)
+            log.info("tarfiles: fetched %s (its URL is not logged: it may be a capability)",
+                     target.name)
 
 
 def fetch(url: str, target: Path) -> None:

@@ -41,17 +41,15 @@ log = logging.getLogger(__name__)
 DEFAULT_NODE_PYTHON = "python3"
 
 
-def agent_script(scheduler: str, node_python: str, worker_host: str | None,
-                 install_path: str) -> str:
+def agent_script(scheduler: str, node_python: str, worker_host: str | None) -> str:
     """``start.sh``: the node agent with TLS files next to the script, named by geni-get."""
-    env = DaskTLS(f"{install_path}/ca.pem", f"{install_path}/node.pem",
-                  f"{install_path}/node.key").environ()
-    exports = "\n".join(f"export {key}={shlex.quote(value)}"
-                        for key, value in sorted(env.items()))
+    env = DaskTLS('"$here"/ca.pem', '"$here"/node.pem', '"$here"/node.key').environ()
+    exports = "\n".join(f"export {key}={value}" for key, value in sorted(env.items()))
     host = (f'"${{ELASTICSLICE_NODE_IP:-{worker_host}}}"' if worker_host
             else '${ELASTICSLICE_NODE_IP:+"$ELASTICSLICE_NODE_IP"}')
     return (f"#!/bin/sh\n"
             f"# this node's pilot agent: a Dask worker joining {scheduler} over TLS\n"
+            f'here=$(cd "$(dirname "$0")" && pwd)\n'
             f"{exports}\n"
             f'name=$(geni-get client_id) || {{ echo "geni-get client_id failed" >&2; exit 1; }}\n'
             f'cores="${{ELASTICSLICE_CORES:-$(nproc)}}"\n'
@@ -111,8 +109,7 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
         if path.exists():
             return path
         cert, key = self.ca.issue(client_id)
-        script = agent_script(self.scheduler, self.node_python, self.worker_host,
-                              self.INSTALL_PATH)
+        script = agent_script(self.scheduler, self.node_python, self.worker_host)
         top = self.INSTALL_PATH.strip("/")
         members = [("ca.pem", self.ca.cert_pem, 0o600), ("node.pem", cert.read_bytes(), 0o600),
                    ("node.key", key.read_bytes(), 0o600), ("start.sh", script.encode(), 0o700)]
