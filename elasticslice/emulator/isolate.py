@@ -86,7 +86,8 @@ def _unshare() -> str | None:
 @functools.cache
 def _probe() -> str:
     """Why namespaces cannot isolate nodes here ("" when they can): a trial node that must
-    see its sandbox and not the directory around it."""
+    boot its machine (its own root, the image with a layer over /usr, /dev) and not see the
+    folder around it."""
     if not sys.platform.startswith("linux"):
         return f"no Linux namespaces on {sys.platform}"
     if _unshare() is None:
