@@ -14,7 +14,8 @@
 Optional: ``verify`` (default true), ``timeout`` (seconds, 60), ``retries`` (5),
 ``retry_delay`` (first backoff, seconds, 5), ``retry_max_delay`` (60), ``credential_cache_dir``,
 ``dynslice_urls`` (the dynamic-slice servers, one per CM; default: ``.../xmlrpc/dynslice`` on
-each CM's host). Other sections are left to the tools that own them.
+each CM's host). Other sections are left to the tools that own them; ``[pilots]``
+(:func:`load_pilot_settings`: ``disk_image``, ``node_python``) says what pilot nodes boot.
 Relative paths are relative to the config file. Environment overrides:
 ``ELASTICSLICE_<KEY>`` for any key (e.g. ``ELASTICSLICE_SLICE_NAME``), and the classic
 ``PROTOGENI_CERTIFICATE`` (the command line warns about a misspelled ``ELASTICSLICE_*``:
@@ -282,6 +283,44 @@ def _number(values: dict[str, str], key: str, default: float, err, *,  # noqa: A
 def _check_url(url: str, err, key: str) -> None:  # noqa: ANN001
     if not re.match(r"^https://[^/\s]+(/\S*)?$", url):
         raise err(key, f"not an https URL: {url!r}")
+
+
+PILOTS_SECTION = "pilots"
+PILOT_KEYS = ("disk_image", "node_python")
+
+
+@dataclass(frozen=True)
+class PilotSettings:
+    """``[pilots]``: the image pilot nodes boot (a URN; None: the CM's default) and the
+    command that runs the node agent there (``node_python``; None: ``python3``). The
+    emulator's own config names its pilot image."""
+
+    disk_image: str | None = None
+    node_python: str | None = None
+
+
+def load_pilot_settings(path: str | os.PathLike[str] | None) -> PilotSettings:
+    """The ``[pilots]`` section of the config at ``path`` (empty settings without one)."""
+    if path is None:
+        return PilotSettings()
+    cfg_path, parser = read_ini(path)
+    if not parser.has_section(PILOTS_SECTION):
+        return PilotSettings()
+    values = dict(parser.items(PILOTS_SECTION))
+    for key in values:
+        if key not in PILOT_KEYS:
+            raise ConfigError(f"unknown key in [{PILOTS_SECTION}] (known: "
+                              f"{', '.join(PILOT_KEYS)})", key=key, path=str(cfg_path))
+    image = values.get("disk_image") or None
+    if image is not None:
+        from elasticslice.rspec.rules import image_problem
+        problem = image_problem(image)
+        if problem:
+            raise ConfigError(problem, key="disk_image", path=str(cfg_path))
+    python = values.get("node_python") or None
+    if python is not None and any(c in python for c in "\n\r\0"):
+        raise ConfigError("one line, a command", key="node_python", path=str(cfg_path))
+    return PilotSettings(image, python)
 
 
 def key_is_encrypted(config: ClientConfig) -> bool:

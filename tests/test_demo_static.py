@@ -24,11 +24,11 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     d = tmp_path / "run"
     run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.1", cwd=tmp_path)
     # While Troy runs (step 4, two seconds of tasks) the nodes are still held: their
-    # sandboxes hold what the startup command wrote. The demo is frozen while we look.
+    # own folders hold what the startup command wrote. The demo is frozen while we look.
     wait_for(lambda: run.saw("[4/5]") or run.proc.poll() is not None, 60, what="step 4")
     os.kill(run.proc.pid, signal.SIGSTOP)
     try:
-        started = sorted(d.glob("nodes/*/started"))
+        started = sorted(d.glob("nodes/*/root/started"))
         contents = [p.read_text() for p in started]
         assert not run.saw("[5/5]")
     finally:
@@ -38,11 +38,11 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert "Traceback" not in out + err and err == ""
     for n in range(1, 6):
         assert f"[{n}/5] " in out
-    assert len(started) == 4 and {p.parent.name for p in started} == \
+    assert len(started) == 4 and {p.parent.parent.name for p in started} == \
         {"ms1001", "ms1002", "ms1003", "ms1004"}
     assert all(c.startswith("node-") and "cores=8" in c for c in contents)
     assert "SliverStatus: sliver ready     ready 2/2  startup done 2/2" in out
-    assert "node-0: exit 0; run/nodes/ms1001/started: node-0.elastic.elasticslice" in out
+    assert "node-0: exit 0; run/nodes/ms1001/root/started: node-0.elastic.elasticslice" in out
     table = [line.split() for line in out.splitlines() if line.strip().startswith("node-")
              and line.strip().endswith("ready")]
     assert [row[0] for row in table] == ["node-0", "node-1", "node-2", "node-3"]
@@ -59,7 +59,7 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert all(n["started"].startswith(n["hostname"]) for n in report["nodes"])
     assert [n["released_by"] for n in report["nodes"]] == \
         ["DeleteSlice", "DeleteSlice", "DeleteNodes", "DeleteNodes"]
-    assert not list(d.glob("nodes/*/started"))         # released nodes are wiped
+    assert not list(d.glob("nodes/*/root/started"))    # released nodes are wiped
     assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 

@@ -3,19 +3,61 @@ line in ``<ran>/<task>`` each time its work runs to the end (the node, the time)
 
 ``elasticslice run`` runs that file. Duplicate runs are then counted from what ran
 (:func:`completions`), not from what a process counted: a process SIGKILLed between a
-unit's end and its record does not make a rerun invisible.
+unit's end and its record does not make a rerun invisible. The tasks run on the emulator's
+nodes, which see none of this machine's files: each tells a :class:`Recorder` (plain HTTP
+on 127.0.0.1, in the chaos process) with ``curl``, and the recorder writes the line.
 """
 from __future__ import annotations
 
+import http.server
 import json
+import re
 import shlex
+import threading
 from pathlib import Path
 
+_RECORD = re.compile(r"^/ran/([\w.-]+)/([\w.-]*)/([\d.]+)$")
 
-def recording_workflow(trace: Path, out: Path, ran: Path, time_scale: float) -> int:
+
+class Recorder:
+    """``GET /ran/<task>/<node>/<time>`` appends ``<node> <time>`` to ``ran/<task>``."""
+
+    def __init__(self, ran: Path) -> None:
+        self.ran = ran
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                match = _RECORD.match(self.path)
+                if match and match.group(1) in (".", ".."):
+                    match = None
+                if match:
+                    task, node, when = match.groups()
+                    with lock, open(ran / task, "a", encoding="utf-8") as out:
+                        out.write(f"{node} {when}\n")
+                self.send_response(200 if match else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def recording_workflow(trace: Path, out: Path, ran: Path, time_scale: float,
+                       recorder: str) -> int:
     """Write to ``out`` the tasks and relations of ``trace`` (WfFormat, runtimes times
-    ``time_scale``), each a ``/bin/sh`` that sleeps its runtime, then appends its node
-    and the time to ``ran/<task>``; returns the number of tasks."""
+    ``time_scale``), each a ``/bin/sh`` that sleeps its runtime, then tells the recorder at
+    URL ``recorder`` its node (``geni-get client_id``) and the time (written to
+    ``ran/<task>``); returns the number of tasks."""
     from troy.workload.files import load_workload
     workload = load_workload(trace, time_scale=time_scale)
     ran.mkdir(parents=True, exist_ok=True)
@@ -23,11 +65,10 @@ def recording_workflow(trace: Path, out: Path, ran: Path, time_scale: float) -> 
     for uid, task in workload.tasks.items():
         d = task.description
         seconds = " ".join(shlex.quote(str(a)) for a in d.arguments)
-        record = shlex.quote(str(ran / uid))
-        line = '"$ELASTICSLICE_CLIENT_ID $(date +%s.%N)"'
+        record = f'"{recorder}/ran/{uid}/$(geni-get client_id)/$(date +%s.%N)"'
         tasks.append({"id": uid, "executable": "/bin/sh", "cores": d.cores,
                       "runtime": d.runtime,
-                      "arguments": ["-c", f"sleep {seconds} && echo {line} >> {record}"]})
+                      "arguments": ["-c", f"sleep {seconds} && curl -sf {record} >/dev/null"]})
     relations = [[r.head, r.tail] for r in workload.relations]
     out.write_text(json.dumps({"name": f"chaos: {trace.name}", "tasks": tasks,
                                "relations": relations}, indent=1) + "\n")

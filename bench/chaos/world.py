@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.chaos.schedule import Fault, Kind
-from bench.chaos.workflow import completions, recording_workflow
+from bench.chaos.workflow import Recorder, completions, recording_workflow
 from elasticslice.emulator import EmulatorServer
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.errors import ElasticSliceError
@@ -97,6 +97,7 @@ class World:
         self.report = directory / "report.json"
         self.tasks = 0
         self.emulator: EmulatorServer | None = None
+        self.recorder: Recorder | None = None  # where the tasks on the nodes say they ran
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self.incarnations = 0
@@ -112,7 +113,9 @@ class World:
         self.emulator = EmulatorServer(self.emu_dir, port=0, seed=self.seed, **EMULATOR)
         self.emulator.start()
         self.port = self.emulator.port
-        self.tasks = recording_workflow(self.trace, self.workflow, self.ran, self.time_scale)
+        self.recorder = Recorder(self.ran)
+        self.tasks = recording_workflow(self.trace, self.workflow, self.ran, self.time_scale,
+                                        self.recorder.url)
         self._deadline = time.monotonic() + self.timeout
         with self._lock:
             self._launch()
@@ -201,6 +204,9 @@ class World:
                 self._count_faulted()
                 self.emulator.stop()
                 self.emulator = None
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
 
     @property
     def db(self) -> Path:

@@ -20,6 +20,8 @@ from elasticslice.emulator.admin import reclamation_report
 from elasticslice.emulator.daemon import (DEFAULT_LOG, STOP_TIMEOUT, start_background,
                                           stop_emulator)
 from elasticslice.emulator.pressure import Pressure, parse_items
+from elasticslice.emulator.images import Images
+from elasticslice.emulator.pace import PROFILES
 from elasticslice.emulator.server import access
 from elasticslice.emulator.setup import (DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER,
                                          issue_user, load_config)
@@ -45,7 +47,8 @@ def emulator() -> None:
       elasticslice emulator stop  --dir ~/emu
 
     Admin commands (revoke, load, status) reach the server running on the same --dir;
-    report reads its state and works offline too.
+    report reads its state and works offline too. Nodes are machines booted from an image
+    (image add makes custom ones); serve --latency cloudlab keeps CloudLab's pace.
     """
 
 
@@ -106,6 +109,12 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
 @click.option("--busy", "busy", multiple=True, metavar="METHOD=FRACTION",
               help="That share of METHOD's calls answer BUSY at once (e.g. AddNodes=0.5). "
                    "Repeatable.")
+@click.option("--latency", type=click.Choice(PROFILES), default="none", show_default=True,
+              help="cloudlab: CreateSliver and AddNodes take 10-40 s, DeleteNodes 5-10 s, "
+                   "boots 3-8 min (estimates, docs/emulator.md), times --time-scale.")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Multiply the --latency cloudlab figures by this "
+                                      "(0.01: minutes become seconds).")
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Log there (appended), one line per request too, instead of on stderr. "
                    f"With --background the default is DIR/{DEFAULT_LOG}.")
@@ -117,6 +126,7 @@ def serve_cmd(ctx: click.Context, directory: Path, port: int | None, host: str |
               inventory: str | None, boot_delay: float, notify_interval: float, max_wait: int,
               fault_rate: float, seed: int | None, tenant_load: float, tenant_interval: float,
               allow_remote_endpoints: bool, slow: tuple[str, ...], busy: tuple[str, ...],
+              latency: str, time_scale: float,
               log_file: Path | None, background: bool) -> None:
     """Serve SA, CM v2, the dynamic-slice server and admin calls until Ctrl-C or SIGTERM
     (or, with --background, until `emulator stop`).
@@ -135,7 +145,8 @@ def serve_cmd(ctx: click.Context, directory: Path, port: int | None, host: str |
         _serve(directory, port=port, host=host, inventory=inventory, boot_delay=boot_delay,
                notify_interval=notify_interval, max_wait=max_wait, fault_rate=fault_rate,
                seed=seed, tenant_load=tenant_load, tenant_interval=tenant_interval,
-               allow_remote_endpoints=allow_remote_endpoints, **pressure)
+               allow_remote_endpoints=allow_remote_endpoints, latency=latency,
+               time_scale=time_scale, **pressure)
 
 
 def _debug(ctx: click.Context) -> bool:
@@ -252,6 +263,37 @@ def add_user_cmd(directory: Path, uid: str) -> None:
     click.echo(f"user {files.urn}")
     click.echo(f"certificate and key: {files.pem} (passphrase in {files.password})")
     click.echo(f"client config: {files.config}")
+
+
+@emulator.group("image")
+def image_group() -> None:
+    """Disk images nodes boot from: the stock image (the host's system, read-only) and
+    custom images laid over it (docs/emulator.md, "The node image")."""
+
+
+@image_group.command("add")
+@DIR_OPTION
+@click.argument("name")
+@click.argument("source", type=click.Path(file_okay=False, exists=True, path_type=Path))
+def image_add_cmd(directory: Path, name: str, source: Path) -> None:
+    """Copy folder SOURCE into DIR as custom image NAME, laid over the stock image.
+
+    Nodes whose disk_image is its URN (printed) boot from it; no other node sees its files.
+    SOURCE holds the files as they are on the node (usr/local/..., opt/..., root/...).
+    Works whether or not the server runs (it reads the images at each boot)."""
+    cfg = load_config(directory)
+    urn = Images(directory.resolve(), cfg.identity, cfg.project).add(name, source)
+    click.echo(f"image {name}: {urn}")
+
+
+@image_group.command("list")
+@DIR_OPTION
+def image_list_cmd(directory: Path) -> None:
+    """The custom images of DIR and their URNs."""
+    cfg = load_config(directory)
+    images = Images(directory.resolve(), cfg.identity, cfg.project)
+    for name in images.names():
+        click.echo(f"{name:24} {images.urn(name)}")
 
 
 @emulator.command("revoke")

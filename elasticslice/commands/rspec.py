@@ -16,6 +16,7 @@ from elasticslice.rspec import (
     DEFAULT_MAX_BYTES, LinkSpec, NodeSpec, RSpec, RSpecType, build_request, parse, validate,
 )
 from elasticslice.rspec.rules import image_problem
+from elasticslice.rspec.tarball import tarball_problem
 
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
@@ -55,12 +56,12 @@ def _split_tarball(value: str) -> tuple[str, str]:
     """``URL[:PATH]``: the path is what follows the last ':' if that is absolute and what
     precedes it is still a URL (so ``https://host:8080/a.tgz`` keeps its port)."""
     head, sep, tail = value.rpartition(":")
-    if sep and tail.startswith("/") and "://" in head:
-        return head, tail
-    if "://" not in value:
-        raise click.UsageError(f"--tarball {value!r}: not a URL (want https://..., http://... "
-                               "or file://..., optionally followed by :PATH)")
-    return value, "/"
+    url, path = (head, tail) if sep and tail.startswith("/") and "://" in head else (value, "/")
+    problem = tarball_problem(url) if "://" in url else \
+        "not a URL (want http(s)://.../NAME.tar.gz, optionally followed by :PATH)"
+    if problem:
+        raise click.UsageError(f"--tarball {value!r}: {problem}")
+    return url, path
 
 
 @click.group("rspec")
@@ -89,7 +90,9 @@ def rspec_group() -> None:
 @click.option("--shell", default="sh", show_default=True, metavar="SH",
               help="Shell for --startup.")
 @click.option("--tarball", "tarballs", multiple=True, metavar="URL[:PATH]",
-              help="Tarball to unpack on every node at PATH (default /). Repeatable.")
+              help="Tarball URL to unpack on every node at PATH (default /); CloudLab "
+                   "fetches http(s)/ftp URLs ending .tar.gz, .tgz, .tar... (no file://, "
+                   "no query string). Repeatable.")
 @click.option("--routable-ip", is_flag=True, default=False,
               help="Ask for a publicly routable control IP on every node.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,

@@ -2,7 +2,7 @@
 client and Troy, for real and in one process tree.
 
 Five steps: start the emulator (TLS, its own CA) in a fresh directory; register a slice and
-create a sliver of nodes whose startup command really runs in each node's sandbox; grow the
+create a sliver of nodes whose startup command really runs on each node's machine; grow the
 sliver with AddNodes; run a WfCommons workflow with Troy on one pilot per acquired node,
 sized to the node's cores; give every node back and stop. ``Demo(options, output).run()``
 returns a ``DemoResult`` and writes ``report.json``; ``close()`` stops whatever is still
@@ -33,10 +33,10 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_WORKFLOW = REPO / "examples" / "workflows" / "montage-chameleon-2mass-005d-001.json"
 STEPS = 5
-# What each node runs at boot: it writes its name and cores into its sandbox (on CloudLab,
-# $ELASTICSLICE_* are unset and `hostname`/`nproc` answer).
-STARTUP = ('printf "%s cores=%s\\n" "${ELASTICSLICE_HOSTNAME:-$(hostname)}" '
-           '"${ELASTICSLICE_CORES:-$(nproc)}" > started; nproc')
+# What each node runs at boot: it writes its name and cores into its own /started (the box's
+# nodes say their emulated cores in $ELASTICSLICE_CORES; on CloudLab `nproc` answers).
+STARTUP = ('printf "%s cores=%s\\n" "$(hostname)" "${ELASTICSLICE_CORES:-$(nproc)}" '
+           '> /started; nproc')
 POLL = 0.2
 
 
@@ -138,7 +138,8 @@ class Demo:
         self.result.url = self.emu.url
         assert self.emu.ctx is not None
         inv = self.emu.ctx.inventory
-        self.c.detail("directory", f"{rel(self.dir)}/  (node sandboxes in nodes/<node>/)")
+        self.c.detail("directory", f"{rel(self.dir)}/  (each node's own / in "
+                                   f"nodes/<node>/root/)")
         self.c.detail("URL", f"{self.emu.url}  (/sa, /cm, /dynslice)")
         self.c.detail("client config", rel(self.emu.config_path))
         self.c.detail("inventory", ", ".join(f"{t.count} {t.name} ({t.cores} cores)"
@@ -235,10 +236,11 @@ class Demo:
                             f"{ns.execute_status} (see {rel(log_path)})")
 
     def show_startup(self, client_ids: list[str]) -> None:
-        """Show that the startup command really ran: the file it wrote in the sandbox."""
+        """Show that the startup command really ran: the file it wrote on its node (its
+        ``/started``, in the node's root folder on this machine)."""
         for cid in client_ids:
             x = self.node(cid)
-            path = self.dir / "nodes" / x.node_id / "started"
+            path = self.dir / "nodes" / x.node_id / "root" / "started"
             try:
                 x.started = path.read_text(encoding="utf-8").strip()
             except OSError as err:

@@ -24,6 +24,7 @@ from elasticslice.emulator.context import Context, Settings
 from elasticslice.emulator.dispatch import EmulatorDispatcher
 from elasticslice.emulator.dynamic import DynamicSliceService, Reclaimer
 from elasticslice.emulator.faults import FaultInjector
+from elasticslice.emulator.pace import Latency
 from elasticslice.emulator.pool import load_inventory, sync_nodes
 from elasticslice.emulator.pressure import Pressure
 from elasticslice.emulator.sa import SliceAuthority
@@ -32,6 +33,7 @@ from elasticslice.emulator.setup import (EmulatorConfig, base_url, load_config, 
                                          write_atomic, write_client_conf)
 from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import Store
+from elasticslice.emulator.tmcd import NodeConfigServer
 from elasticslice.errors import ConfigError, ElasticSliceError
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,8 @@ class EmulatorServer:
                  allow_remote_endpoints: bool = False, slow_seconds: float = 1.0,
                  boot_failure_rate: float | None = None,
                  slow: Mapping[str, float] | None = None,
-                 busy: Mapping[str, float] | None = None) -> None:
+                 busy: Mapping[str, float] | None = None, latency: str = "none",
+                 time_scale: float = 1.0) -> None:
         self.directory = Path(directory).resolve()
         self._port = port
         self._host = host
@@ -55,7 +58,8 @@ class EmulatorServer:
         self.settings = Settings(boot_delay=boot_delay, notify_interval=notify_interval,
                                  max_wait=max_wait, tenant_load=tenant_load,
                                  tenant_interval=tenant_interval,
-                                 allow_remote_endpoints=allow_remote_endpoints)
+                                 allow_remote_endpoints=allow_remote_endpoints,
+                                 latency=Latency(latency, time_scale, seed))
         try:
             self.faults = FaultInjector(fault_rate, seed, slow_seconds=slow_seconds,
                                         boot_rate=boot_failure_rate)
@@ -67,6 +71,7 @@ class EmulatorServer:
         self.reclaimer: Reclaimer | None = None
         self.slivers: SliverOps | None = None
         self._tls: TLSServer | None = None
+        self._tmcd: NodeConfigServer | None = None
         self._lock_fd: int | None = None
         self.host = host or "127.0.0.1"
 
@@ -111,7 +116,7 @@ class EmulatorServer:
             services = [SliceAuthority(ctx), ComponentManager(ctx, slivers),
                         DynamicSliceService(ctx, self.reclaimer), AdminService(ctx, self.reclaimer)]
             dispatcher = EmulatorDispatcher(services, self.faults, identity.admin_urn,
-                                            self.pressure)
+                                            self.pressure, self.settings.latency)
             tls_ctx = server_context(str(self.directory / "server.pem"),
                                      str(self.directory / "server-key.pem"),
                                      str(self.directory / "ca.pem"))
@@ -125,13 +130,17 @@ class EmulatorServer:
             store.close()
             raise
         self.ctx = ctx
+        self._tmcd = NodeConfigServer(ctx).start()  # geni-get's server, before nodes boot
+        ctx.node_config_url = self._tmcd.url
+        ctx.url = base_url(self.host, self._tls.port)
         ctx.boot.start()
         slivers.reaper.sweep()
         self._tls.start()
         self.reclaimer.start()
         write_client_conf(self.directory, self.host, self.port)
         write_atomic(self.directory / "server.json", json.dumps(
-            {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid()}) + "\n")
+            {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid(),
+             "node_config_url": ctx.node_config_url}) + "\n")
         log.info("emulator serving %s (state %s)", self.url, store.path)
 
     def stop(self) -> None:
@@ -146,6 +155,9 @@ class EmulatorServer:
                 self.slivers.reaper.stop()  # teardowns still running finish first
             if self.ctx.boot is not None:
                 self.ctx.boot.stop()
+            if self._tmcd is not None:
+                self._tmcd.stop()
+                self._tmcd = None
             self.ctx.store.close()
             self.ctx = None
         if self._lock_fd is not None:

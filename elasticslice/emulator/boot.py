@@ -1,98 +1,62 @@
 """Booting nodes and the execute service.
 
-A node given to a slice is ``notready``; after 30% of the boot delay it is ``changing``;
-then its sandbox ``D/nodes/<node>/`` gets the install tarballs unpacked and the node is
-``ready`` (or ``failed`` when a tarball cannot be installed or fault injection says so);
-then its startup commands run there, with the node's identity as their whole environment,
-as a separate machine (:mod:`elasticslice.emulator.isolate`: own PID and mount namespaces,
-the emulator directory out of sight) or, where Linux does not allow that, in their own
+A node given to a slice is ``notready``; after 30% of its boot time it is ``changing``;
+then its disk is imaged (:mod:`elasticslice.emulator.nodefs`: a fresh root, the custom
+image's files for it), its install tarballs are unpacked from the CM's kept copies
+(:mod:`elasticslice.emulator.tarfiles`) and the node is ``ready`` (or ``failed`` when a
+tarball cannot be installed, its image cannot be used, or fault injection says so); then its
+startup commands run, as a separate machine booted from its image
+(:mod:`elasticslice.emulator.isolate`) or, where Linux does not allow that, in their own
 process group. Their exit status is the node's ``execute_status``. Deleting a node kills
-every process it started and wipes the sandbox (CloudLab reimages a node it takes back).
+every process it started and wipes its folder (CloudLab reimages a node it takes back).
 """
 from __future__ import annotations
 
 import heapq
-import re
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
-import tarfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
-from elasticslice.emulator import isolate, orphans
+from elasticslice.emulator import geniget, isolate, nodefs, orphans
 from elasticslice.emulator.context import Context
+from elasticslice.emulator.images import STOCK_DIRS, Image, Images
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
+from elasticslice.emulator.tarfiles import TarfileStore
 from elasticslice.errors import ElasticSliceError
 
 log = logging.getLogger(__name__)
 
 SHELLS = {"sh": "/bin/sh", "bash": "/bin/bash"}
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 CHANGING_AT = 0.3
+NOT_LOCALISED = {*STOCK_DIRS, "tmp", "proc", "dev", "sys"}
 
 
-class InstallError(ElasticSliceError):
-    """A tarball could not be fetched or unpacked into a node's sandbox."""
-
-
-def fetch_tarball(url: str, dest: Path) -> Path:
-    """Download (file:// or loopback http(s)) ``url`` into ``dest``; refuse anything else."""
-    parts = urllib.parse.urlparse(url)
-    if parts.scheme == "file":
-        return Path(urllib.parse.unquote(parts.path))
-    if parts.scheme in ("http", "https") and parts.hostname in LOOPBACK_HOSTS:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            with opener.open(url, timeout=30) as resp, open(dest, "wb") as out:
-                shutil.copyfileobj(resp, out)
-        except OSError as err:
-            raise InstallError(f"cannot fetch {url}: {err}") from err
-        return dest
-    raise InstallError(f"refusing tarball URL {url}: only file:// and loopback http(s)")
-
-
-def install_tarball(url: str, path: str, sandbox: Path) -> None:
-    """Unpack the tarball at ``url`` into ``sandbox``/``path`` (path taken inside the sandbox)."""
-    target = (sandbox / path.lstrip("/")).resolve()
-    if not target.is_relative_to(sandbox.resolve()):
-        raise InstallError(f"install path {path} leaves the node sandbox")
-    target.mkdir(parents=True, exist_ok=True)
-    source = fetch_tarball(url, sandbox / ".download.tar")
-    try:
-        with tarfile.open(source) as tar:
-            tar.extractall(target, filter="data")
-    except (OSError, tarfile.TarError) as err:
-        raise InstallError(f"cannot unpack {url}: {err}") from err
-    finally:
-        (sandbox / ".download.tar").unlink(missing_ok=True)
-
-
-def localise(command: str, tarballs: list[list[str]], sandbox: Path) -> str:
-    """Point a command's absolute install paths (``/local/...``) into the node sandbox.
-
-    Commands run in the sandbox, and a tarball installed at ``/local`` lives in
-    ``<sandbox>/local``; CloudLab profiles name such paths absolutely, so they are rewritten.
-    """
-    for _, path in tarballs:
-        clean = "/" + path.strip("/")
-        if clean == "/":
+def localise(command: str, names: list[str], root: Path) -> str:
+    """Without namespaces only: point a command's absolute paths into the node's own tree
+    (``/local/...`` -> ``<root>/local/...``) for the top-level ``names`` the node has."""
+    for name in names:
+        clean = "/" + name.strip("/")
+        if clean == "/" or name in NOT_LOCALISED:
             continue
         pattern = r"(?<![\w./-])" + re.escape(clean) + r"(?=/|\s|$|;|&|\|)"
-        command = re.sub(pattern, lambda _m: str(sandbox) + clean, command)
+        command = re.sub(pattern, lambda _m: str(root) + clean, command)
     return command
 
 
-def node_environment(ctx: Context, node: NodeRow, sandbox: Path) -> dict[str, str]:
-    """The whole environment of a node's startup commands (nothing of the emulator's)."""
-    return {
+def node_environment(ctx: Context, node: NodeRow, node_dir: nodefs.NodeDir,
+                     image: Image | None, isolated: bool = True) -> dict[str, str]:
+    """The whole environment of a node's startup commands (nothing of the emulator's).
+    The ``ELASTICSLICE_*`` variables are an extension of the box: CloudLab nodes have
+    ``geni-get``."""
+    env = {
         "PATH": isolate.NODE_PATH,
-        "HOME": str(sandbox),
+        "HOME": "/root",
         "LANG": "C.UTF-8",
         "ELASTICSLICE_NODE_ID": node.node_id,
         "ELASTICSLICE_CLIENT_ID": node.client_id,
@@ -103,8 +67,19 @@ def node_environment(ctx: Context, node: NodeRow, sandbox: Path) -> dict[str, st
         "ELASTICSLICE_HARDWARE_TYPE": node.hardware_type,
         "ELASTICSLICE_SLICE_URN": node.slice_urn,
         "ELASTICSLICE_SLIVER_URN": node.sliver_urn,
-        "ELASTICSLICE_NODE_DIR": str(sandbox),
+        "ELASTICSLICE_NODE_DIR": str(node_dir.path),
     }
+    if not isolated:  # the fallback: the layers only through the environment
+        env["HOME"] = str(node_dir.root / "root")
+        tops = [node_dir.layer, ctx.directory / "box", image.root if image else None]
+        paths = [str(t / sub) for t in tops if t is not None
+                 for sub in ("usr/local/bin", "usr/bin") if (t / sub).is_dir()]
+        env["PATH"] = os.pathsep.join([*paths, isolate.NODE_PATH])
+        sites = [str(p) for t in tops if t is not None
+                 for p in sorted(t.glob("usr/local/lib/python3*/dist-packages"))]
+        if sites:
+            env["PYTHONPATH"] = os.pathsep.join(sites)
+    return env
 
 
 class BootRunner:
@@ -120,6 +95,9 @@ class BootRunner:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._isolation: isolate.Choice | None = None
+        self.images = Images(ctx.directory, ctx.identity, ctx.config.project)
+        self.tarfiles = TarfileStore(ctx.directory)
+        self.box = ctx.directory / "box"
 
     def isolation(self) -> isolate.Choice:
         """How nodes are isolated (decided once, at start)."""
@@ -130,6 +108,7 @@ class BootRunner:
     # ---- life cycle
     def start(self) -> None:
         orphans.reap(self.ctx.directory / "nodes")  # before startup commands run again
+        geniget.install_client(self.box)
         isolate.announce(self.isolation())
         for node in self.ctx.store.nodes(holder=Holder.SLICE):
             if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
@@ -151,9 +130,14 @@ class BootRunner:
         for node_id in node_ids:
             self.kill(node_id)
 
+    def boot_seconds(self, node: NodeRow) -> float:
+        """How long the node takes to boot (drawn at allocation under a latency profile)."""
+        value = node.attrs.get("boot_seconds")
+        return float(value) if isinstance(value, (int, float)) else self.ctx.settings.boot_delay
+
     def schedule(self, node: NodeRow) -> None:
-        """Queue the node's next boot step (from its current state and the boot delay)."""
-        delay = self.ctx.settings.boot_delay
+        """Queue the node's next boot step (from its current state and its boot time)."""
+        delay = self.boot_seconds(node)
         fraction = 1.0 if node.boot_state is BootState.CHANGING else CHANGING_AT
         entry = (node.boot_started + delay * fraction, node.node_id, node.sliver_urn,
                  node.boot_state.value)
@@ -202,17 +186,22 @@ class BootRunner:
         threading.Thread(target=self._finish_boot, args=(node,), daemon=True,
                          name=f"boot-{node.node_id}").start()
 
+    def _fail(self, node: NodeRow, error: str) -> None:
+        log.warning("node %s: %s", node.node_id, error)
+        self.ctx.store.update_node(node.node_id, node.sliver_urn, boot_state=BootState.FAILED,
+                                   attrs={**node.attrs, "error": error})
+
     def _finish_boot(self, node: NodeRow) -> None:
-        sandbox = self.ctx.node_dir(node.node_id)
-        sandbox.mkdir(parents=True, exist_ok=True)
+        """Image the node's disk, install its tarballs: ready (or failed)."""
+        node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
         try:
+            image = self.images.resolve(node.disk_image)
+            nodefs.prepare(node_dir, image)
             for url, path in node.tarballs:
-                install_tarball(url, path, sandbox)
-        except InstallError as err:
-            log.warning("node %s: %s", node.node_id, err)
-            self.ctx.store.update_node(node.node_id, node.sliver_urn,
-                                       boot_state=BootState.FAILED,
-                                       attrs={**node.attrs, "error": str(err)})
+                nodefs.install(self.tarfiles.kept(node.slice_urn, url), url, path, node_dir)
+            nodefs.settle(node_dir)
+        except (ElasticSliceError, OSError) as err:
+            self._fail(node, str(err))
             return
         executes = node.attrs.get("executes") or []
         if not self.ctx.store.update_node(
@@ -235,13 +224,16 @@ class BootRunner:
         return current is not None and current.sliver_urn == node.sliver_urn
 
     def _run_startup(self, node: NodeRow) -> None:
-        sandbox = self.ctx.node_dir(node.node_id)
-        sandbox.mkdir(parents=True, exist_ok=True)
-        commands = [[SHELLS.get(shell, "/bin/sh"), localise(command, node.tarballs, sandbox)]
+        node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
+        isolated = self.isolation().isolation is isolate.Isolation.NAMESPACES
+        names = [] if isolated or not node_dir.root.is_dir() else \
+            [entry.name for entry in node_dir.root.iterdir()]
+        commands = [[SHELLS.get(shell, "/bin/sh"),
+                     command if isolated else localise(command, names, node_dir.root)]
                     for shell, command in node.attrs.get("executes") or []]
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.RUNNING, execute_status=None)
-        proc, statuses = self._spawn(node, sandbox, commands)
+        proc, statuses = self._spawn(node, node_dir, commands)
         if proc is None:
             status = 127
         else:
@@ -262,17 +254,35 @@ class BootRunner:
                 if self._procs.get(node.node_id) is proc:
                     del self._procs[node.node_id]
 
-    def _spawn(self, node: NodeRow, sandbox: Path, commands: list[list[str]]
+    def _machine(self, node: NodeRow, node_dir: nodefs.NodeDir
+                 ) -> tuple[dict, dict[str, str]]:
+        """What the node's init builds, and the startup commands' environment."""
+        image = self.images.resolve(node.disk_image)
+        node_dir.root.mkdir(parents=True, exist_ok=True)
+        node_dir.geni.mkdir(exist_ok=True)
+        geniget.write_node_config(node_dir.geni, self.ctx.node_config_url,
+                                  str(node.attrs.get("geni_key", "")))
+        host = nodefs.hostname(str(node.attrs.get("hostname", "")), node.client_id)
+        machine = nodefs.machine_spec(node_dir, image, self.box, host,
+                                      hide=[str(self.ctx.directory.resolve())])
+        isolated = self.isolation().isolation is isolate.Isolation.NAMESPACES
+        return machine, node_environment(self.ctx, node, node_dir, image, isolated)
+
+    def _spawn(self, node: NodeRow, node_dir: nodefs.NodeDir, commands: list[list[str]]
                ) -> tuple[subprocess.Popen[bytes] | None, int]:
         """Start the node's first process; it and the read end of its status pipe."""
         isolation = self.isolation().isolation
+        try:
+            machine, env = self._machine(node, node_dir)
+        except (ElasticSliceError, OSError) as err:
+            log.warning("node %s: cannot boot its machine: %s", node.node_id, err)
+            return None, -1
         read, write = os.pipe()
         try:
-            with open(sandbox / "startup.log", "ab") as logfile:
+            with open(node_dir.log, "ab") as logfile:
                 proc = subprocess.Popen(
-                    isolate.node_command(isolation, self.ctx.directory.resolve(),
-                                         sandbox.resolve(), commands, write),
-                    cwd=sandbox, env=node_environment(self.ctx, node, sandbox),
+                    isolate.node_command(isolation, machine, commands, write),
+                    cwd=node_dir.root, env=env,
                     stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
                     start_new_session=True, pass_fds=(write,))
         except OSError as err:
@@ -281,7 +291,7 @@ class BootRunner:
             return None, -1
         finally:
             os.close(write)
-        orphans.record(sandbox, proc.pid)
+        orphans.record(node_dir.path, proc.pid)
         with self._procs_lock:
             self._procs[node.node_id] = proc
             self._groups.setdefault(node.node_id, set()).add(proc.pid)

@@ -220,6 +220,12 @@ class ComponentManager(Service):
             specs = nodespecs_from_add_args(require(call.params, "nodes", dict))
         except RSpecError as err:
             raise GeniFault(GeniCode.BADARGS, str(err)) from err
+        for spec in specs:
+            for _, path in spec.installs:
+                if path != "/":  # CloudLab's AddNodes takes URL strings, installed at /
+                    log.warning("AddNodes %s: a [url, %s] tarball pair is an emulator "
+                                "extension: CloudLab's CM installs AddNodes tarballs at /",
+                                spec.client_id, path)
         change = self.slivers.add(sliver, specs)
         return mf.manifest(self.ctx, change.sliver, change.nodes)
 

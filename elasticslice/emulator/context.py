@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from elasticslice.emulator.authority import Authority, Identity
 from elasticslice.emulator.faults import FaultInjector
+from elasticslice.emulator.pace import Latency
 from elasticslice.emulator.pool import Inventory
 from elasticslice.emulator.setup import EmulatorConfig
 from elasticslice.emulator.store import Store
@@ -31,6 +32,7 @@ class Settings:
     tenant_interval: float = 5.0
     callback_timeout: float = 10.0
     values_timeout: float = 2.0  # a SetResourceValues push to a client endpoint
+    latency: Latency = field(default_factory=Latency)  # serve --latency / --time-scale
 
 
 @dataclass
@@ -44,6 +46,8 @@ class Context:
     settings: Settings
     faults: FaultInjector
     boot: BootRunner | None = None
+    node_config_url: str = ""  # the node configuration server geni-get asks (tmcd.py)
+    url: str = ""  # the XML-RPC base URL, once the server listens
     # serialises CM/SA decisions that read and then change the pool
     lock: threading.RLock = field(default_factory=threading.RLock)
     wakeup: threading.Event = field(default_factory=threading.Event)

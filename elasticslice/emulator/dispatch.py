@@ -26,6 +26,7 @@ from elasticslice.emulator.bounds import Body, BodyError
 from elasticslice.emulator.faults import Fault, FaultInjector
 from elasticslice.emulator.geni import GeniFault, response
 from elasticslice.emulator.pressure import Pressure
+from elasticslice.emulator.pace import Latency
 from elasticslice.emulator.server import Peer
 from elasticslice.rpc.codes import (FAULT_CERT_OR_MODULE, FAULT_NO_SUCH_METHOD, FAULT_PARSE,
                                     FAULT_SERVER_EXCEPTION, GeniCode)
@@ -123,11 +124,13 @@ class EmulatorDispatcher:
     """Routes calls to services; checks identity; applies fault injection; logs each call."""
 
     def __init__(self, services: list[Service], faults: FaultInjector, admin_urn: str,
-                 pressure: Pressure | None = None) -> None:
+                 pressure: Pressure | None = None,
+                 latency: Latency | None = None) -> None:
         self.services = {s.module: s for s in services}
         self.faults = faults
         self.pressure = pressure or Pressure()
         self.admin_urn = admin_urn
+        self.latency = latency  # serve --latency: CloudLab's pace (pace.py)
         self.calls = 0
 
     def dispatch(self, path: str, body: Body, peer: Peer) -> tuple[int, bytes]:
@@ -161,6 +164,8 @@ class EmulatorDispatcher:
                 time.sleep(self.faults.slow_seconds)
             if self.pressure.apply(module, method):  # --busy answers at once, --slow waits
                 return 200, self._reply(response(0, GeniCode.BUSY, "Server is busy; try again"))
+        if self.latency is not None and module == "cm":
+            self.latency.pause(method)
         try:
             params = self._params(service, method, args)
         except GeniFault as err:

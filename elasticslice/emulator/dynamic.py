@@ -1,14 +1,15 @@
-"""Dynamic ("elastic") slices: the server the client registers with, and node reclamation.
+"""Dynamic ("elastic") slices: node reclamation (the server the client registers with,
+``/protogeni/xmlrpc/dynslice``, is :mod:`elasticslice.emulator.dynslice`, re-exported here).
 
-``/protogeni/xmlrpc/dynslice`` serves GetVersion, GetServerDefaults, SetSliceClientEndpoint,
-RemoveSliceClientEndpoint, and SetResourceValues as an emulator extension (the client states
-its own node values for the ``CLIENT`` policy, missing = 1.0; CloudLab documents no such
-call). When other tenants want nodes (the load model, ``emulator load``) or the admin
+When other tenants want nodes (the load model, ``emulator load``) or the admin
 revokes some, the ``Reclaimer`` picks the next nodes in its ranking of the nodes of slices
 with an endpoint (``LIFO``: newest first; ``CLIENT``: lowest client value first), calls the
 client's NotifyDeletePending every notify interval with max_wait_time counting down, takes
-nodes at once when the client answers them with max_wait_time 0, deletes the rest when the
-wait is over, and then calls NotifyDeleteComplete.
+nodes at once when the client's answer gives them max_wait_time 0 before their deadline
+(early), deletes the rest at the deadline whatever callback is still in flight (forced),
+and then calls NotifyDeleteComplete. A node the client gives back itself (DeleteNodes) is
+early when that arrives before the deadline, forced after. Callbacks run on worker threads:
+a slow client never holds the countdown of the others, nor its own deadline.
 
 Values go the other way too, as on CloudLab: the emulator calls the client endpoint's
 ``SetResourceValues`` with what each node of the slice is worth (``values.py``, from the same
@@ -17,18 +18,18 @@ and before the first NotifyDeletePending of a reclamation.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import random
 import threading
-import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from elasticslice.emulator.callbacks import CallbackClient
 from elasticslice.emulator.context import Context
-from elasticslice.emulator.dispatch import Call, Service
-from elasticslice.emulator.geni import GeniFault, optional, require
+from elasticslice.emulator.dynslice import (DYNSLICE_VERSION, MAX_URL, POLICIES,  # noqa: F401
+                                            DynamicSliceService)
+from elasticslice.emulator.geni import GeniFault
 from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import EndpointRow, Holder, NodeRow, ReclaimRow
 from elasticslice.emulator.tenants import Tenants
@@ -37,109 +38,7 @@ from elasticslice.rpc.codes import GeniCode
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("LIFO", "CLIENT")
-DYNSLICE_VERSION = 1
-MAX_URL = 2048
-
-
-def _loopback(host: str | None) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:
-        return False
-
-
-class DynamicSliceService(Service):
-    module = "dynslice"
-    METHODS = frozenset({"GetVersion", "GetServerDefaults", "SetSliceClientEndpoint",
-                         "RemoveSliceClientEndpoint", "SetResourceValues"})
-    POSITIONAL = {
-        "SetSliceClientEndpoint": ("slice_urn", "url", "credentials", "policy", "defwaittime"),
-        "RemoveSliceClientEndpoint": ("slice_urn", "credentials"),
-        "SetResourceValues": ("slice_urn", "credentials", "nodelist"),
-    }
-
-    def __init__(self, ctx: Context, reclaimer: Reclaimer) -> None:
-        self.ctx = ctx
-        self.reclaimer = reclaimer
-
-    def _authorise(self, call: Call) -> str:
-        slice_urn = require(call.params, "slice_urn")
-        credentials = require(call.params, "credentials", (list, str))
-        sliver = self.ctx.store.get_sliver(slice_urn)
-        targets = {slice_urn} | ({sliver.sliver_urn} if sliver else set())
-        self.ctx.authority.pick(credentials, call.caller, targets)
-        if self.ctx.store.get_slice(slice_urn) is None:
-            raise GeniFault(GeniCode.SEARCHFAILED, f"No such slice: {slice_urn}")
-        return slice_urn
-
-    def GetVersion(self, call: Call) -> Any:  # noqa: N802
-        return DYNSLICE_VERSION
-
-    def GetServerDefaults(self, call: Call) -> Any:  # noqa: N802
-        return {"maxwaittime": int(self.ctx.settings.max_wait), "policy": "LIFO"}
-
-    def SetSliceClientEndpoint(self, call: Call) -> Any:  # noqa: N802
-        slice_urn = self._authorise(call)
-        url = require(call.params, "url")
-        if len(url) > MAX_URL:
-            raise GeniFault(GeniCode.BADARGS, f"Endpoint url longer than {MAX_URL} characters")
-        parts = urllib.parse.urlparse(url)
-        if parts.scheme != "https" or not parts.hostname:
-            raise GeniFault(GeniCode.BADARGS, f"Endpoint url must be https://host:port/...: {url}")
-        if not _loopback(parts.hostname) and not self.ctx.settings.allow_remote_endpoints:
-            raise GeniFault(GeniCode.BADARGS, "This emulator only calls endpoints on "
-                                              f"127.0.0.1 (got {parts.hostname})")
-        policy = str(optional(call.params, "policy", str, "LIFO")).upper()
-        if policy not in POLICIES:
-            raise GeniFault(GeniCode.BADARGS, f"Unknown policy {policy} (LIFO or CLIENT)")
-        wait = optional(call.params, "defwaittime", int, 0)
-        if wait < 0:
-            raise GeniFault(GeniCode.BADARGS, f"defwaittime must be 0 (the server's maximum) "
-                                              f"or more: {wait}")
-        if wait > self.ctx.settings.max_wait:
-            raise GeniFault(GeniCode.BADARGS, f"defwaittime {wait} is more than the server's "
-                                              f"maxwaittime {self.ctx.settings.max_wait}")
-        self.ctx.store.put_endpoint(EndpointRow(slice_urn, url, policy, wait,
-                                                call.caller))
-        log.info("slice %s: client endpoint %s, policy %s", slice_urn, url, policy)
-        self.reclaimer.values.mark(slice_urn)
-        return 1
-
-    def RemoveSliceClientEndpoint(self, call: Call) -> Any:  # noqa: N802
-        slice_urn = self._authorise(call)
-        if self.ctx.store.get_endpoint(slice_urn) is None:
-            raise GeniFault(GeniCode.SEARCHFAILED, f"No endpoint for {slice_urn}")
-        self.ctx.store.delete_endpoint(slice_urn)
-        return 1
-
-    def SetResourceValues(self, call: Call) -> Any:  # noqa: N802
-        """Emulator extension, client -> server: the client's own node values, which only
-        the CLIENT policy uses. (On CloudLab, SetResourceValues is a call the server makes
-        to the client's endpoint: see ``values.py``.)"""
-        slice_urn = self._authorise(call)
-        nodelist = require(call.params, "nodelist", list)
-        nodes = {n.node_id: n for n in self.ctx.store.nodes(slice_urn=slice_urn)}
-        by_client = {n.client_id: n for n in nodes.values()}
-        updates: list[tuple[NodeRow, float]] = []
-        for item in nodelist:
-            if not isinstance(item, dict) or not isinstance(item.get("value"), (int, float)):
-                raise GeniFault(GeniCode.BADARGS, "nodelist items need node_id|client_id, value")
-            node = nodes.get(str(item.get("node_id", ""))) or \
-                by_client.get(str(item.get("client_id", "")))
-            if node is None:
-                which = item.get("node_id", item.get("client_id"))
-                raise GeniFault(GeniCode.BADARGS,
-                                f"Not a node of this slice: {str(which)[:64]!r}")
-            value = float(item["value"])
-            if not 0.0 <= value <= 1.0:
-                raise GeniFault(GeniCode.BADARGS, f"value must be within 0..1: {value}")
-            updates.append((node, value))
-        for node, value in updates:
-            self.ctx.store.update_node(node.node_id, node.sliver_urn, value=value)
-        return len(updates)
+WORKERS = 8  # callbacks in flight at once (slices notified, completions sent)
 
 
 class Reclaimer:
@@ -155,6 +54,11 @@ class Reclaimer:
         self._seen_target: int | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # countdown callbacks, teardowns and NotifyDeleteComplete: off the reclaimer's loop
+        self._workers = ThreadPoolExecutor(max_workers=WORKERS,
+                                           thread_name_prefix="emulator-notify")
+        self._in_flight: set[str] = set()  # slices whose countdown is being answered
+        self._flight_lock = threading.Lock()
         slivers.release_hooks.append(self._on_release)
 
     def start(self) -> None:
@@ -168,6 +72,7 @@ class Reclaimer:
         self.ctx.wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._workers.shutdown(wait=False, cancel_futures=True)
         self.values.stop()
 
     def wake(self) -> None:
@@ -274,39 +179,91 @@ class Reclaimer:
 
     # ---- countdown and deletes
     def _notify_due(self, now: float) -> None:
+        """Take what reached its deadline (whatever callback is in flight), and send the
+        countdown to the slices due for a notice (on a worker: a slow client holds nothing
+        here). Early is decided by when the answer arrives, never by when it was asked."""
         interval = self.ctx.settings.notify_interval
         by_slice: dict[str, list[ReclaimRow]] = {}
+        forced: dict[str, list[ReclaimRow]] = {}
         for row in self.ctx.store.reclaims(pending_only=True):
-            if row.notifications == 0 or now >= row.last_notified + interval or now >= row.deadline:
+            if now >= row.deadline:
+                forced.setdefault(row.slice_urn, []).append(row)
+            elif row.notifications == 0 or now >= row.last_notified + interval:
                 by_slice.setdefault(row.slice_urn, []).append(row)
+        for slice_urn, rows in forced.items():
+            self._last_notice(slice_urn, rows)
+            self._take(slice_urn, rows, "forced")
         for slice_urn, rows in by_slice.items():
             endpoint = self.ctx.store.get_endpoint(slice_urn)
+            if endpoint is None:  # nobody is told; the deadline (now) takes them
+                continue
+            with self._flight_lock:
+                if slice_urn in self._in_flight:
+                    continue  # the last notice has not been answered yet
+                self._in_flight.add(slice_urn)
+            first = any(r.notifications == 0 for r in rows)
+            for r in rows:
+                r.notifications += 1
+                r.last_notified = now
+                self.ctx.store.count_notice(r)  # nothing else: a DeleteNodes may end it
             nodelist = [{"node_id": r.node_id, "client_id": r.client_id,
                          "max_wait_time": max(0, math.ceil(r.deadline - now))} for r in rows]
-            early: set[str] = set()
-            if endpoint is not None:
-                if any(r.notifications == 0 for r in rows):  # values first, then the notice
-                    self.values.push_now(slice_urn)
-                early = self.callbacks.notify_delete_pending(endpoint, nodelist)
-            for r in rows:
-                if endpoint is not None:  # nobody is told when the slice has no endpoint
-                    r.notifications += 1
-                r.last_notified = now
-                self.ctx.store.count_notice(r)
-            # the client may have given a node back during the callback (its DeleteNodes
-            # ended that reclamation "early"): those rows are no longer ours to take
-            pending = {r.id for r in self.ctx.store.reclaims(pending_only=True)}
-            rows = [r for r in rows if r.id in pending]
-            done_early = [r for r in rows if r.node_id in early and now < r.deadline]
-            forced = [r for r in rows if now >= r.deadline and r not in done_early]
-            self._take(slice_urn, done_early, "early")
-            self._take(slice_urn, forced, "forced")
+            self._submit(self._countdown, endpoint, slice_urn, nodelist, first)
+
+    def _submit(self, fn: Any, *args: Any) -> None:
+        try:
+            self._workers.submit(self._guarded, fn, *args)
+        except RuntimeError:  # stopping
+            pass
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # a worker must survive one bad step (the store may be closing)
+            if not self._stop.is_set():
+                log.exception("reclaimer worker step failed")
+
+    def _countdown(self, endpoint: EndpointRow, slice_urn: str,
+                   nodelist: list[dict[str, Any]], first: bool) -> None:
+        """One NotifyDeletePending; nodes answered with max_wait_time 0 before their
+        deadline go at once (early)."""
+        try:
+            if first:  # values first, then the notice
+                self.values.push_now(slice_urn)
+            early = self.callbacks.notify_delete_pending(endpoint, nodelist)
+            answered = self.ctx.clock()
+        finally:
+            with self._flight_lock:
+                self._in_flight.discard(slice_urn)
+        # a DeleteNodes during the callback, or the deadline, may have ended some of them
+        rows = [r for r in self.ctx.store.reclaims(pending_only=True)
+                if r.slice_urn == slice_urn and r.node_id in early and answered < r.deadline]
+        self._take(slice_urn, rows, "early")
+
+    def _last_notice(self, slice_urn: str, rows: list[ReclaimRow]) -> None:
+        """max_wait_time 0 to the client (not waited for: the nodes go now)."""
+        endpoint = self.ctx.store.get_endpoint(slice_urn)
+        if endpoint is None:
+            return
+        for r in rows:
+            r.notifications += 1
+            r.last_notified = self.ctx.clock()
+            self.ctx.store.count_notice(r)
+        nodelist = [{"node_id": r.node_id, "client_id": r.client_id, "max_wait_time": 0}
+                    for r in rows]
+        self._submit(self.callbacks.notify_delete_pending, endpoint, nodelist)
 
     def _take(self, slice_urn: str, rows: list[ReclaimRow], outcome: str) -> None:
+        """Delete the nodes of ``rows`` still pending (quick, under the lock); their
+        teardown and NotifyDeleteComplete go on on a worker."""
         if not rows:
             return
         change = None
         with self.ctx.lock:
+            pending = {r.id for r in self.ctx.store.reclaims(pending_only=True)}
+            rows = [r for r in rows if r.id in pending]  # another path may have ended some
+            if not rows:
+                return
             sliver = self.ctx.store.get_sliver(slice_urn)
             current = {n.node_id: n for n in self.ctx.store.nodes(slice_urn=slice_urn)}
             doomed = [current[r.node_id].client_id for r in rows if r.node_id in current]
@@ -317,6 +274,9 @@ class Reclaimer:
             if sliver is not None and doomed:
                 change = self.slivers.delete_nodes(sliver, doomed, reason=outcome,
                                                    allow_all=True)
+        self._submit(self._complete, slice_urn, rows, change)
+
+    def _complete(self, slice_urn: str, rows: list[ReclaimRow], change: Any) -> None:
         if change is not None:
             change.teardown.wait()  # "complete" once the nodes' processes are gone
         endpoint = self.ctx.store.get_endpoint(slice_urn)
@@ -331,7 +291,9 @@ class Reclaimer:
             if row.node_id != old.node_id:
                 continue
             row.released_at = self.ctx.clock()
-            row.outcome = reason if reason in ("early", "forced") else "early"
+            if reason not in ("early", "forced"):  # the client's DeleteNodes, or the sliver
+                reason = "early" if row.released_at < row.deadline else "forced"  # went
+            row.outcome = reason
             self.ctx.store.update_reclaim(row)
             node = self.ctx.store.get_node(old.node_id)
             if node is not None:

@@ -1,11 +1,13 @@
 """How a node's startup commands are started: as a separate machine when Linux allows it.
 
-With namespaces (the default where unprivileged user namespaces work), each node runs under
-:mod:`elasticslice.emulator.nodeinit` as PID 1 of its own user, PID and mount namespaces: the
-emulator directory is hidden but for the node's sandbox, and every process of the node dies
-with it. The network namespace is shared, so node processes reach the emulator and each
+With namespaces (the default where unprivileged user namespaces and overlay mounts work), each
+node runs under :mod:`elasticslice.emulator.nodeinit` as PID 1 of its own user, PID, mount
+and UTS namespaces, on a machine of its own: the image read-only, its own writable tree, and
+nothing else of the host (:mod:`elasticslice.emulator.nodefs`); every process of the node
+dies with it. The network namespace is shared, so node processes reach the emulator and each
 other on 127.0.0.1. Without namespaces (or with ``ELASTICSLICE_NODE_ISOLATION=off``) the
-node's commands run in one process group, as before, and the emulator says so once at start.
+node's commands run in one process group, in the node's root folder, and the emulator says
+once at start that nodes can read the host.
 """
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "ELASTICSLICE_NODE_ISOLATION"
 NODE_INIT = Path(__file__).with_name("nodeinit.py")
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-UNSHARE_ARGS = ("--user", "--map-root-user", "--pid", "--fork", "--mount", "--kill-child")
+UNSHARE_ARGS = ("--user", "--map-root-user", "--pid", "--fork", "--mount", "--uts",
+                "--kill-child")
 
 
 class Isolation(enum.Enum):
@@ -56,18 +60,19 @@ def choose(env: dict[str, str] | None = None) -> Choice:
 def announce(choice: Choice) -> None:
     """The one line at start saying that nodes are not isolated, and why."""
     if choice.isolation is Isolation.NAMESPACES:
-        log.info("nodes run in their own user, PID and mount namespaces")
+        log.info("nodes run in their own user, PID, mount and UTS namespaces, on their image")
     else:
-        log.warning("node isolation off (%s): startup commands run in process groups, can "
-                    "read the emulator directory, and daemons that call setsid outlive "
-                    "their node", choice.reason)
+        log.warning("node isolation off (%s): startup commands run in process groups, nodes "
+                    "can read the host's files (the emulator directory too), and daemons "
+                    "that call setsid outlive their node", choice.reason)
 
 
-def node_command(isolation: Isolation, emulator_dir: Path, sandbox: Path,
-                 commands: list[list[str]], status_fd: int) -> list[str]:
-    """The argv that runs ``commands`` ([[shell, command], ...]) as the node's processes."""
-    spec = {"sandbox": str(sandbox), "commands": commands, "status_fd": status_fd,
-            "hide": str(emulator_dir) if isolation is Isolation.NAMESPACES else None}
+def node_command(isolation: Isolation, machine: dict[str, Any], commands: list[list[str]],
+                 status_fd: int) -> list[str]:
+    """The argv that runs ``commands`` ([[shell, command], ...]) as the node's processes on
+    ``machine`` (:func:`elasticslice.emulator.nodefs.machine_spec`)."""
+    spec = {**machine, "commands": commands, "status_fd": status_fd,
+            "isolate": isolation is Isolation.NAMESPACES}
     argv = [sys.executable, "-I", "-S", str(NODE_INIT), json.dumps(spec)]
     if isolation is Isolation.NAMESPACES:
         return [_unshare() or "unshare", *UNSHARE_ARGS, "--", *argv]
@@ -81,20 +86,26 @@ def _unshare() -> str | None:
 @functools.cache
 def _probe() -> str:
     """Why namespaces cannot isolate nodes here ("" when they can): a trial node that must
-    see its sandbox and not the directory around it."""
+    boot its machine (its own root, the image with a layer over /usr, /dev) and not see the
+    folder around it."""
     if not sys.platform.startswith("linux"):
         return f"no Linux namespaces on {sys.platform}"
     if _unshare() is None:
         return "no unshare command (util-linux)"
+    from elasticslice.emulator import nodefs
     with tempfile.TemporaryDirectory(prefix="es-isolation-probe-") as tmp:
         top = Path(tmp).resolve()
-        sandbox = top / "nodes" / "probe"
-        sandbox.mkdir(parents=True)
+        node = nodefs.NodeDir(top / "nodes" / "probe")
+        nodefs.prepare(node, None)
         (top / "secret").write_text("x")
-        (sandbox / "mine").write_text("x")
+        (node.root / "mine").write_text("x")
+        (top / "box" / "usr" / "share").mkdir(parents=True)
+        (top / "box" / "usr" / "share" / "probe").write_text("x")
         read, write = os.pipe()
-        check = "test -e mine && ! test -e ../../secret"
-        argv = node_command(Isolation.NAMESPACES, top, sandbox, [["/bin/sh", check]], write)
+        check = (f"test -e /mine && test -e /usr/share/probe && ! test -e {top}/secret && "
+                 "test -x /bin/sh && test -c /dev/null")
+        machine = nodefs.machine_spec(node, None, top / "box", "probe", [])
+        argv = node_command(Isolation.NAMESPACES, machine, [["/bin/sh", check]], write)
         try:
             proc = subprocess.run(argv, pass_fds=(write,), stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=30, env={"PATH": NODE_PATH})
@@ -106,5 +117,6 @@ def _probe() -> str:
             reported = statuses.read().split()
         if proc.returncode != 0 or reported != ["0"]:
             said = (proc.stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
-            return f"unshare of user, PID and mount namespaces failed: {said or 'no detail'}"
+            return (f"a node on its own image (user, PID, mount and UTS namespaces, overlay "
+                    f"mounts) failed: {said or 'no detail'}")
     return ""

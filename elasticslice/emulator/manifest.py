@@ -6,6 +6,7 @@ from typing import Any
 
 from elasticslice.emulator.authority import from_epoch
 from elasticslice.emulator.context import Context
+from elasticslice.emulator.images import Images
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow, SliverRow
 from elasticslice.rspec import Interface, Link, Login, Node, build_advertisement, build_manifest
 
@@ -54,19 +55,27 @@ def manifest(ctx: Context, sliver: SliverRow, nodes: list[NodeRow] | None = None
                           from_epoch(sliver.expires), validate=len(rows) <= 200)
 
 
-def ad_node(ctx: Context, row: NodeRow) -> Node:
+def ad_node(ctx: Context, row: NodeRow, images: list[str]) -> Node:
     ident = ctx.identity
-    images = ctx.inventory.images
     return Node(component_id=ident.node_urn(row.node_id), component_manager_id=ident.cm_urn,
                 component_name=row.node_id, exclusive=True, hardware_types=[row.hardware_type],
-                sliver_type="raw-pc", disk_image=ident.image_urn(images[0]) if images else None,
-                available=row.holder is Holder.FREE)
+                sliver_type="raw-pc", disk_image=images[0] if images else None,
+                disk_images=images[1:], available=row.holder is Holder.FREE)
+
+
+def image_urns(ctx: Context) -> list[str]:
+    """Every image a node boots: the stock ones (the inventory's), then the custom ones."""
+    custom = Images(ctx.directory, ctx.identity, ctx.config.project)
+    return [ctx.identity.image_urn(name) for name in ctx.inventory.images] + \
+        [custom.urn(name) for name in custom.names()]
 
 
 def advertisement(ctx: Context, available_only: bool, version: str,
                   rows: list[NodeRow] | None = None) -> str:
     rows = ctx.store.nodes() if rows is None else rows
-    nodes = [ad_node(ctx, r) for r in rows if r.holder is Holder.FREE or not available_only]
+    images = image_urns(ctx)
+    nodes = [ad_node(ctx, r, images) for r in rows
+             if r.holder is Holder.FREE or not available_only]
     return build_advertisement(nodes, ctx.identity.cm_urn, version=version)
 
 

@@ -1,34 +1,52 @@
-"""The first process of an emulated node: runs its startup commands and reports their status.
+"""The first process of an emulated node: builds its machine, runs its startup commands and
+reports their status.
 
 Run as ``python -I -S nodeinit.py SPEC`` (standard library only: it runs without the
-project's site-packages), SPEC being JSON: ``sandbox``, ``commands`` (``[[shell, command],
-...]``), ``status_fd`` (a pipe: one exit status per line, closed when the commands are done)
-and ``hide`` (the emulator directory, or null).
+project's site-packages), SPEC being JSON: ``root`` (the node's own ``/``, a directory on
+the host), ``commands`` (``[[shell, command], ...]``), ``status_fd`` (a pipe: one exit
+status per line, closed when the commands are done), ``isolate`` and, with it, what the
+machine is made of (:func:`elasticslice.emulator.nodefs.machine_spec`): ``image`` (per
+image directory, its layers, top first, the host's own last), ``links`` (``bin -> usr/bin``
+where the host has them), ``binds`` (read-only folders: a custom image's own top-level
+folders, the node's ``geni`` folder), ``hide`` (folders to cover if the image shows them),
+``hostname`` and ``cwd``.
 
-With ``hide`` it is PID 1 of fresh user, PID and mount namespaces (``unshare --user
---map-root-user --pid --fork --mount``): it covers the emulator directory with an empty
-read-only tmpfs, binds the node's sandbox back at its own path, mounts a /proc of the node's
-PID namespace (the emulator's processes, their environment, cwd and open files are out of
-sight), and locks these mounts by moving into one more user and mount namespace (mounts
-inherited from a more privileged namespace cannot be unmounted or separated). As PID 1 it
-reaps the node's orphans and stays while any node process lives; SIGTERM is passed to every
-process of the node. When it dies, the kernel kills every process of the node, daemons that
-called ``setsid`` too.
+With ``isolate`` it is PID 1 of fresh user, PID, mount and UTS namespaces (``unshare --user
+--map-root-user --pid --fork --mount --uts``). It mounts the image read-only over the
+node's root (an overlay when there are layers, a bind otherwise), a /proc of its own PID
+namespace, a /dev of a few devices, then makes the node's root the root (``pivot_root``)
+and detaches the host's: nothing else of the host is left in sight. It locks these mounts
+by moving into one more user and mount namespace (mounts inherited from a more privileged
+namespace cannot be unmounted or made writable). As PID 1 it reaps the node's orphans and
+stays while any node process lives; SIGTERM is passed to every process of the node. When it
+dies, the kernel kills every process of the node, daemons that called ``setsid`` too.
 
-Without ``hide`` (the fallback) it only runs the commands, in the process group it was given.
+Without ``isolate`` (the fallback) it only runs the commands, in the node's root folder, in
+the process group it was given.
 """
 from __future__ import annotations
 
 import ctypes
+import encodings.ascii  # noqa: F401  (imported before the host's files go out of sight)
+import encodings.utf_8  # noqa: F401
 import json
 import os
 import signal
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_BIND, MS_REC = 0x20, 0x1000, 0x4000
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 1 << 18
+MS_RELATIME, MS_NOATIME, MS_NODIRATIME, MS_STRICTATIME = 1 << 21, 0x400, 0x800, 1 << 24
+ST_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
+            os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME,
+            os.ST_RELATIME: MS_RELATIME}
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-O_PATH = 0o10000000
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203,
+                  "s390x": 217}.get(os.uname().machine, 155)
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+PRIVATE = {"tmp": 0o1777, "var": 0o755, "var/tmp": 0o1777, "root": 0o700, "local": 0o755,
+           "run": 0o755}
 RESET_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT}
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,18 +71,114 @@ def _write(path: str, text: str) -> None:
         handle.write(text)
 
 
-def hide(emulator_dir: str, sandbox: str) -> None:
-    """Leave only ``sandbox`` of ``emulator_dir`` in sight, and a /proc of this node only."""
-    rel = os.path.relpath(sandbox, emulator_dir)
-    if rel.startswith(".."):
-        raise OSError(f"sandbox {sandbox} is not inside {emulator_dir}")
-    keep = os.open(sandbox, O_PATH | os.O_DIRECTORY)
-    _mount("tmpfs", emulator_dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-    os.makedirs(os.path.join(emulator_dir, rel))
-    _mount(f"/proc/self/fd/{keep}", os.path.join(emulator_dir, rel), None, MS_BIND | MS_REC)
-    os.close(keep)
-    _mount(None, emulator_dir, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+def _dir(root: str, rel: str, mode: int = 0o755) -> str:
+    """``root/rel`` as a real directory: a symlink the node left on a path the init mounts
+    on is removed first (it would point into the host's tree before the pivot)."""
+    path = root
+    for part in rel.split("/"):
+        path = os.path.join(path, part)
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            os.unlink(path)
+        if not os.path.isdir(path):
+            os.mkdir(path, mode)
+    return path
+
+
+def _file(root: str, rel: str) -> str:
+    path = os.path.join(_dir(root, os.path.dirname(rel)), os.path.basename(rel))
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(path)):
+        os.unlink(path)
+    if not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    return path
+
+
+def _locked_flags(path: str) -> int:
+    """The flags of the mount holding ``path`` that a remount must keep (a user namespace
+    may not drop them)."""
+    flags = os.statvfs(path).f_flag
+    return sum(ms for st, ms in ST_FLAGS.items() if flags & st)
+
+
+def bind_readonly(source: str, target: str) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _locked_flags(source))
+
+
+def _escape(path: str) -> str:
+    return path.replace("\\", "\\\\").replace(":", "\\:").replace(",", "\\,")
+
+
+def mount_image_dir(layers: list[str], target: str) -> None:
+    """One image folder: the host's alone (a read-only bind), or layers over it (a
+    read-only overlay, top layer first)."""
+    if len(layers) == 1:
+        bind_readonly(layers[0], target)
+        return
+    lower = ":".join(_escape(layer) for layer in layers)
+    _mount("overlay", target, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+           f"lowerdir={lower}")
+
+
+def _dev(root: str) -> None:
+    dev = _dir(root, "dev")
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m")
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            _mount(f"/dev/{name}", _file(root, f"dev/{name}"), None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
+                         ("ptmx", "pts/ptmx")):
+        os.symlink(target, os.path.join(dev, name))
+    _mount("tmpfs", _dir(root, "dev/shm", 0o1777), "tmpfs", MS_NOSUID | MS_NODEV,
+           "mode=1777,size=64m")
+    try:
+        _mount("devpts", _dir(root, "dev/pts"), "devpts", MS_NOSUID | MS_NOEXEC,
+               "newinstance,ptmxmode=0666,mode=0620")
+    except OSError:
+        pass  # no terminals: startup commands have none anyway
+
+
+def _proc(root: str) -> None:
+    proc = _dir(root, "proc", 0o555)
+    _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # what containers keep from their root too: kernel tunables and the sysrq trigger
+    bind_readonly(os.path.join(proc, "sys"), os.path.join(proc, "sys"))
+    trigger = os.path.join(proc, "sysrq-trigger")
+    if os.path.exists(trigger):
+        bind_readonly(os.path.join(root, "dev/null"), trigger)
+
+
+def build(spec: dict) -> None:
+    """Make the node's machine (see the module docstring) and enter it."""
+    root = os.path.realpath(spec["root"])
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount(root, root, None, MS_BIND | MS_REC)
+    for rel, mode in PRIVATE.items():
+        os.chmod(_dir(root, rel, mode), mode)
+    for name, layers in spec.get("image", []):
+        mount_image_dir(layers, _dir(root, name))
+    for name, target in spec.get("links", {}).items():
+        path = os.path.join(root, name)
+        if not os.path.islink(path):
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+            if not os.path.lexists(path):
+                os.symlink(target, path)
+    for rel, source in spec.get("binds", []):
+        bind_readonly(source, _dir(root, rel.strip("/")))
+    _dev(root)
+    _proc(root)
+    if spec.get("hostname"):
+        name = spec["hostname"].encode()
+        _check(_libc.sethostname(name, ctypes.c_size_t(len(name))), "sethostname")
+    os.chdir(root)
+    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "detach the host's root")
+    os.chdir("/")
+    for path in spec.get("hide", []):  # a state folder inside the image: covered
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
     # lock the mounts: in a less privileged mount namespace they cannot be undone
     _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare")
     _write("/proc/self/setgroups", "deny")
@@ -90,9 +204,8 @@ def _wait_for(pid: int) -> int:
             return code if code >= 0 else 128 - code
 
 
-def run(commands: list[list[str]], status_fd: int) -> int:
+def run(commands: list[list[str]], report: object) -> int:
     status = 0
-    report = os.fdopen(status_fd, "w", buffering=1, encoding="ascii")
     for shell, command in commands:
         if _terminating:
             break
@@ -107,13 +220,13 @@ def run(commands: list[list[str]], status_fd: int) -> int:
         else:
             status = _wait_for(pid)
         try:
-            report.write(f"{status}\n")
+            report.write(f"{status}\n")  # type: ignore[attr-defined]
         except OSError:
             pass
         if status != 0:
             break
     try:
-        report.close()
+        report.close()  # type: ignore[attr-defined]
     except OSError:
         pass
     return status
@@ -122,16 +235,19 @@ def run(commands: list[list[str]], status_fd: int) -> int:
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
     os.set_inheritable(spec["status_fd"], False)
-    if spec.get("hide"):
+    report = os.fdopen(spec["status_fd"], "w", buffering=1, encoding="ascii")
+    if spec.get("isolate"):
         try:
-            hide(spec["hide"], spec["sandbox"])
+            build(spec)
         except OSError as err:
             sys.stderr.write(f"node isolation failed: {err}\n")
             return 125
         signal.signal(signal.SIGTERM, _on_term)
-    os.chdir(spec["sandbox"])
-    status = run(spec["commands"], spec["status_fd"])
-    if spec.get("hide"):
+        os.chdir(spec.get("cwd") or "/")
+    else:
+        os.chdir(spec["root"])
+    status = run(spec["commands"], report)
+    if spec.get("isolate"):
         while True:  # the node lives while any of its processes does
             try:
                 os.wait()

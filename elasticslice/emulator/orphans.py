@@ -1,11 +1,12 @@
 """Node processes left behind by an emulator that died without stopping them (SIGKILL, a
-crash): each sandbox records the process group of its node's first process, and the next
+crash): each node's folder (``D/nodes/<node>/``, the host's side of the node) records the
+process group of its node's first process, and the next
 start kills those groups, so that the power cycle of a restart does not run a node's
 daemons twice, and a later DeleteNodes has nothing it cannot see. With namespaces
 (:mod:`elasticslice.emulator.isolate`) the group holds the node's ``unshare`` and init:
 killing them ends the node's PID namespace, daemons that left the group with ``setsid`` too.
 
-A recorded group is only killed while one of its processes still carries the sandbox's
+A recorded group is only killed while one of its processes still carries the node folder's
 ``ELASTICSLICE_NODE_DIR`` in its environment: a process group id the kernel has since given
 to an unrelated program is left alone.
 """

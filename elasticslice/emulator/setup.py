@@ -11,12 +11,16 @@ Layout of an emulator directory D::
     user.pem password          the user's certificate + encrypted key, like cloudlab.pem
     users/<uid>/               more users of the same CA (`emulator add-user`): user.pem,
                                password, elasticslice.conf
-    elasticslice.conf          the client config ([protogeni] ...), URLs with the real port
+    elasticslice.conf          the client config ([protogeni] ..., [pilots]), URLs with the
+                               real port
+    images.json images/        custom disk images (``emulator image add``; ELASTICSLICE-PILOT)
+    box/                       the box's layer of every image (/usr/bin/geni-get)
+    tarfiles/                  install tarballs the CM fetched, per slice
     emulator.json              domain, user, project, port
     state.db                   SQLite state (slices, slivers, nodes, reclamations)
     server.json                URL and pid of the running server (while it runs)
     serve.lock                 held (flock) by the running server: one server per directory
-    nodes/<node>/              node sandboxes of the execute service
+    nodes/<node>/              the nodes' files: root/ (the node's own /), startup.log...
 """
 from __future__ import annotations
 
@@ -93,6 +97,13 @@ def _write_conf(home: Path, url: str, d: Path, project: str, slice_name: str) ->
     text = (
         "# Client config for the elasticslice emulator (CloudLab in a box) in this folder.\n"
         "# Written by `elasticslice emulator init`, rewritten when the server starts.\n"
+        "\n"
+        "# Pilot nodes boot the emulator's pilot image (this installation's node agent)\n"
+        "[pilots]\n"
+        f"disk_image = urn:publicid:IDN+{load_config(d).domain}+image+{project}//"
+        "ELASTICSLICE-PILOT\n"
+        "node_python = python3\n"
+        "\n"
         "[protogeni]\n"
         f"certificate = {home / 'user.pem'}\n"
         f"passphrase_file = {home / 'password'}\n"
@@ -216,6 +227,10 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     (d / "user-ssh.pub").write_bytes(public + f" {user}@{domain}\n".encode())
     (d / "emulator.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n", encoding="utf-8")
     (d / "nodes").mkdir(exist_ok=True)
+    from elasticslice.emulator.geniget import install_client
+    from elasticslice.emulator.images import Images
+    Images(d, ident, project).register_pilot()
+    install_client(d / "box")
     write_client_conf(d, host, port)
     return d
 

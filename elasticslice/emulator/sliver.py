@@ -9,6 +9,7 @@ of nodes that leave a slice are killed by the :class:`Reaper` afterwards. Hooks 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from elasticslice.emulator.geni import GeniFault
 from elasticslice.emulator.manifest import mac_for
 from elasticslice.emulator.reaper import Reaper, Teardown
 from elasticslice.emulator.store import BootState, Holder, NodeRow, SliceRow, SliverRow
+from elasticslice.emulator.tarfiles import TarfileStore
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import RSpec, RSpecType
 
@@ -46,6 +48,7 @@ class SliverOps:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.reaper = Reaper(ctx)
+        self.tarfiles = TarfileStore(ctx.directory)
         self.release_hooks: list[Callable[[NodeRow, str], None]] = []
 
     def current(self, sliver: SliverRow) -> SliverRow:
@@ -89,6 +92,18 @@ class SliverOps:
                 if ref not in iface_owner:
                     raise GeniFault(GeniCode.BADARGS, f"Link {link.client_id} names unknown "
                                                       f"interface {ref}")
+        if ctx.store.get_sliver(slice_row.urn) is not None:  # before fetching anything
+            raise GeniFault(GeniCode.REFUSED, "Must delete existing sliver first")
+        # the tarfiles step: fetched before anything is allocated, outside the lock
+        staging = self.tarfiles.stage(url for n in request.nodes for url, _ in n.installs)
+        try:
+            return self._create(slice_row, owner_urn, request, keys, staging)
+        finally:
+            self.tarfiles.drop(staging)  # adopted by the sliver, or not wanted
+
+    def _create(self, slice_row: SliceRow, owner_urn: str, request: RSpec,
+                keys: list[dict[str, Any]], staging: Any) -> Change:
+        ctx = self.ctx
         with ctx.lock:
             if ctx.store.get_sliver(slice_row.urn) is not None:
                 raise GeniFault(GeniCode.REFUSED, "Must delete existing sliver first")
@@ -121,6 +136,7 @@ class SliverOps:
                     row.attrs["routable_control_ip"] = req_node.routable_control_ip
                 ctx.store.put_sliver(sliver)
                 ctx.store.put_nodes(rows)
+            self.tarfiles.adopt(staging, slice_row.urn)
             change = self._change(sliver)
         self._boot(rows)
         log.info("sliver %s for %s: %d nodes", sliver.sliver_urn, slice_row.urn, len(rows))
@@ -129,6 +145,8 @@ class SliverOps:
     def add(self, sliver: SliverRow, specs: list[Any]) -> Change:
         """AddNodes: ``specs`` are :class:`elasticslice.rspec.NodeSpec` records."""
         ctx = self.ctx
+        # the tarfiles step: the sliver's new URLs fetched before anything is allocated
+        self.tarfiles.add(sliver.slice_urn, (url for s in specs for url, _ in s.installs))
         with ctx.lock:
             sliver = self.current(sliver)
             current = ctx.store.nodes(slice_urn=sliver.slice_urn)
@@ -217,6 +235,10 @@ class SliverOps:
                                    "mac": mac_for(row.node_id, cid), "port": f"eth{port}",
                                    "sliver_id": ident.sliver_urn(str(ctx.next_id("sliver")))})
         row.value = 1.0
+        row.attrs["geni_key"] = secrets.token_urlsafe(24)  # what its geni-get shows (tmcd)
+        boot = ctx.settings.latency.boot_seconds()
+        if boot is not None:
+            row.attrs["boot_seconds"] = boot
 
     def _boot(self, rows: list[NodeRow]) -> None:
         if self.ctx.boot is not None:
@@ -260,6 +282,7 @@ class SliverOps:
             with ctx.store.transaction():
                 teardown = self.release(rows, reason)
                 ctx.store.delete_sliver(sliver.slice_urn)
+            self.tarfiles.discard(sliver.slice_urn)
         log.info("sliver %s of %s deleted (%s)", sliver.sliver_urn, sliver.slice_urn, reason)
         return teardown
 

@@ -34,6 +34,7 @@ from elasticslice.config import ENV_PREFIX, _bool, _check_url, _number, read_ini
 from elasticslice.errors import ConfigError
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.rspec.rules import command_problem
+from elasticslice.rspec.tarball import tarball_problem
 
 MANAGER = "manager"
 ENDPOINT = "endpoint"
@@ -298,9 +299,11 @@ def _tarballs(values: Mapping[str, str], err: Err) -> tuple[tuple[str, str], ...
         parts = line.replace(",", " ").split()
         if not parts:
             continue
-        if len(parts) != 2 or not re.match(r"^(https?|ftp)://\S+$", parts[0]) \
-                or not parts[1].startswith("/"):
+        if len(parts) != 2 or not parts[1].startswith("/"):
             raise err("tarballs", f"each line must be 'URL /install/path': {line.strip()!r}")
+        problem = tarball_problem(parts[0])  # the one rule (elasticslice.rspec.tarball)
+        if problem:
+            raise err("tarballs", f"each line must be 'URL /install/path': {problem}")
         out.append((parts[0], parts[1]))
     return tuple(out)
 

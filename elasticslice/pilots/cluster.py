@@ -25,7 +25,6 @@ import functools
 import logging
 import math
 import os
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +37,7 @@ from elasticslice.managers.statedir import StateDirLock
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.helper import PilotElasticSliceHelper
 from elasticslice.pilots.manager import PilotSliceManager
+from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.restart import ClusterFile, StatsLedger
 from troy.states import FINAL_STATES, State
 
@@ -72,13 +72,17 @@ class ElasticCluster:
     given back (None: never); ``intervals``: cycle intervals over :data:`DEFAULT_INTERVALS`;
     ``policy``: a :class:`PolicyConfig` (its thresholds and idle_timeout are set from the
     arguments); ``session``: a Troy session to use (default: one of its own);
-    ``manager_options`` and ``framework_options`` go to the manager and the framework."""
+    ``manager_options`` and ``framework_options`` go to the manager and the framework;
+    ``node_python`` and ``disk_image``: what pilot nodes run and boot (default: ``[pilots]``
+    of the server's config; see :class:`PilotElasticSliceHelper`). Each node's tarball is
+    served to the CM by a :class:`TarballPublisher` on ``listen``."""
 
     def __init__(self, server: Any, state_dir: Path, *, minthreshold: int = 1,
                  maxthreshold: int = 10, hardware_type: str | None = None,
                  listen: str = "127.0.0.1", margin: float = 5.0,
                  idle_timeout: float | None = 60.0, intervals: Mapping[str, float] | None = None,
-                 endpoint_port: int = 0, python: str = sys.executable,
+                 endpoint_port: int = 0, node_python: str | None = None,
+                 disk_image: str | None = None,
                  policy: PolicyConfig | None = None, node_cores: int | None = None,
                  session: Any = None, keep: bool = False,
                  manager_options: Mapping[str, Any] | None = None,
@@ -91,7 +95,9 @@ class ElasticCluster:
         self.margin = margin
         self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
         self.endpoint_port = endpoint_port
-        self.python = python
+        self.node_python = node_python  # None: [pilots] of the config, else python3
+        self.disk_image = disk_image    # None: [pilots] of the config, else the CM's default
+        self.publisher: TarballPublisher | None = None  # serves the nodes' tarballs
         base = policy or PolicyConfig(add_cooldown=1.0, delete_cooldown=5.0,
                                       max_add_per_cycle=max(1, maxthreshold),
                                       max_delete_per_cycle=1)
@@ -166,9 +172,11 @@ class ElasticCluster:
             self._recover()
         self._saving.clear()
         threading.Thread(target=self._save_loop, name="cluster-stats", daemon=True).start()
+        self.publisher = TarballPublisher(self.listen).start()  # the CM fetches from it
         self.helper = PilotElasticSliceHelper(
             self.ca, self.framework.scheduler_address, self.state_dir / "tarballs",
-            python=self.python, nodetype=self.hardware_type,
+            publisher=self.publisher, server=self.server, node_python=self.node_python,
+            image_urn=self.disk_image, nodetype=self.hardware_type,
             worker_host=self.listen if self.listen in ("127.0.0.1", "localhost") else None)
         self.manager = self.new_manager()
         self.manager.start()
@@ -305,6 +313,9 @@ class ElasticCluster:
         finally:
             if manager is not None:
                 manager.state.close()
+            if self.publisher is not None:
+                self.publisher.stop()
+                self.publisher = None
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.release()

@@ -2,14 +2,17 @@
 
 The ``nodes`` struct of ``AddNodes`` maps each new node's client_id to a dict with (all
 optional) ``diskimage`` (URN), ``startup`` (a command string, or ``[command, shell]``),
-``tarballs`` (``[[url, path], ...]``, or bare URLs), ``lans`` (existing link client_ids, or
-``{name, address, netmask, type}`` dicts), ``hardware_type`` and ``node`` (a physical node
-id such as ``pc17``). Values are never ``None``: XML-RPC cannot send it, so unset keys are left
-out.
+``tarballs`` (URL strings, each installed at ``/``: CloudLab's CM understands nothing else;
+``[url, path]`` pairs are an extension of the emulator, sent only for a path other than ``/``,
+with a warning), ``lans`` (existing link client_ids, or ``{name, address, netmask, type}``
+dicts), ``hardware_type`` and ``node`` (a physical node id such as ``pc17``). Values are never
+``None``: XML-RPC cannot send it, so unset keys are left out. Tarball URLs must pass the rule
+of :mod:`elasticslice.rspec.tarball`.
 """
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +21,9 @@ from elasticslice.rspec.model import NodeSpec
 from elasticslice.rspec.rules import (
     CLIENT_ID_RULE, IMAGE_URN_RULE, client_id_problem, command_problem, image_problem, shown,
 )
+from elasticslice.rspec.tarball import ADDNODES_INSTALL_PATH, tarball_problem
+
+log = logging.getLogger(__name__)
 
 #: The keys the CM accepts per node.
 ADD_NODE_KEYS = frozenset({"diskimage", "startup", "tarballs", "lans", "hardware_type", "node"})
@@ -68,13 +74,29 @@ def add_nodes_args(nodes: Sequence[NodeSpec],
             shell, command = spec.executes[0]
             args["startup"] = [command, shell] if shell else command
         if spec.installs:
-            args["tarballs"] = [[url, path] for url, path in spec.installs]
+            args["tarballs"] = _tarball_args(spec.installs, f"{key}.tarballs")
         extra = lans.get(cid, ()) if isinstance(lans, Mapping) else lans
         names = list(spec.lans) + [name for name in extra if name not in spec.lans]
         if names:
             args["lans"] = _lans(names, spec)
         result[cid] = args
     return result
+
+
+def _tarball_args(installs: Sequence[tuple[str, str]], key: str) -> list[str | list[str]]:
+    """Bare URLs (CloudLab installs each at ``/``); a pair for another path, with a warning."""
+    out: list[str | list[str]] = []
+    for index, (url, path) in enumerate(installs):
+        problem = tarball_problem(url)
+        if problem:
+            raise BadAddNodesArgs(problem, key=f"{key}[{index}]")
+        if (path or ADDNODES_INSTALL_PATH) == ADDNODES_INSTALL_PATH:
+            out.append(url)
+        else:
+            log.warning("%s[%d]: AddNodes installs tarballs at / on CloudLab; [url, %s] is "
+                        "understood by the emulator only", key, index, path)
+            out.append([url, path])
+    return out
 
 
 def _lans(names: list[str], spec: NodeSpec) -> list[str | dict[str, str]]:

@@ -53,12 +53,12 @@ def _finish(root: etree._Element, rtype: RSpecType, validate: bool) -> str:
 
 
 def _sliver_type(parent: etree._Element, ns: str, sliver_type: str | None,
-                 disk_image: str | None) -> None:
+                 disk_image: str | None, more: Sequence[str] = ()) -> None:
     if sliver_type is None and disk_image is None:
         return
     sliver = _sub(parent, ns, "sliver_type", name=sliver_type or "raw-pc")
-    if disk_image:
-        _sub(sliver, ns, "disk_image", name=disk_image)
+    for image in dict.fromkeys([disk_image, *more] if disk_image else []):
+        _sub(sliver, ns, "disk_image", name=image)
 
 
 def _services(parent: etree._Element, ns: str, installs: Iterable[tuple[str, str]],
@@ -207,7 +207,7 @@ def build_advertisement(nodes: Sequence[Node], component_manager_id: str, *,
         types = rec.hardware_types or ([rec.hardware_type] if rec.hardware_type else [])
         for name in types:
             _sub(node, ns, "hardware_type", name=name)
-        _sliver_type(node, ns, rec.sliver_type or "raw-pc", rec.disk_image)
+        _sliver_type(node, ns, rec.sliver_type or "raw-pc", rec.disk_image, rec.disk_images)
         _sub(node, ns, "available", now=_bool(bool(rec.available)))
         for iface in rec.interfaces:
             if iface.component_id:

@@ -78,7 +78,8 @@ class Node:
     """A node of a request, manifest or advertisement.
 
     ``hardware_type`` is the first (requests, manifests) hardware type; advertisements list
-    every type a node can serve as in ``hardware_types``. ``installs`` are ``(url, path)``
+    every type a node can serve as in ``hardware_types``, and every image after
+    ``disk_image`` it boots in ``disk_images``. ``installs`` are ``(url, path)``
     and ``executes`` ``(shell, command)`` pairs. ``available`` is ``available@now`` of an
     advertisement, ``None`` elsewhere.
     """
@@ -101,6 +102,7 @@ class Node:
     executes: list[tuple[str, str]] = field(default_factory=list)
     routable_control_ip: bool = False
     hardware_types: list[str] = field(default_factory=list)
+    disk_images: list[str] = field(default_factory=list)  # an advertisement's other images
 
     def to_json_dict(self) -> dict[str, Any]:
         return {

@@ -11,8 +11,9 @@ these are allowed, by patching the in-memory copy of the schema; ``strict=True``
 XSDs exactly as published.
 
 Requests are also held to the node client_id and image URN rules of
-:mod:`elasticslice.rspec.rules` (the ones ``AddNodes`` and ``CreateSliver`` apply), reported
-as problems like the schema's.
+:mod:`elasticslice.rspec.rules` (the ones ``AddNodes`` and ``CreateSliver`` apply) and to the
+tarball rule of :mod:`elasticslice.rspec.tarball` (``services/install@url``), reported as
+problems like the schema's.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from elasticslice.errors import RSpecError
 from elasticslice.rspec.model import NS_EMULAB, NS_V3, RSpecType, rspec_type_problem
 from elasticslice.rspec.rules import client_id_problems, command_problem, image_problem, shown
 from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES, parse_xml
+from elasticslice.rspec.tarball import tarball_problem
 
 log = logging.getLogger(__name__)
 
@@ -175,5 +177,10 @@ def validate_element(root: etree._Element, *, strict: bool = False) -> list[Sche
                                     image.getparent().getparent().get("client_id"))
             if problem:
                 problems.append(SchemaProblem(image.sourceline or 0, problem))
+        for install in root.iterfind(f"{{{NS_V3}}}node/{{{NS_V3}}}services/{{{NS_V3}}}install"):
+            problem = tarball_problem(install.get("url") or "")
+            if problem:
+                node = shown(install.getparent().getparent().get("client_id"))
+                problems.append(SchemaProblem(install.sourceline or 0, f"node {node}: {problem}"))
         problems.sort(key=lambda p: p.line)
     return problems

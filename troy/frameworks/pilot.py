@@ -18,6 +18,7 @@ from troy.states import FINAL_STATES, State
 
 if TYPE_CHECKING:
     from troy.frameworks.base import PilotFramework
+    from troy.descriptions import PilotDescription
 
 log = logging.getLogger(__name__)
 

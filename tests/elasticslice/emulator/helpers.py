@@ -245,3 +245,47 @@ def dynamic_slice(emu: Any, ep: CallbackEndpoint, policy: str = "LIFO",
     ok(s.dyn.SetSliceClientEndpoint({"slice_urn": urn, "url": ep.url, "credentials": [cred],
                                      "policy": policy, "defwaittime": wait}))
     return s, urn, cred
+
+
+def make_tarball(path: Path, files: dict[str, str], mode: int = 0o755) -> Path:
+    """A .tar.gz at ``path`` holding ``files`` (name -> text)."""
+    import io
+    import tarfile
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+class FileServer:
+    """Plain HTTP on 127.0.0.1 (port 0) serving a folder, as a web server the CM fetches
+    tarballs from; ``fetches`` counts the GETs of each path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.fetches: dict[str, int] = {}
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, directory=str(server.root), **kwargs)
+
+            def do_GET(self) -> None:  # noqa: N802
+                path = self.path.split("?", 1)[0]
+                server.fetches[path] = server.fetches.get(path, 0) + 1
+                super().do_GET()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -68,3 +68,33 @@ def host_pid(sandbox: Path, pid: int) -> int | None:
         if nspid and nspid[-1] == str(pid):
             return candidate
     return None
+
+
+def node_dir(emu: object, node_id: str) -> Path:
+    """The host's folder of a node (``D/nodes/<node>``: its ``root/`` is the node's ``/``)."""
+    return emu.dir / "nodes" / node_id  # type: ignore[attr-defined]
+
+
+def detail_of(s: object, urn: str, cred: str, client_id: str) -> dict:
+    """The SliverStatus details of one node."""
+    return next(d for d in s.status(urn, cred)["details"].values()  # type: ignore[attr-defined]
+                if d["client_id"] == client_id)
+
+
+def add_node(s: object, urn: str, cred: str, client_id: str, startup: str,
+             **args: object) -> Path:
+    """AddNodes one node with ``startup`` (and other AddNodes ``args``); its host folder."""
+    from tests.elasticslice.emulator.helpers import ok
+    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],  # type: ignore[attr-defined]
+                      "nodes": {client_id: {"startup": startup, **args}}}))
+    node_id = detail_of(s, urn, cred, client_id)["component_urn"].rsplit("+", 1)[-1]
+    return node_dir(s.emu, node_id)  # type: ignore[attr-defined]
+
+
+def exited(s: object, urn: str, cred: str, client_id: str, timeout: float = 60) -> dict:
+    """The node's details once its startup command exited (or the node failed)."""
+    def done() -> dict | None:
+        detail = detail_of(s, urn, cred, client_id)
+        return detail if detail.get("execute_state") == "exited" or \
+            detail["status"] == "failed" else None
+    return wait_for(done, timeout=timeout, what=f"startup of {client_id} to exit")

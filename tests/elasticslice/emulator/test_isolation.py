@@ -1,6 +1,7 @@
 """A node is a separate machine: a hostile startup command printed the emulator's CA and SA
 private keys (``../../ca-key.pem``), inherited the emulator's whole environment, and a daemon
 that called ``setsid`` survived DeleteNodes, stop and restarts (two copies after one restart).
+What else a node may see (its image, nothing of the host) is test_node_image.py's.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -20,7 +20,8 @@ from elasticslice.emulator import EmulatorServer, isolate
 from elasticslice.rspec import NodeSpec, build_request
 from tests.helpers import REPO, process_alive, wait_for
 from tests.elasticslice.emulator.helpers import Session, ok
-from tests.elasticslice.emulator.node_helpers import host_pid, node_pids, serve
+from tests.elasticslice.emulator.node_helpers import (add_node, exited, host_pid, node_pids,
+                                                      serve)
 
 pytestmark = pytest.mark.slow
 
@@ -44,25 +45,12 @@ def _slice(s: Session) -> tuple[str, str]:
     return urn, cred
 
 
-def _add(s: Session, urn: str, cred: str, client_id: str, startup: str) -> Path:
-    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],
-                      "nodes": {client_id: {"startup": startup}}}))
-    detail = next(d for d in s.status(urn, cred)["details"].values()
-                  if d["client_id"] == client_id)
-    return s.emu.dir / "nodes" / detail["component_urn"].rsplit("+", 1)[-1]
-
-
-def _exited(s: Session, urn: str, cred: str, client_id: str) -> dict:
-    def done() -> dict | None:
-        detail = next(d for d in s.status(urn, cred)["details"].values()
-                      if d["client_id"] == client_id)
-        return detail if detail.get("execute_state") == "exited" else None
-    return wait_for(done, timeout=30, what=f"startup of {client_id} to exit")
+_add, _exited = add_node, exited
 
 
 def _daemon(sandbox: Path) -> int:
     """The host PID of the node's daemon, once it runs in a session of its own."""
-    pid_file = sandbox / "daemon.pid"
+    pid_file = sandbox / "root" / "daemon.pid"  # the node's /daemon.pid
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30,
              what="daemon started")
     pid = host_pid(sandbox, int(pid_file.read_text()))
@@ -88,38 +76,38 @@ def _sleepers(sandbox: Path) -> set[int]:
 def test_startup_command_cannot_read_the_emulators_keys_or_state(emulator):
     d = emulator.dir.resolve()
     me = os.getpid()  # the emulator runs in this process
-    paths = [f"../../{name}" for name in SECRETS] + [f"{d}/{name}" for name in SECRETS]
+    paths = [f"{d}/{name}" for name in SECRETS] + [f"../../{name}" for name in SECRETS]
     paths += [f"/proc/{me}/root{d}/ca-key.pem", f"/proc/{me}/cwd/{d}/ca-key.pem",
               f"/proc/{me}/environ", f"/proc/1/root{d}/ca-key.pem"]
     tries = "; ".join(f"cat '{p}' >/dev/null 2>&1 && echo 'READ {p}' >> found" for p in paths)
-    # a hostile node also tries to take the cover off the emulator directory
-    attack = (f"umount -l {d} 2>/dev/null; umount {d} 2>/dev/null; "
-              f"mount -o remount,rw {d} 2>/dev/null; {tries}; "
-              f"unshare -Urm sh -c 'umount -l {d}; cat {d}/ca-key.pem' >> found 2>/dev/null; "
-              f"ls -A ../.. > listing; echo done >> found")
+    # a hostile node also tries to take its image off, or to see what is under it
+    attack = (f"umount -l /usr 2>/dev/null; umount -l / 2>/dev/null; "
+              f"mount -o remount,rw /etc 2>/dev/null; {tries}; "
+              f"unshare -Urm sh -c 'umount -l /usr; cat {d}/ca-key.pem' >> found 2>/dev/null; "
+              f"touch /usr/bin/planted /etc/planted 2>/dev/null && echo WROTE >> found; "
+              f"ls -A {d} >> found 2>/dev/null; echo done >> found")
     s = Session(emulator)
     urn, cred = _slice(s)
-    sandbox = _add(s, urn, cred, "hostile", attack)
+    node = _add(s, urn, cred, "hostile", attack)
     _exited(s, urn, cred, "hostile")
     assert all((d / name).is_file() for name in SECRETS)  # there to be read, from outside
-    assert (sandbox / "found").read_text().splitlines() == ["done"]
-    assert (sandbox / "listing").read_text().split() == ["nodes"]
+    assert (node / "root" / "found").read_text().splitlines() == ["done"]
+    assert not Path("/usr/bin/planted").exists() and not Path("/etc/planted").exists()
 
 
 @needs_namespaces
 def test_startup_environment_is_exactly_the_documented_one(emulator, monkeypatch):
     monkeypatch.setenv("PROTOGENI_PASSPHRASE", "hunter2")
     monkeypatch.setenv("ELASTICSLICE_EMULATOR_SECRET", "s3cret")
-    dump = ("import json, os, elasticslice, dask.distributed; "
-            "json.dump(dict(os.environ), open('env.json', 'w'))")
+    dump = "import json, os; json.dump(dict(os.environ), open('/env.json', 'w'))"
     s = Session(emulator)
     urn, cred = _slice(s)
-    sandbox = _add(s, urn, cred, "w1", f"exec {sys.executable} -c \"{dump}\"")
-    assert _exited(s, urn, cred, "w1")["execute_status"] == 0  # the venv's python works
-    env = json.loads((sandbox / "env.json").read_text())
+    node = _add(s, urn, cred, "w1", f"exec python3 -c \"{dump}\"")
+    assert _exited(s, urn, cred, "w1")["execute_status"] == 0  # the image's python3
+    env = json.loads((node / "root" / "env.json").read_text())
     assert set(env) - {"PWD"} == DOCUMENTED_ENV  # the shell adds PWD
     assert "hunter2" not in json.dumps(env) and "s3cret" not in json.dumps(env)
-    assert env["ELASTICSLICE_NODE_DIR"] == str(sandbox) == env["HOME"]
+    assert env["HOME"] == "/root" and env["ELASTICSLICE_NODE_DIR"] == str(node)
     documented = (REPO / "docs" / "emulator.md").read_text()
     assert all(f"`{name}`" in documented for name in DOCUMENTED_ENV)
 
@@ -180,13 +168,13 @@ def test_forced_fallback_warns_once_and_still_runs_nodes(emulator_factory, monke
     emulator = emulator_factory()
     s = Session(emulator)
     urn, cred = _slice(s)
-    sandboxes = [_add(s, urn, cred, f"w{i}", "echo $ELASTICSLICE_CLIENT_ID > who")
-                 for i in range(3)]
+    sandboxes = [_add(s, urn, cred, f"w{i}", "geni-get client_id > who") for i in range(3)]
     for i in range(3):
         assert _exited(s, urn, cred, f"w{i}")["execute_status"] == 0
-    assert [(x / "who").read_text().strip() for x in sandboxes] == ["w0", "w1", "w2"]
+    assert [(x / "root" / "who").read_text().strip() for x in sandboxes] == ["w0", "w1", "w2"]
     warnings = [r.getMessage() for r in caplog.records if "node isolation off" in r.getMessage()]
     assert len(warnings) == 1 and f"{isolate.ENV_VAR}=off" in warnings[0]
+    assert "nodes can read the host's files" in warnings[0]
 
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
@@ -195,26 +183,28 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not SYSTEM_PYTHON,
                     reason="needs root (to become an unprivileged user), setpriv, python3")
 def test_node_is_isolated_without_privileges():
-    """CI and users are not root: the same node init, started by user nobody, hides the
-    directory around its sandbox (the emulator here runs as root, so this is the proof)."""
+    """CI and users are not root: the same node init, started by user nobody, builds the
+    node's machine (the emulator here runs as root, so this is the proof)."""
+    from elasticslice.emulator import nodefs
     top = Path(tempfile.mkdtemp(prefix="es-unprivileged-"))
     try:
-        sandbox = top / "emu" / "nodes" / "n1"
-        sandbox.mkdir(parents=True)
+        node = nodefs.NodeDir(top / "emu" / "nodes" / "n1")
+        nodefs.prepare(node, None)
         shutil.copy(isolate.NODE_INIT, top / "nodeinit.py")
         (top / "emu" / "ca-key.pem").write_text("secret")
         for path in [top, *top.rglob("*")]:
             os.chown(path, 65534, 65534)
         top.chmod(0o755)
         (top / "emu" / "ca-key.pem").chmod(0o600)
-        spec = {"sandbox": str(sandbox), "hide": str(top / "emu"), "status_fd": 1,
-                "commands": [["/bin/sh", "cat ../../ca-key.pem > seen 2>&1"]]}
+        machine = nodefs.machine_spec(node, None, None, "n1", [str(top / "emu")])
+        spec = {**machine, "isolate": True, "status_fd": 1, "commands": [
+            ["/bin/sh", f"test -x /usr/bin/env && cat {top}/emu/ca-key.pem > /seen 2>&1"]]}
         result = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare",
              *isolate.UNSHARE_ARGS, "--", SYSTEM_PYTHON, "-I", "-S", str(top / "nodeinit.py"),
-             json.dumps(spec)], cwd=sandbox, capture_output=True, timeout=60, check=False)
+             json.dumps(spec)], cwd=node.root, capture_output=True, timeout=60, check=False)
         assert result.stdout == b"1\n", result.stderr  # the status it reports: cat failed
-        assert "No such file" in (sandbox / "seen").read_text()
-        assert (sandbox / "seen").stat().st_uid == 65534  # root in the node, nobody outside
+        assert "No such file" in (node.root / "seen").read_text()
+        assert (node.root / "seen").stat().st_uid == 65534  # root in the node, nobody outside
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -50,9 +50,12 @@ def test_pick_nodes_by_type_and_by_id(tmp_path):
     store.close()
 
 
-def test_install_paths_in_commands_point_into_the_sandbox(tmp_path):
+def test_without_namespaces_paths_of_the_nodes_tree_point_into_its_root(tmp_path):
     from elasticslice.emulator.boot import localise
-    tarballs = [["file:///x.tgz", "/local"], ["file:///y.tgz", "/"]]
-    assert localise("sh /local/repo/start.sh && ls /local", tarballs, tmp_path) == \
+    names = ["local", "usr", "tmp", "root"]   # what the node's root folder holds
+    assert localise("sh /local/repo/start.sh && ls /local", names, tmp_path) == \
         f"sh {tmp_path}/local/repo/start.sh && ls {tmp_path}/local"
-    assert localise("cat /localfile /x/local/y", tarballs, tmp_path) == "cat /localfile /x/local/y"
+    assert localise("cat /localfile /x/local/y", names, tmp_path) == "cat /localfile /x/local/y"
+    # the image's folders and /tmp stay the host's (no namespaces: nothing else to use)
+    assert localise("/usr/bin/env ls /tmp /root", names, tmp_path) == \
+        f"/usr/bin/env ls /tmp {tmp_path}/root"

@@ -85,5 +85,5 @@ def test_the_readme_helper_example_runs(emulator, tmp_path: Path, monkeypatch,
     exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102
     assert "ready: ['node-1', 'node-2', 'node-3']" in capsys.readouterr().out
     # The tarball was unpacked on each node and its command ran there.
-    wait_for(lambda: len(list(emulator.dir.glob("nodes/*/local/exp/ran-here"))) == 3,
+    wait_for(lambda: len(list(emulator.dir.glob("nodes/*/root/local/exp/ran-here"))) == 3,
              what="the startup command on 3 nodes")

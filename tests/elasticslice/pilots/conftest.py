@@ -3,8 +3,9 @@ over TLS) started by the emulated nodes' startup commands.
 
 ``make_cluster(emulator, **options)``: a started :class:`ElasticCluster` for the emulator's
 user (fast cycle, no cooldowns, a 1 s drain margin), closed at the end of the test.
-Helpers (``Run``, ``sleepers``, ``assert_nothing_lost``...) are in
-:mod:`tests.elasticslice.pilots.helpers`.
+``witness``: a :class:`~tests.elasticslice.pilots.helpers.Witness` units report to (nodes see
+none of the host's files). Helpers (``Run``, ``sleepers``, ``assert_nothing_lost``...) are
+in :mod:`tests.elasticslice.pilots.helpers`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ import pytest
 
 from elasticslice.pilots import ElasticCluster
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, client_for
+from tests.elasticslice.pilots.helpers import Witness
+
+
+@pytest.fixture
+def witness() -> Iterator[Witness]:
+    """Where units on nodes say where they ran and ask whether a gate is open."""
+    made = Witness()
+    yield made
+    made.close()
 
 
 @pytest.fixture

@@ -1,9 +1,17 @@
-"""Helpers for the elastic-cluster tests: workloads of sleepers that record where they ran,
-a workload run in a thread, the node behind a pilot, what "nothing lost" means, a Dask
-scheduler in a process of its own."""
+"""Helpers for the elastic-cluster tests: workloads of sleepers that tell a witness where
+they ran, a workload run in a thread, the node behind a pilot, what "nothing lost" means, a
+Dask scheduler in a process of its own.
+
+Units run on the emulator's nodes, which see none of the host's files (a unit cannot write
+into the test's ``tmp_path``), but share its network until nodes get their own: so they
+report to a :class:`Witness`, a small HTTP server of the test on 127.0.0.1 (port 0), with
+``curl`` (in the image) and ``geni-get client_id`` for where they ran. The ``witness``
+fixture (``tests/elasticslice/pilots/conftest.py``) gives a test one.
+"""
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import signal
 import threading
@@ -22,32 +30,101 @@ from tests.troy.frameworks.nodes import member, node_agent, stop
 RUN_TIMEOUT = 240.0
 
 
-def sleepers(out: Path, count: int, seconds: float, cores: int = 4,
-             gate: Path | None = None) -> troy.Workload:
-    """``count`` units of ``cores`` cores that sleep, then append the client_id of the node
-    they ran on to ``out/ran.<i>`` (a unit that ran twice leaves two lines). With ``gate``
-    (a file), a unit that slept goes on waiting while the file exists: the test says when
-    the work may end, whatever the machine's load (``seconds`` stays the runtime hint)."""
-    out.mkdir(parents=True, exist_ok=True)
-    wait = f"while [ -e {gate} ]; do sleep 0.05; done; " if gate is not None else ""
+class Witness:
+    """What units on nodes tell the test, over HTTP on 127.0.0.1:
+
+    - ``GET /ran/<unit>/<node>``: the unit ran to its end on ``node`` (:meth:`ran`; a unit
+      that ran twice is there twice);
+    - ``GET /gate/<name>``: 200 while gate ``name`` is open, 404 while it is closed
+      (:meth:`gate`; units poll it).
+    """
+
+    def __init__(self) -> None:
+        self._ran: dict[str, list[str]] = {}
+        self._open: set[str] = set()
+        self._lock = threading.Lock()
+        witness = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                parts = self.path.strip("/").split("/")
+                status = 404
+                if len(parts) == 3 and parts[0] == "ran":
+                    with witness._lock:
+                        witness._ran.setdefault(parts[1], []).append(parts[2])
+                    status = 200
+                elif len(parts) == 2 and parts[0] == "gate":
+                    with witness._lock:
+                        status = 200 if parts[1] in witness._open else 404
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def ran(self) -> dict[str, list[str]]:
+        """unit index -> the nodes it ran on (one entry per completed run)."""
+        with self._lock:
+            return {unit: list(nodes) for unit, nodes in sorted(self._ran.items())}
+
+    def gate(self, name: str = "gate") -> Gate:
+        """A gate, closed."""
+        return Gate(self, name)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Gate:
+    """A gate of a :class:`Witness`: closed until :meth:`open` (or ``unlink``: the old gate
+    was a file whose removal opened it)."""
+
+    def __init__(self, witness: Witness, name: str) -> None:
+        self.witness, self.name = witness, name
+        self.url = f"{witness.url}/gate/{name}"
+
+    def open(self) -> None:
+        with self.witness._lock:
+            self.witness._open.add(self.name)
+
+    unlink = open
+
+    def wait_command(self) -> str:
+        """A shell command that returns once the gate is open."""
+        return f"until curl -sf {self.url} >/dev/null; do sleep 0.05; done"
+
+
+def sleepers(out: Witness, count: int, seconds: float, cores: int = 4,
+             gate: Gate | None = None) -> troy.Workload:
+    """``count`` units of ``cores`` cores that sleep, then tell ``out`` the client_id of the
+    node they ran on (``geni-get client_id``; a unit that ran twice is told twice). With
+    ``gate`` (:func:`closed_gate`), a unit that slept goes on waiting while the gate is
+    closed: the test says when the work may end, whatever the machine's load (``seconds``
+    stays the runtime hint)."""
+    wait = f"{gate.wait_command()}; " if gate is not None else ""
     w = troy.Workload()
     w.add_task({"executable": "/bin/sh", "cardinality": count, "cores": cores,
                 "runtime": seconds, "arguments": [
-                    "-c", f'sleep {seconds}; {wait}echo "$ELASTICSLICE_CLIENT_ID" >> '
-                          f"{out}/ran.%(cardinal)s"]})
+                    "-c", f"sleep {seconds}; {wait}curl -sf "
+                          f'"{out.url}/ran/%(cardinal)s/$(geni-get client_id)" >/dev/null']})
     return w
 
 
-def closed_gate(tmp_path: Path) -> Path:
-    """A gate for :func:`sleepers`, closed (the file exists); ``unlink()`` opens it."""
-    gate = tmp_path / "gate"
-    gate.touch()
-    return gate
+def closed_gate(out: Witness) -> Gate:
+    """A gate for :func:`sleepers`, closed; ``open()`` (or ``unlink()``) opens it."""
+    return out.gate()
 
 
-def ran_on(out: Path) -> dict[str, list[str]]:
-    """unit index -> the nodes it ran on (one line per completed run)."""
-    return {p.name: p.read_text().split("\n")[:-1] for p in sorted(out.glob("ran.*"))}
+def ran_on(out: Witness) -> dict[str, list[str]]:
+    """unit index -> the nodes it ran on (one entry per completed run)."""
+    return out.ran()
 
 
 class Run:
@@ -96,7 +173,7 @@ def busy_added_node(cluster: ElasticCluster, run: Run) -> str:
     return str(wait_for(find, timeout=120, what="an added node whose pilot runs units"))
 
 
-def assert_nothing_lost(cluster: Any, run: Run, out: Path, count: int) -> dict[str, Any]:
+def assert_nothing_lost(cluster: Any, run: Run, out: Witness, count: int) -> dict[str, Any]:
     state = run.wait()
     assert state is State.DONE, [(t.id, t.state.value, [(u.pilot, u.state.value, u.result)
                                                          for u in t.units])

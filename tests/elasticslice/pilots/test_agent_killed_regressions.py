@@ -68,10 +68,10 @@ def host_pid(namespace: str, pid: int) -> int:
 
 
 def test_a_sigkill_meant_for_the_agent_does_not_hit_a_unit_it_is_starting(
-        emulator, make_cluster, tmp_path: Path) -> None:
+        emulator, make_cluster, witness, tmp_path: Path) -> None:
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None,
                            manager_options={"agent_grace": 1.0})
-    out = tmp_path / "out"
+    out = witness
     run = Run(cluster, sleepers(out, 2, 4.0, cores=4))  # one node's worth
     pilot = wait_for(lambda: next((p for p in cluster.pilots() if p.busy), None),
                      timeout=120, what="a busy pilot")

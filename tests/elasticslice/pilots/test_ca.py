@@ -1,8 +1,11 @@
 """The cluster CA and the nodes' install tarballs: keys 0600, never on a command line."""
 from __future__ import annotations
 
+import io
 import stat
 import tarfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,8 @@ from cryptography import x509
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots import (ClusterCA, ClusterCAError, ElasticCluster,
                                PilotElasticSliceHelper)
+from elasticslice.pilots.publish import TarballPublisher
+from elasticslice.rspec.tarball import tarball_problem
 
 
 def mode(path: Path) -> int:
@@ -40,28 +45,39 @@ def test_a_member_name_that_is_not_a_file_name_is_refused(tmp_path: Path) -> Non
 
 def test_node_tarball_carries_the_key_and_the_command_line_does_not(tmp_path: Path) -> None:
     ca = ClusterCA.open(tmp_path / "pki")
-    helper = PilotElasticSliceHelper(ca, "tls://127.0.0.1:4321", tmp_path / "tarballs",
-                                     python="/opt/venv/bin/python")
-    args = helper.get_add_args(1)
-    (cid, node), = args.items()
-    startup = str(node)
-    assert "PRIVATE KEY" not in startup and "node.key" not in startup
-    assert node["startup"][0] == "sh /local/pilot/start.sh"
-    (url, path), = node["tarballs"]
-    assert url.startswith("file://") and path == "/local/pilot"
-    tarball = Path(url[len("file://"):])
-    assert mode(tarball) == 0o600 and mode(tarball.parent) == 0o700
-    with tarfile.open(tarball) as tar:
-        members = {m.name: m for m in tar.getmembers()}
-        script = tar.extractfile("start.sh").read().decode()
-        key = tar.extractfile("node.key").read()
-    assert set(members) == {"ca.pem", "node.pem", "node.key", "start.sh"}
-    assert all(members[n].mode == 0o600 for n in ("ca.pem", "node.pem", "node.key"))
-    assert b"PRIVATE KEY" in key and "PRIVATE KEY" not in script
-    assert (f"exec /opt/venv/bin/python -m troy.frameworks.dask node tls://127.0.0.1:4321 "
-            f'"$cores" {cid}') in script
-    helper.handle_deleted_node({"client_id": cid})
-    assert not tarball.exists()  # the key goes with the node
+    publisher = TarballPublisher().start()
+    try:
+        helper = PilotElasticSliceHelper(ca, "tls://127.0.0.1:4321", tmp_path / "tarballs",
+                                         publisher=publisher, node_python="/opt/venv/bin/python")
+        args = helper.get_add_args(1)
+        (cid, node), = args.items()
+        startup = str(node)
+        assert "PRIVATE KEY" not in startup and "node.key" not in startup
+        assert node["startup"][0] == "sh /local/pilot/start.sh"
+        url, = node["tarballs"]  # a bare URL: CloudLab installs it at /
+        assert tarball_problem(url) is None and url.startswith(publisher.base_url)
+        kept = tmp_path / "tarballs" / f"{cid}.tar.gz"
+        assert mode(kept) == 0o600 and mode(kept.parent) == 0o700
+        with urllib.request.urlopen(url, timeout=30) as resp:  # as the CM fetches it
+            data = resp.read()
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            script = tar.extractfile("local/pilot/start.sh").read().decode()
+            key = tar.extractfile("local/pilot/node.key").read()
+        assert set(members) == {"local", "local/pilot", *(f"local/pilot/{n}" for n in (
+            "ca.pem", "node.pem", "node.key", "start.sh"))}
+        assert all(members[f"local/pilot/{n}"].mode == 0o600
+                   for n in ("ca.pem", "node.pem", "node.key"))
+        assert b"PRIVATE KEY" in key and "PRIVATE KEY" not in script
+        assert 'name=$(geni-get client_id)' in script and "ELASTICSLICE_CLIENT_ID" not in script
+        assert ("exec /opt/venv/bin/python -m troy.frameworks.dask node tls://127.0.0.1:4321 "
+                '"$cores" "$name"') in script
+        helper.handle_deleted_node({"client_id": cid})
+        assert not kept.exists()  # the key goes with the node, and its URL with it
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(url, timeout=30)
+    finally:
+        publisher.stop()
 
 
 def test_the_helper_refuses_a_scheduler_in_the_clear(tmp_path: Path) -> None:

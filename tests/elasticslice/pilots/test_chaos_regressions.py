@@ -13,8 +13,8 @@ killed when it rejoins."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,40 +25,36 @@ from troy import State
 from troy.frameworks.dask.node import RECONNECT_ENV
 from tests.helpers import wait_for
 from tests.elasticslice.managers.helpers import cm_nodes
-from tests.elasticslice.pilots.helpers import (Run, SchedulerProcess, assert_nothing_lost,
-                                             ran_on, sleepers)
+from tests.elasticslice.pilots.helpers import (Gate, Run, SchedulerProcess,
+                                             assert_nothing_lost, closed_gate, ran_on,
+                                             sleepers)
 
 pytestmark = pytest.mark.slow
 
 
-def gated_python(tmp_path: Path) -> tuple[Path, Path]:
-    """An interpreter for the nodes that waits while ``gate`` exists, then is the real one
-    (``exec``: same pid), so an agent can be killed before it joined, at a time of our
-    choosing."""
-    gate = tmp_path / "gate"
-    gate.touch()
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\nwhile [ -e '{gate}' ]; do sleep 0.05; done\n"
-                       f"exec '{sys.executable}' \"$@\"\n")
-    wrapper.chmod(0o700)
-    return wrapper, gate
+def gated_python(gate: Gate) -> str:
+    """A ``node_python`` for the nodes that waits while ``gate`` is closed, then is the
+    image's python3 (``exec``: same pid), so an agent can be killed before it joined, at a
+    time of our choosing."""
+    return shlex.join(["sh", "-c", f'{gate.wait_command()}; exec python3 "$@"', "python3"])
 
 
 def test_a_node_whose_agent_was_killed_before_it_joined_is_replaced_after_agent_timeout(
-        emulator, make_cluster, tmp_path: Path) -> None:
-    python, gate = gated_python(tmp_path)
-    cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None, python=str(python),
+        emulator, make_cluster, witness, tmp_path: Path) -> None:
+    gate = closed_gate(witness)
+    cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None,
+                           node_python=gated_python(gate),
                            manager_options={"agent_timeout": 3.0})
-    run = Run(cluster, sleepers(tmp_path / "out", 2, 2.0, cores=4))
+    run = Run(cluster, sleepers(witness, 2, 2.0, cores=4))
     scheduler = cluster.framework.scheduler_address
     pids = wait_for(lambda: agent_pids(scheduler), timeout=120, what="the first node's agent")
     assert len(pids) == 1 and not cluster.pilots()  # started, and not joined
     (first, pid), = pids.items()
     os.kill(pid, signal.SIGKILL)
     gate.unlink()  # the agents from now on join at once
-    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 2)
+    stats = assert_nothing_lost(cluster, run, witness, 2)
     assert stats["duplicates"] == 0, stats
-    ran = {node for nodes in ran_on(tmp_path / "out").values() for node in nodes}
+    ran = {node for nodes in ran_on(witness).values() for node in nodes}
     assert first not in ran  # no unit ever went to the node without an agent
     wait_for(lambda: first not in cm_nodes(emulator, tmp_path), timeout=120,
              what="the node whose agent never joined given back")

@@ -18,20 +18,20 @@ from tests.elasticslice.pilots.helpers import (Run, assert_nothing_lost, busy_ad
 pytestmark = pytest.mark.slow
 
 
-def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_cluster,
+def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_cluster, witness,
                                                               tmp_path: Path) -> None:
     cluster = make_cluster(emulator, maxthreshold=5, idle_timeout=1.0)
     # 24 cores, 8 a node; no unit ends before the test looked (broke: on a loaded machine
     # two had ended by the time the third pilot came up, and 2 nodes were wanted)
-    gate = closed_gate(tmp_path)
-    run = Run(cluster, sleepers(tmp_path / "out", 6, 3.0, cores=4, gate=gate))
+    gate = closed_gate(witness)
+    run = Run(cluster, sleepers(witness, 6, 3.0, cores=4, gate=gate))
     wait_for(lambda: len(cluster.pilots()) == 3, timeout=120, what="3 pilots under demand")
     snap = cluster.snapshot()
     assert snap.nodes_held == 3 and snap.pilot_cores == (8, 8, 8) and snap.nodes_wanted == 3
     gate.unlink()
-    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 6)
+    stats = assert_nothing_lost(cluster, run, witness, 6)
     assert stats["nodes_peak"] == 3  # what the demand asked for, not maxthreshold
-    nodes = {line for lines in ran_on(tmp_path / "out").values() for line in lines}
+    nodes = {line for lines in ran_on(witness).values() for line in lines}
     assert len(nodes) >= 2 and nodes <= set(cluster.manager.known_client_ids)
     # Idle: back down to minthreshold (the initial node stays); no busy node was taken.
     wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 1
@@ -43,10 +43,10 @@ def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_clus
 
 
 def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
-        emulator_factory, make_cluster, tmp_path: Path) -> None:
+        emulator_factory, make_cluster, witness, tmp_path: Path) -> None:
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
-    run = Run(cluster, sleepers(tmp_path / "out", 12, 3.0, cores=4))
+    run = Run(cluster, sleepers(witness, 12, 3.0, cores=4))
     victim = busy_added_node(cluster, run)
     node_id = node_of(cluster, victim).node_id
     survivors = [p for p in cluster.pilots() if p.worker_name != victim]
@@ -58,19 +58,19 @@ def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
     # CloudLab's values (sent before the notice) reached Troy's pilots
     wait_for(lambda: all(p.value is not None for p in survivors), timeout=60,
              what="the resource values on the pilots")
-    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 12)
+    stats = assert_nothing_lost(cluster, run, witness, 12)
     assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
         (1, 1, 0), stats
     assert victim not in cm_nodes(emulator, tmp_path)
 
 
 def test_a_node_taken_without_notice_has_its_units_requeued(emulator_factory, make_cluster,
-                                                             tmp_path: Path) -> None:
+                                                             witness, tmp_path: Path) -> None:
     emulator = emulator_factory(max_wait=0)  # CloudLab cannot wait: max_wait_time 0
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
     # the units are still there when the victim goes: they end once it has gone
-    gate = closed_gate(tmp_path)
-    run = Run(cluster, sleepers(tmp_path / "out", 8, 6.0, cores=4, gate=gate))
+    gate = closed_gate(witness)
+    run = Run(cluster, sleepers(witness, 8, 6.0, cores=4, gate=gate))
     victim = busy_added_node(cluster, run)
     node_id = node_of(cluster, victim).node_id
     admin(emulator).call("Revoke", nodes=[node_id])
@@ -78,8 +78,12 @@ def test_a_node_taken_without_notice_has_its_units_requeued(emulator_factory, ma
              what="the reclamation to end")
     assert reclaim_outcome(emulator, node_id) == "forced"
     gate.unlink()
-    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 8)
-    assert stats["units_requeued"] >= 1, stats  # what ran there ran again elsewhere
+    stats = assert_nothing_lost(cluster, run, witness, 8)
+    # what ran there ran again elsewhere: requeued by Troy, or rerun by Dask when the node
+    # went before its last notice arrived (as on CloudLab: at max_wait_time 0 "the node may
+    # already be gone"); Troy counts both
+    assert all(victim not in nodes for nodes in ran_on(witness).values())
+    assert stats["units_requeued"] >= 1, stats
     assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
         (1, 0, 1), stats
 
@@ -92,22 +96,22 @@ def crash(manager: Any) -> None:
         manager.endpoint_server.stop()
 
 
-def test_a_manager_restarted_mid_workflow_resumes(emulator, make_cluster,
+def test_a_manager_restarted_mid_workflow_resumes(emulator, make_cluster, witness,
                                                   tmp_path: Path) -> None:
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
-    gate = closed_gate(tmp_path)   # mid-workflow until the new manager runs
-    run = Run(cluster, sleepers(tmp_path / "out", 12, 4.0, cores=4, gate=gate))
+    gate = closed_gate(witness)   # mid-workflow until the new manager runs
+    run = Run(cluster, sleepers(witness, 12, 4.0, cores=4, gate=gate))
     wait_for(lambda: len(cluster.pilots()) == 3, timeout=120, what="3 pilots")
     before = {p.id for p in cluster.pilots()}
     old = cluster.manager
     crash(old)
-    assert ran_on(tmp_path / "out") == {}  # mid-workflow: no unit ended
+    assert ran_on(witness) == {}  # mid-workflow: no unit ended
     manager = cluster.replace_manager()
     old.state.close()
     wait_for(lambda: manager.cycle.methods["add_nodes"].runs >= 3, timeout=60,
              what="the new manager's cycle")
     gate.unlink()
-    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 12)
+    stats = assert_nothing_lost(cluster, run, witness, 12)
     held = cm_nodes(emulator, tmp_path)
     assert len(held) == 3 and len(set(held)) == 3  # no duplicate adds
     assert sorted(r.client_id for r in manager.state.nodes()) == sorted(held)
@@ -117,7 +121,7 @@ def test_a_manager_restarted_mid_workflow_resumes(emulator, make_cluster,
 
 
 def test_a_node_whose_agent_was_killed_is_replaced_and_nothing_is_lost(
-        emulator, make_cluster, tmp_path: Path) -> None:
+        emulator, make_cluster, witness, tmp_path: Path) -> None:
     """The only pilot's agent dies (SIGKILL): before, its node stayed held with no agent and
     the workflow waited forever; now the node is replaced (the new one first: CloudLab
     does not take a sliver's last node) and given back."""
@@ -126,12 +130,12 @@ def test_a_node_whose_agent_was_killed_is_replaced_and_nothing_is_lost(
     from bench.chaos.world import agent_pids
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None,
                            manager_options={"agent_grace": 1.0})
-    run = Run(cluster, sleepers(tmp_path / "out", 2, 4.0, cores=4))  # one node's worth
+    run = Run(cluster, sleepers(witness, 2, 4.0, cores=4))  # one node's worth
     first = str(wait_for(lambda: next((p.worker_name for p in cluster.pilots() if p.busy),
                                       None), timeout=120, what="a busy pilot"))
     pid = agent_pids(cluster.framework.scheduler_address)[first]
     os.kill(pid, signal.SIGKILL)
-    assert_nothing_lost(cluster, run, tmp_path / "out", 2)
+    assert_nothing_lost(cluster, run, witness, 2)
     wait_for(lambda: first not in cm_nodes(emulator, tmp_path), timeout=60,
              what="the node without an agent given back")
     held = cm_nodes(emulator, tmp_path)

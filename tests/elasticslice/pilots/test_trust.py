@@ -37,7 +37,8 @@ def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_clus
 
 
 def test_a_hostile_worker_with_a_valid_certificate_gets_no_units(emulator, make_cluster,
-                                                                 tmp_path: Path) -> None:
+                                                                 witness, tmp_path: Path
+                                                                 ) -> None:
     cluster = make_cluster(emulator, maxthreshold=1, idle_timeout=None)
     wait_for(lambda: len(cluster.pilots()) == 1, timeout=120, what="the initial node's pilot")
     cert, key = cluster.ca.issue("node-x")  # a valid certificate; node-x is not ours
@@ -46,11 +47,11 @@ def test_a_hostile_worker_with_a_valid_certificate_gets_no_units(emulator, make_
     try:
         wait_for(lambda: len(cluster.framework.workers_info()) == 2, timeout=60,
                  what="the hostile worker to join the scheduler")  # so the test can fail
-        run = Run(cluster, sleepers(tmp_path / "out", 6, 0.5, cores=4))  # 24 cores, 8 ours
+        run = Run(cluster, sleepers(witness, 6, 0.5, cores=4))  # 24 cores, 8 ours
         assert run.wait() is State.DONE
         assert cluster.framework.find_pilot("node-x") is None
         assert len(cluster.pilots()) == 1
-        ran = ran_on(tmp_path / "out")
+        ran = ran_on(witness)
         assert len(ran) == 6 and all(lines == ["node-1"] for lines in ran.values()), ran
     finally:
         stop(agent)
