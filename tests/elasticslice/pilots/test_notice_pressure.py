@@ -114,24 +114,24 @@ def revoke_as_cm_while(cluster: Any, emulator: Any, tmp_path: Path, busy: Any,
     return pilot, watch, sent
 
 
-def test_notices_are_answered_while_addnodes_takes_30_s(emulator_factory, make_cluster,
+def test_notices_are_answered_while_addnodes_takes_30_s(witness, emulator_factory, make_cluster,
                                                          tmp_path: Path) -> None:
     emulator = emulator_factory(slow={"AddNodes": 30.0})
     pressure = emulator.server.pressure
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None)
-    gate = closed_gate(tmp_path)
-    run = Run(cluster, sleepers(tmp_path / "out", 4, 1.0, cores=4, gate=gate))
+    gate = closed_gate(witness)
+    run = Run(cluster, sleepers(witness, 4, 1.0, cores=4, gate=gate))
     wait_for(lambda: pressure.in_flight("AddNodes"), timeout=120, what="AddNodes in flight")
     pilot, watch, sent = revoke_as_cm_while(
         cluster, emulator, tmp_path, lambda: pressure.in_flight("AddNodes") == 1,
         "AddNodes took 30 s")
     gate.unlink()
     pressure.relieve()
-    assert_nothing_lost(cluster, run, tmp_path / "out", 4)
+    assert_nothing_lost(cluster, run, witness, 4)
     assert watch.started_on(pilot.id, after=sent) == []
 
 
-def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(
+def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(witness, 
         emulator_factory, make_cluster, tmp_path: Path) -> None:
     emulator = emulator_factory(busy={"AddNodes": 1.0})
     pressure = emulator.server.pressure
@@ -139,8 +139,8 @@ def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(
     # as CloudLab's clients do: seconds between tries (not the suite's fast retries)
     cluster.server.transport.retry = RetryPolicy(attempts=100, base_delay=1.0, max_delay=4.0)
     adding = cluster.manager.cycle.methods["add_nodes"]
-    gate = closed_gate(tmp_path)
-    run = Run(cluster, sleepers(tmp_path / "out", 4, 1.0, cores=4, gate=gate))
+    gate = closed_gate(witness)
+    run = Run(cluster, sleepers(witness, 4, 1.0, cores=4, gate=gate))
     wait_for(lambda: adding.running and pressure.busy_answers("AddNodes") >= 3, timeout=120,
              what="add_nodes in BUSY back-off")
     runs = adding.runs
@@ -149,11 +149,11 @@ def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(
         "the client backed off")
     gate.unlink()
     pressure.relieve()
-    assert_nothing_lost(cluster, run, tmp_path / "out", 4)
+    assert_nothing_lost(cluster, run, witness, 4)
     assert watch.started_on(pilot.id, after=sent) == []
 
 
-def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(
+def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(witness, 
         emulator_factory, make_cluster, tmp_path: Path) -> None:
     """CloudLab revokes a node (its replacement's AddNodes takes 20 s), then another while
     that AddNodes is in flight: both drain, both go back early, no unit is lost."""
@@ -161,8 +161,8 @@ def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(
     pressure = emulator.server.pressure
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
     manager = cluster.manager
-    gate = closed_gate(tmp_path)
-    run = Run(cluster, sleepers(tmp_path / "out", 6, 1.0, cores=4, gate=gate))
+    gate = closed_gate(witness)
+    run = Run(cluster, sleepers(witness, 6, 1.0, cores=4, gate=gate))
     for client_id in ("node-1", "node-2", "node-3"):
         full_pilot(cluster, client_id)
     pressure.set(slow={"AddNodes": 20.0})
@@ -184,6 +184,6 @@ def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(
         assert manager.drains[node_id].deadline == revocation.deadline
         assert revocation.deadline == revocation.first_seen + 15
     pressure.relieve()
-    stats = assert_nothing_lost(cluster, run, tmp_path / "out", 6)
+    stats = assert_nothing_lost(cluster, run, witness, 6)
     assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
         (2, 2, 0), stats

@@ -23,12 +23,12 @@ from tests.helpers import holds_for, wait_for
 pytestmark = pytest.mark.slow
 
 
-def test_mismatched_and_foreign_notices_drain_nothing_and_count_nothing(
+def test_mismatched_and_foreign_notices_drain_nothing_and_count_nothing(witness, 
         emulator, make_cluster, tmp_path: Path) -> None:
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None)
     manager = cluster.manager
-    gate = closed_gate(tmp_path)
-    run = Run(cluster, sleepers(tmp_path / "out", 4, 1.0, cores=4, gate=gate))
+    gate = closed_gate(witness)
+    run = Run(cluster, sleepers(witness, 4, 1.0, cores=4, gate=gate))
     wait_for(lambda: len(cluster.pilots()) == 2 and all(p.busy for p in cluster.pilots()),
              timeout=120, what="two busy pilots")
     one, two = sorted(manager.state.nodes(), key=lambda r: r.client_id)
@@ -65,4 +65,4 @@ def test_mismatched_and_foreign_notices_drain_nothing_and_count_nothing(
     assert stats["foreign_notices"] == 6  # each distinct (node_id, client_id), apart
     assert manager.state.pending_deletes() == []
     gate.unlink()
-    assert_nothing_lost(cluster, run, tmp_path / "out", 4)
+    assert_nothing_lost(cluster, run, witness, 4)
