@@ -114,8 +114,8 @@ def revoke_as_cm_while(cluster: Any, emulator: Any, tmp_path: Path, busy: Any,
     return pilot, watch, sent
 
 
-def test_notices_are_answered_while_addnodes_takes_30_s(witness, emulator_factory, make_cluster,
-                                                         tmp_path: Path) -> None:
+def test_notices_are_answered_while_addnodes_takes_30_s(witness, emulator_factory,
+                                                         make_cluster, tmp_path: Path) -> None:
     emulator = emulator_factory(slow={"AddNodes": 30.0})
     pressure = emulator.server.pressure
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None)
@@ -131,8 +131,8 @@ def test_notices_are_answered_while_addnodes_takes_30_s(witness, emulator_factor
     assert watch.started_on(pilot.id, after=sent) == []
 
 
-def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(witness, 
-        emulator_factory, make_cluster, tmp_path: Path) -> None:
+def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(
+        witness, emulator_factory, make_cluster, tmp_path: Path) -> None:
     emulator = emulator_factory(busy={"AddNodes": 1.0})
     pressure = emulator.server.pressure
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None)
@@ -153,8 +153,8 @@ def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(witness,
     assert watch.started_on(pilot.id, after=sent) == []
 
 
-def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(witness, 
-        emulator_factory, make_cluster, tmp_path: Path) -> None:
+def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(
+        witness, emulator_factory, make_cluster, tmp_path: Path) -> None:
     """CloudLab revokes a node (its replacement's AddNodes takes 20 s), then another while
     that AddNodes is in flight: both drain, both go back early, no unit is lost."""
     emulator = emulator_factory(max_wait=15, notify_interval=1.0)
@@ -179,10 +179,12 @@ def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(witne
         wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
                  what=f"the reclamation of {node_id} to end")
         assert reclaim_outcome(emulator, node_id) == "early"
-    for node_id in (first, second):  # the drain's deadline: the first notice's arrival + 15 s
+    for node_id in (first, second):  # the drain's deadline is the notice's: the first
+        # notice's arrival + 15 s, or earlier where a countdown notice (received later, with
+        # a max_wait_time rounded up) said so; never later (broke: recomputed after a wait)
         revocation = [r for r in manager.state.pending_deletes() if r.node_id == node_id][0]
         assert manager.drains[node_id].deadline == revocation.deadline
-        assert revocation.deadline == revocation.first_seen + 15
+        assert revocation.deadline <= revocation.first_seen + 15
     pressure.relieve()
     stats = assert_nothing_lost(cluster, run, witness, 6)
     assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \

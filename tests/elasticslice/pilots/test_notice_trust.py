@@ -23,8 +23,8 @@ from tests.helpers import holds_for, wait_for
 pytestmark = pytest.mark.slow
 
 
-def test_mismatched_and_foreign_notices_drain_nothing_and_count_nothing(witness, 
-        emulator, make_cluster, tmp_path: Path) -> None:
+def test_mismatched_and_foreign_notices_drain_nothing_and_count_nothing(
+        witness, emulator, make_cluster, tmp_path: Path) -> None:
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None)
     manager = cluster.manager
     gate = closed_gate(witness)
