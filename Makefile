@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast demo bench chaos clean
+.PHONY: test test-fast bytecode demo bench chaos clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,15 +12,20 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $(STAMP)
 
+# Compile the project's modules once: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
+# every test process, node agent and unit would otherwise compile them again.
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -q elasticslice troy bench tests
+
 # The whole suite, in parallel: TEST_WORKERS processes (most tests wait on servers, boots and
 # subprocesses, so more than the cores), worksteal for tests of very different lengths.
 TEST_WORKERS ?= 4
 PYTEST_ARGS  ?=
-test: $(STAMP)
+test: $(STAMP) bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The fast tier, for every edit: unit and in-process tests (no emulator, Dask or demo)
-test-fast: $(STAMP)
+test-fast: $(STAMP) bytecode
 	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 demo: $(STAMP)

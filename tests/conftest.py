@@ -33,11 +33,24 @@ SLOW_FIXTURES = frozenset({
 })
 
 
+# Where the longest tests live (whole workflows on elastic clusters, the demo, doc blocks):
+# they start first, so that the parallel run does not end waiting for one of them.
+LONGEST_FIRST = ("tests/elasticslice/pilots/", "tests/elasticslice/test_run.py",
+                 "tests/test_demo", "tests/test_docs", "tests/bench/")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow = pytest.mark.slow
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(slow)
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is None:
+            return 2
+        where = item.nodeid
+        return 0 if where.startswith(LONGEST_FIRST) else 1
+    items.sort(key=weight)  # stable: the same order on every worker
 
 
 @pytest.fixture
