@@ -61,6 +61,7 @@ class ValuePusher:
         self.pushes = 0
         self.failures = 0
         self._due: dict[str, tuple[float, int]] = {}  # slice -> (when, attempts so far)
+        self._sending = 0  # pushes taken off _due and not yet answered
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -85,6 +86,13 @@ class ValuePusher:
     def mark_all(self) -> None:
         for endpoint in self.ctx.store.all_endpoints():
             self.mark(endpoint.slice_urn)
+
+    def idle(self) -> bool:
+        """Nothing due and nothing in flight: every push marked so far has been answered (or
+        waits on a retry later than now)."""
+        with self._cond:
+            now = time.monotonic()
+            return self._sending == 0 and all(when > now for when, _ in self._due.values())
 
     def push_now(self, slice_urn: str) -> bool:
         """Push at once on the caller's thread (bounded by ``values_timeout``)."""
@@ -125,8 +133,11 @@ class ValuePusher:
                     return
                 for slice_urn, _ in ready:
                     del self._due[slice_urn]
+                self._sending = len(ready)
             for slice_urn, attempts in ready:
                 try:
                     self._push(slice_urn, attempts)
                 except Exception:  # the pusher must survive one bad push
                     log.exception("pushing values of %s failed", slice_urn)
+            with self._cond:
+                self._sending = 0

@@ -119,6 +119,7 @@ class NoticeBook:
             with self.state.transaction():
                 for notice, where in held:
                     if where is None:
+                        self._late(notice)
                         entries.append(Entry(notice))
                         continue
                     entries.append(self._record(notice, *where))
@@ -150,6 +151,7 @@ class NoticeBook:
             for notice in notices_of(nodes, received):
                 where = self._held(notice)
                 if where is None:
+                    self._late(notice)
                     entries.append(Entry(notice))
                     continue
                 revocation = self.state.revocations.get(notice.node_id, where[0])
@@ -171,6 +173,23 @@ class NoticeBook:
         """A node we held, gone from our records already (its complete comes late)."""
         rec = self.state.find_node(notice.node_id)
         return rec is not None and rec.client_id == notice.client_id
+
+    def _gone(self, notice: DeleteNotice) -> NodeRecord | None:
+        rec = self.state.find_node(notice.node_id)
+        if rec is None or rec.gone_at is None or rec.client_id != notice.client_id:
+            return None
+        return rec
+
+    def _late(self, notice: DeleteNotice) -> None:
+        """A notice about a node of ours that left before CloudLab's word reached us (taken
+        at once, max_wait_time 0, or seen gone from the sliver first): still a revocation,
+        forced, counted once per holding."""
+        if self.holdings is None or (rec := self._gone(notice)) is None:
+            return
+        if self.state.revocations.late(rec.cm, notice.node_id, rec.client_id,
+                                       held_since=rec.added_at, now=notice.received):
+            log.warning("CloudLab took back %s (%s) before its notice reached us",
+                        notice.node_id, rec.client_id)
 
     def _count_foreign(self, notices: list[DeleteNotice], now: float) -> None:
         """Count apart the items naming nodes we do not hold (but those of a node we held,

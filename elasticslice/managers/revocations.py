@@ -49,6 +49,21 @@ class RevocationLog:
         assert found is not None
         return found
 
+    def late(self, cm: str, node_id: str, client_id: str | None, *, held_since: float,
+             now: float) -> bool:
+        """CloudLab's word about a node of ours that left before any notice reached us (at
+        max_wait_time 0 "the node may already be gone"): record that revocation, forced and
+        finished, unless one of this holding (since ``held_since``) is recorded already."""
+        with self.state.transaction():
+            if self.state._rows("SELECT id FROM revocations WHERE node_id = ? AND cm = ? AND "
+                                "first_seen >= ?", (node_id, cm, held_since)):
+                return False
+            self.state._run("INSERT INTO revocations (cm, node_id, client_id, deadline, "
+                            "first_seen, last_seen, finished, outcome) VALUES "
+                            "(?, ?, ?, ?, ?, ?, ?, 'forced')",
+                            (cm, node_id, client_id, now, now, now, now))
+        return True
+
     def get(self, node_id: str, cm: str | None = None) -> PendingDelete | None:
         """The open revocation of ``node_id`` (None: none open)."""
         where, args = self._where(node_id, cm)

@@ -158,7 +158,10 @@ def test_the_node_with_the_lowest_pushed_value_is_reclaimed_next(emulator_factor
         ok(s.dyn.SetResourceValues({"slice_urn": urn, "credentials": [cred], "nodelist": [
             {"client_id": "n1", "value": 0.8}, {"client_id": "n2", "value": 0.1}]}))
     admin = AdminClient(emu.dir)
-    before = len(ep.values())  # (a push of the registration, retried late, is not these)
+    # a push computed before these calls can land after them: wait until the emulator has
+    # answered every push it was asked for, then count (what follows is the load's push)
+    wait_for(emu.server.reclaimer.values.idle, timeout=20, what="the earlier pushes answered")
+    before = len(ep.values())
     admin.call("SetLoad", busy=1)  # the free node is enough: nothing reclaimed yet
     pushed = wait_for(lambda: [v for v in ep.values()[before:] if len(v) == 3], timeout=20,
                       what="values after the load changed")[-1]

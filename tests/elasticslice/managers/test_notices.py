@@ -95,7 +95,30 @@ def test_released_by_the_deadline_is_early_and_taken_before_is_forced(world) -> 
     # CloudLab's late word about nodes we held is answered, not counted as foreign
     book.pending([item("pc1", "node-1", 0)], clock())
     book.complete([item("pc2", "node-2", 0)], clock())
-    assert book.counts()["foreign"] == 0
+    assert book.counts() == {"revocations": 2, "early": 1, "forced": 1, "foreign": 0}
+
+
+def test_a_node_taken_before_its_notice_reached_us_is_still_one_forced_revocation(
+        world) -> None:
+    """At max_wait_time 0 CloudLab may take the node first: we see it gone from the sliver,
+    then its notice and its complete arrive. What broke: neither counted (the node was no
+    longer held), and the run's summary said no revocation."""
+    book, state, clock, *_ = world
+    [rec] = [r for r in state.nodes() if r.client_id == "node-1"]
+    book.holdings.forget(rec, clock(), "not in the sliver any more")
+    clock.now = 1001.0
+    [late] = book.pending([item("pc1", "node-1", 0)], clock())
+    assert not late.ours   # nothing to drain: it is gone
+    book.complete([item("pc1", "node-1", 0)], clock())
+    book.pending([item("pc1", "node-1", 0)], clock())   # CloudLab says it again: once
+    assert book.counts() == {"revocations": 1, "early": 0, "forced": 1, "foreign": 0}
+    # the same machine given to us again and taken again is another revocation
+    state.upsert_node(CM, "node-3", now=1002.0, node_id="pc1", state="ready")
+    [rec] = [r for r in state.nodes() if r.client_id == "node-3"]
+    book.holdings.forget(rec, 1003.0, "not in the sliver any more")
+    clock.now = 1004.0
+    book.complete([item("pc1", "node-3", 0)], clock())
+    assert book.counts() == {"revocations": 2, "early": 0, "forced": 2, "foreign": 0}
 
 
 def test_a_notice_that_cannot_wait_is_forced_and_complete_for_a_stranger_changes_nothing(
