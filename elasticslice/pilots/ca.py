@@ -62,9 +62,10 @@ class ClusterCA:
         return cls(directory, cert, key)
 
     def issue(self, name: str, hosts: Sequence[str] = ("127.0.0.1",),
-              days: float = 7) -> tuple[Path, Path]:
-        """A certificate for member ``name`` (its common name) and its key, as files
-        ``members/<name>.pem`` and ``members/<name>.key`` (0600); issued once, reused."""
+              days: float = 7, role: str = "control") -> tuple[Path, Path]:
+        """A certificate for member ``name`` (its common name, ``role`` its OU) and its key,
+        as files ``members/<name>.pem`` and ``members/<name>.key`` (0600); issued once,
+        reused."""
         safe = _SAFE.sub("_", name)[:64]
         if not safe or safe in (".", ".."):
             raise ClusterCAError(f"cannot issue a certificate for {name!r}: not a usable name")
@@ -75,7 +76,7 @@ class ClusterCA:
         ips = [h for h in hosts if _is_ip(h)]
         names = [h for h in hosts if not _is_ip(h)]
         cert, key = pki.issue_certificate(self.cert_pem, self._key_pem, name, hostnames=names,
-                                          ips=ips, days=max(1, round(days)))
+                                          ips=ips, days=max(1, round(days)), role=role)
         try:
             members.mkdir(mode=0o700, exist_ok=True)
             pki.write_private_file(key_path, key)

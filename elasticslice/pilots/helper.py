@@ -108,7 +108,7 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
         path = self.tarball_dir / f"{client_id}.tar.gz"
         if path.exists():
             return path
-        cert, key = self.ca.issue(client_id)
+        cert, key = self.ca.issue(client_id, role="worker")
         script = agent_script(self.scheduler, self.node_python, self.worker_host)
         top = self.INSTALL_PATH.strip("/")
         members = [("ca.pem", self.ca.cert_pem, 0o600), ("node.pem", cert.read_bytes(), 0o600),

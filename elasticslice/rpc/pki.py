@@ -70,8 +70,10 @@ def load_private_key(key_pem: bytes | str, password: bytes | str | None = None) 
     return _load_key_cached(data, pwd)
 
 
-def _name(common_name: str, email: str | None = None) -> x509.Name:
+def _name(common_name: str, email: str | None = None, role: str | None = None) -> x509.Name:
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])]
+    if role:  # a cluster member's role (elasticslice.pilots: "control" or "worker")
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role))
     if email:
         attrs.append(x509.NameAttribute(NameOID.EMAIL_ADDRESS, email))
     return x509.Name(attrs)
@@ -119,16 +121,28 @@ def issue_certificate(
     email: str | None = None,
     days: int = DEFAULT_DAYS,
     ca_key_password: bytes | str | None = None,
+    role: str | None = None,
+    lifetime: dt.timedelta | None = None,
+    public_key_pem: bytes | str | None = None,
 ) -> tuple[bytes, bytes]:
     """A certificate signed by the CA and its new (unencrypted) key, both PEM.
 
     ``urn`` becomes a subjectAltName URI (users, slices, authorities); ``hostnames`` and
     ``ips`` become DNS/IP SANs (servers); ``aia_url`` an authorityInfoAccess caIssuers URI
-    (CloudLab points user certificates at their SA this way).
+    (CloudLab points user certificates at their SA this way). ``role`` becomes the subject's
+    organizationalUnitName (a cluster member's role); ``lifetime`` replaces ``days``. With
+    ``public_key_pem`` (a key made elsewhere, e.g. from a certificate request) that key is
+    certified and no key is made: the second item is then ``b""``.
     """
     ca_cert = load_pem_cert(ca_cert_pem)
     ca_key = _load_key(ca_key_pem, ca_key_password)
-    key = generate_key()
+    if public_key_pem is not None:
+        data = public_key_pem.encode() if isinstance(public_key_pem, str) else public_key_pem
+        public = serialization.load_pem_public_key(data)
+        key = None
+    else:
+        key = generate_key()
+        public = key.public_key()
     now = _now()
     sans: list[x509.GeneralName] = []
     if urn:
@@ -139,15 +153,14 @@ def issue_certificate(
         sans.append(x509.RFC822Name(email))
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name, email))
+        .subject_name(_name(common_name, email, role))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_after(now + (lifetime if lifetime is not None else dt.timedelta(days=days)))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                       critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                        critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH,
@@ -160,7 +173,7 @@ def issue_certificate(
             x509.AccessDescription(AuthorityInformationAccessOID.CA_ISSUERS,
                                    x509.UniformResourceIdentifier(aia_url))]), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+    return cert.public_bytes(serialization.Encoding.PEM), (_key_pem(key) if key else b"")
 
 
 def encrypt_key_pem(key_pem: bytes | str, password: bytes | str) -> bytes:

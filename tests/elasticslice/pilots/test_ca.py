@@ -28,12 +28,12 @@ def test_the_ca_is_made_once_and_its_files_are_private(tmp_path: Path) -> None:
     assert again.cert_pem == ca.cert_pem  # reopened after a restart, not remade
     assert mode(tmp_path / "pki") == 0o700
     assert mode(tmp_path / "pki" / "ca.key") == 0o600 and mode(ca.ca_file) == 0o600
-    cert_path, key_path = ca.issue("node-1")
+    cert_path, key_path = ca.issue("node-1", role="worker")
     assert mode(cert_path) == 0o600 and mode(key_path) == 0o600
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     root = x509.load_pem_x509_certificate(ca.cert_pem)
     cert.verify_directly_issued_by(root)
-    assert cert.subject.rfc4514_string() == "CN=node-1"
+    assert cert.subject.rfc4514_string() == "OU=worker,CN=node-1"  # its role: the OU
     assert "PRIVATE KEY" not in repr(ca)
 
 
