@@ -18,6 +18,7 @@ import click
 from elasticslice import __version__
 from elasticslice.envcheck import warn_unknown_variables
 from elasticslice.errors import ElasticSliceError
+from troy.clickutil import OneLineErrors
 
 COMMAND_MODULES = ("rspec", "client", "emulator", "manage", "demo", "run")
 
@@ -32,8 +33,9 @@ class CliState:
         self.debug = debug
 
 
-class FriendlyGroup(click.Group):
-    """A click group that turns our exceptions into one-line messages."""
+class FriendlyGroup(OneLineErrors):
+    """A click group that turns our exceptions into one-line messages (usage errors too:
+    one line naming the command's --help, no usage block)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

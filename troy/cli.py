@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from troy.clickutil import OneLineErrors
 from troy.errors import BadParameter, TroyError, UsageError
 from troy.estimate import estimate
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
@@ -27,28 +28,8 @@ from troy.runs import run_numbers_problem
 log = logging.getLogger("troy")
 
 
-class FriendlyGroup(click.Group):
+class FriendlyGroup(OneLineErrors):
     """Turns exceptions into one-line messages (usage errors too: no usage block)."""
-
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.NoArgsIsHelpError as err:  # plain ``troy``: the help
-            click.echo(err.format_message())
-            sys.exit(0)
-        except click.UsageError as err:
-            where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
-            click.echo(f"Error: {err.format_message()}{where}", err=True)
-            sys.exit(err.exit_code)
-        except click.ClickException as err:
-            err.show()
-            sys.exit(err.exit_code)
-        except click.exceptions.Abort:
-            click.echo("Aborted!", err=True)
-            sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -31,3 +31,19 @@ def test_every_command_and_option_has_help():
 def test_emulator_group_help_shows_how_to_start():
     result = CliRunner().invoke(cli, ["emulator", "--help"])
     assert "emulator init  --dir" in result.output and "emulator serve --dir" in result.output
+
+
+def test_a_usage_error_is_one_line_that_names_the_help(tmp_path):
+    """What broke: `elasticslice run --nosuch` printed click's usage block before its error
+    (troy's commands said one line); now both say one line and exit 2."""
+    import subprocess
+    import sys
+    for args, line in ((["run", "--nosuch"],
+                        "Error: No such option '--nosuch'. (see 'elasticslice run --help')"),
+                       (["emulator", "serve", "--port", "x"],
+                        "Error: Invalid value for '--port': 'x' is not a valid integer range. "
+                        "(see 'elasticslice emulator serve --help')")):
+        out = subprocess.run([sys.executable, "-m", "elasticslice.cli", *args],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert out.returncode == 2, out
+        assert out.stderr.strip().splitlines() == [line] and out.stdout == ""
