@@ -399,6 +399,22 @@ def _project_wheel(directory: Path) -> tuple[Path, bool]:
     return path, True
 
 
+def compatible_platforms(platform: str) -> list[str]:
+    """``platform`` and the older manylinux tags a machine of it runs (pip download takes
+    ``--platform`` literally)."""
+    match = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", platform)
+    if not match:
+        return [platform]
+    major, minor, arch = int(match.group(1)), int(match.group(2)), match.group(3)
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags = []
+    for m in range(minor, 4, -1):
+        tags.append(f"manylinux_{major}_{m}_{arch}")
+        if major == 2 and m in legacy:
+            tags.append(f"{legacy[m]}_{arch}")
+    return tags
+
+
 def _download(directory: Path, version: str, platform: str, pins: dict[str, str]
               ) -> tuple[dict[str, Path], bool]:
     """Wheels for another interpreter, from the package index, pinned to the versions here."""
@@ -420,7 +436,8 @@ def _download(directory: Path, version: str, platform: str, pins: dict[str, str]
         abi = f"cp{version.replace('.', '')}"
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
                "--python-version", version, "--implementation", "cp", "--abi", abi,
-               "--abi", "abi3", "--abi", "none", "--platform", platform,
+               "--abi", "abi3", "--abi", "none",
+               *(word for tag in compatible_platforms(platform) for word in ("--platform", tag)),
                "-c", str(constraints), "-d", str(staging), *AGENT_REQUIREMENTS]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
