@@ -503,3 +503,34 @@ def _write_indexes(directory: Path, version: str, platform: str, wheels: list[Pa
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             _atomic_write(path, lambda out, t=text: out.write_text(t))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m elasticslice.pilots.wheelhouse [--python X.Y] [--platform TAG]``: build (or
+    find in the cache) the wheelhouse and print where it is, what it holds and how it was
+    made; one line and exit status 1 when it cannot be built."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m elasticslice.pilots.wheelhouse",
+                                     description=main.__doc__.splitlines()[0])
+    parser.add_argument("--python", default=None, metavar="X.Y",
+                        help="the nodes' Python version (default: this one's, "
+                             f"{this_python()})")
+    parser.add_argument("--platform", default=None, metavar="TAG",
+                        help=f"the nodes' wheel platform (default: {this_platform()})")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        house = Wheelhouse.for_python(args.python, platform=args.platform)
+    except WheelhouseError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 1
+    size = sum(w.stat().st_size for w in house.wheels) / 1e6
+    print(f"{house.directory}: {len(house.wheels)} wheels, {size:.1f} MB, Python "
+          f"{house.python} on {house.platform}, "
+          f"{('built (' + house.method + ')') if house.built else 'from the cache'} in "
+          f"{time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
