@@ -150,21 +150,16 @@ def test_pip_installs_from_it_over_http(house: Wheelhouse, tmp_path: Path) -> No
                                  if re.match(rf"(dask|{PROJECT})-", w.name)), option
 
 
-def test_make_wheelhouse_says_where_it_is_or_why_not(house: Wheelhouse, tmp_path: Path) -> None:
+def test_make_wheelhouse_says_where_it_is_or_why_not(house: Wheelhouse, monkeypatch,
+                                                     capsys) -> None:
     """``python -m elasticslice.pilots.wheelhouse`` (``make wheelhouse``)."""
     from elasticslice.pilots import wheelhouse
     done = subprocess.run([sys.executable, "-m", "elasticslice.pilots.wheelhouse", "--python",
                            "3.x"], capture_output=True, text=True)
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == "Error: Python version '3.x': expected MAJOR.MINOR, e.g. 3.11\n"
-    old = wheelhouse.cache_root
-    wheelhouse.cache_root = lambda: house.directory.parent  # type: ignore[assignment]
-    try:
-        import contextlib
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert wheelhouse.main([]) == 0
-    finally:
-        wheelhouse.cache_root = old  # type: ignore[assignment]
-    assert out.getvalue().startswith(f"{house.directory}: {len(house.wheels)} wheels, ")
-    assert "from the cache in" in out.getvalue()
+    monkeypatch.setattr(wheelhouse, "cache_root", lambda: house.directory.parent)
+    assert wheelhouse.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{house.directory}: {len(house.wheels)} wheels, ")
+    assert "from the cache in" in out
