@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast bytecode demo bench chaos clean
+.PHONY: test test-fast bytecode demo bench chaos wheelhouse clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ bench: $(STAMP)
 CHAOS_ARGS ?= --runs 20 --seed 1 --json bench/results/chaos.json
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
+
+# the nodes' software: the wheelhouse of what this environment runs (README "Node software");
+# cached in $(VENV)/var/wheelhouse. WHEELHOUSE_ARGS="--python 3.10 --platform manylinux_2_35_x86_64"
+WHEELHOUSE_ARGS ?=
+wheelhouse: $(STAMP)
+	$(BIN)/python -m elasticslice.pilots.wheelhouse $(WHEELHOUSE_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

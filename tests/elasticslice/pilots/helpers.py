@@ -225,3 +225,25 @@ class SchedulerProcess:
             fw.client.close(timeout=5) if fw.client is not None else None
             if agent.poll() is None:
                 stop(agent)
+
+
+@contextlib.contextmanager
+def serve_directory(directory: Path) -> Iterator[str]:
+    """``directory`` served read-only over plain HTTP on 127.0.0.1 (port 0), as the control
+    node serves the wheelhouse to its nodes; yields the base URL (no trailing slash)."""
+    import functools
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,212 @@
+"""A node booted from the stock image builds the node agent's environment with its own
+python3 from the control node's wheelhouse, served over HTTP: the versions the control node
+runs, reused on a second run, one line and exit status 1 when something is missing."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from elasticslice.emulator import isolate
+from elasticslice.pilots.bootstrap import env_script
+from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
+from elasticslice.rspec import NodeSpec, build_request
+from tests.elasticslice.emulator.helpers import Session
+from tests.elasticslice.emulator.node_helpers import add_node, exited
+from tests.elasticslice.pilots.helpers import serve_directory
+
+NAMESPACES = pytest.mark.skipif(
+    isolate.choose({}).isolation is not isolate.Isolation.NAMESPACES,
+    reason=f"Linux namespaces unavailable here: {isolate.choose({}).reason}")
+
+SHEBANG = "#!/bin/sh\n"
+VERSIONS = ('"$py" -c "import sys, importlib.metadata as m, troy.frameworks.dask.agent, dask, '
+            "distributed, cryptography; print('versions', sys.base_prefix, "
+            "m.version('elasticslice'), dask.__version__, distributed.__version__, "
+            "cryptography.__version__)\"\n")
+
+
+def control_versions() -> str:
+    """What the control node runs, as the node's line prints it (the image's python3 is
+    /usr/bin/python3: its prefix is /usr)."""
+    return " ".join(["versions", "/usr", *(md.version(n) for n in
+                                          ("elasticslice", "dask", "distributed",
+                                           "cryptography"))])
+
+
+def run_host(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by sh with as bare an environment as a node's startup command."""
+    path = tmp_path / "start.sh"
+    path.write_text(script)
+    return subprocess.run(["sh", str(path)], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path),
+                               "LANG": "C.UTF-8"})
+
+
+# ------------------------------------------------------------------ the script itself ------
+def test_an_image_with_the_agent_only_names_its_python() -> None:
+    assert env_script(None, python="python3") == "py=python3\n"
+    assert env_script(None, python="/opt/agent/bin/python3") == "py=/opt/agent/bin/python3\n"
+
+
+def test_what_is_not_a_url_or_a_folder_is_refused() -> None:
+    with pytest.raises(ValueError, match="wheelhouse_url must be an http"):
+        env_script("file:///srv/wheelhouse")
+    with pytest.raises(ValueError, match="index_url must be an http"):
+        env_script("http://h/w/", index=True, index_url="ftp://mirror/simple")
+    with pytest.raises(ValueError, match="target must be an absolute path"):
+        env_script("http://h/w/", target="local/env")
+    with pytest.raises(ValueError, match="python must be a command"):
+        env_script("http://h/w/", python="python3\nrm -rf /")
+
+
+def test_a_wheelhouse_that_is_not_there_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """The path of the URL (the publisher's unguessable prefix) is not printed."""
+    with serve_directory(tmp_path) as url:
+        done = run_host(env_script(f"{url}/unguessable/", target=str(tmp_path / "env"))
+                        + 'echo "reached with $py"\n', tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (f"pilot environment: cannot fetch wheels.txt from the wheelhouse "
+                           f"at {url}/...: HTTP 404\n")
+    assert "reached" not in done.stdout and "unguessable" not in done.stdout + done.stderr
+    assert not (tmp_path / "env").exists()
+
+
+def test_a_wheel_that_is_not_the_one_listed_is_refused(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "tblib-1-py3-none-any.whl").write_bytes(b"not the wheel\n")
+    (house / "wheels.txt").write_text(f"# python {sys.version_info[0]}."
+                                      f"{sys.version_info[1]} platform x\n"
+                                      f"{'0' * 64} 14 tblib-1-py3-none-any.whl\n")
+    with serve_directory(house) as url:
+        done = run_host(env_script(url, python=sys.executable, target=str(tmp_path / "env")),
+                        tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (f"pilot environment: tblib-1-py3-none-any.whl from the wheelhouse "
+                           f"at {url}/... does not match its sha256\n")
+
+
+def test_a_wheelhouse_for_another_python_is_refused(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "wheels.txt").write_text("# python 2.7 platform x\n")
+    with serve_directory(house) as url:
+        done = run_host(env_script(url, python=sys.executable, target=str(tmp_path / "env")),
+                        tmp_path)
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"pilot environment: the wheelhouse is for Python 2.7, this "
+                                  f"node's {sys.executable} is {mine}")
+
+
+# ------------------------------------------------------------- on the stock image ----------
+@pytest.fixture(scope="module")
+def house() -> Wheelhouse:
+    """The wheelhouse for the image's python3 (cached in the venv, as ElasticCluster's)."""
+    image = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(*sys.version_info[:2],"
+                            " sep='.')"], capture_output=True, text=True, check=True)
+    try:
+        return Wheelhouse.for_python(image.stdout.strip())
+    except WheelhouseError as err:
+        pytest.skip(f"no wheelhouse for the image's python3 here: {err}")
+
+
+def tarball(directory: Path, script: str) -> str:
+    """``local/pilot/start.sh`` in a tarball rooted at /, as the pilots' helper makes it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("local/pilot/start.sh")
+        info.size, info.mode = len(script.encode()), 0o700
+        tar.addfile(info, io.BytesIO(script.encode()))
+    name = f"start-{len(list(directory.glob('*.tar.gz')))}.tar.gz"
+    (directory / name).write_bytes(buf.getvalue())
+    return name
+
+
+@NAMESPACES
+def test_a_stock_node_builds_the_agents_environment_and_reuses_it(emulator, house, tmp_path):
+    """Twice on the node: built, then found complete; both print the control node's
+    versions, from the image's python3 (/usr), from the wheelhouse and from the index."""
+    www = tmp_path / "www"
+    www.mkdir()
+    with serve_directory(house.directory) as wheels, serve_directory(www) as tarballs:
+        s = Session(emulator)
+        urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
+        nodes = {}
+        for name, script in (
+                ("wheels", env_script(wheels) + VERSIONS),
+                ("index", env_script(wheels, index=True, index_url=f"{wheels}/simple/")
+                 + VERSIONS)):
+            url = f"{tarballs}/{tarball(www, SHEBANG + script)}"
+            nodes[name] = add_node(s, urn, cred, name, "sh /local/pilot/start.sh && "
+                                   "sh /local/pilot/start.sh", tarballs=[url])
+        for name, node in nodes.items():
+            detail = exited(s, urn, cred, name, timeout=120)
+            log = (node / "startup.log").read_text()
+            assert detail["execute_status"] == 0, log
+            lines = log.splitlines()
+            assert len(lines) == 4, log
+            assert lines[0].startswith("pilot environment: built in /local/pilot/env in ")
+            assert lines[1] == lines[3] == control_versions()
+            assert lines[2] == "pilot environment: /local/pilot/env is complete"
+        assert "pins from the index" in (nodes["index"] / "startup.log").read_text()
+
+
+@NAMESPACES
+def test_a_stock_node_without_the_wheelhouse_or_the_python_says_so(emulator, tmp_path):
+    with serve_directory(tmp_path) as url:
+        s = Session(emulator)
+        urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
+        cases = {"gone": (env_script(f"{url}/gone/") + VERSIONS,
+                          f"pilot environment: cannot fetch wheels.txt from the wheelhouse at "
+                          f"{url}/...: HTTP 404"),
+                 "nopy": (env_script(url, python="python3.99") + VERSIONS,
+                          "pilot environment: no python3.99 on this image")}
+        nodes = {name: add_node(s, urn, cred, name, script) for name, (script, _) in
+                 cases.items()}
+        for name, (_, line) in cases.items():
+            assert exited(s, urn, cred, name)["execute_status"] == 1
+            assert (nodes[name] / "startup.log").read_text() == line + "\n"
+
+
+def other_python() -> tuple[str | None, str]:
+    """A Python of another minor version than this one, and its version ("3.12")."""
+    candidates = [shutil.which(f"python3.{m}") for m in (12, 13, 10)]
+    candidates += [str(p) for m in (12, 13, 10)
+                   for p in sorted(Path.home().glob(f".pyenv/versions/3.{m}.*/bin/python3.{m}"))]
+    for path in filter(None, candidates):
+        done = subprocess.run([path, "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
+                              capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip():
+            return path, done.stdout.strip()
+    return None, ""
+
+
+@pytest.mark.slow
+def test_a_wheelhouse_for_another_python_builds_its_environment(tmp_path):
+    """The control node's Python differs from the image's: the wheels come from the package
+    index for the image's version (pip download), and that Python imports the agent."""
+    other, version = other_python()
+    if other is None:
+        pytest.skip("no Python 3.10, 3.12 or 3.13 runs on this machine")
+    try:
+        house = Wheelhouse.for_python(version, root=tmp_path / "cache")
+    except WheelhouseError as err:
+        pytest.skip(f"the package index has no wheels for Python {version} here: {err}")
+    assert house.method == "download" and house.pins["dask"] == md.version("dask")
+    assert json.loads((house.directory / "wheelhouse.json").read_text())["python"] == version
+    with serve_directory(house.directory) as url:
+        done = run_host(env_script(url, python=other, target=str(tmp_path / "env"))
+                        + '"$py" -c "import sys, troy.frameworks.dask.agent, distributed; '
+                          'print(*sys.version_info[:2], distributed.__version__)"\n', tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"{version.replace('.', ' ')} " \
+                                           f"{md.version('distributed')}"

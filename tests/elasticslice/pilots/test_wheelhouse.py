@@ -1,0 +1,165 @@
+"""The wheelhouse: exactly the versions this environment runs, wheels pip accepts, built once
+per (Python, platform) and reused."""
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.metadata as md
+import io
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from elasticslice.pilots.wheelhouse import (PROJECT, Wheelhouse, WheelhouseError, canonical,
+                                            compatible_platforms, this_python)
+from tests.elasticslice.pilots.helpers import serve_directory
+
+
+@pytest.fixture(scope="module")
+def house(tmp_path_factory: pytest.TempPathFactory) -> Wheelhouse:
+    return Wheelhouse.for_python(root=tmp_path_factory.mktemp("wheelhouse"))
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_it_pins_what_this_environment_runs(house: Wheelhouse) -> None:
+    for name in ("dask", "distributed", "cryptography", "cffi", "tornado", PROJECT):
+        assert house.pins[name] == md.version(name), name
+    assert house.python == this_python() and house.method == "repack"
+    by_name = {canonical(w.name.split("-")[0]): w for w in house.wheels}
+    assert set(by_name) == set(house.pins)
+    for name, wheel in by_name.items():
+        assert wheel.name.split("-")[1] == house.pins[name]
+        assert wheel.parent == house.directory
+
+
+def test_its_indexes_name_every_wheel_with_its_digest(house: Wheelhouse) -> None:
+    d = house.directory
+    lines = (d / "wheels.txt").read_text().splitlines()
+    assert lines[0] == f"# python {house.python} platform {house.platform}"
+    listed = {name: (sha, int(size)) for sha, size, name in
+              (x.split() for x in lines[1:] if not x.startswith("#"))}
+    assert listed == {w.name: (_sha(w), w.stat().st_size) for w in house.wheels}
+    find_links = (d / "index.html").read_text()
+    for wheel in house.wheels:
+        assert f'href="{wheel.name}#sha256={_sha(wheel)}"' in find_links
+        project = canonical(wheel.name.split("-")[0])
+        assert f'href="../../{wheel.name}#sha256={_sha(wheel)}"' in \
+            (d / "simple" / project / "index.html").read_text()
+        assert f'href="{project}/"' in (d / "simple" / "index.html").read_text()
+    pins = dict(x.split("==") for x in (d / "requirements.txt").read_text().split())
+    assert pins == {n: v for n, v in house.pins.items() if n != PROJECT}
+
+
+def test_a_repacked_wheel_is_a_wheel(house: Wheelhouse) -> None:
+    """RECORD lists every member with its digest, one .dist-info named as the file."""
+    for wheel in house.wheels:
+        with zipfile.ZipFile(wheel) as z:
+            names = set(z.namelist())
+            infos = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+            assert len(infos) == 1, wheel.name
+            info = infos.pop()
+            assert canonical(info.removesuffix(".dist-info").rsplit("-", 1)[0]) == canonical(wheel.name.split("-")[0])
+            assert {f"{info}/METADATA", f"{info}/WHEEL"} <= names
+            assert not any(n.endswith(".pyc") or "/INSTALLER" in n for n in names)
+            rows = list(csv.reader(io.StringIO(z.read(f"{info}/RECORD").decode())))
+            assert {r[0] for r in rows} == names, wheel.name
+            for path, digest, size in rows:
+                if path.endswith("/RECORD"):
+                    continue
+                data = z.read(path)
+                want = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+                assert (digest, int(size)) == (f"sha256={want.decode()}", len(data)), path
+
+
+def test_the_project_wheel_holds_troy_and_its_sources(house: Wheelhouse) -> None:
+    wheel = next(w for w in house.wheels if w.name.startswith(f"{PROJECT}-"))
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        assert "troy/frameworks/dask/__main__.py" in names
+        assert "elasticslice/pilots/bootstrap.py" in names
+        assert any(n.endswith(".xsd") for n in names)  # package data, as setup.cfg says
+        import troy.frameworks.dask.agent as agent
+        assert z.read("troy/frameworks/dask/agent.py") == Path(agent.__file__).read_bytes()
+
+
+def test_a_second_build_reuses_the_cache(house: Wheelhouse) -> None:
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in house.directory.rglob("*")
+              if p.is_file()}
+    again = Wheelhouse.for_python(house.python, root=house.directory.parent)
+    assert not again.built and again.pins == house.pins and again.wheels == house.wheels
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in house.directory.rglob("*")
+            if p.is_file()} == before
+
+
+def test_a_lost_wheel_is_made_again_the_same_and_alone(house: Wheelhouse, tmp_path: Path
+                                                       ) -> None:
+    """Builds are deterministic: a copy of the cache with one wheel gone gets the same bytes
+    back, and nothing else is made again."""
+    root = tmp_path / "copy"
+    shutil.copytree(house.directory.parent, root)
+    d = root / house.directory.name
+    lost = d / next(w.name for w in house.wheels if w.name.startswith("dask-"))
+    digest = _sha(lost)
+    lost.unlink()
+    others = {p: p.stat().st_mtime_ns for p in d.glob("*.whl")}
+    again = Wheelhouse.for_python(root=root)
+    assert again.built and _sha(lost) == digest
+    assert {p: p.stat().st_mtime_ns for p in others} == others
+
+
+def test_a_version_or_platform_that_is_not_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(WheelhouseError, match=r"Python version 'three': expected MAJOR\.MINOR"):
+        Wheelhouse.for_python("three", root=tmp_path)
+    with pytest.raises(WheelhouseError, match="platform 'linux x86'"):
+        Wheelhouse.for_python("3.11", platform="linux x86", root=tmp_path)
+
+
+def test_older_manylinux_tags_are_compatible() -> None:
+    tags = compatible_platforms("manylinux_2_35_x86_64")
+    assert tags[0] == "manylinux_2_35_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert "manylinux2014_x86_64" in tags and "manylinux1_x86_64" in tags
+    assert compatible_platforms("macosx_11_0_arm64") == ["macosx_11_0_arm64"]
+
+
+@pytest.mark.slow
+def test_pip_installs_from_it_over_http(house: Wheelhouse, tmp_path: Path) -> None:
+    """The wheelhouse is an index pip accepts: ``--index-url URL/simple/`` and
+    ``--find-links URL/index.html`` (nothing else: no other index, no pip config)."""
+    with serve_directory(house.directory) as url:
+        for option, where in (("--index-url", f"{url}/simple/"),
+                              ("--find-links", f"{url}/index.html")):
+            out = tmp_path / option.strip("-")
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(out),
+                 *(["--no-index"] if option == "--find-links" else []), option, where,
+                 f"dask=={house.pins['dask']}", f"{PROJECT}=={house.pins[PROJECT]}"],
+                capture_output=True, text=True, env={"PIP_CONFIG_FILE": "/dev/null",
+                                                     "PATH": "/usr/bin:/bin"})
+            assert done.returncode == 0, done.stderr
+            got = sorted(p.name for p in out.glob("*.whl"))
+            assert got == sorted(w.name for w in house.wheels
+                                 if re.match(rf"(dask|{PROJECT})-", w.name)), option
+
+
+def test_make_wheelhouse_says_where_it_is_or_why_not(house: Wheelhouse, monkeypatch,
+                                                     capsys) -> None:
+    """``python -m elasticslice.pilots.wheelhouse`` (``make wheelhouse``)."""
+    from elasticslice.pilots import wheelhouse
+    done = subprocess.run([sys.executable, "-m", "elasticslice.pilots.wheelhouse", "--python",
+                           "3.x"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == "Error: Python version '3.x': expected MAJOR.MINOR, e.g. 3.11\n"
+    monkeypatch.setattr(wheelhouse, "cache_root", lambda: house.directory.parent)
+    assert wheelhouse.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{house.directory}: {len(house.wheels)} wheels, ")
+    assert "from the cache in" in out
