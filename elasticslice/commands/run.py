@@ -218,8 +218,11 @@ def resolve_settings(client: Any, given: dict[str, Any],
         else:
             values[name], sources[name] = default, "default"
     if values["listen"] is None:
+        from elasticslice.config import cm_is_local
         values["listen"] = default_listen(client.cm_urls)
-        sources["listen"] = "default (the address routed to the CM)"
+        sources["listen"] = ("default: loopback, the CM runs on this machine"
+                             if client.cm_urls and cm_is_local(client.cm_urls[0]) else
+                             "default: the address that routes to the CM")
     if max_nodes is not None:
         values["max_nodes"], sources["max_nodes"] = max_nodes, "--max-nodes"
     elif manager is not None and "maxthreshold" in manager.given:
