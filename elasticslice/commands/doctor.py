@@ -197,9 +197,9 @@ def check_addresses(settings: RunSettings, cm_local: bool) -> Check:
                                f"nodes reach this machine on any of its addresses")
     bad = []
     if ipaddress.ip_address(listen).is_loopback:
-        bad.append(f"listen {listen} is loopback")
+        bad.append(f"listen {listen} ({settings.sources['listen']}) is loopback")
     if public and _loopback(urlsplit(public).hostname or ""):
-        bad.append(f"public_url {public} is loopback")
+        bad.append(f"public_url {public} ({settings.sources['public_url']}) is loopback")
     if bad:
         return fail("addresses", "; ".join(bad) + ": CloudLab's nodes and servers cannot "
                                                   "reach this machine there",
