@@ -101,11 +101,16 @@ def check_certificate(server: Any) -> Check:
     return ok("certificate", f"{config.certificate} loads with its passphrase ({urn})")
 
 
+def _once(server: Any, timeout: float) -> Any:
+    """A transport with the user's TLS context that tries each call once."""
+    from elasticslice.rpc.transport import RetryPolicy, XmlRpcTransport
+    return XmlRpcTransport(server.transport.context, timeout=timeout,
+                           retry=RetryPolicy(attempts=1))
+
+
 def _get_version(server: Any, url: str, timeout: float) -> str | None:
     """None when the server at ``url`` answered GetVersion, else why not."""
-    from elasticslice.rpc.transport import RetryPolicy, XmlRpcTransport
-    transport = XmlRpcTransport(server.transport.context, timeout=timeout,
-                                retry=RetryPolicy(attempts=1))
+    transport = _once(server, timeout)
     try:
         transport.call_raw(url, "GetVersion", {}, keep_alive=False)
         return None
@@ -311,7 +316,8 @@ def check_wheelhouse(settings: RunSettings, cm_local: bool) -> Check:
     return ok("wheelhouse", detail) if passed else fail("wheelhouse", detail, fix)
 
 
-def check_endpoint(server: Any, settings: RunSettings, cm_local: bool) -> list[Check]:
+def check_endpoint(server: Any, settings: RunSettings, cm_local: bool,
+                   timeout: float = 15.0) -> list[Check]:
     manager = settings.manager
     ep = manager.endpoint if manager is not None else None
     if ep is not None and not ep.enabled:
@@ -328,9 +334,11 @@ def check_endpoint(server: Any, settings: RunSettings, cm_local: bool) -> list[C
                      "set --listen / [pilots] listen (or [endpoint] url) to this machine's "
                      "public address")]
     checks = []
+    transport = _once(server, timeout)
     for i, cm in enumerate(server.cms):
         try:
-            defaults = cm.get_server_defaults()
+            defaults = transport.call(cm.dynslice_url, "GetServerDefaults", {},
+                                      keep_alive=False)
         except (ElasticSliceError, OSError) as err:
             checks.append(fail(f"endpoint {i}", f"{cm.dynslice_url} does not answer "
                                                 f"GetServerDefaults: {_one_line(err)}",
@@ -339,6 +347,7 @@ def check_endpoint(server: Any, settings: RunSettings, cm_local: bool) -> list[C
         wait = defaults.get("maxwaittime") if isinstance(defaults, dict) else None
         checks.append(ok(f"endpoint {i}", f"{url} registrable at {cm.dynslice_url}"
                                           + (f" (notices up to {wait} s ahead)" if wait else "")))
+    transport.close()
     return checks
 
 
@@ -359,7 +368,7 @@ def run_checks(server: Any, settings: RunSettings, *, state_dir: Path | None,
     checks += [check_addresses(settings, cm_local), check_ports(settings),
                check_wheelhouse(settings, cm_local)]
     if all(c.passed for c in checks[:1]):
-        checks += check_endpoint(server, settings, cm_local)
+        checks += check_endpoint(server, settings, cm_local, timeout)
     else:
         checks.append(skip("endpoint", "needs the certificate"))
     return checks
