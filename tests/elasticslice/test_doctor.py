@@ -5,18 +5,22 @@ against a CM elsewhere, an address that is not this machine's, a port taken, an 
 Python cannot run the agent, the callback endpoint turned off."""
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from elasticslice.commands.doctor import Check, image_python, wheelhouse_check
+from tests.helpers import REPO
 
-pytestmark = pytest.mark.slow
+# every test with the emulator fixture is slow (tests/conftest.py); the others are not
 
 NAMES = ["certificate", "sa", "cm 0", "slice", "addresses", "ports", "wheelhouse", "endpoint 0"]
 
@@ -209,3 +213,59 @@ def test_the_python_of_images_and_the_wheelhouse_seam() -> None:
     assert wheelhouse_check(here)[0] is True
     assert wheelhouse_check("3.6")[0] is False
     assert Check("x", "FAIL", "d", "f").line() == "FAIL x: d -> f"
+
+
+class FakePortal(types.ModuleType):
+    """The part of CloudLab's ``geni.portal`` a profile uses (PyPI's geni-lib ships a
+    Python 2 portal.py; ``geni.rspec.pg``, which builds the request, is the real one)."""
+
+    class ParameterType:
+        STRING, INTEGER, BOOLEAN, NODETYPE, IMAGE = ("string", "integer", "boolean",
+                                                     "nodetype", "image")
+
+    class Context:
+        def __init__(self) -> None:
+            self.defaults: dict[str, Any] = {}
+
+        def defineParameter(self, name: str, description: str, kind: str, default: Any,
+                            legalValues: Any = None, longDescription: str = "",
+                            **options: Any) -> None:  # noqa: N802, N803 - geni-lib's names
+            assert name not in self.defaults and description and kind
+            self.defaults[name] = default
+
+        def bindParameters(self) -> Any:  # noqa: N802
+            return types.SimpleNamespace(**self.defaults)
+
+        def makeRequestRSpec(self) -> Any:  # noqa: N802
+            import geni.rspec.pg as pg
+            return pg.Request()
+
+        def printRequestRSpec(self, request: Any) -> None:  # noqa: N802
+            print(request.toXMLString(pretty_print=True, ucode=True))
+
+
+def test_the_control_node_profile_makes_a_valid_request(monkeypatch: Any) -> None:
+    """examples/cloudlab/control-node.py, run as CloudLab's portal runs a profile: one
+    bare-metal node named control booting a standard image whose Python runs elasticslice,
+    and a request RSpec the GENI v3 schema accepts."""
+    pytest.importorskip("geni.rspec.pg")
+    from elasticslice.rspec import parse, validate
+    profile = REPO / "examples" / "cloudlab" / "control-node.py"
+    code = compile(profile.read_text(), str(profile), "exec")
+    portal = FakePortal("geni.portal")
+    portal.context = portal.Context()
+    monkeypatch.setitem(sys.modules, "geni.portal", portal)
+    import geni
+    monkeypatch.setattr(geni, "portal", portal, raising=False)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {"__name__": "__main__"})
+    xml = out.getvalue()
+    assert validate(xml) == [], validate(xml)
+    request = parse(xml)
+    assert [n.client_id for n in request.nodes] == ["control"]
+    node = request.nodes[0]
+    assert node.disk_image.endswith("//UBUNTU24-64-STD") and node.exclusive
+    class S:
+        image = node.disk_image
+    assert image_python(S(), cm_local=False) == "3.12"
