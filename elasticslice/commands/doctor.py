@@ -240,13 +240,13 @@ def check_ports(settings: RunSettings) -> Check:
 
 def image_python(settings: RunSettings, cm_local: bool) -> str | None:
     """The ``major.minor`` of the ``python3`` the nodes' image has (None: unknown). The box's
-    nodes boot this machine's system (its ``python3``); CloudLab's standard images have their
-    Ubuntu release's."""
+    nodes boot this machine's system whatever the image (custom images are laid over it), so
+    its ``python3``; CloudLab's standard images have their Ubuntu release's."""
     image = settings.image or ""
     name = re.split(r"//|:", image.rsplit("+", 1)[-1])[-1] if image else ""
-    if name in STOCK_PYTHON:
-        return STOCK_PYTHON[name]
-    if cm_local:
+    if not cm_local:
+        return STOCK_PYTHON.get(name)
+    if cm_local:   # whatever the image's name: the box boots this machine's system
         python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
         if python:
             try:

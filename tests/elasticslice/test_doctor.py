@@ -176,8 +176,11 @@ def test_a_listen_address_not_of_this_machine_fails(emulator: Any, tmp_path: Pat
 def test_an_image_whose_python_cannot_run_the_agent_fails(emulator: Any,
                                                           tmp_path: Path) -> None:
     """Without node_python the nodes build the agent's environment with the image's python3:
-    Ubuntu 20.04's 3.8 is too old."""
-    config = variant(emulator, tmp_path, drop=("node_python",))
+    Ubuntu 20.04's 3.8 is too old (on CloudLab: the box's nodes run this machine's)."""
+    elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
+    config = variant(emulator, tmp_path, {"cm_urls": f"{elsewhere}/cm",
+                                          "dynslice_urls": f"{elsewhere}/dynslice"},
+                     drop=("node_python",))
     code, lines, _ = doctor(config, tmp_path, "--image",
                             "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU20-64-STD")
     assert code == 1
@@ -185,6 +188,13 @@ def test_an_image_whose_python_cannot_run_the_agent_fails(emulator: Any,
     assert got.startswith("FAIL wheelhouse: the image's Python 3.8 is older than the node "
                           "agent needs (3.11)")
     assert "-> use a newer image" in got
+    code, lines, _ = doctor(variant(emulator, tmp_path, drop=("node_python",)), tmp_path,
+                            "--image",
+                            "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU20-64-STD")
+    here = "%d.%d" % sys.version_info[:2]
+    assert line(lines, "wheelhouse") == (f"ok   wheelhouse: the image's Python {here} is this "
+                                         f"control node's") or "wheelhouse for Python" in \
+        line(lines, "wheelhouse")
 
 
 def test_the_endpoint_turned_off_fails(emulator: Any, tmp_path: Path) -> None:
