@@ -220,9 +220,12 @@ def resolve_settings(client: Any, given: dict[str, Any],
     if values["listen"] is None:
         from elasticslice.config import cm_is_local
         values["listen"] = default_listen(client.cm_urls)
-        sources["listen"] = ("default: loopback, the CM runs on this machine"
-                             if client.cm_urls and cm_is_local(client.cm_urls[0]) else
-                             "default: the address that routes to the CM")
+        if client.cm_urls and cm_is_local(client.cm_urls[0]):
+            sources["listen"] = "default: loopback, the CM runs on this machine"
+        elif values["listen"] == "127.0.0.1":
+            sources["listen"] = "default: loopback, no route to the CM's host was found"
+        else:
+            sources["listen"] = "default: the address that routes to the CM"
     if max_nodes is not None:
         values["max_nodes"], sources["max_nodes"] = max_nodes, "--max-nodes"
     elif manager is not None and "maxthreshold" in manager.given:

@@ -167,5 +167,9 @@ def test_listen_defaults_to_loopback_for_the_box_and_to_a_routed_address_otherwi
     assert is_this_machine(chosen)
     s = settings(config(tmp_path, cm="https://203.0.113.7:12369/protogeni/xmlrpc/cm"))
     assert s.listen == chosen
-    if chosen != "127.0.0.1":
-        assert s.sources["listen"] == "default: the address that routes to the CM"
+    assert s.sources["listen"] == ("default: the address that routes to the CM"
+                                   if chosen != "127.0.0.1" else
+                                   "default: loopback, no route to the CM's host was found")
+    s = settings(config(tmp_path, cm="https://cm.invalid:12369/protogeni/xmlrpc/cm"))
+    assert s.listen == "127.0.0.1"   # doctor says so: loopback against a CM elsewhere
+    assert s.sources["listen"] == "default: loopback, no route to the CM's host was found"
