@@ -2,7 +2,7 @@
 else from the config file's key of the same name, else its default; a bad value is one line
 naming the option, or the key and the file, exit 2, before anything is contacted or made;
 what is chosen reaches ``ElasticCluster``. In-process (no CM is contacted: the config's CM
-is on 127.0.0.1 and nothing gets that far)."""
+is on 127.0.0.1 and nothing gets that far), but for one real run against the box."""
 from __future__ import annotations
 
 import math
@@ -173,3 +173,37 @@ def test_listen_defaults_to_loopback_for_the_box_and_to_a_routed_address_otherwi
     s = settings(config(tmp_path, cm="https://cm.invalid:12369/protogeni/xmlrpc/cm"))
     assert s.listen == "127.0.0.1"   # doctor says so: loopback against a CM elsewhere
     assert s.sources["listen"] == "default: loopback, no route to the CM's host was found"
+
+
+def test_a_run_uses_what_the_options_and_the_config_say(emulator: Any, tmp_path: Path
+                                                        ) -> None:
+    """A real run against the box (slow): the endpoint it registers is on --endpoint-port,
+    and its run.log names each setting with where it came from."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "elasticslice.conf"
+    conf.write_text(emulator.config_path.read_text().replace(
+        "[pilots]\n", "[pilots]\nmargin = 7\nhardware_type = m510\n", 1))
+    state = tmp_path / "run"
+    chain = FORKJOIN.parent / "helloworld-chain-5-chameleon.json"
+    env = {**os.environ, "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(tmp_path / "cred-cache")}
+    done = subprocess.run([sys.executable, "-m", "elasticslice.cli", "-c", str(conf), "run",
+                           str(chain), "--state-dir", str(state), "--time-scale", "0.01",
+                           "--max-nodes", "1", "--endpoint-port", str(port),
+                           "--node-cores", "1"], env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("DONE: 5/5 tasks done")
+    log = (state / "run.log").read_text()
+    assert f"registered the endpoint https://127.0.0.1:{port}/ at" in log, log[-3000:]
+    for said in (f"endpoint_port {port} (--endpoint-port)", "node_cores 1 (--node-cores)",
+                 f"margin 7.0 ({conf} [pilots] margin)",
+                 f"hardware_type 'm510' ({conf} [pilots] hardware_type)",
+                 "max_nodes 1 (--max-nodes)", "idle_timeout 60.0 (default)",
+                 "listen '127.0.0.1' (default: loopback, the CM runs on this machine)"):
+        assert said in log, said
