@@ -246,17 +246,16 @@ def image_python(settings: RunSettings, cm_local: bool) -> str | None:
     name = re.split(r"//|:", image.rsplit("+", 1)[-1])[-1] if image else ""
     if not cm_local:
         return STOCK_PYTHON.get(name)
-    if cm_local:   # whatever the image's name: the box boots this machine's system
-        python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
-        if python:
-            try:
-                out = subprocess.run([python, "-c", "import sys; print('%d.%d' % "
-                                      "sys.version_info[:2])"], capture_output=True,
-                                     text=True, timeout=30)
-                return out.stdout.strip() or None
-            except (OSError, subprocess.SubprocessError):
-                return None
-    return None
+    # the box boots this machine's system whatever the image's name
+    python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
+    if python is None:
+        return None
+    try:
+        out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def wheelhouse_check(version: str) -> tuple[bool, str, str]:

@@ -51,8 +51,10 @@ def test_defaults_without_options_or_config(tmp_path: Path) -> None:
 
 
 def test_the_config_gives_each_setting_and_the_command_line_wins(tmp_path: Path) -> None:
-    path = config(tmp_path, "[pilots]\nlisten = 127.0.0.2\npublic_url = http://ctl.example.org:8080/\n"
-                            "disk_image = urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU24-64-STD\n"
+    image = "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU24-64-STD"
+    path = config(tmp_path, "[pilots]\nlisten = 127.0.0.2\n"
+                            "public_url = http://ctl.example.org:8080/\n"
+                            f"disk_image = {image}\n"
                             "hardware_type = m510\nnode_cores = 8\nmargin = 30\n"
                             "idle_timeout = never\nagent_timeout = 600\n"
                             "[endpoint]\nport = 8443\n[manager]\nmaxthreshold = 7\n")
