@@ -131,16 +131,25 @@ def check_servers(server: Any, timeout: float) -> list[Check]:
         return [fail("sa", _one_line(err), "set sa_url in [protogeni]")]
     problem = _get_version(server, sa_url, timeout)
     checks.append(ok("sa", f"{sa_url} answers GetVersion") if problem is None else fail(
-        "sa", f"{sa_url} does not answer GetVersion: {problem}",
+        "sa", f"{sa_url} does not answer GetVersion: {problem}", _unverified(problem) or
         "check sa_url (default: the SA your certificate names), this machine's network and "
         "firewall, and the testbed's status"))
     for i, cm in enumerate(server.cms):
         problem = _get_version(server, cm.url, timeout)
         checks.append(ok(f"cm {i}", f"{cm.url} answers GetVersion") if problem is None
                       else fail(f"cm {i}", f"{cm.url} does not answer GetVersion: {problem}",
+                                _unverified(problem) or
                                 "check cm_urls (docs/cloudlab.md lists CloudLab's clusters), "
                                 "this machine's network and firewall"))
     return checks
+
+
+def _unverified(problem: str) -> str:
+    """What to do when the server's certificate did not verify ("" when that was not it)."""
+    if any(k in problem for k in ("server certificate not trusted", "CERTIFICATE_VERIFY_FAILED",
+                                  "certificate verify failed")):
+        return "add the CA the server's certificate chains to to ca_bundle (docs/cloudlab.md)"
+    return ""
 
 
 def check_slice(server: Any, state_dir: Path | None) -> Check:

@@ -86,6 +86,17 @@ def test_a_wrong_passphrase_fails_the_certificate(emulator: Any, tmp_path: Path)
     assert re.fullmatch(r"\d+ of \d+ checks did not pass", err.strip()), err
 
 
+def test_a_ca_bundle_the_servers_do_not_chain_to_fails(emulator: Any, tmp_path: Path) -> None:
+    from elasticslice.rpc.pki import make_ca
+    other = tmp_path / "other-ca.pem"
+    other.write_bytes(make_ca("not the testbed's CA")[0])
+    code, lines, _ = doctor(variant(emulator, tmp_path, {"ca_bundle": str(other)}), tmp_path)
+    assert code == 1
+    got = line(lines, "sa")
+    assert got.startswith("FAIL sa:") and got.endswith(
+        "-> add the CA the server's certificate chains to to ca_bundle (docs/cloudlab.md)"), got
+
+
 def test_a_cm_that_does_not_answer_fails(emulator: Any, tmp_path: Path) -> None:
     dead = f"https://127.0.0.1:{closed_port()}/protogeni/xmlrpc"
     code, lines, _ = doctor(variant(emulator, tmp_path, {"cm_urls": f"{dead}/cm",
