@@ -20,7 +20,7 @@ from elasticslice.envcheck import warn_unknown_variables
 from elasticslice.errors import ElasticSliceError
 from troy.clickutil import OneLineErrors
 
-COMMAND_MODULES = ("rspec", "client", "emulator", "manage", "demo", "run")
+COMMAND_MODULES = ("rspec", "client", "emulator", "manage", "demo", "run", "doctor")
 
 log = logging.getLogger("elasticslice")
 
@@ -94,7 +94,8 @@ def cli(ctx: click.Context, config: str | None, debug: bool) -> None:
     Build and check RSpecs (`rspec`), talk to CloudLab as your user (getversion ...
     delete-slice, with the [protogeni] config of --config), or run CloudLab in a box
     (`emulator`: the same protocol over TLS, on this machine), and run the elastic slice
-    manager (`manage`, `status`), or a workflow on an elastic cluster (`run`).
+    manager (`manage`, `status`), or a workflow on an elastic cluster (`run`; `doctor`
+    checks first that it can work from this machine).
     """
     setup_logging(debug)
     warn_unknown_variables(ctx.command)  # a misspelled ELASTICSLICE_* is not silently ignored

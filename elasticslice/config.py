@@ -15,7 +15,9 @@ Optional: ``verify`` (default true), ``timeout`` (seconds, 60), ``retries`` (5),
 ``retry_delay`` (first backoff, seconds, 5), ``retry_max_delay`` (60), ``credential_cache_dir``,
 ``dynslice_urls`` (the dynamic-slice servers, one per CM; default: ``.../xmlrpc/dynslice`` on
 each CM's host). Other sections are left to the tools that own them; ``[pilots]``
-(:func:`load_pilot_settings`: ``disk_image``, ``node_python``) says what pilot nodes boot.
+(:func:`load_pilot_settings`: ``disk_image``, ``node_python``, ``listen``, ``public_url``,
+``hardware_type``, ``node_cores``, ``margin``, ``idle_timeout``, ``agent_timeout``) says what
+pilot nodes boot and where they find the control node (``elasticslice run`` reads it).
 Relative paths are relative to the config file. Environment overrides:
 ``ELASTICSLICE_<KEY>`` for any key (e.g. ``ELASTICSLICE_SLICE_NAME``), and the classic
 ``PROTOGENI_CERTIFICATE`` (the command line warns about a misspelled ``ELASTICSLICE_*``:
@@ -28,6 +30,7 @@ import configparser
 import errno
 import getpass
 import logging
+import math
 import os
 import re
 import stat
@@ -286,17 +289,171 @@ def _check_url(url: str, err, key: str) -> None:  # noqa: ANN001
 
 
 PILOTS_SECTION = "pilots"
-PILOT_KEYS = ("disk_image", "node_python")
+PILOT_KEYS = ("disk_image", "node_python", "listen", "public_url", "hardware_type",
+              "node_cores", "margin", "idle_timeout", "agent_timeout")
+#: what ``idle_timeout`` takes for "never give an idle pilot's node back"
+NEVER = ("none", "off", "never")
+_HWTYPE_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$")
+_PUBLIC_URL_RE = re.compile(r"^https?://[\w.\-@:~\[\]]+(/[\w.\-/@:~]*)?$")
 
 
 @dataclass(frozen=True)
 class PilotSettings:
-    """``[pilots]``: the image pilot nodes boot (a URN; None: the CM's default) and the
-    command that runs the node agent there (``node_python``; None: ``python3``). The
-    emulator's own config names its pilot image."""
+    """``[pilots]``: what pilot nodes boot and run, and where the control node is found.
+
+    ``disk_image`` (a URN; None: the CM's default) and ``node_python`` (the command that
+    runs the node agent there; None: ``python3``); ``listen`` (the address the scheduler,
+    the callback endpoint and the tarball publisher listen on and nodes reach; None: the
+    address routed to the CM, :func:`default_listen`); ``public_url`` (the base URL
+    CloudLab fetches the nodes' tarballs from; None: the publisher's own); ``hardware_type``;
+    ``node_cores`` (cores a pilot offers; None: what the node has); ``margin`` (seconds kept
+    before a revocation's deadline); ``idle_timeout`` (seconds an idle pilot's node is kept;
+    ``math.inf``: never); ``agent_timeout`` (seconds a ready node's agent has to join).
+    A key that is not set is None. The emulator's own config names its pilot image."""
 
     disk_image: str | None = None
     node_python: str | None = None
+    listen: str | None = None
+    public_url: str | None = None
+    hardware_type: str | None = None
+    node_cores: int | None = None
+    margin: float | None = None
+    idle_timeout: float | None = None
+    agent_timeout: float | None = None
+
+
+def pilot_value(key: str, raw: str) -> object:
+    """The value of ``[pilots] key`` (and of the ``run`` option of the same name) given as
+    the text ``raw``; ``ValueError`` with one line saying what is wrong."""
+    raw = raw.strip()
+    if key == "disk_image":
+        from elasticslice.rspec.rules import image_problem
+        problem = image_problem(raw)
+        if problem:
+            raise ValueError(problem)
+        return raw
+    if key == "node_python":
+        if not raw or any(c in raw for c in "\n\r\0"):
+            raise ValueError("one line, a command")
+        return raw
+    if key == "listen":
+        return check_address(raw)
+    if key == "public_url":
+        if "?" in raw or "#" in raw or not _PUBLIC_URL_RE.match(raw):
+            raise ValueError(f"not an http(s) URL without query or fragment (the base URL "
+                             f"CloudLab fetches the tarballs from): {raw!r}")
+        return raw.rstrip("/")
+    if key == "hardware_type":
+        if not _HWTYPE_RE.match(raw):
+            raise ValueError(f"invalid hardware type {raw!r} (e.g. m510, xl170, d430)")
+        return raw
+    if key == "node_cores":
+        try:
+            cores = int(raw)
+        except ValueError:
+            raise ValueError(f"not an integer: {raw!r}") from None
+        if not 1 <= cores <= 4096:
+            raise ValueError(f"must be 1 to 4096: {raw!r}")
+        return cores
+    if key == "idle_timeout" and raw.lower() in NEVER:
+        return math.inf
+    if key in ("margin", "idle_timeout", "agent_timeout"):
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise ValueError(f"not a number of seconds: {raw!r}") from None
+        if not math.isfinite(seconds) or seconds < 0 or seconds > 366 * 86400:
+            raise ValueError(f"must be 0 to {366 * 86400} seconds: {raw!r}")
+        if key == "agent_timeout" and seconds < 1:
+            raise ValueError(f"must be at least 1 second: {raw!r}")
+        return seconds
+    raise ValueError(f"unknown key (known: {', '.join(PILOT_KEYS)})")
+
+
+def check_address(raw: str) -> str:
+    """An IP address to listen on (``localhost`` is 127.0.0.1); ``ValueError`` otherwise."""
+    import ipaddress
+    if raw == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        raise ValueError(f"not an IP address: {raw!r}") from None
+    if address.is_unspecified or address.is_multicast:
+        raise ValueError(f"{raw} is no address nodes can reach: give this machine's address "
+                         f"on the network the nodes are on")
+    return str(address)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _addresses_of(host: str, port: int) -> list[str]:
+    import socket
+    try:
+        return sorted({info[4][0] for info in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)})
+    except (OSError, UnicodeError):
+        return []
+
+
+def is_this_machine(address: str) -> bool:
+    """``address`` is loopback or one of this machine's own addresses (it can be bound)."""
+    import ipaddress
+    import socket
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if ip.is_loopback:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((str(ip), 0))
+        except OSError:
+            return False
+    return True
+
+
+def cm_is_local(cm_url: str) -> bool:
+    """The CM at ``cm_url`` runs on this machine (CloudLab in a box): its nodes are here too,
+    so loopback reaches this machine from them. Every address its host name has must be
+    this machine's; a name that does not resolve is not local."""
+    host, port = _host_port(cm_url)
+    addresses = _addresses_of(host, port)
+    return bool(addresses) and all(is_this_machine(a) for a in addresses)
+
+
+def route_to(cm_url: str) -> str | None:
+    """The address of this machine's interface that routes to the CM's host (None: its name
+    does not resolve or no route leads there). Nothing is sent: a UDP socket is connected,
+    which only picks the route."""
+    import socket
+    host, port = _host_port(cm_url)
+    for address in _addresses_of(host, port):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((address, port))
+                return str(s.getsockname()[0])
+            except OSError:
+                continue
+    return None
+
+
+def default_listen(cm_urls: tuple[str, ...] | list[str]) -> str:
+    """``listen`` when neither ``--listen`` nor ``[pilots] listen`` says: loopback when the
+    CM runs on this machine (the box), else the address of the interface that routes to the
+    (first) CM's host: the address the nodes of that CM can reach when this machine is on
+    their network (a CloudLab control node, whose control network is routed to the
+    Internet). Loopback when no route is found (``elasticslice doctor`` says so)."""
+    if not cm_urls or cm_is_local(cm_urls[0]):
+        return "127.0.0.1"
+    return route_to(cm_urls[0]) or "127.0.0.1"
 
 
 def load_pilot_settings(path: str | os.PathLike[str] | None) -> PilotSettings:
@@ -307,20 +464,19 @@ def load_pilot_settings(path: str | os.PathLike[str] | None) -> PilotSettings:
     if not parser.has_section(PILOTS_SECTION):
         return PilotSettings()
     values = dict(parser.items(PILOTS_SECTION))
-    for key in values:
+    out: dict[str, object] = {}
+    for key, raw in values.items():
         if key not in PILOT_KEYS:
             raise ConfigError(f"unknown key in [{PILOTS_SECTION}] (known: "
                               f"{', '.join(PILOT_KEYS)})", key=key, path=str(cfg_path))
-    image = values.get("disk_image") or None
-    if image is not None:
-        from elasticslice.rspec.rules import image_problem
-        problem = image_problem(image)
-        if problem:
-            raise ConfigError(problem, key="disk_image", path=str(cfg_path))
-    python = values.get("node_python") or None
-    if python is not None and any(c in python for c in "\n\r\0"):
-        raise ConfigError("one line, a command", key="node_python", path=str(cfg_path))
-    return PilotSettings(image, python)
+        if not raw.strip():
+            continue
+        try:
+            out[key] = pilot_value(key, raw)
+        except ValueError as err:
+            raise ConfigError(str(err), key=f"{PILOTS_SECTION}.{key}",
+                              path=str(cfg_path)) from None
+    return PilotSettings(**out)  # type: ignore[arg-type]
 
 
 def key_is_encrypted(config: ClientConfig) -> bool:

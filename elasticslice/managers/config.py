@@ -131,6 +131,10 @@ class ManagerConfig:
     email: EmailConfig = field(default_factory=EmailConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
     path: Path | None = None
+    #: the keys the file (or the environment) gave: ``[manager]`` ones by name
+    #: (``interval.<method>`` too), ``[endpoint]`` ones as ``endpoint.<key>``; what
+    #: ``elasticslice run`` takes over its own defaults
+    given: frozenset[str] = frozenset()
 
     def error(self, message: str, key: str) -> ConfigError:
         return ConfigError(message, key=key, path=str(self.path) if self.path else None)
@@ -203,7 +207,10 @@ def load_manager_config(path: str | os.PathLike[str] | None = None,
         return err(f"{ENDPOINT}.{key}", message)   # "[endpoint.port]": the section is named
 
     config = _manager(manager, base, err)
-    return replace(config, endpoint=_endpoint(endpoint, base, endpoint_err), path=cfg_path)
+    given = frozenset(k for k, v in manager.items() if v) | frozenset(
+        f"{ENDPOINT}.{k}" for k, v in endpoint.items() if v)
+    return replace(config, endpoint=_endpoint(endpoint, base, endpoint_err), path=cfg_path,
+                   given=given)
 
 
 def _manager_key_ok(key: str) -> bool:
