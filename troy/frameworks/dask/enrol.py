@@ -262,9 +262,11 @@ class Renewer:
         while not self._stop.is_set():
             try:
                 _, start, end = _cert_info(self.cert_file)
+                got = os.stat(self.cert_file).st_mtime  # certificates are back-dated
             except (OSError, ValueError) as err:
                 log.warning("cannot read the node's certificate %s: %s", self.cert_file, err)
                 return
+            start = max(start, min(got, end))
             wait = start + (end - start) * RENEW_AT - time.time()
             if self._stop.wait(max(0.0, wait)):
                 return
