@@ -147,6 +147,7 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
         self.env_lines: str | None = None
         self.startup_command = f"sh {self.INSTALL_PATH}/start.sh"
         self._urls: dict[str, str] = {}
+        self._made: set[str] = set()  # nodes given a tarball (and a token)
 
     def tarball(self, client_id: str) -> Path:
         """The node's install tarball (made anew, with a new token that voids the last):
@@ -158,6 +159,7 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
                                     "to get their certificate")
         url = self.enrol_url or self.enrolment.url
         token = self.enrolment.token_for(client_id, deadline=time.time() + self.enrol_within)
+        self._made.add(client_id)
         script = agent_script(self.scheduler, self.node_python, url, self.env_lines)
         top = self.INSTALL_PATH.strip("/")
         members = [("ca.pem", self.ca.cert_pem, 0o644), ("token", token.encode(), 0o600),
@@ -201,6 +203,7 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
         """The node left: its token, its tarball and its URL go."""
         if self.enrolment is not None:
             self.enrolment.forget(client_id)
+        self._made.discard(client_id)
         url = self._urls.pop(client_id, None)
         if url is not None and self.publisher is not None:
             self.publisher.withdraw(url)
@@ -211,7 +214,7 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
 
     def forget_all(self) -> None:
         """Every node's token, tarball and URL go (the cluster closes)."""
-        for client_id in list(self._urls):
+        for client_id in {*self._urls, *self._made}:
             self.forget_node(client_id)
         try:
             for path in self.tarball_dir.glob("*.tar.gz"):
