@@ -159,6 +159,9 @@ def enrol(url: str, token_file: Path, ca_file: Path, client_id: str, out_dir: Pa
             raise
         except EnrolError:
             raise
+        except ssl.SSLCertVerificationError as err:  # not our cluster's service: no retry
+            raise EnrolError(f"{url}: the server's certificate is not of the cluster CA "
+                             f"({err.verify_message or err})") from None
         except (OSError, http.client.HTTPException) as err:  # not reachable yet: again
             if time.monotonic() + pause > deadline:
                 raise EnrolError(f"cannot reach the enrolment service {url}: "
