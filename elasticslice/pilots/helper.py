@@ -81,6 +81,10 @@ def agent_script(scheduler: str, node_python: str, enrol_url: str,
             f'name=$(geni-get client_id) || {{ echo "geni-get client_id failed" >&2; exit 1; }}\n'
             f"# --- the agent's Python: these lines set py ---\n"
             f"{python.rstrip()}\n"
+            f"# --- the address to advertise (meanwhile): the manifest's, if configured here ---\n"
+            f'(geni-get manifest 2>/dev/null | "$py" -m troy.frameworks.dask.enrol --advertise '
+            f'"$name" > "$here/address" || :) &\n'
+            f"advertise=$!\n"
             f"# --- enrolment: this node makes its key; the token is spent ---\n"
             f'if [ -f "$here/token" ]; then\n'
             f'    "$py" -m troy.frameworks.dask.enrol {url} "$here/token" "$here/ca.pem" '
@@ -89,8 +93,7 @@ def agent_script(scheduler: str, node_python: str, enrol_url: str,
             f'    echo "$name: no enrolment token and no certificate in $here" >&2; exit 1\n'
             f"fi\n"
             f"{exports}\n"
-            f'host=$(geni-get manifest 2>/dev/null | "$py" -m troy.frameworks.dask.enrol '
-            f'--advertise "$name") || host=\n'
+            f'wait "$advertise"; host=$(cat "$here/address" 2>/dev/null) || host=\n'
             f'cores="${{ELASTICSLICE_CORES:-$(nproc)}}"  # ELASTICSLICE_CORES: the box only\n'
             f'exec "$py" -m troy.frameworks.dask node {shlex.quote(scheduler)} '
             f'"$cores" "$name" ${{host:+"$host"}}\n')
