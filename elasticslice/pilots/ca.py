@@ -1,9 +1,11 @@
 """The cluster's own certificate authority: who may join the pilots' Dask scheduler.
 
 :class:`ClusterCA` keeps a CA certificate and key (``ca.pem``, ``ca.key``, mode 0600) in a
-directory of the manager's state, made once and reused after a restart. It issues one
-certificate per member: the control node (the scheduler and Troy's client) and every node
-(its pilot agent). Nothing here is tied to CloudLab's CA: a user certificate of the slice
+directory of the manager's state, made once and reused after a restart. It issues the
+control node's members (the scheduler, Troy's client, the enrolment service: role
+``control``, key and certificate in ``members/``) and certifies the keys nodes make
+themselves (:meth:`ClusterCA.certify`, role ``worker``: the node's key never leaves it, and
+no node key is ever on the control node). Nothing here is tied to CloudLab's CA: a user certificate of the slice
 does not let anyone into the cluster, and a node certificate does not let anyone into
 CloudLab. Keys are written 0600 and never logged.
 """
@@ -63,9 +65,13 @@ class ClusterCA:
 
     def issue(self, name: str, hosts: Sequence[str] = ("127.0.0.1",),
               days: float = 7, role: str = "control") -> tuple[Path, Path]:
-        """A certificate for member ``name`` (its common name, ``role`` its OU) and its key,
-        as files ``members/<name>.pem`` and ``members/<name>.key`` (0600); issued once,
-        reused."""
+        """A certificate for control member ``name`` (its common name, OU ``control``) and
+        its key, as files ``members/<name>.pem`` and ``members/<name>.key`` (0600); issued
+        once, reused. Nodes are not issued keys here: they enrol (:meth:`certify`)."""
+        if role != "control":
+            raise ClusterCAError(f"cannot issue a {role!r} key for {name!r}: only the control "
+                                 f"node's members get keys here; nodes make their own and "
+                                 f"enrol")
         safe = _SAFE.sub("_", name)[:64]
         if not safe or safe in (".", ".."):
             raise ClusterCAError(f"cannot issue a certificate for {name!r}: not a usable name")
@@ -85,6 +91,16 @@ class ClusterCA:
             raise ClusterCAError(f"{members}: cannot write the certificate of {name!r}: "
                                  f"{err.strerror or err}") from err
         return cert_path, key_path
+
+    def certify(self, name: str, public_key_pem: bytes, *, role: str = "worker",
+                lifetime: float = 3600.0) -> bytes:
+        """A certificate (PEM) for a key made elsewhere (a node's, from its certificate
+        request): CN ``name``, OU ``role``, valid ``lifetime`` seconds. Nothing is written."""
+        import datetime as dt
+        cert, _ = pki.issue_certificate(self.cert_pem, self._key_pem, name, role=role,
+                                        lifetime=dt.timedelta(seconds=lifetime),
+                                        public_key_pem=public_key_pem)
+        return cert
 
     def dask_tls(self, name: str = "scheduler") -> DaskTLS:
         """The TLS files of member ``name`` for Dask (the control node's by default)."""

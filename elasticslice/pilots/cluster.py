@@ -7,8 +7,9 @@
     cluster.close()                    # gives the nodes back (keep=True: leaves them)
 
 The scheduler listens on ``tls://<listen>`` only; every node joins it with a certificate
-of the cluster's own CA (``<state_dir>/pki``); the manager's state lives in
-``<state_dir>/state``. A manager that crashed is replaced with :meth:`replace_manager`: the
+of the cluster's own CA (``<state_dir>/pki``), which it gets by enrolling (its own key, a
+single-use token from its tarball: :mod:`elasticslice.pilots.enrol`); the manager's state
+lives in ``<state_dir>/state``. A manager that crashed is replaced with :meth:`replace_manager`: the
 new one resumes from the same state, and the pilots and the Troy session carry on.
 
 The whole process may die too (SIGKILL): a new ``ElasticCluster`` on the same state dir
@@ -35,10 +36,11 @@ from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
 from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
 from elasticslice.pilots.helper import PilotElasticSliceHelper
 from elasticslice.pilots.manager import PilotSliceManager
 from elasticslice.pilots.publish import TarballPublisher
-from elasticslice.pilots.restart import ClusterFile, StatsLedger
+from elasticslice.pilots.restart import ClusterFile, StatsLedger, read_json, write_json
 from troy.states import FINAL_STATES, State
 
 log = logging.getLogger(__name__)
@@ -75,14 +77,18 @@ class ElasticCluster:
     ``manager_options`` and ``framework_options`` go to the manager and the framework;
     ``node_python`` and ``disk_image``: what pilot nodes run and boot (default: ``[pilots]``
     of the server's config; see :class:`PilotElasticSliceHelper`). Each node's tarball is
-    served to the CM by a :class:`TarballPublisher` on ``listen``."""
+    served to the CM by a :class:`TarballPublisher` on ``listen``; ``public_url``: the base
+    URL the CM fetches tarballs from (None: the publisher's own address). Nodes enrol at an
+    :class:`EnrolmentService` on ``listen`` (HTTPS, the cluster CA's certificate) and get
+    certificates valid ``cert_lifetime`` seconds, renewed while the node is held."""
 
     def __init__(self, server: Any, state_dir: Path, *, minthreshold: int = 1,
                  maxthreshold: int = 10, hardware_type: str | None = None,
                  listen: str = "127.0.0.1", margin: float = 5.0,
                  idle_timeout: float | None = 60.0, intervals: Mapping[str, float] | None = None,
                  endpoint_port: int = 0, node_python: str | None = None,
-                 disk_image: str | None = None,
+                 disk_image: str | None = None, public_url: str | None = None,
+                 cert_lifetime: float = 3600.0,
                  policy: PolicyConfig | None = None, node_cores: int | None = None,
                  session: Any = None, keep: bool = False,
                  manager_options: Mapping[str, Any] | None = None,
@@ -97,7 +103,11 @@ class ElasticCluster:
         self.endpoint_port = endpoint_port
         self.node_python = node_python  # None: [pilots] of the config, else python3
         self.disk_image = disk_image    # None: [pilots] of the config, else the CM's default
+        self.public_url = public_url    # None: the publisher's own base URL
+        self.cert_lifetime = cert_lifetime
         self.publisher: TarballPublisher | None = None  # serves the nodes' tarballs
+        self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
+        self._condemned: set[str] = set()  # nodes whose token was seen twice: never adopted
         base = policy or PolicyConfig(add_cooldown=1.0, delete_cooldown=5.0,
                                       max_add_per_cycle=max(1, maxthreshold),
                                       max_delete_per_cycle=1)
@@ -172,17 +182,79 @@ class ElasticCluster:
             self._recover()
         self._saving.clear()
         threading.Thread(target=self._save_loop, name="cluster-stats", daemon=True).start()
-        self.publisher = TarballPublisher(self.listen).start()  # the CM fetches from it
+        # the CM fetches the tarballs from it
+        self.publisher = TarballPublisher(self.listen, public_url=self.public_url).start()
+        self.enrolment = self._start_enrolment()
+        scheduler = self.framework.scheduler_address
+        host = scheduler.removeprefix("tls://").rsplit(":", 1)[0]
         self.helper = PilotElasticSliceHelper(
-            self.ca, self.framework.scheduler_address, self.state_dir / "tarballs",
-            publisher=self.publisher, server=self.server, node_python=self.node_python,
-            image_urn=self.disk_image, nodetype=self.hardware_type,
-            worker_host=self.listen if self.listen in ("127.0.0.1", "localhost") else None)
+            self.ca, scheduler, self.state_dir / "tarballs",
+            publisher=self.publisher, enrolment=self.enrolment,
+            enrol_url=f"https://{host}:{self.enrolment.bound_port}", server=self.server,
+            node_python=self.node_python, image_urn=self.disk_image,
+            nodetype=self.hardware_type)
+        self.helper.forget_all()  # tarballs a killed process left: their tokens are void
         self.manager = self.new_manager()
         self.manager.start()
         # agents that rejoined before the manager existed were refused: they are ours if
         # the manager holds their nodes
         self.framework.adopt_joined()
+
+    ENROL_FILE = "enrol.json"
+
+    def _start_enrolment(self) -> EnrolmentService:
+        """The enrolment service, on the port the last process of this state dir used (the
+        nodes' agents renew there), else on any."""
+        path = self.state_dir / self.ENROL_FILE
+        try:
+            port = int((read_json(path) or {}).get("port", 0))
+        except (ElasticSliceError, ValueError, TypeError):
+            port = 0
+
+        def make(at: int) -> EnrolmentService:
+            return EnrolmentService(self.ca, self.listen, at, is_held=self._is_held,
+                                    cert_lifetime=self.cert_lifetime,
+                                    on_alarm=self._on_alarm).start()
+        try:
+            service = make(port)
+        except EnrolmentError as err:
+            if not port:
+                raise
+            log.warning("the enrolment port %d is taken (%s): the nodes' agents cannot renew "
+                        "there", port, err)
+            service = make(0)
+        write_json(path, {"port": service.bound_port})
+        return service
+
+    def _is_held(self, client_id: str) -> bool:
+        manager = self.manager
+        return (client_id not in self._condemned and manager is not None
+                and manager.holds(client_id))
+
+    def _on_alarm(self, client_id: str, why: str) -> None:
+        """A node's enrolment token was presented twice: whoever holds the node's
+        certificate may not be the node. It is never adopted again, its renewals are
+        refused, and it is given back (the demand adds a new node in its place)."""
+        log.warning("node %s is replaced: %s", client_id, why)
+        self._condemned.add(client_id)
+        if self.enrolment is not None:
+            self.enrolment.forget(client_id)
+        manager = self.manager
+        if manager is not None:
+            manager.releases.post(self._replace, manager, client_id, why)
+
+    @staticmethod
+    def _replace(manager: PilotSliceManager, client_id: str, why: str) -> None:
+        manager.drainer.lose(client_id, "its enrolment token leaked")
+        for cm in manager.cms:
+            if manager.state.node(cm.url, client_id) is None:
+                continue
+            try:
+                manager.actuator.delete(cm, [client_id], why)
+            except ElasticSliceError as err:
+                log.warning("cannot give back %s (its enrolment token leaked): %s", client_id,
+                            err)
+        manager.wake("update_sliver_status", "add_nodes")
 
     def new_manager(self) -> PilotSliceManager:
         """A manager on the cluster's state, helper, framework and session (not started)."""
@@ -248,7 +320,8 @@ class ElasticCluster:
 
     def _adopt_filter(self, name: str | None, address: str, resources: Any = None) -> bool:
         manager = self.manager
-        return manager is not None and manager.accepts(name, address, resources)
+        return (manager is not None and name not in self._condemned
+                and manager.accepts(name, address, resources))
 
     def overlay(self) -> Any:
         """An overlay following the cluster's framework: its pilots as they come and go."""
@@ -313,6 +386,11 @@ class ElasticCluster:
         finally:
             if manager is not None:
                 manager.state.close()
+            if self.helper is not None:  # every token, tarball and URL goes
+                self.helper.forget_all()
+            if self.enrolment is not None:
+                self.enrolment.stop()
+                self.enrolment = None
             if self.publisher is not None:
                 self.publisher.stop()
                 self.publisher = None

@@ -3,19 +3,23 @@
 Each node gets an install tarball of its own, rooted at ``/`` (CloudLab's AddNodes installs
 tarballs at ``/``), published over HTTP by a :class:`~elasticslice.pilots.publish.
 TarballPublisher` at a URL the tarball rule accepts, and fetched by the CM. It holds, under
-:attr:`PilotElasticSliceHelper.INSTALL_PATH` (``/local/pilot``), the cluster CA certificate,
-the node's certificate and key (issued by :class:`~elasticslice.pilots.ca.ClusterCA` for its
-client_id) and ``start.sh``, which asks ``geni-get client_id`` for the node's name and
-starts::
+:attr:`PilotElasticSliceHelper.INSTALL_PATH` (``/local/pilot``), only the cluster CA's
+certificate, a single-use enrolment token bound to the node's client_id (valid until its
+boot deadline) and ``start.sh``; no key, no certificate of the node. ``start.sh`` asks
+``geni-get client_id`` for the node's name, enrols (``python -m troy.frameworks.dask.enrol``:
+the node makes its own key and gets a short-lived certificate from the control node's
+:class:`~elasticslice.pilots.enrol.EnrolmentService`, pinning the cluster CA), then starts::
 
-    <node_python> -m troy.frameworks.dask node tls://HOST:PORT CORES CLIENT_ID
+    "$py" -m troy.frameworks.dask node tls://HOST:PORT CORES CLIENT_ID [ADDRESS]
 
-with the node's cores (``nproc``; the box's nodes say theirs in ``ELASTICSLICE_CORES``) and
-Dask's TLS variables pointing at those files. ``node_python`` is the command that runs
-Python with the agent installed on the node's image (default ``python3``; the emulator's
-config names its pilot image and ``python3`` in ``[pilots]``). No secret is on a command
-line or in a log: the command is ``sh /local/pilot/start.sh``; the key travels only inside
-the tarball (0600 files; issue 20 replaces this with an enrolment).
+with the node's cores (``nproc``; the box's nodes say theirs in ``ELASTICSLICE_CORES``, a
+box-only hint), Dask's TLS variables pointing at the files the node made, and
+``TROY_NODE_RENEW_URL`` (the agent renews its certificate). ADDRESS is the node's own
+address in the sliver's manifest (``geni-get manifest``) when it is configured on the node;
+without it the agent uses the address it reaches the scheduler from. ``py`` runs Python with
+the agent: ``node_python`` (default ``python3``; the emulator's config names its pilot image
+and ``python3`` in ``[pilots]``). No secret is on a command line or in a log: the command is
+``sh /local/pilot/start.sh``, the token travels in a 0600 file and is spent on first use.
 """
 from __future__ import annotations
 
@@ -34,27 +38,65 @@ from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.rpc import pki
 from elasticslice.rspec import NodeSpec
+from troy.frameworks.dask.enrol import RENEW_URL_ENV
 from troy.frameworks.dask.tls import DaskTLS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NODE_PYTHON = "python3"
+DEFAULT_ENROL_WITHIN = 1800.0  # seconds from a tarball's making to its node's boot deadline
 
 
-def agent_script(scheduler: str, node_python: str, worker_host: str | None) -> str:
-    """``start.sh``: the node agent with TLS files next to the script, named by geni-get."""
+def python_lines(node_python: str) -> str:
+    """The sh lines that set ``py`` to the command running the agent's Python:
+    ``node_python`` itself when it is one word, else the tarball's ``python`` wrapper
+    (:func:`python_wrapper`), so that ``"$py" -m ...`` works either way."""
+    if len(shlex.split(node_python)) == 1:
+        return f"py={node_python}\n"
+    return 'py="$here/python"\n'
+
+
+def python_wrapper(node_python: str) -> bytes | None:
+    """The ``python`` script a ``node_python`` of several words runs through (None: one)."""
+    if len(shlex.split(node_python)) == 1:
+        return None
+    return f'#!/bin/sh\nexec {node_python} "$@"\n'.encode()
+
+
+def agent_script(scheduler: str, node_python: str, enrol_url: str,
+                 env_lines: str | None = None) -> str:
+    """``start.sh``: enrol (the node makes its key), then the node agent with TLS files next
+    to the script, named by geni-get, advertising its manifest address when it has one.
+    ``env_lines``: sh lines that set ``py`` (``bootstrap.env_script()``); default
+    ``node_python``."""
     env = DaskTLS('"$here"/ca.pem', '"$here"/node.pem', '"$here"/node.key').environ()
+    env[RENEW_URL_ENV] = shlex.quote(enrol_url)
     exports = "\n".join(f"export {key}={value}" for key, value in sorted(env.items()))
-    host = (f'"${{ELASTICSLICE_NODE_IP:-{worker_host}}}"' if worker_host
-            else '${ELASTICSLICE_NODE_IP:+"$ELASTICSLICE_NODE_IP"}')
+    python = env_lines if env_lines is not None else python_lines(node_python)
+    url = shlex.quote(enrol_url)
     return (f"#!/bin/sh\n"
-            f"# this node's pilot agent: a Dask worker joining {scheduler} over TLS\n"
+            f"# this node's pilot agent: enrols at {enrol_url}, then a Dask worker joining "
+            f"{scheduler} over TLS\n"
             f'here=$(cd "$(dirname "$0")" && pwd)\n'
-            f"{exports}\n"
             f'name=$(geni-get client_id) || {{ echo "geni-get client_id failed" >&2; exit 1; }}\n'
-            f'cores="${{ELASTICSLICE_CORES:-$(nproc)}}"\n'
-            f"exec {node_python} -m troy.frameworks.dask node {shlex.quote(scheduler)} "
-            f'"$cores" "$name" {host}\n')
+            f"# --- the agent's Python: these lines set py ---\n"
+            f"{python.rstrip()}\n"
+            f"# --- the address to advertise (meanwhile): the manifest's, if configured here ---\n"
+            f'(geni-get manifest 2>/dev/null | "$py" -m troy.frameworks.dask.enrol --advertise '
+            f'"$name" > "$here/address" || :) &\n'
+            f"advertise=$!\n"
+            f"# --- enrolment: this node makes its key; the token is spent ---\n"
+            f'if [ -f "$here/token" ]; then\n'
+            f'    "$py" -m troy.frameworks.dask.enrol {url} "$here/token" "$here/ca.pem" '
+            f'"$name" "$here" || exit 1\n'
+            f'elif [ ! -s "$here/node.pem" ] || [ ! -s "$here/node.key" ]; then\n'
+            f'    echo "$name: no enrolment token and no certificate in $here" >&2; exit 1\n'
+            f"fi\n"
+            f"{exports}\n"
+            f'wait "$advertise"; host=$(cat "$here/address" 2>/dev/null) || host=\n'
+            f'cores="${{ELASTICSLICE_CORES:-$(nproc)}}"  # ELASTICSLICE_CORES: the box only\n'
+            f'exec "$py" -m troy.frameworks.dask node {shlex.quote(scheduler)} '
+            f'"$cores" "$name" ${{host:+"$host"}}\n')
 
 
 def node_command(value: str) -> str:
@@ -74,17 +116,20 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
     ``ca``: the cluster CA; ``scheduler``: the Dask scheduler's ``tls://`` address;
     ``tarball_dir``: where the per-node tarballs are kept (0700, removed with the node);
     ``publisher``: a started :class:`TarballPublisher` that serves them to the CM;
-    ``node_python``: the command running Python with the agent on the node's image
-    (default: ``[pilots] node_python`` of the server's config, else ``python3``);
-    ``image_urn``: the image nodes boot (default: ``[pilots] disk_image``); ``worker_host``:
-    the address each agent listens on when the node does not say (``ELASTICSLICE_NODE_IP``).
+    ``enrolment``: the started :class:`~elasticslice.pilots.enrol.EnrolmentService` that
+    issues each node's token and certificate; ``enrol_url``: its URL as nodes reach it
+    (default its own); ``enrol_within``: seconds from a node's tarball to its boot deadline
+    (its token's validity); ``node_python``: the command running Python with the agent on
+    the node's image (default: ``[pilots] node_python`` of the server's config, else
+    ``python3``); ``image_urn``: the image nodes boot (default: ``[pilots] disk_image``).
     Other options as :class:`SimpleElasticSliceHelper`."""
 
     INSTALL_PATH = "/local/pilot"
 
     def __init__(self, ca: ClusterCA, scheduler: str, tarball_dir: Path, *,
-                 publisher: TarballPublisher | None = None, node_python: str | None = None,
-                 image_urn: str | None = None, worker_host: str | None = "127.0.0.1",
+                 publisher: TarballPublisher | None = None, enrolment: Any = None,
+                 enrol_url: str | None = None, enrol_within: float = DEFAULT_ENROL_WITHIN,
+                 node_python: str | None = None, image_urn: str | None = None,
                  server: Any = None, config: Any = None, num_pcs: int = 1,
                  **options: Any) -> None:
         settings = _settings(server)
@@ -98,21 +143,33 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
         self.scheduler = scheduler
         self.tarball_dir = Path(tarball_dir)
         self.publisher = publisher
-        self.worker_host = worker_host
+        self.enrolment = enrolment
+        self.enrol_url = enrol_url
+        self.enrol_within = enrol_within
+        #: sh lines that set ``py`` (bootstrap.env_script(); None: from node_python)
+        self.env_lines: str | None = None
         self.startup_command = f"sh {self.INSTALL_PATH}/start.sh"
         self._urls: dict[str, str] = {}
+        self._made: set[str] = set()  # nodes given a tarball (and a token)
 
     def tarball(self, client_id: str) -> Path:
-        """The node's install tarball (made once): CA, node certificate and key, script,
-        under ``local/pilot/`` (installed at ``/``)."""
+        """The node's install tarball (made anew, with a new token that voids the last):
+        the CA certificate, its enrolment token and the script, under ``local/pilot/``
+        (installed at ``/``); no key."""
         path = self.tarball_dir / f"{client_id}.tar.gz"
-        if path.exists():
-            return path
-        cert, key = self.ca.issue(client_id, role="worker")
-        script = agent_script(self.scheduler, self.node_python, self.worker_host)
+        if self.enrolment is None:
+            raise ElasticSliceError("the pilot helper has no enrolment service: nodes enrol "
+                                    "to get their certificate")
+        url = self.enrol_url or self.enrolment.url
+        token = self.enrolment.token_for(client_id, deadline=time.time() + self.enrol_within)
+        self._made.add(client_id)
+        script = agent_script(self.scheduler, self.node_python, url, self.env_lines)
         top = self.INSTALL_PATH.strip("/")
-        members = [("ca.pem", self.ca.cert_pem, 0o600), ("node.pem", cert.read_bytes(), 0o600),
-                   ("node.key", key.read_bytes(), 0o600), ("start.sh", script.encode(), 0o700)]
+        members = [("ca.pem", self.ca.cert_pem, 0o644), ("token", token.encode(), 0o600),
+                   ("start.sh", script.encode(), 0o700)]
+        wrapper = python_wrapper(self.node_python) if self.env_lines is None else None
+        if wrapper is not None:
+            members.append(("python", wrapper, 0o700))
         buf = io.BytesIO()
         now = int(time.time())
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -146,7 +203,10 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
         return spec
 
     def forget_node(self, client_id: str) -> None:
-        """The node left: its tarball (with its key) and its URL go."""
+        """The node left: its token, its tarball and its URL go."""
+        if self.enrolment is not None:
+            self.enrolment.forget(client_id)
+        self._made.discard(client_id)
         url = self._urls.pop(client_id, None)
         if url is not None and self.publisher is not None:
             self.publisher.withdraw(url)
@@ -154,6 +214,17 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
             (self.tarball_dir / f"{client_id}.tar.gz").unlink(missing_ok=True)
         except OSError as err:
             log.warning("cannot remove the tarball of %s: %s", client_id, err.strerror or err)
+
+    def forget_all(self) -> None:
+        """Every node's token, tarball and URL go (the cluster closes)."""
+        for client_id in {*self._urls, *self._made}:
+            self.forget_node(client_id)
+        try:
+            for path in self.tarball_dir.glob("*.tar.gz"):
+                path.unlink(missing_ok=True)
+        except OSError as err:
+            log.warning("cannot remove the nodes' tarballs in %s: %s", self.tarball_dir,
+                        err.strerror or err)
 
     def handle_deleted_node(self, node: dict[str, Any]) -> None:
         if node.get("client_id"):

@@ -3,19 +3,25 @@
 CloudLab's CM fetches every install tarball itself, by URL, before CreateSliver or AddNodes
 returns, and only URLs that pass its rule (:mod:`elasticslice.rspec.tarball`: http(s) or
 ftp, a name ending ``.tar.gz``..., no query string). :class:`TarballPublisher` serves the
-files it is given at ``http://HOST:PORT/<token>/<name>.tar.gz``: the token is random and per
+files it is given at ``<public_url>/<token>/<name>.tar.gz``: the token is random and per
 file (32 URL-safe characters, which the rule allows), so nobody who was not given the URL
-can fetch the file, and a file withdrawn is gone. It listens on 127.0.0.1 (port 0 by
-default: any free port): the box's CM runs on this machine. (Issue 20 moves the key out of
-the tarball; until then the URL is a capability: it is never logged.)
+can fetch the file, and a file withdrawn is gone. :meth:`TarballPublisher.publish_tree`
+serves a whole directory read-only the same way (under ``<public_url>/<token>/<name>/``).
+It listens on ``host`` (127.0.0.1 and port 0 by default: any free port; the box's CM runs
+on this machine); ``public_url`` is the base URL the CM fetches from (default: its own
+address). Plain HTTP is enough: a tarball carries no secret (its enrolment token is single
+use and bound to its node), but its URL is still never logged.
 """
 from __future__ import annotations
 
+import html
 import http.server
 import logging
+import mimetypes
 import os
 import secrets
 import threading
+import urllib.parse
 from pathlib import Path
 
 from elasticslice.errors import ElasticSliceError
@@ -42,7 +48,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self, body: bool) -> None:
         path = self.server.publisher.lookup(self.path)
-        if path is None:
+        if path is not None and path.is_dir():
+            self._listing(path, body)
+            return
+        if path is None or not path.is_file():
             self.send_error(404)
             return
         try:
@@ -52,11 +61,38 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         with handle:
             self.send_response(200)
-            self.send_header("Content-Type", "application/gzip")
+            kind = ("application/gzip" if path.name.endswith((".gz", ".tgz"))
+                    else mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(os.fstat(handle.fileno()).st_size))
             self.end_headers()
             while body and (chunk := handle.read(CHUNK)):
                 self.wfile.write(chunk)
+
+    def _listing(self, directory: Path, body: bool) -> None:
+        """A directory of a published tree: its ``index.html``, else a list of links (what
+        ``pip --find-links`` reads)."""
+        if not self.path.endswith("/"):  # relative links need the slash
+            self.send_response(301)
+            self.send_header("Location", self.path + "/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        index = directory / "index.html"
+        if index.is_file():
+            data = index.read_bytes()
+        else:
+            names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir()
+                           if not p.name.startswith("."))
+            links = "".join(f'<a href="{urllib.parse.quote(n)}">{html.escape(n)}</a><br>\n'
+                            for n in names)
+            data = f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         pass  # the path is a capability: not logged
@@ -71,12 +107,23 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class TarballPublisher:
-    """Serves files at unguessable URLs the tarball rule accepts; :meth:`start` first."""
+    """Serves files at unguessable URLs the tarball rule accepts; :meth:`start` first.
+    ``public_url``: the base of the URLs it gives (what the CM fetches from; default
+    :attr:`base_url`, its own address)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 public_url: str | None = None) -> None:
         self.host = host
         self.port = port
+        if public_url is not None:
+            parts = urllib.parse.urlsplit(public_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.query \
+                    or parts.fragment:
+                raise PublishError(f"public_url {public_url!r}: expected http(s)://HOST[:PORT]"
+                                   f"[/PATH], without a query")
+        self.public_url = public_url.rstrip("/") if public_url else None
         self._files: dict[str, Path] = {}  # "/<token>/<name>" -> file
+        self._trees: dict[str, Path] = {}  # "/<token>/<name>/" -> directory
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -105,6 +152,8 @@ class TarballPublisher:
         return self
 
     def stop(self) -> None:
+        """Stop serving; nothing stays published."""
+        self.withdraw_all()
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
@@ -113,10 +162,22 @@ class TarballPublisher:
             self._thread.join(timeout=5)
             self._thread = None
 
+    @property
+    def url_base(self) -> str:
+        """The base of the URLs given out: ``public_url``, else :attr:`base_url`."""
+        return self.public_url or self.base_url
+
+    def _segment(self, url: str) -> str:
+        """The path of ``url`` under the base URLs (what a request asks for)."""
+        for base in (self.public_url, self.base_url if self._server else None):
+            if base and url.startswith(base + "/"):
+                return url[len(base):]
+        return urllib.parse.urlsplit(url).path if "://" in url else url
+
     def publish(self, path: Path, name: str) -> str:
         """Serve ``path`` as ``<name>`` (ending in ``.tar.gz``...) at a new URL; the URL."""
         segment = f"/{secrets.token_urlsafe(24)}/{name}"
-        url = self.base_url + segment
+        url = self.url_base + segment
         problem = tarball_problem(url)
         if problem:
             raise PublishError(f"cannot publish {name!r}: {problem}")
@@ -124,11 +185,58 @@ class TarballPublisher:
             self._files[segment] = Path(path)
         return url
 
-    def withdraw(self, url: str) -> None:
-        """Stop serving ``url``."""
+    def publish_tree(self, directory: Path, name: str) -> str:
+        """Serve ``directory`` read-only (its files and folders, nothing outside it, no
+        hidden names) under a new unguessable prefix; the URL of the tree (ending ``/``)."""
+        root = Path(directory).resolve()
+        if not root.is_dir():
+            raise PublishError(f"cannot publish {directory}: not a directory")
+        if not name or "/" in name or name in (".", "..") or tarball_problem(
+                f"http://h/{name}.tar") is not None:
+            raise PublishError(f"cannot publish a tree as {name!r}: letters, digits, . _ - only")
+        segment = f"/{secrets.token_urlsafe(24)}/{name}/"
         with self._lock:
-            self._files.pop(url.removeprefix(self.base_url) if self._server else url, None)
+            self._trees[segment] = root
+        return self.url_base + segment
+
+    def withdraw(self, url: str) -> None:
+        """Stop serving ``url`` (a file, or a tree)."""
+        segment = self._segment(url)
+        with self._lock:
+            self._files.pop(segment, None)
+            self._trees.pop(segment if segment.endswith("/") else segment + "/", None)
+
+    def withdraw_all(self) -> None:
+        """Stop serving everything."""
+        with self._lock:
+            self._files.clear()
+            self._trees.clear()
+
+    def published(self) -> int:
+        """How many files and trees are served."""
+        with self._lock:
+            return len(self._files) + len(self._trees)
 
     def lookup(self, request_path: str) -> Path | None:
+        """The file (or a tree's folder) a request path names, None if none."""
+        if "?" in request_path or "#" in request_path:
+            return None
         with self._lock:
-            return self._files.get(request_path)
+            found = self._files.get(request_path)
+            if found is not None:
+                return found
+            trees = list(self._trees.items())
+        for prefix, root in trees:
+            if request_path == prefix.rstrip("/"):
+                return root
+            if not request_path.startswith(prefix):
+                continue
+            rest = urllib.parse.unquote(request_path[len(prefix):])
+            parts = [p for p in rest.split("/") if p]
+            if any(p.startswith(".") for p in parts):
+                return None
+            target = root.joinpath(*parts).resolve() if parts else root
+            if target != root and not target.is_relative_to(root):
+                return None  # a link out of the tree
+            return target if target.exists() else None
+        return None

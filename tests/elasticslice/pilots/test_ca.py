@@ -14,6 +14,7 @@ from cryptography import x509
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots import (ClusterCA, ClusterCAError, ElasticCluster,
                                PilotElasticSliceHelper)
+from elasticslice.pilots.enrol import EnrolmentService
 from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.rspec.tarball import tarball_problem
 
@@ -28,12 +29,12 @@ def test_the_ca_is_made_once_and_its_files_are_private(tmp_path: Path) -> None:
     assert again.cert_pem == ca.cert_pem  # reopened after a restart, not remade
     assert mode(tmp_path / "pki") == 0o700
     assert mode(tmp_path / "pki" / "ca.key") == 0o600 and mode(ca.ca_file) == 0o600
-    cert_path, key_path = ca.issue("node-1", role="worker")
+    cert_path, key_path = ca.issue("scheduler")
     assert mode(cert_path) == 0o600 and mode(key_path) == 0o600
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     root = x509.load_pem_x509_certificate(ca.cert_pem)
     cert.verify_directly_issued_by(root)
-    assert cert.subject.rfc4514_string() == "OU=worker,CN=node-1"  # its role: the OU
+    assert cert.subject.rfc4514_string() == "OU=control,CN=scheduler"  # its role: the OU
     assert "PRIVATE KEY" not in repr(ca)
 
 
@@ -43,19 +44,23 @@ def test_a_member_name_that_is_not_a_file_name_is_refused(tmp_path: Path) -> Non
         ca.issue("..")
 
 
-def test_node_tarball_carries_the_key_and_the_command_line_does_not(tmp_path: Path) -> None:
+def test_node_tarball_carries_no_key_only_the_ca_a_token_and_the_script(
+        tmp_path: Path) -> None:
     ca = ClusterCA.open(tmp_path / "pki")
     publisher = TarballPublisher().start()
+    enrolment = EnrolmentService(ca, is_held=lambda cid: True).start()
     try:
         helper = PilotElasticSliceHelper(ca, "tls://127.0.0.1:4321", tmp_path / "tarballs",
-                                         publisher=publisher, node_python="/opt/venv/bin/python")
+                                         publisher=publisher, enrolment=enrolment,
+                                         node_python="/opt/venv/bin/python")
         args = helper.get_add_args(1)
         (cid, node), = args.items()
         startup = str(node)
-        assert "PRIVATE KEY" not in startup and "node.key" not in startup
+        assert "PRIVATE KEY" not in startup and "token" not in startup
         assert node["startup"][0] == "sh /local/pilot/start.sh"
         url, = node["tarballs"]  # a bare URL: CloudLab installs it at /
         assert tarball_problem(url) is None and url.startswith(publisher.base_url)
+        assert "?" not in url
         kept = tmp_path / "tarballs" / f"{cid}.tar.gz"
         assert mode(kept) == 0o600 and mode(kept.parent) == 0o700
         with urllib.request.urlopen(url, timeout=30) as resp:  # as the CM fetches it
@@ -63,20 +68,52 @@ def test_node_tarball_carries_the_key_and_the_command_line_does_not(tmp_path: Pa
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             members = {m.name: m for m in tar.getmembers()}
             script = tar.extractfile("local/pilot/start.sh").read().decode()
-            key = tar.extractfile("local/pilot/node.key").read()
+            contents = b"".join(tar.extractfile(m).read() for m in tar.getmembers()
+                                if m.isfile())
+            token = tar.extractfile("local/pilot/token").read().decode()
         assert set(members) == {"local", "local/pilot", *(f"local/pilot/{n}" for n in (
-            "ca.pem", "node.pem", "node.key", "start.sh"))}
-        assert all(members[f"local/pilot/{n}"].mode == 0o600
-                   for n in ("ca.pem", "node.pem", "node.key"))
-        assert b"PRIVATE KEY" in key and "PRIVATE KEY" not in script
+            "ca.pem", "token", "start.sh"))}
+        assert b"PRIVATE KEY" not in contents  # no key of anyone
+        assert contents.count(b"BEGIN CERTIFICATE") == 1  # the CA's only, no node's
+        assert members["local/pilot/token"].mode == 0o600
+        assert token not in script and token not in startup
+        assert enrolment.tokens() == 1
         assert 'name=$(geni-get client_id)' in script and "ELASTICSLICE_CLIENT_ID" not in script
-        assert ("exec /opt/venv/bin/python -m troy.frameworks.dask node tls://127.0.0.1:4321 "
-                '"$cores" "$name"') in script
+        assert "ELASTICSLICE_NODE_IP" not in script  # a real node has no such variable
+        assert "py=/opt/venv/bin/python\n" in script
+        assert (f'"$py" -m troy.frameworks.dask.enrol {enrolment.url} "$here/token" '
+                f'"$here/ca.pem" "$name" "$here"') in script
+        assert ('exec "$py" -m troy.frameworks.dask node tls://127.0.0.1:4321 '
+                '"$cores" "$name" ${host:+"$host"}') in script
+        assert f"export TROY_NODE_RENEW_URL={enrolment.url}" in script
+        assert not list((tmp_path / "pki").rglob(f"{cid}*"))  # nothing of the node's kept
         helper.handle_deleted_node({"client_id": cid})
-        assert not kept.exists()  # the key goes with the node, and its URL with it
+        assert not kept.exists()  # the token goes with the node, and its URL with it
+        assert enrolment.tokens() == 0
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(url, timeout=30)
     finally:
+        enrolment.stop()
+        publisher.stop()
+
+
+def test_a_node_python_of_several_words_runs_through_a_wrapper(tmp_path: Path) -> None:
+    ca = ClusterCA.open(tmp_path / "pki")
+    publisher = TarballPublisher().start()
+    enrolment = EnrolmentService(ca).start()
+    try:
+        helper = PilotElasticSliceHelper(ca, "tls://127.0.0.1:4321", tmp_path / "tarballs",
+                                         publisher=publisher, enrolment=enrolment,
+                                         node_python="env X=1 python3")
+        with tarfile.open(helper.tarball("node-1")) as tar:
+            wrapper = tar.extractfile("local/pilot/python").read().decode()
+            script = tar.extractfile("local/pilot/start.sh").read().decode()
+        assert wrapper == '#!/bin/sh\nexec env X=1 python3 "$@"\n'
+        assert 'py="$here/python"' in script
+        helper.forget_all()
+        assert not list((tmp_path / "tarballs").iterdir()) and enrolment.tokens() == 0
+    finally:
+        enrolment.stop()
         publisher.stop()
 
 

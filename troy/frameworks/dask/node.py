@@ -4,6 +4,8 @@ SIGTERM/SIGINT. It outlives the process holding its scheduler: when the schedule
 (that process was SIGKILLed), the units running here are killed (Troy dispatches them again)
 and a new worker of the same name rejoins the same address, for up to
 ``TROY_NODE_RECONNECT`` seconds (default 300; 0: never), then the agent exits with one line.
+With ``TROY_NODE_RENEW_URL`` set (an enrolled node), the agent renews its certificate there
+before it expires (:class:`troy.frameworks.dask.enrol.Renewer`).
 The units' bookkeeping is :mod:`troy.frameworks.dask.agent`'s.
 """
 from __future__ import annotations
@@ -116,6 +118,10 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         from distributed.utils import get_ip
         host = get_ip(get_address_host(scheduler))
     options = {"nthreads": cores, "resources": {"cores": cores}, "name": name, "host": host}
+    from troy.frameworks.dask.enrol import Renewer
+    renewer = Renewer.from_environ()  # an enrolled node: its certificate is short-lived
+    if renewer is not None:
+        renewer.start()  # a daemon thread: it ends with the agent
     w = await _start_worker(scheduler, **options)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -1,0 +1,118 @@
+"""Enrolment end to end, as an attacker who read the experiment's archive would try it: the
+emulator's CM fetches every node's tarball over HTTP and keeps a copy (as CloudLab archives
+it with the experiment); real nodes boot, enrol and join as pilots. The copies hold no key,
+their tokens are spent once the nodes enrolled, a token presented again raises the alarm and
+its node is replaced; the nodes renew their short-lived certificates (their Dask listeners
+too); no key of any node is on the control node after a node goes and after ``close()``."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import socket
+import ssl
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from elasticslice.pilots import ElasticCluster
+from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, client_for, \
+    cm_nodes
+from tests.helpers import wait_for
+
+CONTROL_KEYS = {"ca.key", "scheduler.key", "enrolment.key"}  # the control node's own
+
+
+def stored_tarball(emulator, url: str) -> bytes:
+    """The CM's kept copy of the tarball at ``url`` (``D/tarfiles/<sliver>/<md5>.tar.gz``)."""
+    name = hashlib.md5(url.encode()).hexdigest() + ".tar.gz"
+    found = list(Path(emulator.dir, "tarfiles").rglob(name))
+    assert found, f"the CM kept no copy of {name}"
+    return found[0].read_bytes()
+
+
+def private_files(root: Path) -> list[str]:
+    """Files under ``root`` holding a private key (names relative to ``root``)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.is_file() and b"PRIVATE KEY" in p.read_bytes())
+
+
+def served_expiry(address: str, tls) -> float:
+    """When the certificate a Dask listener at ``tls://HOST:PORT`` serves now expires."""
+    host, port = address.removeprefix("tls://").rsplit(":", 1)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(tls.ca_file)
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    with socket.create_connection((host, int(port)), timeout=30) as raw, \
+            ctx.wrap_socket(raw) as sock:
+        der = sock.getpeercert(binary_form=True)
+    return x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
+
+
+def test_an_archived_tarball_is_useless_and_its_replay_replaces_the_node(
+        emulator, tmp_path: Path) -> None:
+    server = client_for(emulator, tmp_path / "cache")
+    cluster = ElasticCluster(server, tmp_path / "cluster", minthreshold=2, maxthreshold=3,
+                             idle_timeout=None, intervals=FAST_INTERVALS, margin=1.0,
+                             cert_lifetime=8.0, policy=dataclasses.replace(FAST_POLICY))
+    try:
+        cluster.start()
+        wait_for(lambda: len(cluster.pilots()) == 2, timeout=180, what="2 pilots")
+        urls = dict(cluster.helper._urls)
+        assert sorted(urls) == ["node-1", "node-2"]
+        copies = {cid: stored_tarball(emulator, url) for cid, url in urls.items()}
+        for cid, data in copies.items():
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                names = {m.name.rsplit("/", 1)[-1] for m in tar.getmembers() if m.isfile()}
+                blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers()
+                                if m.isfile())
+            assert names == {"ca.pem", "token", "start.sh"}, (cid, names)
+            assert b"PRIVATE KEY" not in blob  # nothing to steal in the archive
+        assert private_files(cluster.state_dir) == ["pki/ca.key", "pki/members/enrolment.key",
+                                                    "pki/members/scheduler.key"]
+
+        # The nodes renew their certificates (8 s), their listeners serve the new ones.
+        pilot = next(p for p in cluster.pilots() if p.worker_name == "node-1")
+        tls = cluster.ca.dask_tls("scheduler")
+        first = served_expiry(pilot.native_id, tls)
+        wait_for(lambda: served_expiry(pilot.native_id, tls) > first, timeout=60,
+                 what="node-1's listener serving a renewed certificate")
+        assert cluster.enrolment.renewed >= 1
+
+        # The archived copy of node-2's tarball, presented by whoever read it: refused.
+        with tarfile.open(fileobj=io.BytesIO(copies["node-2"])) as tar:
+            tar.extractall(tmp_path / "thief", filter="data")
+        stolen = tmp_path / "thief" / "local" / "pilot"
+        result = subprocess.run(
+            [sys.executable, "-m", "troy.frameworks.dask.enrol", cluster.enrolment.url,
+             str(stolen / "token"), str(stolen / "ca.pem"), "node-2", str(stolen)],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and "enrolment token already used" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not (stolen / "node.key").exists()
+
+        # The alarm: node-2 is given back, never adopted again, a new node takes its place.
+        wait_for(lambda: "node-2" not in cm_nodes(emulator, tmp_path), timeout=120,
+                 what="node-2 given back")
+        wait_for(lambda: len(cluster.pilots()) == 2
+                 and "node-2" not in {p.worker_name for p in cluster.pilots()},
+                 timeout=180, what="a new node's pilot in node-2's place")
+        assert "node-2" not in cluster.helper._urls  # its URL withdrawn, its tarball gone
+        assert not (cluster.state_dir / "tarballs" / "node-2.tar.gz").exists()
+        with pytest.raises(Exception):
+            import urllib.request
+            urllib.request.urlopen(urls["node-2"], timeout=30)
+        keys = private_files(cluster.state_dir)
+        assert {k.rsplit("/", 1)[-1] for k in keys} <= CONTROL_KEYS, keys
+    finally:
+        cluster.close()
+        server.close()
+    # After close(): no tarball, no token, no URL, no node key anywhere on the control node.
+    assert not list((tmp_path / "cluster" / "tarballs").iterdir())
+    keys = private_files(tmp_path / "cluster")
+    assert {k.rsplit("/", 1)[-1] for k in keys} <= CONTROL_KEYS, keys
