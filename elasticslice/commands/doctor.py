@@ -22,10 +22,7 @@ options over the config's ``[pilots]``, ``[manager]`` and ``[endpoint]``).
 from __future__ import annotations
 
 import ipaddress
-import re
-import shutil
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +33,9 @@ import click
 
 from elasticslice.commands.run import RunSettings, resolve_settings, setting_options
 from elasticslice.errors import ElasticSliceError, RPCError
+from elasticslice.pilots import bootstrap
 
-#: the python3 of CloudLab's standard images (their Ubuntu release's default)
-STOCK_PYTHON = {"UBUNTU18-64-STD": "3.6", "UBUNTU20-64-STD": "3.8",
-                "UBUNTU22-64-STD": "3.10", "UBUNTU24-64-STD": "3.12"}
+STOCK_PYTHON = bootstrap.STOCK_PYTHON
 #: the oldest Python the node agent runs on (the project's own floor)
 MIN_NODE_PYTHON = (3, 11)
 
@@ -248,23 +244,8 @@ def check_ports(settings: RunSettings) -> Check:
 
 
 def image_python(settings: RunSettings, cm_local: bool) -> str | None:
-    """The ``major.minor`` of the ``python3`` the nodes' image has (None: unknown). The box's
-    nodes boot this machine's system whatever the image (custom images are laid over it), so
-    its ``python3``; CloudLab's standard images have their Ubuntu release's."""
-    image = settings.image or ""
-    name = re.split(r"//|:", image.rsplit("+", 1)[-1])[-1] if image else ""
-    if not cm_local:
-        return STOCK_PYTHON.get(name)
-    # the box boots this machine's system whatever the image's name
-    python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
-    if python is None:
-        return None
-    try:
-        out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    """The ``major.minor`` of the ``python3`` the nodes' image has (None: unknown)."""
+    return bootstrap.image_python(settings.image, cm_local)
 
 
 def wheelhouse_check(version: str) -> tuple[bool, str, str]:

@@ -295,3 +295,30 @@ def env_script(wheelhouse_url: str | None, *, python: str = "python3",
             f"{INSTALLER.strip()}\n"
             f"{HEREDOC}\n"
             f"py={q(target + '/bin/python3')}\n")
+
+
+#: the python3 of CloudLab's standard images (their Ubuntu release's default)
+STOCK_PYTHON = {"UBUNTU18-64-STD": "3.6", "UBUNTU20-64-STD": "3.8",
+                "UBUNTU22-64-STD": "3.10", "UBUNTU24-64-STD": "3.12"}
+
+
+def image_python(image_urn: str | None, cm_local: bool) -> str | None:
+    """The ``major.minor`` of the ``python3`` that nodes booted from ``image_urn`` have
+    (None: unknown). The box's nodes boot this machine's system whatever the image (custom
+    images are laid over it), so its ``/usr/bin/python3``; CloudLab's standard images have
+    their Ubuntu release's (:data:`STOCK_PYTHON`)."""
+    import re
+    import shutil
+    import subprocess
+    if not cm_local:
+        name = re.split(r"//|:", image_urn.rsplit("+", 1)[-1])[-1] if image_urn else ""
+        return STOCK_PYTHON.get(name)
+    python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
+    if python is None:
+        return None
+    try:
+        out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

@@ -76,7 +76,10 @@ class ElasticCluster:
     arguments); ``session``: a Troy session to use (default: one of its own);
     ``manager_options`` and ``framework_options`` go to the manager and the framework;
     ``node_python`` and ``disk_image``: what pilot nodes run and boot (default: ``[pilots]``
-    of the server's config; see :class:`PilotElasticSliceHelper`). Each node's tarball is
+    of the server's config; see :class:`PilotElasticSliceHelper`); without a
+    ``node_python`` each node builds the agent's environment with its image's ``python3``
+    (version ``image_python``; None: known from the image) from the wheelhouse this cluster
+    publishes (the README's "Node software"). Each node's tarball is
     served to the CM by a :class:`TarballPublisher` on ``listen``; ``public_url``: the base
     URL the CM fetches tarballs from (None: the publisher's own address). Nodes enrol at an
     :class:`EnrolmentService` on ``listen`` (HTTPS, the cluster CA's certificate) and get
@@ -88,7 +91,7 @@ class ElasticCluster:
                  idle_timeout: float | None = 60.0, intervals: Mapping[str, float] | None = None,
                  endpoint_port: int = 0, node_python: str | None = None,
                  disk_image: str | None = None, public_url: str | None = None,
-                 cert_lifetime: float = 3600.0,
+                 cert_lifetime: float = 3600.0, image_python: str | None = None,
                  policy: PolicyConfig | None = None, node_cores: int | None = None,
                  session: Any = None, keep: bool = False,
                  manager_options: Mapping[str, Any] | None = None,
@@ -105,6 +108,7 @@ class ElasticCluster:
         self.disk_image = disk_image    # None: [pilots] of the config, else the CM's default
         self.public_url = public_url    # None: the publisher's own base URL
         self.cert_lifetime = cert_lifetime
+        self.image_python = image_python  # None: known from the image (bootstrap.image_python)
         self.publisher: TarballPublisher | None = None  # serves the nodes' tarballs
         self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
         self._condemned: set[str] = set()  # nodes whose token was seen twice: never adopted
@@ -194,11 +198,34 @@ class ElasticCluster:
             node_python=self.node_python, image_urn=self.disk_image,
             nodetype=self.hardware_type)
         self.helper.forget_all()  # tarballs a killed process left: their tokens are void
+        if not self.helper.has_environment:  # the node builds it from our wheelhouse
+            self.helper.env_lines = self._node_software()
         self.manager = self.new_manager()
         self.manager.start()
         # agents that rejoined before the manager existed were refused: they are ours if
         # the manager holds their nodes
         self.framework.adopt_joined()
+
+    def _node_software(self) -> str:
+        """The ``start.sh`` lines that build the agent's environment on a node from the
+        wheelhouse for the image's Python (built once, cached; published read-only)."""
+        from elasticslice.config import cm_is_local
+        from elasticslice.pilots.bootstrap import env_script, image_python
+        from elasticslice.pilots.wheelhouse import Wheelhouse
+        assert self.helper is not None and self.publisher is not None
+        version = self.image_python
+        if version is None:
+            urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
+            local = bool(urls) and all(cm_is_local(u) for u in urls)
+            version = image_python(self.helper.image_urn, local)
+        if version is None:
+            raise ElasticSliceError(
+                f"cannot tell the Python of the image {self.helper.image_urn or '(default)'}: "
+                "give its version (image_python) or an image with the agent ([pilots] "
+                "node_python)")
+        house = Wheelhouse.for_python(version)
+        url = self.publisher.publish_tree(house.directory, "wheelhouse")
+        return env_script(url, python="python3")
 
     ENROL_FILE = "enrol.json"
 

@@ -17,8 +17,9 @@ box-only hint), Dask's TLS variables pointing at the files the node made, and
 ``TROY_NODE_RENEW_URL`` (the agent renews its certificate). ADDRESS is the node's own
 address in the sliver's manifest (``geni-get manifest``) when it is configured on the node;
 without it the agent uses the address it reaches the scheduler from. ``py`` runs Python with
-the agent: ``node_python`` (default ``python3``; the emulator's config names its pilot image
-and ``python3`` in ``[pilots]``). No secret is on a command line or in a log: the command is
+the agent: built on the node by the lines of :func:`~elasticslice.pilots.bootstrap.env_script`
+(the image's ``python3``, the wheelhouse the control node publishes) unless ``node_python``
+names an image's own (``[pilots] node_python``; the box's ``ELASTICSLICE-PILOT`` image has it). No secret is on a command line or in a log: the command is
 ``sh /local/pilot/start.sh``, the token travels in a 0600 file and is spent on first use.
 """
 from __future__ import annotations
@@ -137,6 +138,9 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
                          image_urn=image_urn or settings.disk_image, **options)
         if not scheduler.startswith("tls://"):
             raise ValueError(f"the pilots' scheduler must be tls://, not {scheduler!r}")
+        #: the image has the agent's environment (``node_python`` given): nothing to build;
+        #: else the node builds it with the image's ``python3`` (``env_lines``, the cluster's)
+        self.has_environment = bool(node_python or settings.node_python)
         self.node_python = node_command(node_python or settings.node_python
                                         or DEFAULT_NODE_PYTHON)
         self.ca = ca

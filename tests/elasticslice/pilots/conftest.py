@@ -2,7 +2,10 @@
 over TLS) started by the emulated nodes' startup commands.
 
 ``make_cluster(emulator, **options)``: a started :class:`ElasticCluster` for the emulator's
-user (fast cycle, no cooldowns, a 1 s drain margin), closed at the end of the test.
+user (fast cycle, no cooldowns, a 1 s drain margin), closed at the end of the test. Its nodes
+boot the box's pilot image, which has the agent (``node_python``): quick, for the many tests
+about what happens after a pilot joined; ``stock=True`` boots the stock image as ``run`` and
+the demo do (each node builds the agent's environment from the wheelhouse).
 ``witness``: a :class:`~tests.elasticslice.pilots.helpers.Witness` units report to (nodes see
 none of the host's files). Helpers (``Run``, ``sleepers``, ``assert_nothing_lost``...) are
 in :mod:`tests.elasticslice.pilots.helpers`.
@@ -18,7 +21,7 @@ import pytest
 
 from elasticslice.pilots import ElasticCluster
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, client_for
-from tests.elasticslice.pilots.helpers import Witness
+from tests.elasticslice.pilots.helpers import Witness, pilot_image
 
 
 @pytest.fixture
@@ -33,8 +36,11 @@ def witness() -> Iterator[Witness]:
 def make_cluster(tmp_path: Path) -> Iterator[Callable[..., ElasticCluster]]:
     made: list[ElasticCluster] = []
 
-    def make(emulator: Any, **options: Any) -> ElasticCluster:
+    def make(emulator: Any, stock: bool = False, **options: Any) -> ElasticCluster:
         server = client_for(emulator, tmp_path / f"cache{len(made)}")
+        if not stock and "node_python" not in options:
+            options.setdefault("disk_image", pilot_image(emulator))
+            options["node_python"] = "python3"
         options.setdefault("intervals", FAST_INTERVALS)
         options.setdefault("margin", 1.0)
         options.setdefault("policy", dataclasses.replace(FAST_POLICY, max_delete_per_cycle=1))

@@ -247,3 +247,11 @@ def serve_directory(directory: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def pilot_image(emulator: Any) -> str:
+    """The URN of the box's ``ELASTICSLICE-PILOT`` image (the stock image with the agent)."""
+    from elasticslice.emulator.images import PILOT_IMAGE
+    from elasticslice.emulator.setup import load_config
+    cfg = load_config(emulator.dir)
+    return f"urn:publicid:IDN+{cfg.domain}+image+{cfg.project}//{PILOT_IMAGE}"

@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slow
 
 def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_cluster, witness,
                                                               tmp_path: Path) -> None:
-    cluster = make_cluster(emulator, maxthreshold=5, idle_timeout=1.0)
+    # stock-image nodes, as on CloudLab: each builds the agent's environment from the
+    # wheelhouse and enrols with its token before its pilot joins
+    cluster = make_cluster(emulator, stock=True, maxthreshold=5, idle_timeout=1.0)
+    assert not cluster.helper.has_environment  # the nodes build it
     # 24 cores, 8 a node; no unit ends before the test looked (broke: on a loaded machine
     # two had ended by the time the third pilot came up, and 2 nodes were wanted)
     gate = closed_gate(witness)

@@ -26,8 +26,17 @@ def test_pilot_settings_are_read_and_checked(tmp_path: Path) -> None:
         load_pilot_settings(conf)
 
 
-def test_the_emulators_config_names_its_pilot_image(emulator_pki: Path) -> None:
-    settings = load_pilot_settings(emulator_pki / "elasticslice.conf")
+def test_the_emulators_config_boots_the_stock_image_and_names_the_pilot_image_as_an_option(
+        emulator_pki: Path, tmp_path: Path) -> None:
+    """As on CloudLab: pilot nodes boot the stock image and build the agent's environment
+    (no node_python); the pilot image is the quick option, in a comment a user can undo."""
+    assert load_pilot_settings(emulator_pki / "elasticslice.conf") == PilotSettings()
+    text = (emulator_pki / "elasticslice.conf").read_text()
+    conf = tmp_path / "elasticslice.conf"
+    enabled = text.replace("#   disk_image", "disk_image").replace("#   node_python",
+                                                                      "node_python")
+    conf.write_text(enabled)
+    settings = load_pilot_settings(conf)
     assert settings.disk_image == \
         "urn:publicid:IDN+emulab.test+image+elasticslice//ELASTICSLICE-PILOT"
     assert settings.node_python == "python3"
