@@ -60,10 +60,15 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
         assert set(held) <= set(tracked(state_dir))
         assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] \
             == cluster["scheduler"]
-        # one process per run: a second one on the same DIR is refused, in one line
-        third = elasticslice(emulator, tmp_path, "run", str(FORKJOIN), "--state-dir",
-                             str(state_dir), "--time-scale", "0.03")
-        out3, err3 = third.communicate(timeout=120)
+        # one process per run: a second one on the same DIR is refused, in one line (the
+        # running one is stopped meanwhile, so that it cannot finish and let go first)
+        second.send_signal(signal.SIGSTOP)
+        try:
+            third = elasticslice(emulator, tmp_path, "run", str(FORKJOIN), "--state-dir",
+                                 str(state_dir), "--time-scale", "0.03")
+            out3, err3 = third.communicate(timeout=120)
+        finally:
+            second.send_signal(signal.SIGCONT)
         assert third.returncode == 1 and out3 == "", err3
         assert err3.strip() == (f"Error: {state_dir / 'state'}: another manager (pid "
                                 f"{second.pid}) is running on this state directory; stop it "

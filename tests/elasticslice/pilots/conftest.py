@@ -38,9 +38,9 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., ElasticCluster]]:
 
     def make(emulator: Any, stock: bool = False, **options: Any) -> ElasticCluster:
         server = client_for(emulator, tmp_path / f"cache{len(made)}")
-        if not stock and "node_python" not in options:
+        if not stock:
             options.setdefault("disk_image", pilot_image(emulator))
-            options["node_python"] = "python3"
+            options.setdefault("node_python", "python3")
         options.setdefault("intervals", FAST_INTERVALS)
         options.setdefault("margin", 1.0)
         options.setdefault("policy", dataclasses.replace(FAST_POLICY, max_delete_per_cycle=1))
