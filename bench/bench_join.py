@@ -20,7 +20,9 @@ Cases:
 - a node booted from the custom image ``ELASTICSLICE-PILOT`` (the agent in the image,
   ``node_python``): nothing to build (``env_script(None)``), the agent imported.
 
-The merger extends "agent imported" to "pilot joined" once nodes enrol. ``run(quick)`` is
+Last, the whole path: an ``ElasticCluster`` adds a node; node ready (as its manager sees
+it) -> the node's pilot joined (stock image: environment built, enrolled; and the custom
+image with ``node_python``). ``run(quick)`` is
 the harness's entry (``python -m bench --only join``).
 """
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from elasticslice.config import load_config, load_pilot_settings  # noqa: E402
+from elasticslice.config import load_config  # noqa: E402
 from elasticslice.emulator import EmulatorServer, init_emulator  # noqa: E402
 from elasticslice.pilots.bootstrap import env_script  # noqa: E402
 from elasticslice.pilots.wheelhouse import Wheelhouse  # noqa: E402
@@ -121,6 +123,49 @@ def pip_build(wheels_url: str, pip: str, target: str = "/local/pilot/env") -> st
             f"-r {target}.names || exit 1\npy={target}/bin/python3\n")
 
 
+def pilot_image_urn(emu_dir: Path) -> str:
+    """The box's ``ELASTICSLICE-PILOT`` image (the stock image with this agent)."""
+    from elasticslice.emulator.images import PILOT_IMAGE
+    from elasticslice.emulator.setup import load_config as load_emulator
+    cfg = load_emulator(emu_dir)
+    return f"urn:publicid:IDN+{cfg.domain}+image+{cfg.project}//{PILOT_IMAGE}"
+
+
+def pilot_joined(root: Path, stock: bool) -> float:
+    """The whole path of ``elasticslice run``: an :class:`ElasticCluster` on a fresh box adds
+    one node (its tarball fetched by the CM); node ready (as the manager sees it) -> its
+    pilot joined the scheduler. ``stock``: the node builds the agent's environment from the
+    wheelhouse (already built) and enrols; else the pilot image with ``node_python``."""
+    from elasticslice.pilots import ElasticCluster
+    d = init_emulator(root / ("emu-stock" if stock else "emu-custom"))
+    emu = EmulatorServer(d, port=0, boot_delay=0.2)
+    emu.start()
+    client = ProtoGeniServer(load_config(d / "elasticslice.conf"))
+    options: dict[str, Any] = {} if stock else {"disk_image": pilot_image_urn(d),
+                                                "node_python": "python3"}
+    cluster = ElasticCluster(client, root / ("cluster-stock" if stock else "cluster-custom"),
+                             minthreshold=1, maxthreshold=1, idle_timeout=None,
+                             intervals={"update_sliver_status": 0.2, "add_nodes": 0.5},
+                             **options)
+    try:
+        cluster.start()
+        deadline = time.monotonic() + TIMEOUT
+        ready = None
+        while not cluster.pilots():
+            if time.monotonic() > deadline:
+                raise SystemExit("timed out waiting for the pilot to join")
+            if ready is None and any(r.state == "ready"
+                                     for r in cluster.manager.state.nodes()):
+                ready = time.monotonic()
+            time.sleep(0.02)
+        joined = time.monotonic()
+        return joined - (ready if ready is not None else joined)
+    finally:
+        cluster.close()
+        client.close()
+        emu.stop()
+
+
 class Box:
     """An emulator, a slice, and nodes added one at a time with a start script."""
 
@@ -130,7 +175,7 @@ class Box:
         os.environ["ELASTICSLICE_CREDENTIAL_CACHE_DIR"] = str(root / "cache")
         self.emu = EmulatorServer(d, port=0, boot_delay=0.2)
         self.emu.start()
-        self.pilot_image = load_pilot_settings(d / "elasticslice.conf").disk_image
+        self.pilot_image = pilot_image_urn(d)
         self.client = ProtoGeniServer(load_config(d / "elasticslice.conf"))
         self.client.register_slice(expiration=dt.datetime.now(dt.timezone.utc)
                                    + dt.timedelta(hours=2))
@@ -219,6 +264,8 @@ def measure(repeats: int) -> dict[str, Any]:
         finally:
             box.close()
             clock.close()
+        out["stock_pilot_joined_s"] = pilot_joined(root, stock=True)
+        out["custom_pilot_joined_s"] = pilot_joined(root, stock=False)
     return out
 
 
@@ -239,6 +286,9 @@ def run(quick: bool = False) -> dict[str, Any]:
          f"{f['stock_pip_env_built_s']:.1f} s -> {f['stock_pip_agent_imported_s']:.1f} s"),
         ("custom image (node_python): nothing to build -> agent imported",
          f"{f['custom_image_env_s']:.2f} s -> {f['custom_image_agent_imported_s']:.1f} s"),
+        ("ElasticCluster: node ready -> pilot joined, stock image (env, enrolment) / "
+         "custom image",
+         f"{f['stock_pilot_joined_s']:.1f} s / {f['custom_pilot_joined_s']:.1f} s"),
     ]
     return f
 
