@@ -26,7 +26,8 @@ import time
 from troy.descriptions import ComputeUnitDescription
 from troy.execution import execute, kill
 from troy.frameworks.dask.processes import tls_options
-from troy.frameworks.dask.tls import security_from_config
+from troy.frameworks.dask import guard
+from troy.frameworks.dask.tls import hide_security_environ, security_from_config
 from troy.unit import OutputTail, UnitResult
 
 # Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
@@ -287,9 +288,13 @@ async def _start_worker(scheduler: str, death_timeout: float = 30,
     from distributed import Worker
     # memory_limit=0: units are separate processes; Dask's memory manager (which watches
     # this process only) must not pause or spill on their behalf.
-    w = await Worker(scheduler, dashboard=False, dashboard_address="127.0.0.1:0",
-                     death_timeout=death_timeout, memory_limit=0, security=security_from_config(),
-                     **options)
+    security = security_from_config()
+    hide_security_environ()   # units run without it (they are not members of the cluster)
+    w = Worker(scheduler, dashboard=False, dashboard_address="127.0.0.1:0",
+               death_timeout=death_timeout, memory_limit=0, security=security,
+               startup_information=guard.startup_information(), **options)
+    guard.install(w, "worker")
+    await w
     sys.stdout.write(json.dumps({"address": w.address}) + "\n")
     sys.stdout.flush()
     return w
@@ -324,6 +329,7 @@ async def _serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int
         s = Scheduler(host=host, port=port, dashboard=False,
                       dashboard_address="127.0.0.1:0",
                       **tls_options(security_from_config()))
+    guard.install(s, "scheduler")
     await s
     sys.stdout.write(json.dumps({"address": s.address}) + "\n")
     sys.stdout.flush()
