@@ -13,7 +13,8 @@ and checks every message read on it, before Dask dispatches it:
   on its worker stream ``SCHEDULER_STREAM_FROM_WORKER``); the ops naming a worker
   (heartbeats, resources, retiring) only for workers registered with the same certificate's
   common name; a worker stream message may not name a worker (Dask adds the stream's own).
-  No client: ``register-client``, ``update-graph``, ``run_function``, ``broadcast``,
+  A worker's events: none on topic ``all``, and a Troy framework's only about its own
+  units. No client: ``register-client``, ``update-graph``, ``run_function``, ``broadcast``,
   ``scatter``, plugins, dumps... are refused.
 - ``worker``, at a worker: only Dask's own data transfer between workers
   (``WORKER_RPC_FROM_WORKER``: ``get_data``, and P2P shuffle's transfers when present).
@@ -174,6 +175,7 @@ class Guard:
             return
         if op == "register-worker":
             self._check_versions(peer, msg)
+            peer.worker = str(msg.get("address"))
             self.workers_of.setdefault(peer.cn or "", set()).add(str(msg.get("address")))
             return
         arg = _BOUND.get(op)
@@ -199,6 +201,24 @@ class Guard:
             if "worker" in m:
                 raise Refused(f"{op!r} on its worker stream names a worker "
                               f"({m['worker']!r})")
+            if op == "log-event":
+                self._check_event(peer, m.get("topic"), m.get("msg"))
+
+    @staticmethod
+    def _check_event(peer: _Peer, topic: Any, msg: Any) -> None:
+        """A worker's events: none on the cluster's own topic ("all": workers joining and
+        leaving), and a Troy framework's events (``["batch", [[kind, unit, address, ...],
+        ...]]``) only about units on itself."""
+        topics = topic if isinstance(topic, (list, tuple)) else [topic]
+        if "all" in topics:
+            raise Refused("'log-event' on topic 'all': not a worker's event")
+        if not any(isinstance(t, str) and t.startswith("troy-") for t in topics):
+            return
+        events = msg[1] if isinstance(msg, (list, tuple)) and len(msg) == 2 \
+            and msg[0] == "batch" and isinstance(msg[1], (list, tuple)) else None
+        if events is None or not all(isinstance(e, (list, tuple)) and len(e) > 2
+                                     and e[2] == peer.worker for e in events):
+            raise Refused(f"'log-event' on topic {topic!r}: about units of another worker")
 
     def _check_versions(self, peer: _Peer, msg: dict[str, Any]) -> None:
         ours, theirs = versions(), _their_versions(msg)
@@ -224,6 +244,7 @@ class _Peer:
         self.guard, self.comm, self.cn, self.role = guard, comm, cn, role
         self.address = getattr(comm, "peer_address", "?")
         self.stream: str | None = None
+        self.worker: str | None = None    # the address it registered as a worker
         self._read = comm.read
 
     async def read(self, deserializers: Any = None) -> Any:
