@@ -188,3 +188,45 @@ def test_a_worker_of_other_versions_is_refused_with_both(tmp_path, cluster_ca,
 if __name__ == "__main__":   # a unit's attack: python -m tests.troy.frameworks.test_guard
     ca, cert, key, scheduler, worker, marker = sys.argv[1:7]
     print(json.dumps(asyncio.run(attack(DaskTLS(ca, cert, key), scheduler, worker, marker))))
+
+
+def test_a_node_cannot_report_another_nodes_units(guarded, tmp_path, caplog) -> None:
+    """A worker's events are its own: a node's certificate cannot end a unit that runs on
+    another node by publishing its ``end`` event (the unit goes on running)."""
+    from distributed import Worker
+
+    from troy import ComputeUnitDescription as CUD
+    from troy.frameworks.dask import guard
+    from troy.frameworks.dask.agent import result_to_wire
+    from troy.unit import UnitResult
+    fw, _ = guarded
+    home = tmp_path / "nodes" / "node-1"
+    node1 = DaskTLS(str(home / "ca.pem"), str(home / "node-1.pem"), str(home / "node-1-key.pem"))
+    victim = fw.find_pilot("node-2")
+    u = fw.submit_unit(CUD(executable="/bin/sleep", arguments=["60"]), victim)
+    wait_for(lambda: u.state is State.RUNNING, 60, what="the unit running on node-2")
+    forged = ["batch", [["end", u.id, victim.native_id,
+                         result_to_wire(UnitResult(exit_code=0, start=0.0, end=1.0))]]]
+
+    def refused() -> bool:
+        return any("log-event" in r.getMessage() for r in caplog.records
+                   if r.name == "troy.frameworks.dask.guard")
+
+    async def forge() -> None:
+        w = await Worker(fw.scheduler_address, security=node1.security(), nthreads=1,
+                         name="node-1-spy", death_timeout=20,
+                         startup_information=guard.startup_information())
+        try:
+            w.log_event(fw.topic, forged)
+            for _ in range(400):
+                if refused():
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            await w.close()
+
+    with caplog.at_level(logging.WARNING, logger="troy.frameworks.dask.guard"):
+        asyncio.run(forge())
+    assert refused()
+    assert u.state is State.RUNNING
+    fw.cancel_unit(u)
