@@ -103,7 +103,7 @@ def troy_version() -> str:
     import importlib.metadata as md
     from pathlib import Path
     import troy
-    number = "0"
+    number = "unknown"
     for dist in ("troy", "elasticslice"):   # Troy ships in elasticslice's distribution
         try:
             number = md.version(dist)
@@ -130,6 +130,12 @@ def _their_versions(msg: dict[str, Any]) -> dict[str, str]:
     return {"troy": str(extra.get(VERSION_KEY) or "unknown"),
             "dask": str(packages.get("dask") or "unknown"),
             "distributed": str(packages.get("distributed") or "unknown")}
+
+
+def _same(v: dict[str, str]) -> tuple[str, str, str]:
+    """What must be equal: Troy's sources (its version number may be missing from a copied
+    package), Dask's and distributed's versions."""
+    return (v["troy"].rpartition("+")[2], v["dask"], v["distributed"])
 
 
 def _show(v: dict[str, str]) -> str:
@@ -222,7 +228,7 @@ class Guard:
 
     def _check_versions(self, peer: _Peer, msg: dict[str, Any]) -> None:
         ours, theirs = versions(), _their_versions(msg)
-        if ours != theirs:
+        if _same(ours) != _same(theirs):
             raise Refused(f"worker {msg.get('name')!r} at {msg.get('address')}: versions "
                           f"differ: it runs {_show(theirs)}; the scheduler runs "
                           f"{_show(ours)}", )
@@ -306,6 +312,7 @@ def install(server: Any, kind: str) -> Guard | None:
     security = getattr(server, "security", None)
     if security is None or not getattr(security, "require_encryption", False):
         return None
+    versions()   # now: the code this process runs, not what is on disk later
     guard = Guard(server, kind)
     server.handle_comm = guard.handle_comm
     server._troy_guard = guard
