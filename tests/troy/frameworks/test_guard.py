@@ -74,6 +74,9 @@ async def attack(tls: DaskTLS, scheduler: str, worker: str, marker: str) -> dict
         await one("register_scheduler_plugin", lambda: s.register_scheduler_plugin(
             plugin=code, name="spy", idempotent=False))
         await one("dump_state", lambda: s.dump_state())
+        await one("set_resources", lambda: s.set_resources(worker=worker,
+                                                           resources={"cores": 0}))
+        await one("retire_workers", lambda: s.retire_workers(workers=[worker]))
         async def register_client() -> object:   # the first step of submitting a task
             comm = await connect(scheduler, **args)
             try:

@@ -230,10 +230,29 @@ def kill_units(unit_ids: list[str]) -> int:
 
 
 async def set_tags(tags: dict[str, float], dask_worker=None) -> dict[str, float]:  # noqa: ANN001
-    """On a worker (``client.run``): set resources ``tags`` here and at the scheduler. A tag
-    at 0 stops the worker from starting the queued tasks that ask for it, at once."""
-    await dask_worker.set_resources(**tags)
-    return dict(dask_worker.state.total_resources)
+    """On a worker (``client.run``): set resources ``tags`` here only. A tag at 0 stops the
+    worker from starting the queued tasks that ask for it, at once. The scheduler learns
+    them from the control (``tags_at_scheduler``), never from the worker: a worker may not
+    set its own resources there (the guard refuses it), or a hostile one could grant itself
+    a framework's tag."""
+    state = dask_worker.state
+    for tag, amount in tags.items():
+        state.available_resources[tag] = state.available_resources.get(tag, 0) + amount \
+            - state.total_resources.get(tag, 0)
+        state.total_resources[tag] = amount
+    return dict(state.total_resources)
+
+
+def tags_at_scheduler(worker: str, tags: dict[str, float],
+                      dask_scheduler=None) -> int:  # noqa: ANN001
+    """On the scheduler (``client.run_on_scheduler``): set resources ``tags`` of ``worker``;
+    when one is positive, hand it the tasks that had no worker (see
+    ``schedule_unrunnable``). -1: no such worker."""
+    if worker not in dask_scheduler.workers:
+        return -1
+    dask_scheduler.add_resources(worker, dict(tags))
+    return schedule_unrunnable(worker, dask_scheduler) \
+        if any(v > 0 for v in tags.values()) else 0
 
 
 def schedule_unrunnable(worker: str, dask_scheduler=None) -> int:  # noqa: ANN001

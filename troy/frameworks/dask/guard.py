@@ -50,7 +50,6 @@ SCHEDULER_RPC_FROM_WORKER = frozenset({
     "register-worker",    # joining (then the worker stream below)
     "heartbeat_worker",   # its own heartbeats
     "who_has",            # where its tasks' dependencies are
-    "set_resources",      # its own resources (set through it by the control: Troy's tags)
     "retire_workers",     # leaving gracefully (itself only)
     "unregister",         # leaving (itself only)
 })
@@ -67,8 +66,9 @@ WORKER_RPC_FROM_WORKER = frozenset({
 })
 STREAM_STARTS = frozenset({"register-worker", "register-client", "connection_stream"})
 # scheduler ops whose argument names workers: a worker-role peer only for its own workers
-_BOUND = {"heartbeat_worker": "address", "set_resources": "worker",
-          "retire_workers": "workers", "unregister": "address"}
+# (not set_resources: Troy sets a worker's tags at the scheduler from the control; a worker
+# setting its own could grant itself a framework's tag and receive its units)
+_BOUND = {"heartbeat_worker": "address", "retire_workers": "workers", "unregister": "address"}
 
 
 def peer_identity(comm: Any) -> tuple[str | None, str | None]:
@@ -254,7 +254,6 @@ class _Peer:
         self._read = comm.read
 
     async def read(self, deserializers: Any = None) -> Any:
-        from distributed.comm.core import CommClosedError
         while True:
             msg = await self._read(deserializers)
             why = self._verdict(msg)
@@ -265,6 +264,7 @@ class _Peer:
             if self.stream is None and isinstance(msg, dict) and msg.get("reply", True) \
                     and msg.get("op") not in STREAM_STARTS:
                 continue   # the peer got its error; it may ask for something else
+            from distributed.comm.core import CommClosedError
             self.comm.abort()
             raise CommClosedError(f"troy guard: refused {why}")
 
