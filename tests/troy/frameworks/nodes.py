@@ -17,10 +17,16 @@ from troy.states import State
 from tests.helpers import wait_for
 
 
-def member(directory: Path, ca: tuple[bytes, bytes], name: str) -> DaskTLS:
-    """A member's files: the CA certificate, and a certificate + key signed by it."""
+def member(directory: Path, ca: tuple[bytes, bytes], name: str,
+           role: str | None = "auto") -> DaskTLS:
+    """A member's files: the CA certificate, and a certificate + key signed by it, with
+    ``role`` as its OU (``"auto"``: ``control`` for the member called "control", as the
+    elastic cluster's control node, ``worker`` for any other, as its nodes; None: none)."""
     directory.mkdir(parents=True, exist_ok=True)
-    cert, key = issue_certificate(*ca, name, hostnames=["localhost"], ips=["127.0.0.1"])
+    if role == "auto":
+        role = "control" if name == "control" else "worker"
+    cert, key = issue_certificate(*ca, name, hostnames=["localhost"], ips=["127.0.0.1"],
+                                  role=role)
     (directory / "ca.pem").write_bytes(ca[0])
     (directory / f"{name}.pem").write_bytes(cert)
     (directory / f"{name}-key.pem").write_bytes(key)

@@ -26,7 +26,8 @@ import time
 from troy.descriptions import ComputeUnitDescription
 from troy.execution import execute, kill
 from troy.frameworks.dask.processes import tls_options
-from troy.frameworks.dask.tls import security_from_config
+from troy.frameworks.dask import guard
+from troy.frameworks.dask.tls import hide_security_environ, security_from_config
 from troy.unit import OutputTail, UnitResult
 
 # Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
@@ -229,10 +230,29 @@ def kill_units(unit_ids: list[str]) -> int:
 
 
 async def set_tags(tags: dict[str, float], dask_worker=None) -> dict[str, float]:  # noqa: ANN001
-    """On a worker (``client.run``): set resources ``tags`` here and at the scheduler. A tag
-    at 0 stops the worker from starting the queued tasks that ask for it, at once."""
-    await dask_worker.set_resources(**tags)
-    return dict(dask_worker.state.total_resources)
+    """On a worker (``client.run``): set resources ``tags`` here only. A tag at 0 stops the
+    worker from starting the queued tasks that ask for it, at once. The scheduler learns
+    them from the control (``tags_at_scheduler``), never from the worker: a worker may not
+    set its own resources there (the guard refuses it), or a hostile one could grant itself
+    a framework's tag."""
+    state = dask_worker.state
+    for tag, amount in tags.items():
+        state.available_resources[tag] = state.available_resources.get(tag, 0) + amount \
+            - state.total_resources.get(tag, 0)
+        state.total_resources[tag] = amount
+    return dict(state.total_resources)
+
+
+def tags_at_scheduler(worker: str, tags: dict[str, float],
+                      dask_scheduler=None) -> int:  # noqa: ANN001
+    """On the scheduler (``client.run_on_scheduler``): set resources ``tags`` of ``worker``;
+    when one is positive, hand it the tasks that had no worker (see
+    ``schedule_unrunnable``). -1: no such worker."""
+    if worker not in dask_scheduler.workers:
+        return -1
+    dask_scheduler.add_resources(worker, dict(tags))
+    return schedule_unrunnable(worker, dask_scheduler) \
+        if any(v > 0 for v in tags.values()) else 0
 
 
 def schedule_unrunnable(worker: str, dask_scheduler=None) -> int:  # noqa: ANN001
@@ -287,9 +307,13 @@ async def _start_worker(scheduler: str, death_timeout: float = 30,
     from distributed import Worker
     # memory_limit=0: units are separate processes; Dask's memory manager (which watches
     # this process only) must not pause or spill on their behalf.
-    w = await Worker(scheduler, dashboard=False, dashboard_address="127.0.0.1:0",
-                     death_timeout=death_timeout, memory_limit=0, security=security_from_config(),
-                     **options)
+    security = security_from_config()
+    hide_security_environ()   # units run without it (they are not members of the cluster)
+    w = Worker(scheduler, dashboard=False, dashboard_address="127.0.0.1:0",
+               death_timeout=death_timeout, memory_limit=0, security=security,
+               startup_information=guard.startup_information(), **options)
+    guard.install(w, "worker")
+    await w
     sys.stdout.write(json.dumps({"address": w.address}) + "\n")
     sys.stdout.flush()
     return w
@@ -324,6 +348,7 @@ async def _serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int
         s = Scheduler(host=host, port=port, dashboard=False,
                       dashboard_address="127.0.0.1:0",
                       **tls_options(security_from_config()))
+    guard.install(s, "scheduler")
     await s
     sys.stdout.write(json.dumps({"address": s.address}) + "\n")
     sys.stdout.flush()

@@ -61,12 +61,12 @@ class PilotMoves:
         return {"cores": cores, self.long_tag if long else self.topic: 1}
 
     def _grant(self, addr: str, tags: dict[str, float]) -> bool:
-        """Set ``tags`` on the worker at ``addr`` (and at the scheduler); when one becomes
-        positive, hand the worker the tasks that were waiting for such a worker."""
+        """Set ``tags`` on the worker at ``addr``, then at the scheduler (from here: a
+        worker may not set its own there); when one becomes positive, hand the worker the
+        tasks that were waiting for such a worker."""
         try:
             self.client.run(agent.set_tags, tags, workers=[addr], on_error="raise")
-            if any(v > 0 for v in tags.values()):
-                self.client.run_on_scheduler(agent.schedule_unrunnable, addr)
+            self.client.run_on_scheduler(agent.tags_at_scheduler, addr, tags)
             return True
         except Exception as err:  # the worker left meanwhile
             log.info("framework %s: setting tags on %s: %s", self.name, addr, err)
@@ -114,8 +114,8 @@ class PilotMoves:
         requeue) whose events we ignore from a dead address: their futures would end with
         no result ("unit result lost") or lost with it ("dask future lost").
 
-        Under ``_tags_lock``: a grant to the worker pushes all its tags to the scheduler
-        again, so one in flight must land before the withdrawal, never after it (the
+        Under ``_tags_lock``: a grant to the worker sets its tags at the scheduler, so
+        one in flight must land before the withdrawal, never after it (the
         pilot is draining already: no grant comes later)."""
         try:
             with self._tags_lock:

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from troy.errors import BadParameter
+from troy.frameworks.dask import guard
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class InProcessScheduler:
             with dask.config.set({"distributed.scheduler.worker-saturation": self.saturation}):
                 s = Scheduler(host=self.host, port=self.port, dashboard=False,
                               dashboard_address="127.0.0.1:0", **tls_options(self.security))
+            guard.install(s, "scheduler")
             return await s
 
         self._scheduler = asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)

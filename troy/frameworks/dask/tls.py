@@ -79,3 +79,16 @@ def security_from_config() -> Any:
     from distributed import Security
     sec = Security()
     return sec if sec.require_encryption else None
+
+
+def hide_security_environ(environ: dict[str, str] | None = None) -> list[str]:
+    """Remove Dask's security variables (``DASK_DISTRIBUTED__COMM__TLS__*``,
+    ``..._REQUIRE_ENCRYPTION``) from this process's environment, once Dask has read them
+    (its configuration keeps them): the processes a worker starts (units) inherit no path to
+    the member's key. Returns the names removed."""
+    env = os.environ if environ is None else environ
+    gone = [k for k in env if k.upper().startswith(f"{_ENV}TLS")
+            or k.upper() == f"{_ENV}REQUIRE_ENCRYPTION"]
+    for k in gone:
+        del env[k]
+    return gone

@@ -1,0 +1,319 @@
+"""The guard: what a cluster member may ask of the scheduler and of a worker, by its role.
+
+With mutual TLS (``tls``) every connection carries the peer's certificate, and every cluster
+certificate carries its member's role as the subject's organizational unit (OU):
+``control`` (the control node: the scheduler, Troy's client, the user's client) or
+``worker`` (a node's pilot agent). The guard, installed on the scheduler ``DaskFramework``
+starts and on every worker ``agent._start_worker`` starts, reads the role of each incoming
+connection from the certificate Dask's TLS comm exposes (``comm.extra_info["peercert"]``)
+and checks every message read on it, before Dask dispatches it:
+
+- ``control``: everything (unchecked, apart from the versions of a joining worker).
+- ``worker``, at the scheduler: only what a worker needs (``SCHEDULER_RPC_FROM_WORKER``, and
+  on its worker stream ``SCHEDULER_STREAM_FROM_WORKER``); the ops naming a worker
+  (heartbeats, resources, retiring) only for workers registered with the same certificate's
+  common name; a worker stream message may not name a worker (Dask adds the stream's own).
+  A worker's events: none on topic ``all``, and a Troy framework's only about its own
+  units. No client: ``register-client``, ``update-graph``, ``run_function``, ``broadcast``,
+  ``scatter``, plugins, dumps... are refused.
+- ``worker``, at a worker: only Dask's own data transfer between workers
+  (``WORKER_RPC_FROM_WORKER``: ``get_data``, and P2P shuffle's transfers when present).
+- any other certificate (no OU, another OU): nothing.
+
+Default deny: an op not listed is refused. A refused request gets an error answer
+(``PermissionError``) when it asked for one, otherwise its connection is closed; a refused
+message on a stream closes the stream. Each refusal is one log line (WARNING, logger
+``troy.frameworks.dask.guard``) naming the peer's common name, its role and the op.
+
+Versions: a worker whose Troy, Dask or distributed version differs from the scheduler's is
+refused when it registers (one log line naming both; the worker gets the same message and
+leaves), whatever its role. Workers say their Troy version in their startup information
+(``VERSION_KEY``), which :func:`startup_information` gives.
+
+Without TLS there is no certificate and no guard (anyone who reaches the scheduler is a
+full member, as before).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONTROL, WORKER = "control", "worker"
+VERSION_KEY = "troy-version"   # in a worker's startup information (register-worker "extra")
+
+# Ops a worker-role peer may send the scheduler (found by running real workers: joining,
+# heartbeats, fetching dependencies, Troy's tags, leaving).
+SCHEDULER_RPC_FROM_WORKER = frozenset({
+    "register-worker",    # joining (then the worker stream below)
+    "heartbeat_worker",   # its own heartbeats
+    "who_has",            # where its tasks' dependencies are
+    "retire_workers",     # leaving gracefully (itself only)
+    "unregister",         # leaving (itself only)
+})
+# ... and on the stream that register-worker opens
+SCHEDULER_STREAM_FROM_WORKER = frozenset({
+    "task-finished", "task-erred", "release-worker-data", "add-keys", "long-running",
+    "reschedule", "keep-alive", "log-event", "worker-status-change",
+    "request-refresh-who-has", "steal-response", "missing-data", "close-stream",
+})
+# Ops a worker-role peer may send another worker: Dask's own data transfer
+WORKER_RPC_FROM_WORKER = frozenset({
+    "get_data",                                   # a task's dependency held there
+    "shuffle_receive", "shuffle_inputs_done",     # P2P shuffle/rechunk transfers
+})
+STREAM_STARTS = frozenset({"register-worker", "register-client", "connection_stream"})
+# scheduler ops whose argument names workers: a worker-role peer only for its own workers
+# (not set_resources: Troy sets a worker's tags at the scheduler from the control; a worker
+# setting its own could grant itself a framework's tag and receive its units)
+_BOUND = {"heartbeat_worker": "address", "retire_workers": "workers", "unregister": "address"}
+
+
+def peer_identity(comm: Any) -> tuple[str | None, str | None]:
+    """(common name, role) of the certificate the peer of ``comm`` presented (Nones: no
+    certificate, or no such field)."""
+    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
+    cn = role = None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                cn = str(value)
+            elif key == "organizationalUnitName":
+                role = str(value)
+    return cn, role
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """This process's Troy, Dask and distributed versions."""
+    import dask
+    import distributed
+    return {"troy": troy_version(), "dask": str(dask.__version__),
+            "distributed": str(distributed.__version__)}
+
+
+@functools.lru_cache(maxsize=1)
+def troy_version() -> str:
+    """Troy's version: its distribution's version and a digest of its sources
+    (``0.1.0+src.1a2b3c4d5e6f``), so that a node running other Troy code is told apart
+    even when the version number is the same (a development tree, a copied package)."""
+    import hashlib
+    import importlib.metadata as md
+    from pathlib import Path
+    import troy
+    number = "unknown"
+    for dist in ("troy", "elasticslice"):   # Troy ships in elasticslice's distribution
+        try:
+            number = md.version(dist)
+            break
+        except Exception:  # not installed so (a copied package): the digest compares
+            continue
+    digest = hashlib.sha256()
+    root = Path(troy.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return f"{number}+src.{digest.hexdigest()[:12]}"
+
+
+def startup_information() -> dict[str, Any]:
+    """``Worker(startup_information=...)``: the worker tells its Troy version when it
+    registers (Dask sends its own and distributed's already)."""
+    return {VERSION_KEY: lambda _worker: troy_version()}
+
+
+def _their_versions(msg: dict[str, Any]) -> dict[str, str]:
+    packages = ((msg.get("versions") or {}).get("packages") or {})
+    extra = msg.get("extra") or {}
+    return {"troy": str(extra.get(VERSION_KEY) or "unknown"),
+            "dask": str(packages.get("dask") or "unknown"),
+            "distributed": str(packages.get("distributed") or "unknown")}
+
+
+def _same(v: dict[str, str]) -> tuple[str, str, str]:
+    """What must be equal: Troy's sources (its version number may be missing from a copied
+    package), Dask's and distributed's versions."""
+    return (v["troy"].rpartition("+")[2], v["dask"], v["distributed"])
+
+
+def _show(v: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v[k]}" for k in ("troy", "dask", "distributed"))
+
+
+class Refused(Exception):
+    pass
+
+
+class Guard:
+    """The guard of one server (``kind``: ``"scheduler"`` or ``"worker"``); see the module."""
+
+    def __init__(self, server: Any, kind: str) -> None:
+        self.server, self.kind = server, kind
+        self._handle = server.handle_comm
+        self.workers_of: dict[str, set[str]] = {}   # worker-role CN -> addresses registered
+        self.refusals = 0
+        self._said: set[str] = set()
+
+    def handle_comm(self, comm: Any) -> Any:
+        cn, role = peer_identity(comm)
+        peer = _Peer(self, comm, cn, role)
+        if role == CONTROL and self.kind == "worker":
+            return self._handle(comm)     # the scheduler and control clients: unchecked
+        comm.read = peer.read
+        return self._handle(comm)
+
+    # ---------------------------------------------------------------- checks ----------
+    def check_rpc(self, peer: _Peer, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if peer.role == CONTROL:
+            if op == "register-worker" and self.kind == "scheduler":
+                self._check_versions(peer, msg)
+            return
+        if peer.role != WORKER:
+            raise Refused(f"{op!r}: not a cluster member (certificate without a role)")
+        allowed = SCHEDULER_RPC_FROM_WORKER if self.kind == "scheduler" \
+            else WORKER_RPC_FROM_WORKER
+        if op not in allowed:
+            raise Refused(f"{op!r}: not a worker's operation")
+        if self.kind != "scheduler":
+            return
+        if op == "register-worker":
+            self._check_versions(peer, msg)
+            peer.worker = str(msg.get("address"))
+            self.workers_of.setdefault(peer.cn or "", set()).add(str(msg.get("address")))
+            return
+        arg = _BOUND.get(op)
+        if arg is not None:
+            value = msg.get(arg)
+            named = value if isinstance(value, (list, tuple, set)) else [value]
+            own = self.workers_of.get(peer.cn or "", set())
+            if "names" in msg and msg["names"] is not None or not named \
+                    or not all(isinstance(a, str) and a in own for a in named):
+                raise Refused(f"{op!r}: for a worker of another member ({arg}={value!r})")
+
+    def check_stream(self, peer: _Peer, msg: Any) -> None:
+        if peer.role == CONTROL:
+            return
+        if peer.role != WORKER or self.kind != "scheduler" or peer.stream != "register-worker":
+            raise Refused(f"stream {peer.stream!r}: not a worker's stream")
+        for m in (msg if isinstance(msg, (list, tuple)) else (msg,)):
+            if m == "OK":
+                continue
+            op = m.get("op") if isinstance(m, dict) else None
+            if op not in SCHEDULER_STREAM_FROM_WORKER:
+                raise Refused(f"{op!r} on its worker stream: not a worker's operation")
+            if "worker" in m:
+                raise Refused(f"{op!r} on its worker stream names a worker "
+                              f"({m['worker']!r})")
+            if op == "log-event":
+                self._check_event(peer, m.get("topic"), m.get("msg"))
+
+    @staticmethod
+    def _check_event(peer: _Peer, topic: Any, msg: Any) -> None:
+        """A worker's events: none on the cluster's own topic ("all": workers joining and
+        leaving), and a Troy framework's events (``["batch", [[kind, unit, address, ...],
+        ...]]``) only about units on itself."""
+        topics = topic if isinstance(topic, (list, tuple)) else [topic]
+        if "all" in topics:
+            raise Refused("'log-event' on topic 'all': not a worker's event")
+        if not any(isinstance(t, str) and t.startswith("troy-") for t in topics):
+            return
+        events = msg[1] if isinstance(msg, (list, tuple)) and len(msg) == 2 \
+            and msg[0] == "batch" and isinstance(msg[1], (list, tuple)) else None
+        if events is None or not all(isinstance(e, (list, tuple)) and len(e) > 2
+                                     and e[2] == peer.worker for e in events):
+            raise Refused(f"'log-event' on topic {topic!r}: about units of another worker")
+
+    def _check_versions(self, peer: _Peer, msg: dict[str, Any]) -> None:
+        ours, theirs = versions(), _their_versions(msg)
+        if _same(ours) != _same(theirs):
+            raise Refused(f"worker {msg.get('name')!r} at {msg.get('address')}: versions "
+                          f"differ: it runs {_show(theirs)}; the scheduler runs "
+                          f"{_show(ours)}", )
+
+    def refused(self, peer: _Peer, why: str) -> None:
+        self.refusals += 1
+        if "versions differ" in why:   # a worker retrying: said once
+            if why in self._said:
+                return
+            self._said.add(why)
+        log.warning("troy guard (%s): refused %s from %s (role %s, %s)", self.kind, why,
+                    peer.cn or "no common name", peer.role or "none", peer.address)
+
+
+class _Peer:
+    """One incoming connection: its identity and whether it became a stream."""
+
+    def __init__(self, guard: Guard, comm: Any, cn: str | None, role: str | None) -> None:
+        self.guard, self.comm, self.cn, self.role = guard, comm, cn, role
+        self.address = getattr(comm, "peer_address", "?")
+        self.stream: str | None = None
+        self.worker: str | None = None    # the address it registered as a worker
+        self._read = comm.read
+
+    async def read(self, deserializers: Any = None) -> Any:
+        while True:
+            msg = await self._read(deserializers)
+            why = self._verdict(msg)
+            if why is None:
+                return msg
+            self.guard.refused(self, why)
+            await self._answer(msg, why)
+            if self.stream is None and isinstance(msg, dict) and msg.get("reply", True) \
+                    and msg.get("op") not in STREAM_STARTS:
+                continue   # the peer got its error; it may ask for something else
+            from distributed.comm.core import CommClosedError
+            self.comm.abort()
+            raise CommClosedError(f"troy guard: refused {why}")
+
+    def _verdict(self, msg: Any) -> str | None:
+        """None: ``msg`` may go on to Dask; else why it may not."""
+        try:
+            if self.stream is not None:
+                self.guard.check_stream(self, msg)
+                return None
+            if not isinstance(msg, dict) or msg.get("op") == "close":
+                return None   # Dask refuses a non-dict itself; anyone may hang up
+            self.guard.check_rpc(self, msg)
+        except Refused as err:
+            return str(err)
+        if msg.get("op") in STREAM_STARTS:
+            self.stream = msg["op"]
+        if self.role == CONTROL:
+            self.comm.read = self._read     # nothing more to check here
+        return None
+
+    async def _answer(self, msg: Any, why: str) -> None:
+        """Tell the peer, when it waits for an answer (the connection closes after a
+        refused registration or stream message)."""
+        if self.stream is not None or not isinstance(msg, dict):
+            return
+        op = msg.get("op")
+        try:
+            if op == "register-worker":
+                from time import time
+                await self.comm.write({"status": "error", "time": time(),
+                                       "message": f"refused by the scheduler: {why}"})
+            elif op == "register-client":
+                return     # the client reads a stream start: the closed connection says it
+            elif msg.get("reply", True):
+                from distributed.core import error_message
+                await self.comm.write(error_message(
+                    PermissionError(f"troy guard: refused {why}"), status="uncaught-error"))
+        except Exception:  # the peer went away: nothing to tell
+            pass
+
+
+def install(server: Any, kind: str) -> Guard | None:
+    """Install the guard on ``server`` (a ``Scheduler`` or ``Worker`` not started yet: the
+    guard wraps what its listeners call); None (nothing installed) without TLS."""
+    security = getattr(server, "security", None)
+    if security is None or not getattr(security, "require_encryption", False):
+        return None
+    versions()   # now: the code this process runs, not what is on disk later
+    guard = Guard(server, kind)
+    server.handle_comm = guard.handle_comm
+    server._troy_guard = guard
+    return guard
