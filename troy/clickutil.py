@@ -22,6 +22,9 @@ class OneLineErrors(click.Group):
             click.echo(err.format_message())
             sys.exit(0)
         except click.UsageError as err:
+            if type(err).show is not click.UsageError.show:  # a command's own one line
+                err.show()
+                sys.exit(err.exit_code)
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
             click.echo(f"Error: {err.format_message()}{where}", err=True)
             sys.exit(err.exit_code)
