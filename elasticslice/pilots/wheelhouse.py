@@ -51,6 +51,7 @@ import hashlib
 import html
 import importlib
 import importlib.metadata as md
+import importlib.util
 import json
 import logging
 import os
@@ -199,8 +200,17 @@ def _pins(dists: list[md.Distribution]) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------ the build --------
+FORMAT = "2"  # 2: wheels of this Python carry its bytecode; a cache of another is made again
+
+
 def _build(directory: Path, version: str, platform: str, same: bool) -> Wheelhouse:
     started = time.monotonic()
+    stamp = directory / ".format"
+    if not stamp.exists() or stamp.read_text().strip() != FORMAT:
+        for old in [*directory.glob("*.whl"), *directory.glob("tools/*.whl"),
+                    directory / ".project-key"]:
+            old.unlink(missing_ok=True)
+        stamp.write_text(FORMAT + "\n")
     dists = closure()
     built = False
     if same:
@@ -208,7 +218,7 @@ def _build(directory: Path, version: str, platform: str, same: bool) -> Wheelhou
         for dist in dists:
             path = directory / wheel_name(dist)
             if not path.exists():
-                _atomic_write(path, lambda out, d=dist: repack(d, out))
+                _atomic_write(path, lambda out, d=dist: repack(d, out, bytecode=True))
                 built = True
             wanted[canonical(dist.metadata["Name"])] = path
         pins = _pins(dists)
@@ -217,7 +227,7 @@ def _build(directory: Path, version: str, platform: str, same: bool) -> Wheelhou
         wanted, built = _download(directory, version, platform, _pins(dists))
         pins = {name: _version_of(path) for name, path in wanted.items()}
         method = "download"
-    project, made = _project_wheel(directory)
+    project, made = _project_wheel(directory, bytecode=same)
     built = built or made
     pins[PROJECT] = md.version(PROJECT)
     wheels = sorted([*wanted.values(), project], key=lambda p: p.name.lower())
@@ -275,12 +285,30 @@ def _record_line(arcname: str, data: bytes) -> str:
     return f"{arcname},sha256={digest},{len(data)}"
 
 
-class _WheelWriter:
-    """A deterministic wheel: entries in the order written, fixed times, RECORD last."""
+def _unchecked_pyc(arcname: str, data: bytes) -> tuple[str, bytes] | None:
+    """``arcname``'s bytecode for this interpreter as an unchecked hash-based pyc (PEP 552:
+    used without looking at the source's time, which unpacking a wheel does not keep), and
+    where it goes (``__pycache__/NAME.cpython-3X.pyc``); None when it does not compile."""
+    from importlib import _bootstrap_external as external
+    try:
+        code = compile(data, arcname, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    folder, _, name = arcname.rpartition("/")
+    cached = f"__pycache__/{name[:-3]}.{sys.implementation.cache_tag}.pyc"
+    pyc = external._code_to_hash_pyc(code, importlib.util.source_hash(data), checked=False)
+    return (f"{folder}/{cached}" if folder else cached), bytes(pyc)
 
-    def __init__(self, out: Path) -> None:
+
+class _WheelWriter:
+    """A deterministic wheel: entries in the order written, fixed times, RECORD last.
+    ``bytecode``: each module also as this interpreter's bytecode (a node whose Python is
+    this one imports the agent without compiling it: about 2 s of CPU a node)."""
+
+    def __init__(self, out: Path, bytecode: bool = False) -> None:
         self.zip = zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=6)
         self.record: list[str] = []
+        self.bytecode = bytecode
 
     def add(self, arcname: str, data: bytes, mode: int = 0o644) -> None:
         info = zipfile.ZipInfo(arcname, ZIP_TIME)
@@ -288,6 +316,9 @@ class _WheelWriter:
         info.compress_type = zipfile.ZIP_DEFLATED
         self.zip.writestr(info, data)
         self.record.append(_record_line(arcname, data))
+        if self.bytecode and arcname.endswith(".py") and ".data/" not in arcname \
+                and (compiled := _unchecked_pyc(arcname, data)) is not None:
+            self.add(*compiled)
 
     def close(self, dist_info: str) -> None:
         record = f"{dist_info}/RECORD"
@@ -295,8 +326,9 @@ class _WheelWriter:
         self.zip.close()
 
 
-def repack(dist: md.Distribution, out: Path) -> None:
-    """Write the installed ``dist`` as a wheel (PEP 427) to ``out``."""
+def repack(dist: md.Distribution, out: Path, bytecode: bool = False) -> None:
+    """Write the installed ``dist`` as a wheel (PEP 427) to ``out`` (``bytecode``: with this
+    interpreter's bytecode of each module, see :class:`_WheelWriter`)."""
     files = [f for f in dist.files or [] if "__pycache__" not in f.parts
              and not f.name.endswith(".pyc")]
     info_dirs = {f.parts[0] for f in files if f.parts[0].endswith(".dist-info")}
@@ -308,7 +340,7 @@ def repack(dist: md.Distribution, out: Path) -> None:
     for entry in dist.entry_points:
         if entry.group in ("console_scripts", "gui_scripts"):
             scripts.add(entry.name)
-    writer = _WheelWriter(out)
+    writer = _WheelWriter(out, bytecode)
     try:
         for f in sorted(files, key=lambda f: (f.parts[0] == dist_info, str(f))):
             if f.parts[0] == dist_info and f.name in _SKIP_DIST_INFO and len(f.parts) == 2:
@@ -364,14 +396,15 @@ def _project_files() -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def _project_wheel(directory: Path) -> tuple[Path, bool]:
-    """The project's wheel, built again only when its sources changed."""
+def _project_wheel(directory: Path, bytecode: bool = False) -> tuple[Path, bool]:
+    """The project's wheel, built again only when its sources changed (``bytecode``: with
+    this interpreter's bytecode, for a wheelhouse of this Python)."""
     dist = md.distribution(PROJECT)
     name = f"{PROJECT}-{dist.version}-py3-none-any.whl"
     path = directory / name
     files = _project_files()
     metadata = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    digest = hashlib.sha256(metadata.encode())
+    digest = hashlib.sha256(metadata.encode() + (b"bytecode" if bytecode else b""))
     for arcname, source in files:
         info = source.stat()
         digest.update(f"{arcname}:{info.st_size}:{info.st_mtime_ns};".encode())
@@ -382,7 +415,7 @@ def _project_wheel(directory: Path) -> tuple[Path, bool]:
 
     def make(out: Path) -> None:
         dist_info = f"{PROJECT}-{dist.version}.dist-info"
-        writer = _WheelWriter(out)
+        writer = _WheelWriter(out, bytecode)
         for arcname, source in files:
             writer.add(arcname, source.read_bytes())
         writer.add(f"{dist_info}/METADATA", metadata.encode())

@@ -22,23 +22,37 @@ AGENT = "troy.frameworks.dask node"
 RUN_TIMEOUT = 300
 
 
+def pilot_image_config(emulator: Any, tmp: Path) -> Path:
+    """The emulator's config with the lines it comments out taken in: pilot nodes boot the
+    box's pilot image, which has the agent (``node_python``), instead of building it."""
+    text = Path(emulator.config_path).read_text()
+    path = tmp / "pilot-image.conf"
+    path.write_text(text.replace("#   disk_image", "disk_image")
+                    .replace("#   node_python", "node_python"))
+    return path
+
+
 def elasticslice(emulator: Any, tmp: Path, *args: str, stderr: Any = None,
-                 stdout: Any = subprocess.PIPE) -> subprocess.Popen:
-    """``elasticslice -c EMULATOR'S-CONFIG ARGS`` as a subprocess (text, no stdin)."""
+                 stdout: Any = subprocess.PIPE, stock: bool = False) -> subprocess.Popen:
+    """``elasticslice -c EMULATOR'S-CONFIG ARGS`` as a subprocess (text, no stdin). The
+    nodes boot the box's pilot image, quick for the tests of what a run does once its pilots
+    joined; ``stock``: the stock image, as the box's config says (nodes build the agent's
+    environment, tests/elasticslice/pilots/test_secrets.py and the demo's tests)."""
     env = {**os.environ, "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(tmp / "cred-cache")}
+    config = emulator.config_path if stock else pilot_image_config(emulator, tmp)
     return subprocess.Popen([sys.executable, "-m", "elasticslice.cli", "-c",
-                             str(emulator.config_path), *args], env=env, stdout=stdout,
+                             str(config), *args], env=env, stdout=stdout,
                             stderr=stderr if stderr is not None else subprocess.PIPE,
                             text=True, stdin=subprocess.DEVNULL)
 
 
 def run_workflow(emulator: Any, tmp: Path, workflow: Path, state_dir: Path, log: Path,
-                 *extra: str) -> subprocess.Popen:
+                 *extra: str, stock: bool = False) -> subprocess.Popen:
     """``elasticslice run WORKFLOW --state-dir DIR`` (time scale 0.03, 2 nodes at most),
     its stderr appended to ``log``."""
     return elasticslice(emulator, tmp, "run", str(workflow), "--state-dir", str(state_dir),
                         "--time-scale", "0.03", "--max-nodes", "2", *extra,
-                        stderr=open(log, "a"))
+                        stderr=open(log, "a"), stock=stock)
 
 
 def run_forkjoin(emulator: Any, tmp: Path, state_dir: Path, log: Path,

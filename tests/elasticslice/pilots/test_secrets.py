@@ -22,7 +22,7 @@ def test_a_finished_run_leaves_no_tarball_token_or_node_key(emulator: Any,
     workflow.write_text(json.dumps({"tasks": [
         {"id": f"t-{i}", "executable": "/bin/true"} for i in range(2)]}))
     state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
-    p = run_workflow(emulator, tmp_path, workflow, state_dir, log)
+    p = run_workflow(emulator, tmp_path, workflow, state_dir, log, stock=True)
     out, _ = p.communicate(timeout=RUN_TIMEOUT)
     assert p.returncode == 0 and out.startswith("DONE: 2/2 tasks done"), log.read_text()[-3000:]
     assert nodes_in_slices(emulator) == 0

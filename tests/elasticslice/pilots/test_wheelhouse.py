@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import importlib.util
 import hashlib
 import importlib.metadata as md
 import io
@@ -69,7 +70,17 @@ def test_a_repacked_wheel_is_a_wheel(house: Wheelhouse) -> None:
             info = infos.pop()
             assert canonical(info.removesuffix(".dist-info").rsplit("-", 1)[0]) == canonical(wheel.name.split("-")[0])
             assert {f"{info}/METADATA", f"{info}/WHEEL"} <= names
-            assert not any(n.endswith(".pyc") or "/INSTALLER" in n for n in names)
+            assert not any("/INSTALLER" in n for n in names)
+            # each module's bytecode for this Python, an unchecked hash-based pyc (PEP 552)
+            # of the very source beside it (a node of this Python compiles nothing)
+            for pyc in (n for n in names if n.endswith(".pyc")):
+                folder, _, name = pyc.rpartition("__pycache__/")
+                source = f"{folder}{name.split('.')[0]}.py"
+                assert source in names and name.endswith(f".{sys.implementation.cache_tag}.pyc")
+                head = z.read(pyc)[:16]
+                assert head[:4] == importlib.util.MAGIC_NUMBER
+                assert int.from_bytes(head[4:8], "little") == 0b01   # hash-based, unchecked
+                assert head[8:16] == importlib.util.source_hash(z.read(source)), pyc
             rows = list(csv.reader(io.StringIO(z.read(f"{info}/RECORD").decode())))
             assert {r[0] for r in rows} == names, wheel.name
             for path, digest, size in rows:
