@@ -19,7 +19,7 @@ bytecode: $(STAMP)
 
 # The whole suite, in parallel: TEST_WORKERS processes (most tests wait on servers, boots and
 # subprocesses, so more than the cores), worksteal for tests of very different lengths.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 4
 PYTEST_ARGS  ?=
 test: $(STAMP) bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)

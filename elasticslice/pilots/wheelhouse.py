@@ -25,8 +25,13 @@ How the wheels are obtained, and why:
   the closure is resolved for the *target* interpreter (markers differ between versions).
 - **The project** (``troy`` and ``elasticslice``) is installed editable: its wheel is built
   here from the package folders (every file but bytecode, as setuptools would package
-  them) with the installed metadata; no build backend or network is needed. The zip is
-  deterministic (fixed timestamps, sorted): the same sources give the same bytes.
+  them) with the installed metadata; no build backend or network is needed. The zip has
+  fixed timestamps and a fixed order.
+- Wheels of this Python (repacked, and the project's) also carry each module's bytecode for
+  it, as unchecked hash-based pycs (PEP 552: valid whatever time the node's unpacking gives
+  the sources): a node whose ``python3`` is this one imports the agent without compiling
+  it. Bytecode is not byte-for-byte reproducible (marshal depends on reference counts), so
+  two builds give the same files and sources, not the same bytes.
 
 Everything is cached per (Python version, platform) under the virtualenv,
 ``<venv>/var/wheelhouse/cpXY-<platform>/`` (else ``~/.cache/elasticslice/wheelhouse``), and
