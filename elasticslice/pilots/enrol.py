@@ -40,6 +40,7 @@ from cryptography.x509.oid import NameOID
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.publish import server_url
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +201,7 @@ class EnrolmentService:
     def url(self) -> str:
         if self._server is None:
             raise EnrolmentError("the enrolment service is not started")
-        host, port = self._server.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else host
-        return f"https://{shown}:{port}"
+        return server_url(self._server, "https")
 
     @property
     def bound_port(self) -> int:
@@ -300,14 +299,18 @@ class EnrolmentService:
                                                "deadline passed)")
         if not self.is_held(client_id):
             raise self._refuse(client_id, 403, f"{client_id} is not a node of this cluster")
+        cert = self._certify(client_id, body)
+        self.enrolled += 1
+        log.info("node %s enrolled (certificate valid %g s)", client_id, self.cert_lifetime)
+        return {"certificate": cert.decode()}
+
+    def _certify(self, client_id: str, body: dict[str, Any]) -> bytes:
+        """A worker certificate for the key of the request in ``body`` (its CN checked)."""
         try:
             public = read_csr(body.get("csr"), client_id)
         except Refused as err:
             raise self._refuse(client_id, err.status, err.line) from None
-        cert = self.ca.certify(client_id, public, role="worker", lifetime=self.cert_lifetime)
-        self.enrolled += 1
-        log.info("node %s enrolled (certificate valid %g s)", client_id, self.cert_lifetime)
-        return {"certificate": cert.decode()}
+        return self.ca.certify(client_id, public, role="worker", lifetime=self.cert_lifetime)
 
     def renew(self, body: dict[str, Any], peer: dict[str, Any] | None) -> dict[str, str]:
         subject = {k: v for rdn in (peer or {}).get("subject", ()) for k, v in rdn}
@@ -320,11 +323,7 @@ class EnrolmentService:
             forgotten = client_id in self._forgotten
         if forgotten or not self.is_held(client_id):
             raise self._refuse(client_id, 403, f"{client_id} is not a node of this cluster")
-        try:
-            public = read_csr(body.get("csr"), client_id)
-        except Refused as err:
-            raise self._refuse(client_id, err.status, err.line) from None
-        cert = self.ca.certify(client_id, public, role="worker", lifetime=self.cert_lifetime)
+        cert = self._certify(client_id, body)
         self.renewed += 1
         log.info("node %s renewed its certificate (valid %g s)", client_id, self.cert_lifetime)
         return {"certificate": cert.decode()}

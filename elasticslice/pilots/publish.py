@@ -20,6 +20,7 @@ import logging
 import mimetypes
 import os
 import secrets
+import socketserver
 import threading
 import urllib.parse
 from pathlib import Path
@@ -30,6 +31,13 @@ from elasticslice.rspec.tarball import tarball_problem
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 16
+
+
+def server_url(server: socketserver.BaseServer, scheme: str) -> str:
+    """``scheme://HOST:PORT`` of a bound server (an IPv6 host in brackets)."""
+    host, port = server.server_address[:2]  # type: ignore[attr-defined]
+    shown = f"[{host}]" if ":" in str(host) else host
+    return f"{scheme}://{shown}:{port}"
 
 
 class PublishError(ElasticSliceError):
@@ -135,9 +143,7 @@ class TarballPublisher:
     def base_url(self) -> str:
         if self._server is None:
             raise PublishError("the tarball publisher is not started")
-        host, port = self._server.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else host
-        return f"http://{shown}:{port}"
+        return server_url(self._server, "http")
 
     def start(self) -> TarballPublisher:
         try:
