@@ -71,12 +71,23 @@ def _debug_requested(ctx: click.Context) -> bool:
     return bool(state and state.debug)
 
 
+class _UnretrievedAtExit(logging.Filter):
+    """asyncio's "Future exception was never retrieved" (a future of Dask's, collected when
+    the process ends, seen once after a run's last line): a traceback in front of the user
+    that says nothing to them. Shown with --debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).split("\n", 1)[0].endswith("exception was never retrieved")
+
+
 def setup_logging(debug: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not debug:
+        logging.getLogger("asyncio").addFilter(_UnretrievedAtExit())
 
 
 @click.group(cls=FriendlyGroup, context_settings={"auto_envvar_prefix": "ELASTICSLICE",

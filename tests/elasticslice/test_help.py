@@ -47,3 +47,24 @@ def test_a_usage_error_is_one_line_that_names_the_help(tmp_path):
                              capture_output=True, text=True, cwd=tmp_path, timeout=60)
         assert out.returncode == 2, out
         assert out.stderr.strip().splitlines() == [line] and out.stdout == ""
+
+
+def test_an_unretrieved_future_at_exit_is_no_traceback_after_the_last_line(tmp_path):
+    """What broke: `elasticslice run --timeout` ended with its one line, then asyncio's
+    "Future exception was never retrieved ... TimeoutError" (a Dask future collected at
+    exit). It is shown with --debug only."""
+    import subprocess
+    import sys
+    code = ("import asyncio, logging\n"
+            "from elasticslice.cli import setup_logging\n"
+            "import sys\n"
+            "setup_logging(sys.argv[1] == 'debug')\n"
+            "loop = asyncio.new_event_loop()\n"
+            "f = loop.create_future(); f.set_exception(TimeoutError('Timeout')); del f\n"
+            "import gc; gc.collect()\n")
+    quiet = subprocess.run([sys.executable, "-c", code, "quiet"], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=60)
+    loud = subprocess.run([sys.executable, "-c", code, "debug"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)
+    assert "never retrieved" in loud.stderr      # the case happens
+    assert "never retrieved" not in quiet.stderr and "Timeout" not in quiet.stderr
