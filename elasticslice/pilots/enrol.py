@@ -40,7 +40,7 @@ from cryptography.x509.oid import NameOID
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots.ca import ClusterCA
-from elasticslice.pilots.publish import server_url
+from elasticslice.pilots.publish import serve_in_thread, server_url, stop_serving
 
 log = logging.getLogger(__name__)
 
@@ -221,10 +221,7 @@ class EnrolmentService:
         except OSError as err:
             raise EnrolmentError(f"cannot serve enrolment on {self.listen}:{self.port}: "
                                  f"{err.strerror or err}") from err
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.2},
-                                        name="pilot-enrolment", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self._server, "pilot-enrolment")
         return self
 
     def stop(self) -> None:
@@ -232,12 +229,8 @@ class EnrolmentService:
         with self._lock:
             self._tokens.clear()
         server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        stop_serving(server, thread)
 
     # ------------------------------------------------------------------ tokens
     def token_for(self, client_id: str, deadline: float) -> str:

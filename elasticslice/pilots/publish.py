@@ -40,6 +40,24 @@ def server_url(server: socketserver.BaseServer, scheme: str) -> str:
     return f"{scheme}://{shown}:{port}"
 
 
+def serve_in_thread(server: socketserver.BaseServer, name: str) -> threading.Thread:
+    """Serve ``server`` in a daemon thread called ``name`` (started)."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_serving(server: socketserver.BaseServer | None,
+                 thread: threading.Thread | None) -> None:
+    """Shut ``server`` down, close its socket and wait (bounded) for its thread."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if thread is not None:
+        thread.join(timeout=5)
+
+
 class PublishError(ElasticSliceError):
     """A tarball cannot be published."""
 
@@ -151,22 +169,15 @@ class TarballPublisher:
         except OSError as err:
             raise PublishError(f"cannot serve tarballs on {self.host}:{self.port}: "
                                f"{err.strerror or err}") from err
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.2},
-                                        name="pilot-tarballs", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self._server, "pilot-tarballs")
         return self
 
     def stop(self) -> None:
         """Stop serving; nothing stays published."""
         self.withdraw_all()
         server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        stop_serving(server, thread)
 
     @property
     def url_base(self) -> str:
