@@ -14,8 +14,11 @@ $(STAMP): setup.cfg pyproject.toml
 
 # Compile the project's modules once: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
 # every test process, node agent and unit would otherwise compile them again.
+# Pytest's assertion rewriting of the test modules is cached the same way, by one collection,
+# instead of by each of the TEST_WORKERS processes rewriting all of them again.
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q elasticslice troy bench tests
+	@PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null
 
 # The whole suite, in parallel: TEST_WORKERS processes (most tests wait on servers, boots and
 # subprocesses, so more than the cores), worksteal for tests of very different lengths.

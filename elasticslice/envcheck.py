@@ -28,6 +28,9 @@ OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMO
                    "DELETE_NODES", "DELETE_CLIENT_IDS")
 
 _warned: set[str] = set()
+#: names known without loading the command tree: the config file's, what elasticslice sets
+#: for the commands it runs, the top-level options'
+_CHEAP = {ENV_PREFIX + n.upper() for n in (*KNOWN, *OTHER_VARIABLES, "config", "debug")}
 
 
 def config_variables() -> set[str]:
@@ -52,6 +55,9 @@ def option_variables(command: click.Command, prefix: str) -> set[str]:
         if param.allow_from_autoenv and param.name:
             names.add(f"{prefix}_{param.name.upper()}")
     if isinstance(command, click.Group):
+        load_all = getattr(command, "load_all", None)
+        if load_all is not None:  # a group that imports its commands when asked for
+            load_all()
         for name, sub in command.commands.items():
             names |= option_variables(sub, f"{prefix}_{name}")
     return names
@@ -77,6 +83,8 @@ def warn_unknown_variables(command: click.Command, prefix: str = "ELASTICSLICE",
     """Log one WARNING per unknown ``ELASTICSLICE_*`` variable (once per process); returns the
     messages logged by this call."""
     env = os.environ if env is None else env
+    if all(not n.startswith(ENV_PREFIX) or n in _CHEAP for n in env):
+        return []  # nothing to look up (the usual case: no command tree to load)
     known = config_variables() | option_variables(command, prefix)
     messages = []
     for name, close in unknown_variables(env, known):

@@ -135,7 +135,7 @@ def issue_certificate(
     certified and no key is made: the second item is then ``b""``.
     """
     ca_cert = load_pem_cert(ca_cert_pem)
-    ca_key = _load_key(ca_key_pem, ca_key_password)
+    ca_key = load_private_key(ca_key_pem, ca_key_password)  # a CA signs many: cached
     if public_key_pem is not None:
         data = public_key_pem.encode() if isinstance(public_key_pem, str) else public_key_pem
         public = serialization.load_pem_public_key(data)
@@ -181,7 +181,12 @@ def encrypt_key_pem(key_pem: bytes | str, password: bytes | str) -> bytes:
     pwd = password.encode() if isinstance(password, str) else password
     if not pwd:
         raise CredentialError("refusing to encrypt a key with an empty password")
-    key = _load_key(key_pem)
+    data = key_pem.encode() if isinstance(key_pem, str) else key_pem
+    try:  # only re-encoded here, never used: whoever signs with it loads (and checks) it
+        key = serialization.load_pem_private_key(data, password=None,
+                                                 unsafe_skip_rsa_key_validation=True)
+    except (ValueError, TypeError) as err:
+        raise CredentialError(f"cannot load private key: {err}") from err
     return key.private_bytes(serialization.Encoding.PEM,
                              serialization.PrivateFormat.TraditionalOpenSSL,
                              serialization.BestAvailableEncryption(pwd))

@@ -9,6 +9,8 @@ from elasticslice.cli import cli
 
 
 def _walk(group: click.Group, path: tuple[str, ...] = ()):
+    if hasattr(group, "load_all"):
+        group.load_all()
     for name, command in group.commands.items():
         yield (*path, name), command
         if isinstance(command, click.Group):
@@ -26,6 +28,36 @@ def test_every_command_and_option_has_help():
                 assert (param.help or "").strip(), f"{' '.join(path)} {param.opts[0]}: no help"
         seen += 1
     assert seen >= 20
+
+
+def test_the_command_table_names_what_each_module_registers():
+    """The command line imports a command's module only when it runs (COMMANDS): a command
+    the table forgot would be missing, one it misplaces would fail to load."""
+    import importlib
+
+    from elasticslice.cli import COMMAND_MODULES, COMMANDS, FriendlyGroup
+    seen = {}
+    for module in COMMAND_MODULES:
+        group = FriendlyGroup("probe")
+        importlib.import_module(f"elasticslice.commands.{module}").register(group)
+        seen.update(dict.fromkeys(group.commands, module))
+    assert seen == COMMANDS
+
+
+def test_a_command_imports_only_its_own_module():
+    """`elasticslice getversion` does not pay for the emulator, the manager or Dask."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom elasticslice.cli import cli\n"
+            "try:\n    cli(['getversion', '--help'], prog_name='elasticslice')\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('elasticslice.emulator', 'elasticslice.managers', "
+            "'distributed', 'elasticslice.pilots.cluster') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Show the SA's and the CM's GetVersion" in done.stdout
+    assert done.stdout.splitlines()[-1] == "[]"
 
 
 def test_emulator_group_help_shows_how_to_start():
