@@ -3,6 +3,9 @@ helpers that test modules share live in ``helpers.py`` modules like this one, ne
 module or a conftest another module imports."""
 from __future__ import annotations
 
+import os
+import random
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,3 +43,30 @@ def holds_for(check: Callable[[], object], seconds: float, interval: float = 0.1
         if time.monotonic() > deadline:
             return
         time.sleep(interval)
+
+
+def spare_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on and no other test will take: below the
+    kernel's ephemeral range (every server of the suite binds port 0, which the kernel picks
+    from that range), in a slice of its own for each pytest-xdist worker. For a test that
+    makes something listen on a given port, or that needs a port where nothing listens (a
+    port 0 bind released again is free for the next test's server to take)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    low = 10000
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    slot = int(worker[2:]) % 16 if worker[2:].isdigit() else 0
+    width = max(1, (ephemeral - low) // 16)
+    ports = list(range(low + slot * width, low + (slot + 1) * width))
+    random.shuffle(ports)
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no spare port below the ephemeral range")

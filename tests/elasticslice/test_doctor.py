@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from elasticslice.commands.doctor import Check, image_python, wheelhouse_check
-from tests.helpers import REPO
+from tests.helpers import REPO, spare_port
 
 # every test with the emulator fixture is slow (tests/conftest.py); the others are not
 
@@ -58,9 +58,7 @@ def variant(emulator: Any, tmp: Path, replace: dict[str, str] | None = None,
 
 
 def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return spare_port()  # nothing listens there, and no other test's server will
 
 
 def test_doctor_passes_against_the_box(emulator: Any, tmp_path: Path) -> None:

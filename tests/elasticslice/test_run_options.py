@@ -16,6 +16,7 @@ from elasticslice.cli import cli
 from elasticslice.commands.run import SETTINGS, resolve_settings
 from elasticslice.config import default_listen, is_this_machine, load_config
 from tests.elasticslice.helpers import FORKJOIN
+from tests.helpers import spare_port
 
 BOX_CM = "https://127.0.0.1:1/protogeni/xmlrpc/cm"
 
@@ -182,12 +183,9 @@ def test_a_run_uses_what_the_options_and_the_config_say(emulator: Any, tmp_path:
     """A real run against the box (slow): the endpoint it registers is on --endpoint-port,
     and its run.log names each setting with where it came from."""
     import os
-    import socket
     import subprocess
     import sys
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = spare_port()  # not one a port 0 bind gave back: another test's server takes those
     conf = tmp_path / "elasticslice.conf"
     conf.write_text(emulator.config_path.read_text().replace(
         "[pilots]\n", "[pilots]\nmargin = 7\nhardware_type = m510\n", 1))

@@ -11,7 +11,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers import REPO, wait_for
+from tests.helpers import REPO, spare_port, wait_for
 from troy.cli import cli
 
 TROY = [sys.executable, "-m", "troy.cli"]
@@ -199,10 +199,7 @@ def test_version():
 @pytest.mark.slow
 def test_timeout_bounds_connecting_to_a_dead_dask_scheduler(tmp_path):
     """Broke: `--timeout 2` still waited Dask's 15 s connect timeout for a dead address."""
-    import socket
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = spare_port()  # a port nothing listens on
     f = tmp_path / "w.json"
     f.write_text('{"tasks": [{"executable": "/bin/true"}]}')
     proc = subprocess.run([*TROY, "run", str(f), "--framework", "dask", "--dask-scheduler",

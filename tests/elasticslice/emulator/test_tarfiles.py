@@ -6,14 +6,13 @@ strings and any loopback URL, and a tarball it could not fetch only failed its n
 """
 from __future__ import annotations
 
-import socket
 
 import pytest
 
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import NodeSpec, build_request
-from tests.helpers import wait_for
+from tests.helpers import spare_port, wait_for
 from tests.elasticslice.emulator.helpers import Session, make_tarball, ok
 from tests.elasticslice.emulator.node_helpers import detail_of, node_dir
 
@@ -26,9 +25,7 @@ def _in_slices(emulator) -> int:
 
 
 def _closed_port() -> int:
-    with socket.socket() as sock:  # bound, never listening: connections are refused
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return spare_port()  # nothing listens there, and no other test's server will
 
 
 def _bad_urls(file_server, tmp_path) -> dict[str, str]:

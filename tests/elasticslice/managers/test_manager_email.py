@@ -1,7 +1,6 @@
 """Email about errors and node changes, against a real SMTP server (aiosmtpd) on 127.0.0.1."""
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from email import message_from_bytes
 from email.message import Message
@@ -12,12 +11,11 @@ from aiosmtpd.controller import Controller
 
 from elasticslice.managers import Notifier
 from elasticslice.managers.config import EmailConfig
+from tests.helpers import spare_port
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return spare_port()
 
 
 class Inbox:
