@@ -52,6 +52,8 @@ class MethodRun:
     last_result: Any = None
     runs: int = 0
     errors: list[str] = field(default_factory=list)
+    failures_total: int = 0          # every failure since this cycle was made (metrics)
+    last_ok: float | None = None     # when it last ended without an error (clock time)
 
 
 class Cycle:
@@ -98,9 +100,11 @@ class Cycle:
         if error is None:
             info.failures = 0
             info.last_error = None
+            info.last_ok = finished
             next_run = finished + info.interval
         else:
             info.failures += 1
+            info.failures_total += 1
             info.last_error = f"{type(error).__name__}: {one_line(error)}"
             delay = self.backoff(name)
             next_run = finished + delay

@@ -28,6 +28,7 @@ from elasticslice.rpc.cache import CredentialCache
 from elasticslice.rpc.cm import ComponentManager, SliverStatus, format_expiration
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of
+from elasticslice.rpc.timings import CallTimings
 from elasticslice.rpc.transport import RetryPolicy, XmlRpcTransport, make_ssl_context
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class ProtoGeniServer:
         self._sa_url: str | None = config.sa_url
         self._lock = threading.RLock()
         self.cache = CredentialCache(config.credential_cache_dir)
+        #: how long each call took, by method, across transports (kept when one is closed)
+        self.call_timings = CallTimings()
         self.cms = [ComponentManager(self, url, dyn)
                     for url, dyn in zip(config.cm_urls, config.dynslice_urls
                                         or [None] * len(config.cm_urls))]
@@ -83,7 +86,8 @@ class ProtoGeniServer:
                     raise self.config.error(str(err), key) from err
                 kwargs = {"sleep": self._sleep} if self._sleep else {}
                 self._transport = XmlRpcTransport(ctx, timeout=self.config.timeout,
-                                                  retry=self._retry, **kwargs)
+                                                  retry=self._retry, timings=self.call_timings,
+                                                  **kwargs)
             return self._transport
 
     def close(self) -> None:

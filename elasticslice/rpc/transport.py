@@ -27,6 +27,7 @@ from xml.parsers.expat import ExpatError
 
 from elasticslice.errors import CredentialError, RPCError, TransportError
 from elasticslice.rpc.codes import FAULT_OVERLOADED, TRANSIENT_CODES, GeniCode
+from elasticslice.rpc.timings import CallTimings
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,11 @@ class XmlRpcTransport:
 
     def __init__(self, context: ssl.SSLContext, *, timeout: float = 60.0,
                  retry: RetryPolicy | None = None, seed: int | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 timings: CallTimings | None = None) -> None:
         self.context = context
+        #: every call's duration by method (retries included), for the manager's metrics
+        self.timings = timings if timings is not None else CallTimings()
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._rng = random.Random(seed)
@@ -267,6 +271,13 @@ class XmlRpcTransport:
                                        encoding="utf-8").encode("utf-8")
         except TypeError as err:
             raise RPCError(f"cannot marshal arguments: {err}", method=method) from err
+        began = time.monotonic()
+        try:
+            return self._with_retries(url, method, body, keep_alive)
+        finally:
+            self.timings.record(method, time.monotonic() - began)
+
+    def _with_retries(self, url: str, method: str, body: bytes, keep_alive: bool) -> Any:
         label = server_label(url)
         last: _Transient | None = None
         for attempt in range(max(1, self.retry.attempts)):

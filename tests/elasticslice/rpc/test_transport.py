@@ -168,3 +168,16 @@ def test_one_keep_alive_connection_per_thread(certs, server):
         assert results == [[i] * 5 for i in range(4)]
         assert t.connections_opened <= 4
     assert len(server.calls) == 20
+
+
+def test_each_call_is_timed_by_method_retries_and_failures_included(certs, server):
+    server.script.extend(["busy", "ok", ("code", 2)])
+    t = _transport(certs)
+    t.call(server.url, "GetVersion", {})            # BUSY, then SUCCESS: one call, retried
+    with pytest.raises(RPCError):
+        t.call(server.url, "DeleteNodes", {})       # a failure is timed too
+    times = t.timings.snapshot()
+    assert sorted(times) == ["DeleteNodes", "GetVersion"]
+    assert times["GetVersion"].calls == 1 and times["DeleteNodes"].calls == 1
+    assert times["GetVersion"].cumulative()[-1] == ("+Inf", 1)
+    assert times["GetVersion"].total > 0
