@@ -70,3 +70,16 @@ def spare_port() -> int:
                 continue
             return port
     raise RuntimeError("no spare port below the ephemeral range")
+
+
+def scrape_metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A Prometheus endpoint read as a scraper reads it: (sample name, sorted labels) ->
+    value (``prometheus_client.parser``)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain")
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -35,6 +35,7 @@ from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
+from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
 from elasticslice.pilots.helper import PilotElasticSliceHelper
@@ -83,7 +84,10 @@ class ElasticCluster:
     served to the CM by a :class:`TarballPublisher` on ``listen``; ``public_url``: the base
     URL the CM fetches tarballs from (None: the publisher's own address). Nodes enrol at an
     :class:`EnrolmentService` on ``listen`` (HTTPS, the cluster CA's certificate) and get
-    certificates valid ``cert_lifetime`` seconds, renewed while the node is held."""
+    certificates valid ``cert_lifetime`` seconds, renewed while the node is held.
+    ``metrics_port``: serve the manager's Prometheus metrics (:mod:`elasticslice.metrics`)
+    on ``metrics_listen``:``metrics_port`` (0: any free port; None: no endpoint), from
+    :meth:`start` to :meth:`close`; :attr:`metrics_url` is where."""
 
     def __init__(self, server: Any, state_dir: Path, *, minthreshold: int = 1,
                  maxthreshold: int = 10, hardware_type: str | None = None,
@@ -95,7 +99,8 @@ class ElasticCluster:
                  policy: PolicyConfig | None = None, node_cores: int | None = None,
                  session: Any = None, keep: bool = False,
                  manager_options: Mapping[str, Any] | None = None,
-                 framework_options: Mapping[str, Any] | None = None) -> None:
+                 framework_options: Mapping[str, Any] | None = None,
+                 metrics_port: int | None = None, metrics_listen: str = "127.0.0.1") -> None:
         self.server = server
         self.state_dir = Path(state_dir).expanduser().resolve()
         self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
@@ -136,6 +141,8 @@ class ElasticCluster:
         self._ledger: StatsLedger | None = None
         self._lock: StateDirLock | None = None
         self._saving = threading.Event()
+        self.metrics_port, self.metrics_listen = metrics_port, metrics_listen
+        self.metrics: MetricsServer | None = None
 
     # ------------------------------------------------------------------ running
     def start(self) -> None:
@@ -205,6 +212,32 @@ class ElasticCluster:
         # agents that rejoined before the manager existed were refused: they are ours if
         # the manager holds their nodes
         self.framework.adopt_joined()
+        if self.metrics_port is not None:
+            self._serve_metrics()
+
+    def _serve_metrics(self) -> None:
+        """The metrics endpoint; one that cannot listen is a warning, the cluster runs on."""
+        try:
+            self.metrics = serve_metrics(lambda: self.manager, units=self._metric_units,
+                                         address=self.metrics_listen, port=self.metrics_port)
+        except MetricsError as err:
+            log.warning("%s: no metrics endpoint", err)
+            return
+        log.info("metrics at %s", self.metrics.url)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the metrics are served (None: not served)."""
+        return self.metrics.url if self.metrics is not None else None
+
+    def _metric_units(self) -> dict[str, int]:
+        session = self.session
+        if session is None:
+            raise ElasticSliceError("the cluster is closed")
+        units = session_units(session)
+        current = self._unit_counts()   # over the whole run on this state dir
+        totals = self._ledger.totals(current) if self._ledger is not None else current
+        return {**units, "requeued": totals["units_requeued"], "lost": totals["units_lost"]}
 
     def _node_software(self) -> str:
         """The ``start.sh`` lines that build the agent's environment on a node from the
@@ -391,6 +424,9 @@ class ElasticCluster:
         CANCELED). Idempotent; safe after a failed ``start``."""
         keep = self.keep if keep is None else keep
         self._saving.set()
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            metrics.stop()
         if self.session is not None:
             try:
                 self.save_stats()

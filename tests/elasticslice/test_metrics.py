@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from elasticslice.config import ClientConfig
 from elasticslice.errors import ElasticSliceError
@@ -18,16 +17,8 @@ from elasticslice.managers import SimpleElasticSliceHelper, SimpleElasticSliceMa
 from elasticslice.metrics import MetricsError, MetricsServer, ManagerMetrics, serve_metrics
 from elasticslice.rpc.client import ProtoGeniServer
 from tests.elasticslice.rpc.tlsserver import Pki, ScriptedServer
+from tests.helpers import scrape_metrics as scrape
 from tests.helpers import spare_port
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """(sample name, sorted labels) -> value, as a scraper reads them."""
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        assert answer.headers["Content-Type"].startswith("text/plain")
-        text = answer.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 class HostedSystemDown(SimpleElasticSliceManager):

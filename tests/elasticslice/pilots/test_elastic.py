@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import troy
-from tests.helpers import wait_for
+from tests.helpers import scrape_metrics, wait_for
 from tests.elasticslice.managers.helpers import admin, cm_nodes, reclaim_outcome
 from tests.elasticslice.pilots.helpers import (Run, assert_nothing_lost, busy_added_node,
                                              closed_gate, node_of, ran_on, sleepers)
@@ -48,7 +48,7 @@ def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_clus
 def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
         emulator_factory, make_cluster, witness, tmp_path: Path) -> None:
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
-    cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
+    cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None, metrics_port=0)
     run = Run(cluster, sleepers(witness, 12, 3.0, cores=4))
     victim = busy_added_node(cluster, run)
     node_id = node_of(cluster, victim).node_id
@@ -65,6 +65,18 @@ def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
     assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
         (1, 1, 0), stats
     assert victim not in cm_nodes(emulator, tmp_path)
+    # the metrics endpoint reports it, as a scraper reads it
+    assert cluster.metrics_url.startswith("http://127.0.0.1:")
+    got = scrape_metrics(cluster.metrics_url)
+    plain = {name: value for (name, labels), value in got.items() if not labels}
+    assert (plain["elasticslice_notices_total"], plain["elasticslice_early_releases_total"],
+            plain["elasticslice_forced_releases_total"]) == (1, 1, 0), got
+    assert (plain["elasticslice_units_queued"], plain["elasticslice_units_running"],
+            plain["elasticslice_units_lost_total"]) == (0, 0, 0), got
+    assert got[("elasticslice_nodes_held", ())] == len(cluster.manager.state.nodes())
+    assert got[("elasticslice_cm_call_duration_seconds_count", (("method", "DeleteNodes"),))] >= 1
+    assert got[("elasticslice_cycle_last_success_age_seconds",
+                (("method", "update_sliver_status"),))] >= 0
 
 
 def test_a_node_taken_without_notice_has_its_units_requeued(emulator_factory, make_cluster,
