@@ -290,7 +290,7 @@ def _check_url(url: str, err, key: str) -> None:  # noqa: ANN001
 
 PILOTS_SECTION = "pilots"
 PILOT_KEYS = ("disk_image", "node_python", "listen", "public_url", "hardware_type",
-              "node_cores", "margin", "idle_timeout", "agent_timeout")
+              "node_cores", "margin", "idle_timeout", "agent_timeout", "metrics_port")
 #: what ``idle_timeout`` takes for "never give an idle pilot's node back"
 NEVER = ("none", "off", "never")
 _HWTYPE_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$")
@@ -308,7 +308,8 @@ class PilotSettings:
     CloudLab fetches the nodes' tarballs from; None: the publisher's own); ``hardware_type``;
     ``node_cores`` (cores a pilot offers; None: what the node has); ``margin`` (seconds kept
     before a revocation's deadline); ``idle_timeout`` (seconds an idle pilot's node is kept;
-    ``math.inf``: never); ``agent_timeout`` (seconds a ready node's agent has to join).
+    ``math.inf``: never); ``agent_timeout`` (seconds a ready node's agent has to join);
+    ``metrics_port`` (the manager's Prometheus metrics on 127.0.0.1; 0: any free port).
     A key that is not set is None. The emulator's own config names its pilot image."""
 
     disk_image: str | None = None
@@ -320,6 +321,7 @@ class PilotSettings:
     margin: float | None = None
     idle_timeout: float | None = None
     agent_timeout: float | None = None
+    metrics_port: int | None = None
 
 
 def pilot_value(key: str, raw: str) -> object:
@@ -355,6 +357,14 @@ def pilot_value(key: str, raw: str) -> object:
         if not 1 <= cores <= 4096:
             raise ValueError(f"must be 1 to 4096: {raw!r}")
         return cores
+    if key == "metrics_port":
+        try:
+            port = int(raw)
+        except ValueError:
+            raise ValueError(f"not a port number: {raw!r}") from None
+        if not 0 <= port <= 65535:
+            raise ValueError(f"must be 0 to 65535: {raw!r}")
+        return port
     if key == "idle_timeout" and raw.lower() in NEVER:
         return math.inf
     if key in ("margin", "idle_timeout", "agent_timeout"):

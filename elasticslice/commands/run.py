@@ -82,6 +82,10 @@ SETTINGS: dict[str, tuple[str, str, Any, str]] = {
                       "Seconds a ready node's agent has to join before the node is replaced "
                       "(a stock image builds the agent's environment first). Config [pilots] "
                       "agent_timeout. Default: 120."),
+    "metrics_port": ("pilots", "metrics_port", None,
+                     "Serve the manager's Prometheus metrics on 127.0.0.1:PORT/metrics (0: any "
+                     "free port; the run names the URL). Config [pilots] metrics_port. "
+                     "Default: none (off)."),
     "endpoint_port": ("endpoint", "port", 0,
                       "The callback endpoint's port (0: any free port; open it to the CM). "
                       "Config [endpoint] port. Default: 0."),
@@ -107,8 +111,8 @@ def setting_options(f: Any) -> Any:
     checked as the config's key is (:func:`resolve_settings`)."""
     for name, (section, key, _default, text) in reversed(SETTINGS.items()):
         metavar = {"listen": "ADDRESS", "public_url": "URL", "image": "URN",
-                   "hardware_type": "TYPE", "node_cores": "N", "endpoint_port": "PORT"
-                   }.get(name, "SECONDS")
+                   "hardware_type": "TYPE", "node_cores": "N", "endpoint_port": "PORT",
+                   "metrics_port": "PORT"}.get(name, "SECONDS")
         f = click.option(option_name(name), name, default=None, metavar=metavar,
                          help=text)(f)
     return f
@@ -128,6 +132,7 @@ class RunSettings:
     margin: float
     idle_timeout: float
     agent_timeout: float
+    metrics_port: int | None
     endpoint_port: int
     max_nodes: int
     node_python: str | None
@@ -160,7 +165,8 @@ class RunSettings:
             maxthreshold=self.max_nodes, hardware_type=self.hardware_type,
             listen=self.listen, margin=self.margin,
             idle_timeout=None if math.isinf(self.idle_timeout) else self.idle_timeout,
-            endpoint_port=self.endpoint_port, disk_image=self.image,
+            endpoint_port=self.endpoint_port, metrics_port=self.metrics_port,
+            disk_image=self.image,
             node_python=self.node_python, node_cores=self.node_cores,
             manager_options=options)
         if "minthreshold" in given:
@@ -508,6 +514,8 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     signal.signal(signal.SIGTERM, _terminated)
     try:
         cluster.start()
+        if cluster.metrics_url:
+            click.echo(f"metrics: {cluster.metrics_url}", err=True)
         workload = the_workload(cluster.session, workload)
         if theirs is None:
             write_json(state_dir / RUN_FILE, {**mine, "started": started})

@@ -101,6 +101,11 @@ def test_what_is_chosen_reaches_elastic_cluster(tmp_path: Path) -> None:
                                                              "d430", 6)
     assert cluster.policy.idle_timeout == 90.0 and cluster.policy.add_cooldown == 20.0
     assert cluster.intervals["add_nodes"] == 7.0
+    assert args["metrics_port"] is None and cluster.metrics_port is None   # off by default
+    port = settings(config(tmp_path, "[pilots]\nmetrics_port = 9464\n"))
+    assert port.metrics_port == 9464 and port.sources["metrics_port"].endswith(
+        "[pilots] metrics_port")
+    assert settings(path, metrics_port="0").cluster_arguments()["metrics_port"] == 0
     never = settings(path, idle_timeout="off", public_url="http://ctl.example.org:8080")
     assert never.cluster_arguments()["idle_timeout"] is None   # ElasticCluster: never
     assert never.cluster_arguments()["public_url"] == "http://ctl.example.org:8080"
@@ -118,6 +123,8 @@ def test_what_is_chosen_reaches_elastic_cluster(tmp_path: Path) -> None:
     ("--idle-timeout", "-1", "--idle-timeout -1: must be 0 to"),
     ("--agent-timeout", "nan", "--agent-timeout nan: must be 0 to"),
     ("--endpoint-port", "70000", "--endpoint-port 70000: must be 0 to 65535"),
+    ("--metrics-port", "70000", "--metrics-port 70000: must be 0 to 65535"),
+    ("--metrics-port", "prom", "--metrics-port prom: not a port number: 'prom'"),
 ])
 def test_a_bad_option_is_one_line_exit_2_and_nothing_made(tmp_path: Path, option: str,
                                                           value: str, says: str) -> None:
@@ -137,6 +144,7 @@ def test_a_bad_option_is_one_line_exit_2_and_nothing_made(tmp_path: Path, option
     ("pilots", "agent_timeout = 0.5", "pilots.agent_timeout", "must be at least 1 second"),
     ("pilots", "hardware_type = m 510", "pilots.hardware_type", "invalid hardware type"),
     ("pilots", "disk_image = IMG", "pilots.disk_image", "disk image 'IMG' is"),
+    ("pilots", "metrics_port = -1", "pilots.metrics_port", "must be 0 to 65535"),
     ("pilots", "listne = 10.0.0.1", "listne", "unknown key in [pilots]"),
     ("endpoint", "port = http", "endpoint.port", "not an integer: 'http'"),
     ("manager", "maxthreshold = 0", "maxthreshold", "must be at least 1"),
