@@ -48,6 +48,22 @@ def build_manager(config_path: str | None, *, endpoint: bool = True,
     return SimpleElasticSliceManager.from_config(server, mcfg, helper=helper, **extra)
 
 
+def serve_manager_metrics(manager: Any) -> Any:
+    """The metrics endpoint ``[manager] metrics_port`` asks for (None: off, or it cannot
+    listen: one line says why and the daemon runs on)."""
+    from elasticslice.metrics import MetricsError, serve_metrics
+    port = getattr(manager.config, "metrics_port", None)
+    if port is None:
+        return None
+    try:
+        metrics = serve_metrics(manager, port=port)
+    except MetricsError as err:
+        click.echo(f"warning: {err}: no metrics endpoint", err=True)
+        return None
+    click.echo(f"metrics: {metrics.url}", err=True)
+    return metrics
+
+
 @click.command("manage")
 @click.option("--once", is_flag=True, default=False,
               help="Run one full cycle (every method once, in order) and exit.")
@@ -82,9 +98,12 @@ def manage_cmd(ctx: click.Context, once: bool, adopt: bool) -> None:
             manager.stop_requested()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        metrics = serve_manager_metrics(manager)
         try:
             manager.manage()
         finally:
+            if metrics is not None:
+                metrics.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
         log.info("manager stopped")

@@ -57,7 +57,7 @@ MANAGER_KEYS = (
     "renew_hours", "renew_margin", "idle_timeout", "add_cooldown", "delete_cooldown",
     "max_add_per_cycle", "max_delete_per_cycle", "hysteresis", "delete_in_group",
     "email", "email_to", "email_from", "smtp_host", "smtp_port", "smtp_starttls",
-    "smtp_username", "smtp_password_file")
+    "smtp_username", "smtp_password_file", "metrics_port")
 ENDPOINT_KEYS = ("address", "port", "url", "cm_urn", "certificate", "keyfile",
                  "passphrase_file", "enabled")
 INTERVAL_PREFIX = "interval."
@@ -128,6 +128,7 @@ class ManagerConfig:
     max_delete_per_cycle: int = 1
     hysteresis: float = 0.1
     delete_in_group: bool = True
+    metrics_port: int | None = None   # the Prometheus metrics on 127.0.0.1 (None: off)
     email: EmailConfig = field(default_factory=EmailConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
     path: Path | None = None
@@ -360,6 +361,8 @@ def _manager(v: Mapping[str, str], base: Path, err: Err) -> ManagerConfig:
         max_delete_per_cycle=_int(v, "max_delete_per_cycle", 1, err, minimum=0),
         hysteresis=_float(v, "hysteresis", 0.1, err, minimum=0.0, maximum=1.0),
         delete_in_group=_flag(v, "delete_in_group", True, err),
+        metrics_port=(_int(v, "metrics_port", 0, err, minimum=0, maximum=65535)
+                      if v.get("metrics_port", "").strip() else None),
         email=_email(v, base, err),
     )
 

@@ -130,3 +130,34 @@ def test_a_port_taken_or_out_of_range_is_one_line_naming_it() -> None:
     assert "\n" not in message
     with pytest.raises(MetricsError, match=r"^metrics port 70000: must be 0 to 65535$"):
         MetricsServer(registry, port=70000).start()
+
+
+def test_manage_serves_the_metrics_port_its_config_names_and_runs_on_when_taken(
+        manager: SimpleElasticSliceManager, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    from elasticslice.commands.manage import serve_manager_metrics
+    from elasticslice.managers.config import load_manager_config
+    port = spare_port()
+    (tmp_path / "m.conf").write_text(f"[manager]\nmetrics_port = {port}\n")
+    manager.config = load_manager_config(tmp_path / "m.conf", env={})
+    served = serve_manager_metrics(manager)
+    try:
+        assert served.url == f"http://127.0.0.1:{port}/metrics"
+        assert capsys.readouterr().err == f"metrics: {served.url}\n"
+        assert ("elasticslice_nodes_held", ()) in scrape(served.url)
+        assert serve_manager_metrics(manager) is None       # taken: one line, no endpoint
+        err = capsys.readouterr().err
+        assert err.startswith(f"warning: metrics endpoint 127.0.0.1:{port}: cannot listen: ")
+        assert err.count("\n") == 1
+    finally:
+        served.stop()
+    manager.config = None                                   # no key: off
+    assert serve_manager_metrics(manager) is None
+
+
+def test_a_bad_manager_metrics_port_names_the_key_and_the_file(tmp_path: Path) -> None:
+    from elasticslice.errors import ConfigError
+    from elasticslice.managers.config import load_manager_config
+    (tmp_path / "m.conf").write_text("[manager]\nmetrics_port = 70000\n")
+    with pytest.raises(ConfigError, match=r"\[metrics_port\]"):
+        load_manager_config(tmp_path / "m.conf", env={})
