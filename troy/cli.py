@@ -200,6 +200,7 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
         overlay.cancel()
         state = run.result()  # what the run raised, raised here
         data = build_report(workload, state, time.time() - started, outputs=outputs,
+                            started=started,
                             base=os.path.dirname(os.path.abspath(report)) if report else None)
     if report:
         try:

@@ -7,6 +7,13 @@ get lanes of their own), and the cores busy over time. It reads ``troy run --rep
 demo's ``--report`` files (``troy.tasks``); an entry is ``{"task", "pilot", "state", "start",
 "end", "cores", ...}`` with ``start``/``end`` in epoch seconds (or null). matplotlib is an
 extra (``pip install 'elasticslice[plot]'``); the Agg backend draws without a display.
+
+A report may say more, and the picture shows it: ``started`` (or ``timeline.started``, epoch
+seconds: the axis starts at the run's start, so the time spent waiting for nodes shows),
+``timeline.pilots`` (pilot id -> ``{"node", "host"}``: a band is named by its node, else by
+the pilot id) and ``timeline.events`` (``{"time", "kind", "node"}``, kind ``notice``,
+``drain`` or ``release``: vertical markers on the time axis, with a legend). Troy writes
+``started``; an elastic run's report (``elasticslice run``, the demo) the ``timeline``.
 """
 from __future__ import annotations
 
@@ -26,6 +33,10 @@ INSTALL = "pip install 'elasticslice[plot]'"
 COLOURS = {"DONE": "#4c9a2a", "FAILED": "#d62728", "CANCELED": "#7f7f7f"}
 OTHER_COLOUR = "#ff7f0e"  # still RUNNING (or any other state) when the report was written
 MAX_PILOT_LABELS = 40
+#: the markers of a timeline's events: colour, line style, legend text
+MARKERS = {"notice": ("#9467bd", "--", "notice (CloudLab wants the node)"),
+           "drain": ("#8c564b", ":", "drained (its pilot empty)"),
+           "release": ("#17becf", "-", "node given back")}
 
 
 class ReportFileError(TroyError):
@@ -49,6 +60,15 @@ class Bar:
     lane: int  # 0.. within its pilot's band
 
 
+@dataclass(frozen=True)
+class Marker:
+    """An event of the run on the time axis (seconds since ``PlotData.t0``)."""
+
+    time: float
+    kind: str           # a key of MARKERS
+    node: str = ""
+
+
 @dataclass
 class PlotData:
     """What the two panels show, computed from a report (no matplotlib needed)."""
@@ -61,10 +81,21 @@ class PlotData:
     capacity: int | None = None                # cores of all pilots, when the report says
     title: str = ""
     states: dict[str, int] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)   # pilot -> its band's name
+    markers: list[Marker] = field(default_factory=list)
+    from_start: bool = False                   # t0 is the run's start (else the first task's)
 
     @property
     def makespan(self) -> float:
         return max((b.end for b in self.bars), default=0.0)
+
+    @property
+    def span(self) -> float:
+        """Up to the last bar or marker."""
+        return max([self.makespan, *(m.time for m in self.markers)])
+
+    def name(self, pilot: str) -> str:
+        return self.names.get(pilot, pilot)
 
     def bars_per_pilot(self) -> dict[str, int]:
         return dict(Counter(b.pilot for b in self.bars))
@@ -75,8 +106,11 @@ class PlotData:
     def line(self, out: str | Path) -> str:
         states = ", ".join(f"{n} {s}" for s, n in sorted(self.states.items()))
         skipped = f"; {self.not_started} never started" if self.not_started else ""
+        kinds = Counter(m.kind for m in self.markers)
+        marks = ("; marked: " + ", ".join(f"{kinds[k]} {k}" for k in MARKERS if kinds[k])
+                 if kinds else "")
         return (f"{out}: {len(self.bars)} tasks ({states}) on {len(self.lanes)} pilots over "
-                f"{self.makespan:.3g} s, at most {self.peak()} cores busy{skipped}")
+                f"{self.makespan:.3g} s, at most {self.peak()} cores busy{skipped}{marks}")
 
 
 def load_tasks(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -132,7 +166,10 @@ def summarise(entries: list[dict[str, Any]], report: dict[str, Any] | None = Non
     if not started:
         raise NothingToPlot(f"{name}: no task started ({len(entries)} tasks, none with a "
                             f"start time): nothing to plot")
-    t0 = min(e["start"] for e in started)
+    report = report or {}
+    first = min(e["start"] for e in started)
+    begun = run_start(report, name)
+    t0 = min(first, begun) if begun is not None else first
     last = max(max(e["start"], e["end"] or e["start"]) for e in started)
     lanes: dict[str, _Lanes] = {}
     bars = []
@@ -142,10 +179,75 @@ def summarise(entries: list[dict[str, Any]], report: dict[str, Any] | None = Non
         lane = lanes.setdefault(e["pilot"], _Lanes()).take(e["start"], end)
         bars.append(Bar(e["task"], e["pilot"], e["state"], e["start"] - t0, end - t0,
                         e["cores"], lane))
+    timeline = _timeline(report, name)
     return PlotData(t0=t0, bars=bars, lanes={p: ls.count for p, ls in lanes.items()},
                     busy=busy_series(bars), not_started=len(entries) - len(started),
-                    capacity=_capacity(report or {}), title=_title(report or {}, Path(name).name),
-                    states=dict(Counter(b.state for b in bars)))
+                    capacity=_capacity(report), title=_title(report, Path(name).name),
+                    states=dict(Counter(b.state for b in bars)),
+                    names=band_names(timeline.get("pilots"), f"{name}: timeline.pilots"),
+                    markers=markers(timeline.get("events"), t0, f"{name}: timeline.events"),
+                    from_start=begun is not None)
+
+
+def _timeline(report: dict[str, Any], name: str) -> dict[str, Any]:
+    timeline = report.get("timeline")
+    if timeline is None:
+        return {}
+    if not isinstance(timeline, dict):
+        raise ReportFileError(f"{name}: timeline: expected an object, got "
+                              f"{type(timeline).__name__}")
+    return timeline
+
+
+def _seconds(value: Any, place: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ReportFileError(f"{place}: expected epoch seconds, got {value!r}")
+    return float(value)
+
+
+def run_start(report: dict[str, Any], name: str = "report") -> float | None:
+    """When the run started (epoch seconds): ``timeline.started``, else ``started``."""
+    timeline = _timeline(report, name)
+    for place, value in (("timeline.started", timeline.get("started")),
+                         ("started", report.get("started"))):
+        if value is not None:
+            return _seconds(value, f"{name}: {place}")
+    return None
+
+
+def band_names(pilots: Any, place: str) -> dict[str, str]:
+    """pilot id -> "client_id @ host" (or what of them the report has)."""
+    if pilots is None:
+        return {}
+    if not isinstance(pilots, dict):
+        raise ReportFileError(f"{place}: expected an object, got {type(pilots).__name__}")
+    out = {}
+    for pilot, where in pilots.items():
+        if not isinstance(where, dict):
+            raise ReportFileError(f"{place}.{pilot}: expected an object, got "
+                                  f"{type(where).__name__}")
+        parts = [str(where[k]) for k in ("node", "host") if where.get(k)]
+        if parts:
+            out[str(pilot)] = " @ ".join(parts)
+    return out
+
+
+def markers(events: Any, t0: float, place: str) -> list[Marker]:
+    """The timeline's events as markers, in time order."""
+    if events is None:
+        return []
+    if not isinstance(events, list):
+        raise ReportFileError(f"{place}: expected a list, got {type(events).__name__}")
+    out = []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise ReportFileError(f"{place}[{i}]: expected an object, got {type(e).__name__}")
+        if e.get("kind") not in MARKERS:
+            raise ReportFileError(f"{place}[{i}].kind: expected one of "
+                                  f"{', '.join(MARKERS)}, got {e.get('kind')!r}")
+        out.append(Marker(_seconds(e.get("time"), f"{place}[{i}].time") - t0, e["kind"],
+                          str(e.get("node") or "")))
+    return sorted(out, key=lambda m: (m.time, m.kind))
 
 
 @dataclass
@@ -208,6 +310,7 @@ def render(data: PlotData, title: str | None = None) -> Any:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.collections import PolyCollection
         from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
     except ImportError as err:
         raise TroyError(f"troy plot needs matplotlib: {INSTALL}") from err
@@ -231,13 +334,17 @@ def render(data: PlotData, title: str | None = None) -> Any:
         gantt.axhline(y, color="#cccccc", linewidth=0.6)
     gantt.set_ylim(rows, 0)
     if len(data.lanes) <= MAX_PILOT_LABELS:
-        gantt.set_yticks(ticks, [_short(p) for p in data.lanes], fontsize=7)
+        gantt.set_yticks(ticks, [_short(data.name(p)) for p in data.lanes], fontsize=7)
     else:
         gantt.set_yticks([])
-    gantt.set_ylabel(f"pilots ({len(data.lanes)})")
+    gantt.set_ylabel(f"pilots ({len(data.lanes)})" if not data.names
+                     else f"pilots by node ({len(data.lanes)})")
+    kinds = [k for k in MARKERS if any(m.kind == k for m in data.markers)]
     gantt.legend(handles=[Patch(color=COLOURS.get(s, OTHER_COLOUR), label=s)
-                          for s in sorted(data.states)], loc="upper left",
-                 bbox_to_anchor=(1.0, 1.0), fontsize=7)
+                          for s in sorted(data.states)]
+                 + [Line2D([], [], color=MARKERS[k][0], linestyle=MARKERS[k][1],
+                           label=MARKERS[k][2]) for k in kinds],
+                 loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     gantt.set_title(title or data.title)
     times = [t for t, _ in data.busy]
     cores = [n for _, n in data.busy]
@@ -247,11 +354,16 @@ def render(data: PlotData, title: str | None = None) -> Any:
         busy.axhline(data.capacity, color="#555555", linestyle="--", linewidth=0.8,
                      label=f"{data.capacity} cores")
         busy.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    for m in data.markers:   # on both panels: the events over the tasks and the cores
+        colour, style, _ = MARKERS[m.kind]
+        for ax in (gantt, busy):
+            ax.axvline(m.time, color=colour, linestyle=style, linewidth=1.0)
     busy.set_ylim(0, max(data.capacity or 0, data.peak()) * 1.1 + 0.5)
     busy.yaxis.get_major_locator().set_params(integer=True)
     busy.set_ylabel("cores busy")
-    busy.set_xlabel("seconds since the first task started")
-    busy.set_xlim(0, data.makespan * 1.01 or 1)
+    busy.set_xlabel("seconds since the run started" if data.from_start
+                    else "seconds since the first task started")
+    busy.set_xlim(0, data.span * 1.01 or 1)
     return fig
 
 
@@ -260,7 +372,7 @@ def _box(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float]
 
 
 def _short(pilot: str) -> str:
-    return pilot if len(pilot) <= 24 else pilot[:10] + "…" + pilot[-12:]
+    return pilot if len(pilot) <= 32 else pilot[:14] + "…" + pilot[-16:]
 
 
 def read_report(report: str | Path) -> PlotData:

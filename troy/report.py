@@ -61,9 +61,10 @@ def task_entries(workload: Any, outputs: OutputKeeper | None = None,
 
 
 def build_report(workload: Any, state: Any, wall: float, *,
-                 outputs: OutputKeeper | None = None,
-                 base: str | None = None) -> dict[str, Any]:
-    """The report of ``troy run``: totals, makespan, units/s and ``tasks`` (the entries)."""
+                 outputs: OutputKeeper | None = None, base: str | None = None,
+                 started: float | None = None) -> dict[str, Any]:
+    """The report of ``troy run``: totals, makespan, units/s, ``started`` (epoch seconds,
+    when given: the run's start, before its first task) and ``tasks`` (the entries)."""
     entries = task_entries(workload, outputs, base)
     units = {e["unit"] for e in entries if e["unit"] is not None}
     starts = [e["start"] for e in entries if e["start"] is not None]
@@ -75,5 +76,6 @@ def build_report(workload: Any, state: Any, wall: float, *,
             "tasks_failed": count["FAILED"], "tasks_canceled": count["CANCELED"],
             "units_total": len(units), "makespan_s": round(makespan, 6),
             "wall_s": round(wall, 6),
+            **({"started": started} if started is not None else {}),
             "units_per_s": round(len(units) / makespan, 3) if makespan > 0 else 0.0,
             "tasks": entries}

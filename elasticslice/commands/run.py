@@ -530,6 +530,8 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
                                name="run-workload", events=False).start()
         follow(cluster, run, timeout)
         data = make_report(workload, time.time() - started, cluster.stats(), outputs, base)
+        from elasticslice.pilots.timeline import run_timeline
+        data["timeline"] = run_timeline(cluster, started)   # what troy plot marks
     except KeyboardInterrupt:
         interrupted = True
         raise

@@ -146,6 +146,7 @@ class ElasticDemo:
             raise DemoError(f"the elastic cluster is not in this checkout ({err}); "
                             f"`--static` runs the single-machine demo") from err
         self.server = ProtoGeniServer(load_config(self.emu_dir / "elasticslice.conf"))
+        self.started_at = time.time()   # the report's timeline starts here (waits included)
         self.cluster = ElasticCluster(
             self.server, self.dir / "cluster", minthreshold=self.o.nodes_min,
             maxthreshold=self.o.nodes_max, margin=self.o.margin,
@@ -224,6 +225,9 @@ class ElasticDemo:
         r.units_failed = sum(1 for s in states if s is troy.State.FAILED)
         r.workload_state = str(getattr(workload.state, "value", workload.state))
         r.take_tasks(workload, self.outputs, self.dir)
+        if self.cluster is not None:
+            from elasticslice.pilots.timeline import run_timeline
+            r.timeline = run_timeline(self.cluster, self.started_at)
         self.take_counts()
         caused = self.tenants.forced if self.tenants is not None else 0
         if caused < self.o.revocations:

@@ -109,6 +109,7 @@ class ElasticReport:
     reclamations: list[dict[str, Any]] = field(default_factory=list)
     cluster: dict[str, Any] = field(default_factory=dict)
     troy: dict[str, Any] = field(default_factory=dict)
+    timeline: dict[str, Any] = field(default_factory=dict)  # pilots' nodes, notices, releases
     ok: bool = False
     error: str | None = None
 

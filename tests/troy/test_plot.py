@@ -133,6 +133,13 @@ def test_real_troy_run_report_plots(tmp_path):
     ('{"troy": {"tasks": [{"task": "a", "start": 1, "cores": 0}]}}', 2,
      "troy.tasks[0].cores: expected a whole number >= 1, got 0"),
     ('{"tasks": []}', 1, "no task started (0 tasks, none with a start time): nothing to plot"),
+    ('{"tasks": [{"task": "a", "start": 1}], "timeline": []}', 2,
+     "timeline: expected an object, got list"),
+    ('{"tasks": [{"task": "a", "start": 1}], "timeline": {"started": "dawn"}}', 2,
+     "timeline.started: expected epoch seconds, got 'dawn'"),
+    ('{"tasks": [{"task": "a", "start": 1}], "timeline": {"events": [{"time": 2, '
+     '"kind": "boom"}]}}', 2, "timeline.events[0].kind: expected one of notice, drain, "
+     "release, got 'boom'"),
     ('{"tasks": [{"task": "a", "start": null}]}', 1, "no task started (1 tasks"),
 ])
 def test_bad_reports_are_one_line(tmp_path, content, code, message):
@@ -175,3 +182,46 @@ def test_many_tasks_are_one_artist_per_state(tmp_path):
     assert not gantt.patches and len(gantt.collections) == 2   # DONE and FAILED
     assert sum(len(c.get_paths()) for c in gantt.collections) == 3000
     assert data.lanes == {"A": 1, "B": 1}    # no overlaps: one lane a pilot
+
+
+def elastic_report() -> dict:
+    """A run that waited 5 s for its nodes; pilot B's node was revoked, drained, given back."""
+    return {**run_report(), "timeline": {
+        "started": T0 - 5,
+        "pilots": {"A": {"node": "node-1", "host": "10.0.0.1"}, "B": {"node": "node-2"}},
+        "events": [{"time": T0 + 2.5, "kind": "notice", "node": "node-2"},
+                   {"time": T0 + 4, "kind": "drain", "node": "node-2"},
+                   {"time": T0 + 4.5, "kind": "release", "node": "node-2", "why": "early"}]}}
+
+
+def test_bands_are_named_by_node_and_notices_drains_releases_are_marked(tmp_path):
+    out = tmp_path / "e.png"
+    result = CliRunner().invoke(cli, ["plot", write(tmp_path, "e.json", elastic_report()),
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().endswith("; marked: 1 notice, 1 drain, 1 release")
+    data = read_report(tmp_path / "e.json")
+    # the axis starts at the run's start: 5 s of waiting for nodes before the first task
+    assert data.from_start and {b.task: b.start for b in data.bars} == {"a": 5.0, "b": 6.0,
+                                                                        "c": 7.0}
+    assert [(m.time, m.kind) for m in data.markers] == [(7.5, "notice"), (9.0, "drain"),
+                                                        (9.5, "release")]
+    fig = render(data)
+    gantt, busy = fig.axes
+    assert [t.get_text() for t in gantt.get_yticklabels()] == ["node-1 @ 10.0.0.1", "node-2"]
+    for ax in (gantt, busy):   # a vertical line per event on both panels
+        assert sorted(vertical_lines(ax)) == [7.5, 9.0, 9.5]
+    assert [t.get_text() for t in gantt.get_legend().get_texts()] == [
+        "DONE", "FAILED", "notice (CloudLab wants the node)", "drained (its pilot empty)",
+        "node given back"]
+    assert busy.get_xlabel() == "seconds since the run started"
+    assert busy.get_xlim()[0] == 0 and busy.get_xlim()[1] >= 9.5
+    plain = render(read_report(write(tmp_path, "r.json", run_report())))
+    assert plain.axes[1].get_xlabel() == "seconds since the first task started"
+    assert vertical_lines(plain.axes[0]) == []   # no timeline: no markers
+
+
+def vertical_lines(ax) -> list[float]:
+    """Where the axes' vertical lines (axvline: the same x at both ends) are."""
+    return [float(ln.get_xdata()[0]) for ln in ax.lines
+            if len(ln.get_xdata()) == 2 and ln.get_xdata()[0] == ln.get_xdata()[1]]

@@ -4,12 +4,14 @@ node's pilot against the notice's deadline and releases it early, requeues the u
 node taken without notice, gives idle nodes back, and survives its own crash."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import troy
+from elasticslice.pilots.timeline import run_timeline
 from tests.helpers import scrape_metrics, wait_for
 from tests.elasticslice.managers.helpers import admin, cm_nodes, reclaim_outcome
 from tests.elasticslice.pilots.helpers import (Run, assert_nothing_lost, busy_added_node,
@@ -48,6 +50,7 @@ def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_clus
 def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
         emulator_factory, make_cluster, witness, tmp_path: Path) -> None:
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
+    started = time.time()
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None, metrics_port=0)
     run = Run(cluster, sleepers(witness, 12, 3.0, cores=4))
     victim = busy_added_node(cluster, run)
@@ -77,6 +80,15 @@ def test_a_revoked_node_is_drained_and_released_early_with_nothing_lost(
     assert got[("elasticslice_cm_call_duration_seconds_count", (("method", "DeleteNodes"),))] >= 1
     assert got[("elasticslice_cycle_last_success_age_seconds",
                 (("method", "update_sliver_status"),))] >= 0
+    # the report's timeline (what troy plot marks): the victim's pilot by its node, and its
+    # notice, drain and early release in that order
+    timeline = run_timeline(cluster, started)
+    assert {v["node"] for v in timeline["pilots"].values()} >= {victim, *(
+        p.worker_name for p in survivors)}
+    assert all(v["host"] == "127.0.0.1" for v in timeline["pilots"].values())
+    mine = [(e["kind"], e.get("why")) for e in timeline["events"] if e["node"] == victim]
+    assert mine == [("notice", None), ("drain", None), ("release", "early")], timeline
+    assert all(started <= e["time"] for e in timeline["events"])
 
 
 def test_a_node_taken_without_notice_has_its_units_requeued(emulator_factory, make_cluster,
