@@ -5,6 +5,7 @@ what is chosen reaches ``ElasticCluster``. In-process (no CM is contacted: the c
 is on 127.0.0.1 and nothing gets that far), but for one real run against the box."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,7 @@ def test_a_run_uses_what_the_options_and_the_config_say(emulator: Any, tmp_path:
     import subprocess
     import sys
     port = spare_port()  # not one a port 0 bind gave back: another test's server takes those
+    metrics = next(p for p in iter(spare_port, None) if p != port)
     conf = tmp_path / "elasticslice.conf"
     conf.write_text(emulator.config_path.read_text().replace(
         "[pilots]\n", "[pilots]\nmargin = 7\nhardware_type = m510\n", 1))
@@ -203,15 +205,24 @@ def test_a_run_uses_what_the_options_and_the_config_say(emulator: Any, tmp_path:
     done = subprocess.run([sys.executable, "-m", "elasticslice.cli", "-c", str(conf), "run",
                            str(chain), "--state-dir", str(state), "--time-scale", "0.01",
                            "--max-nodes", "1", "--endpoint-port", str(port),
-                           "--node-cores", "1"], env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=300)
+                           "--node-cores", "1", "--metrics-port", str(metrics),
+                           "--report", str(tmp_path / "report.json")], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("DONE: 5/5 tasks done")
+    # the metrics URL, named once; the report's timeline: from the run's start, by node
+    assert done.stderr.count(f"metrics: http://127.0.0.1:{metrics}/metrics\n") == 1, \
+        done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    first = min(t["start"] for t in report["tasks"])
+    assert report["timeline"]["started"] < first
+    assert [v["node"] for v in report["timeline"]["pilots"].values()] == ["node-1"]
     log = (state / "run.log").read_text()
     assert f"registered the endpoint https://127.0.0.1:{port}/ at" in log, log[-3000:]
     for said in (f"endpoint_port {port} (--endpoint-port)", "node_cores 1 (--node-cores)",
                  f"margin 7.0 ({conf} [pilots] margin)",
                  f"hardware_type 'm510' ({conf} [pilots] hardware_type)",
                  "max_nodes 1 (--max-nodes)", "idle_timeout 60.0 (default)",
+                 f"metrics_port {metrics} (--metrics-port)",
                  "listen '127.0.0.1' (default: loopback, the CM runs on this machine)"):
         assert said in log, said
