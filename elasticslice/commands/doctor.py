@@ -236,6 +236,18 @@ def check_ports(settings: RunSettings) -> Check:
                                  f"{err.strerror or err}",
                         "stop what holds the port, or choose another --endpoint-port / "
                         "[endpoint] port")
+    metrics = settings.metrics_port
+    if metrics:   # served on 127.0.0.1 (never elsewhere by default)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", metrics))
+            except OSError as err:
+                return fail("ports", f"cannot bind 127.0.0.1 port {metrics} for the metrics "
+                                     f"({settings.sources['metrics_port']}): "
+                                     f"{err.strerror or err}",
+                            "stop what holds the port, or choose another --metrics-port / "
+                            "[pilots] metrics_port")
     endpoint = f"port {port} for the endpoint, " if port else ""
     return ok("ports", f"{listen}: {endpoint}free ports for the rest (endpoint, scheduler, "
                        f"publisher, enrolment) can be bound" if not port else

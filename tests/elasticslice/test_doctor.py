@@ -288,3 +288,27 @@ def test_the_control_node_profile_makes_a_valid_request(monkeypatch: Any) -> Non
     class S:
         image = node.disk_image
     assert image_python(S(), cm_local=False) == "3.12"
+
+
+def test_a_metrics_port_taken_fails_the_ports_check(tmp_path: Path) -> None:
+    """In-process: the settings as a run resolves them, the check binds for real."""
+    from elasticslice.commands.doctor import check_ports
+    from elasticslice.commands.run import resolve_settings
+    from elasticslice.config import load_config
+    (tmp_path / "user.pem").write_text("not read here\n")
+    (tmp_path / "ca.pem").write_text("not read here\n")
+    conf = tmp_path / "c.conf"
+    conf.write_text("[protogeni]\ncertificate = user.pem\nca_bundle = ca.pem\n"
+                    "cm_urls = https://127.0.0.1:1/protogeni/xmlrpc/cm\nslice_name = s1\n")
+    client = load_config(conf, env={})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        got = check_ports(resolve_settings(client, {"metrics_port": str(port)}))
+        assert got.status == "FAIL", got
+        assert got.detail.startswith(f"cannot bind 127.0.0.1 port {port} for the metrics "
+                                     f"(--metrics-port): ")
+        assert "--metrics-port" in got.fix
+    free = check_ports(resolve_settings(client, {"metrics_port": "0"}))
+    assert free.status == "ok", free
