@@ -78,10 +78,15 @@ def notices_sent(emulator: Any, node_id: str) -> int:
 
 
 def full_pilot(cluster: Any, client_id: str) -> Any:
-    """The pilot of ``client_id`` once every core of it runs a unit."""
+    """The pilot of ``client_id`` once every core of it runs a unit that has started (a
+    unit's cores are taken when it is sent; on a loaded machine its process started after
+    the notice, and looked like new work the drain let through)."""
     def find() -> Any:
         pilot = cluster.manager.pilot_of(client_id)
-        return pilot if pilot is not None and pilot.busy and pilot.free_cores == 0 else None
+        if pilot is None or not pilot.busy or pilot.free_cores != 0:
+            return None
+        units = [u for u in cluster.framework.live_units() if u.pilot == pilot.id]
+        return pilot if units and all(u.start for u in units) else None
     return wait_for(find, timeout=120, what=f"the pilot of {client_id} full")
 
 
