@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticslice.emulator import init_emulator
 from tests.docblocks import (DIRECTIVE, DOCS, FENCE, PARSE, RUN, TEXT, Block, blocks_of,
                              environment, parse_directives, run_block, sandbox, stop)
 from tests.helpers import REPO, wait_for
@@ -58,9 +59,8 @@ def served_emulator(tmp_path: Path):  # noqa: ANN201 - generator fixture
 
     def start(home: Path, env: dict[str, str]) -> Path:
         d = home / "emu"
-        subprocess.run([sys.executable, "-m", "elasticslice.cli", "emulator", "init",
-                        "--dir", str(d), "--port", "0"], env=env, check=True,
-                       capture_output=True)
+        # what `elasticslice emulator init --dir ~/emu --port 0` does, without its process
+        init_emulator(d, port=0)
         log = open(home / ".serve.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", "elasticslice.cli", "emulator", "serve",
                                  "--dir", str(d), "--boot-delay", "0.2"], env=env,
