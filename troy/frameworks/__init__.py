@@ -6,7 +6,6 @@ Built-in kinds are ``local`` and ``dask``; third parties add theirs with an entr
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
 
 from troy.errors import BadParameter
 from troy.frameworks.base import Pilot, PilotFramework
@@ -31,6 +30,7 @@ def _load(spec: str) -> type[PilotFramework]:
 
 def known_kinds() -> list[str]:
     kinds = set(_BUILTIN) | set(_registry)
+    from importlib.metadata import entry_points  # (slow to import: only when asked)
     kinds |= {ep.name for ep in entry_points(group="troy.frameworks")}
     return sorted(kinds)
 
@@ -40,6 +40,7 @@ def framework_class(kind: str) -> type[PilotFramework]:
     if kind not in _registry:
         spec = _BUILTIN.get(kind)
         if spec is None:
+            from importlib.metadata import entry_points
             eps = [ep for ep in entry_points(group="troy.frameworks") if ep.name == kind]
             if not eps:
                 raise BadParameter(f"unknown pilot framework {kind!r}; known: "

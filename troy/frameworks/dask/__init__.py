@@ -42,6 +42,19 @@ vanishes goes FAILED and its units requeue the same way (at-least-once).
 """
 from __future__ import annotations
 
-from troy.frameworks.dask.framework import DaskFramework
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["DaskFramework"]
+
+
+def __getattr__(name: str) -> Any:
+    # imported when used: the node's enrolment and agent (``python -m
+    # troy.frameworks.dask...``) run this file first and need no framework
+    if name == "DaskFramework":
+        from troy.frameworks.dask.framework import DaskFramework
+        return DaskFramework
+    raise AttributeError(f"module 'troy.frameworks.dask' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    from troy.frameworks.dask.framework import DaskFramework
