@@ -21,9 +21,10 @@ bytecode: $(STAMP)
 	@PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null
 
 # The whole suite, in parallel: TEST_WORKERS processes (most tests wait on servers, boots and
-# subprocesses: 8 kept 2 cores busy where 4 left a sixth idle), worksteal for tests of very
-# different lengths. The fast tier is CPU-bound: FAST_WORKERS.
-TEST_WORKERS ?= 8
+# subprocesses: 6 kept 2 cores busy where 4 left a sixth idle, and 8 spent more CPU on
+# contention), worksteal for tests of very different lengths. The fast tier is CPU-bound:
+# FAST_WORKERS.
+TEST_WORKERS ?= 6
 FAST_WORKERS ?= 4
 PYTEST_ARGS  ?=
 test: $(STAMP) bytecode
