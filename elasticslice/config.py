@@ -324,6 +324,22 @@ class PilotSettings:
     metrics_port: int | None = None
 
 
+def bounded_int(raw: str, low: int, high: int, what: str) -> int:
+    """``raw`` as an integer from ``low`` to ``high``; ``ValueError`` (one line) if not."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"not {what}: {raw!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"must be {low} to {high}: {raw!r}")
+    return value
+
+
+def port_number(raw: str) -> int:
+    """A TCP port given as text (0: any free one)."""
+    return bounded_int(raw, 0, 65535, "a port number")
+
+
 def pilot_value(key: str, raw: str) -> object:
     """The value of ``[pilots] key`` (and of the ``run`` option of the same name) given as
     the text ``raw``; ``ValueError`` with one line saying what is wrong."""
@@ -350,21 +366,9 @@ def pilot_value(key: str, raw: str) -> object:
             raise ValueError(f"invalid hardware type {raw!r} (e.g. m510, xl170, d430)")
         return raw
     if key == "node_cores":
-        try:
-            cores = int(raw)
-        except ValueError:
-            raise ValueError(f"not an integer: {raw!r}") from None
-        if not 1 <= cores <= 4096:
-            raise ValueError(f"must be 1 to 4096: {raw!r}")
-        return cores
+        return bounded_int(raw, 1, 4096, "an integer")
     if key == "metrics_port":
-        try:
-            port = int(raw)
-        except ValueError:
-            raise ValueError(f"not a port number: {raw!r}") from None
-        if not 0 <= port <= 65535:
-            raise ValueError(f"must be 0 to 65535: {raw!r}")
-        return port
+        return port_number(raw)
     if key == "idle_timeout" and raw.lower() in NEVER:
         return math.inf
     if key in ("margin", "idle_timeout", "agent_timeout"):

@@ -193,7 +193,7 @@ def resolve_settings(client: Any, given: dict[str, Any],
     over the defaults. A bad value is :class:`BadUsage` naming the option, or the key and
     the file."""
     from elasticslice.config import (PILOTS_SECTION, PilotSettings, default_listen,
-                                     load_pilot_settings, pilot_value)
+                                     load_pilot_settings, pilot_value, port_number)
     from elasticslice.errors import ConfigError
     from elasticslice.managers.config import load_manager_config
     path = client.path
@@ -208,7 +208,7 @@ def resolve_settings(client: Any, given: dict[str, Any],
         raw = given.get(name)
         if raw is not None:
             try:
-                values[name] = (_port(str(raw)) if name == "endpoint_port"
+                values[name] = (port_number(str(raw)) if name == "endpoint_port"
                                 else pilot_value(key, str(raw)))
             except ValueError as err:
                 raise BadUsage(f"{option_name(name)} {raw}: {err}") from None
@@ -241,16 +241,6 @@ def resolve_settings(client: Any, given: dict[str, Any],
         values["max_nodes"], sources["max_nodes"] = DEFAULT_MAX_NODES, "default"
     return RunSettings(**values, node_python=pilots.node_python, cm_urls=client.cm_urls,
                        manager=manager, sources=sources)
-
-
-def _port(raw: str) -> int:
-    try:
-        port = int(raw)
-    except ValueError:
-        raise ValueError(f"not a port number: {raw!r}") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"must be 0 to 65535: {raw!r}")
-    return port
 
 
 def fingerprint(path: Path, time_scale: float) -> dict[str, Any]:
