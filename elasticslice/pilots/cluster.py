@@ -234,10 +234,14 @@ class ElasticCluster:
         session = self.session
         if session is None:
             raise ElasticSliceError("the cluster is closed")
-        units = session_units(session)
-        current = self._unit_counts()   # over the whole run on this state dir
-        totals = self._ledger.totals(current) if self._ledger is not None else current
-        return {**units, "requeued": totals["units_requeued"], "lost": totals["units_lost"]}
+        totals = self._run_totals()
+        return {**session_units(session), "requeued": totals["units_requeued"],
+                "lost": totals["units_lost"]}
+
+    def _run_totals(self) -> dict[str, int]:
+        """This process' unit counters added to those of the earlier ones on this state dir."""
+        current = self._unit_counts()
+        return self._ledger.totals(current) if self._ledger is not None else current
 
     def _node_software(self) -> str:
         """The ``start.sh`` lines that build the agent's environment on a node from the
@@ -411,8 +415,7 @@ class ElasticCluster:
         units_requeued, duplicates, units_lost, restarts: over the whole run on this state
         dir, across restarts (units running when a process died count as requeued)."""
         out: dict[str, Any] = self.manager.stats() if self.manager is not None else {}
-        current = self._unit_counts()
-        out.update(self._ledger.totals(current) if self._ledger is not None else current)
+        out.update(self._run_totals())
         out["restarts"] = self.restarts
         return out
 
