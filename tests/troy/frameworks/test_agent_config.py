@@ -1,0 +1,40 @@
+"""The Dask settings of the framework's own processes (node agents, workers, scheduler):
+quieter monitoring than Dask's defaults, unless the user's Dask configuration says
+otherwise (their ``DASK_*`` variables and YAML files always win)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+SHOW = ("import json, dask; from troy.frameworks.dask.agent import apply_agent_defaults; "
+        "chosen = apply_agent_defaults(); import distributed; "
+        "print(json.dumps([chosen, dask.config.get('distributed.admin.tick.interval'), "
+        "dask.config.get('distributed.admin.system-monitor.interval')]))")
+
+
+def agent_config(tmp_path, **env: str) -> list:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    environ.update(env, DASK_CONFIG=str(tmp_path))   # no YAML of this machine's user
+    out = subprocess.run([sys.executable, "-c", SHOW], env=environ, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return json.loads(out)
+
+
+def test_agents_sample_their_loop_once_a_second_and_the_machine_every_2_s(tmp_path):
+    chosen, tick, monitor = agent_config(tmp_path)
+    assert (tick, monitor) == ("1s", "2s")     # Dask's own: 20ms and 500ms
+    assert set(chosen) == {"distributed.admin.tick.interval",
+                           "distributed.admin.system-monitor.interval"}
+
+
+def test_the_users_dask_variables_and_yaml_win(tmp_path):
+    chosen, tick, monitor = agent_config(
+        tmp_path, DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL="50ms")
+    assert (tick, monitor) == ("50ms", "2s") and list(chosen) == [
+        "distributed.admin.system-monitor.interval"]
+    (tmp_path / "dask.yaml").write_text(
+        "distributed:\n  admin:\n    system-monitor:\n      interval: 750ms\n")
+    chosen, tick, monitor = agent_config(tmp_path)
+    assert (tick, monitor) == ("1s", "750ms")
