@@ -10,14 +10,15 @@ On CloudLab it asks the testbed's node configuration server (tmcd, TCP 7777). In
 asks the emulator's (``elasticslice.emulator.tmcd``), at the address and with the node's key
 in ``/var/emulab/boot/geni/tmcd.json`` (without namespaces: ``$ELASTICSLICE_NODE_DIR/geni``).
 The value is printed on stdout, exit 0; a refusal ("not available", "unknown request") is
-printed on stderr, exit 1. Standard library only: it runs on the image's python3.
+printed on stderr, exit 1. Standard library only: it runs on the image's python3. One
+HTTP/1.0 request on a plain socket (``urllib.request`` would double the command's start-up,
+and every node's start-up script runs it).
 """
 import json
 import os
+import socket
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
+from urllib.parse import quote
 
 CONFIG = "/var/emulab/boot/geni/tmcd.json"
 TIMEOUT = 30.0
@@ -37,20 +38,44 @@ def _config() -> dict:
     raise OSError("no node configuration (this is not a node of the box)")
 
 
+def _split(url: str) -> tuple[str, int, str]:
+    """(host, port, path) of an ``http://HOST:PORT/PATH`` URL."""
+    if not url.startswith("http://"):
+        raise ValueError(f"the node configuration URL is not http://: {url!r}")
+    hostport, _, path = url[len("http://"):].partition("/")
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port), "/" + path.rstrip("/")
+
+
 def ask(command: str, argument: str = "") -> tuple[int, str]:
     """(exit status, text) of one request."""
     config = _config()
-    path = "/geni/" + urllib.parse.quote(command, safe="")
+    host, port, path = _split(config["url"])
+    path += "/geni/" + quote(command, safe="")
     if argument:
-        path += "/" + urllib.parse.quote(argument, safe="")
-    request = urllib.request.Request(config["url"].rstrip("/") + path,
-                                     headers={"X-Geni-Key": config.get("key", "")})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=TIMEOUT) as resp:
-            return 0, resp.read().decode("utf-8")
-    except urllib.error.HTTPError as err:
-        return 1, err.read().decode("utf-8", "replace") or err.reason
+        path += "/" + quote(argument, safe="")
+    key = str(config.get("key", ""))
+    if any(c in key for c in "\r\n"):
+        raise ValueError("the node's key in its configuration is not one line")
+    request = (f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nX-Geni-Key: {key}\r\n"
+               f"Connection: close\r\n\r\n").encode("utf-8")
+    chunks = []
+    with socket.create_connection((host, port), timeout=TIMEOUT) as conn:
+        conn.sendall(request)
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
+    words = head.split(b"\r\n", 1)[0].split(None, 2)
+    if not sep or len(words) < 2 or not words[0].startswith(b"HTTP/") \
+            or not words[1].isdigit():
+        raise ValueError("the node configuration server's answer is not HTTP")
+    text = body.decode("utf-8", "replace")
+    if words[1] == b"200":
+        return 0, text
+    return 1, text or (words[2].decode("latin-1") if len(words) > 2 else words[1].decode())
 
 
 def main(argv: list) -> int:
