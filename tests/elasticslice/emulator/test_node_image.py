@@ -51,7 +51,7 @@ def _tries(paths: list[Path | str]) -> str:
 def test_a_node_reads_nothing_of_the_host_but_its_image(emulator, tmp_path):
     home = Path(tempfile.mkdtemp(prefix="es-node-test-", dir=Path.home()))
     try:
-        in_tmp, in_home = _state_dir(tmp_path), _state_dir(home)  # tmp_path is in /tmp
+        in_tmp, in_home = _state_dir(tmp_path), _state_dir(home)  # tmp_path: in $TMPDIR
         d = emulator.dir.resolve()
         me = os.getpid()  # the emulator runs in this process
         paths: list[Path | str] = [
