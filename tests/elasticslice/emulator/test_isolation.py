@@ -53,8 +53,11 @@ def _daemon(sandbox: Path) -> int:
     pid_file = sandbox / "root" / "daemon.pid"  # the node's /daemon.pid
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30,
              what="daemon started")
-    pid = host_pid(sandbox, int(pid_file.read_text()))
-    assert pid is not None and process_alive(pid)
+    # The pid is written just before ``exec sleep``: while the exec runs, the process's
+    # environment (which names its node) reads empty, so it is found once the exec is done.
+    pid = wait_for(lambda: host_pid(sandbox, int(pid_file.read_text())), timeout=30,
+                   what="the daemon's host pid")
+    assert process_alive(pid)
     stat = Path(f"/proc/{pid}/stat").read_text()
     assert stat[stat.rfind(")") + 2:].split()[3] == str(pid)  # it leads its own session
     return pid
