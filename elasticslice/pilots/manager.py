@@ -8,6 +8,10 @@
 * :class:`PilotWatch` tells the policy which nodes are busy, idle since when, and which
   lost their agent (its pilot ended and none came back for ``agent_grace`` seconds, or a
   ready node no agent joined within ``agent_timeout``): the policy replaces those;
+* other demand adds to Troy's: :meth:`PilotSliceManager.add_demand_source` takes a
+  callable giving cores or nodes (a Dask scheduler's adaptive target, a fixed ``scale(n)``),
+  read on each ``get_system_state`` and summed with Troy's cores (:func:`extra_cores`), so
+  the same policy (thresholds, cooldowns, hysteresis) decides;
 * CloudLab's resource values go to Troy (``set_system_state``), so the least valuable
   pilots get no long units;
 * only the agents of nodes it holds are adopted (:meth:`PilotSliceManager.accepts`, the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +43,35 @@ from troy.frameworks.base import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
+
+DEMAND_UNITS = ("cores", "nodes")
+
+
+@dataclasses.dataclass(frozen=True)
+class DemandSource:
+    """A source of demand next to Troy's: ``read()`` gives a number of ``unit`` ("cores"
+    or "nodes"; None or a negative number: nothing)."""
+
+    read: Callable[[], float | None]
+    unit: str = "cores"
+    name: str = ""
+
+
+def extra_cores(values: Sequence[tuple[float | None, str]],
+                cores_per_node: int | None) -> int:
+    """The cores that ``(value, unit)`` pairs add to Troy's demand: cores as they are, nodes
+    times ``cores_per_node`` (none known yet: one core a node, which asks for the first
+    node; the policy plans with the real size once a pilot joined)."""
+    total = 0
+    for value, unit in values:
+        if value is None or value <= 0:
+            continue
+        if unit == "nodes":
+            total += math.ceil(value) * (cores_per_node or 1)
+        else:
+            total += math.ceil(value)
+    return total
+
 
 @dataclasses.dataclass
 class Revocations:
@@ -131,7 +165,16 @@ class PilotDrainer:
                     rev.client_id, rev.deadline - self.watch.clock())
         self.plans[rev.node_id] = self.framework.drain_pilot(
             pilot, rev.deadline, margin=self.margin,
-            on_empty=lambda p: self.release(rev.node_id, rev.client_id, "drained"))
+            on_empty=lambda p: self._emptied(rev, p))
+
+    def _emptied(self, rev: PendingDelete, pilot: Pilot) -> None:
+        """Troy's units are off the pilot; plain Dask tasks on its worker (a Dask client's
+        own, which Troy's drain does not see) go through Dask's retirement before the
+        deadline (their data moves, the tasks are rescheduled), then the node may go."""
+        retire = getattr(self.framework, "retire_worker", None)
+        if retire is not None and pilot.state not in FINAL_STATES:
+            retire(pilot, rev.deadline - self.margin)
+        self.release(rev.node_id, rev.client_id, "drained")
 
     def gone(self, revocations: Sequence[PendingDelete], *, now: bool = False) -> None:
         """These nodes are gone, or CloudLab takes them ``now``: their pilots' units are
@@ -185,6 +228,7 @@ class PilotSliceManager(SimpleElasticSliceManager):
         self.last_demand: Any = None
         self._cores: tuple[int | None, int] = (None, 0)   # demand: cores now, waiting
         self._refused: set[str] = set()
+        self._sources: list[DemandSource] = []
 
     def _releaser(self) -> Releaser:
         self.drainer = PilotDrainer(self.watch, margin=self.margin, release=self._release)
@@ -233,11 +277,43 @@ class PilotSliceManager(SimpleElasticSliceManager):
     def observe(self) -> Observed:
         return self.observer.observe(decorate=self.watch.decorate, **self._demand_fields())
 
+    def add_demand_source(self, read: Callable[[], float | None], *, unit: str = "cores",
+                          name: str = "") -> DemandSource:
+        """Demand next to Troy's: ``read()`` (called on each ``get_system_state``, on the
+        manager's thread; keep it quick) gives cores or nodes (``unit``) that ADD to Troy's
+        queued and running cores. The policy decides on the sum as on Troy's alone. A source
+        that raises counts as nothing that time (logged). :meth:`remove_demand_source`
+        takes it out."""
+        if unit not in DEMAND_UNITS:
+            raise ValueError(f"demand source {name or read!r}: unit: expected one of "
+                             f"{', '.join(DEMAND_UNITS)}, got {unit!r}")
+        if not callable(read):
+            raise ValueError(f"demand source {name!r}: expected a callable, got {read!r}")
+        source = DemandSource(read, unit, name)
+        self._sources.append(source)
+        self.wake("get_system_state")
+        return source
+
+    def remove_demand_source(self, source: DemandSource) -> None:
+        if source in self._sources:
+            self._sources.remove(source)
+            self.wake("get_system_state")
+
+    def _extra_cores(self) -> int:
+        values: list[tuple[float | None, str]] = []
+        for source in list(self._sources):
+            try:
+                values.append((source.read(), source.unit))
+            except Exception:  # one source failing leaves the others and Troy's
+                log.exception("demand source %s", source.name or source.read)
+        return extra_cores(values, self.cores_per_node())
+
     def get_system_state(self) -> Any:
         demand = self.session.demand()
         self.last_demand = demand
         before = self.demand
-        self._cores = (demand.queued_cores + demand.running_cores, demand.waiting_cores)
+        self._cores = (demand.queued_cores + demand.running_cores + self._extra_cores(),
+                       demand.waiting_cores)
         if self.demand != before:
             self.wake("add_nodes", "delete_nodes")
         return demand
