@@ -25,6 +25,7 @@ import collections
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,7 @@ class CloudLabCluster(Cluster):
         self._source: Any = None       # the manager's demand source: scale's or adapt's
         self._target: dict[str, Any] = {}
         self._recent = _Recent()
+        self._last_busy: dict[str, float | None] = {}
         super().__init__(asynchronous=asynchronous, name=name, quiet=quiet)
         if not self.called_from_running_loop:
             self._loop_runner.start()
@@ -201,6 +203,8 @@ class CloudLabCluster(Cluster):
         if self.security is None:
             self.security = self.elastic.ca.dask_tls("client").security()
         self._address = self.elastic.framework.scheduler_address
+        # the policy sees plain Dask tasks too: a node running them is busy, not idle
+        self.elastic.manager.watch.activity = self._activity
         self.scheduler_comm = rpc(self.scheduler_address,
                                   connection_args=self.security.get_connection_args("client"))
         self._log(f"CloudLab cluster up: scheduler {self.scheduler_address}, "
@@ -299,6 +303,22 @@ class CloudLabCluster(Cluster):
         wanted = elastic.framework.on_scheduler(
             lambda s: s.adaptive_target(target_duration=duration))
         return min(int(wanted), self.maximum)
+
+    def _activity(self) -> dict[str, float | None]:
+        """Node (worker name) -> None while Dask tasks run there, else when the last of
+        them was seen running (workers never seen busy are left to Troy's view)."""
+        elastic = self.elastic
+        if elastic is None or elastic.framework is None:
+            return {}
+        busy = elastic.framework.on_scheduler(
+            lambda s: {str(ws.name): bool(ws.processing) for ws in s.workers.values()})
+        now = time.time()
+        for name, running in busy.items():
+            if running:
+                self._last_busy[name] = None
+            elif name in self._last_busy and self._last_busy[name] is None:
+                self._last_busy[name] = now
+        return {name: self._last_busy[name] for name in busy if name in self._last_busy}
 
     # ------------------------------------------------------------------ looking
     @property

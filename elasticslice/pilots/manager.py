@@ -93,6 +93,9 @@ class PilotWatch:
         self.clock = clock
         self.node_cores = node_cores
         self._agentless: dict[str, float] = {}
+        #: ``() -> {client_id: None (busy now) or when it was last busy}``: work on the
+        #: nodes that Troy does not see (a Dask client's own tasks); see ``decorate``
+        self.activity: Callable[[], dict[str, float | None]] | None = None
 
     def pilot_of(self, client_id: str | None) -> Pilot | None:
         """The pilot of the node ``client_id`` (its agent's name), None if none joined."""
@@ -104,16 +107,30 @@ class PilotWatch:
         sizes = [p.size for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
         return max(sizes) if sizes else None
 
+    def _activity(self) -> dict[str, float | None]:
+        if self.activity is None:
+            return {}
+        try:
+            return dict(self.activity())
+        except Exception:  # without it, Troy's view alone
+            log.exception("reading the nodes' other activity")
+            return {}
+
     def decorate(self, views: tuple[NodeView, ...]) -> tuple[NodeView, ...]:
         """The policy's views with busy, idle_since and the agent's absence from the pilots
         (a node still booting has no agent yet, and is not missing one)."""
         now = self.clock()
         out, missing = [], set()
+        other = self._activity()
         for view in views:
             pilot = self.pilot_of(view.client_id)
             if pilot is not None and pilot.state not in FINAL_STATES:
-                out.append(dataclasses.replace(view, busy=pilot.busy,
-                                               idle_since=pilot.idle_since))
+                busy, since = pilot.busy, pilot.idle_since
+                if view.client_id in other:  # other work: busy, or idle since it ended
+                    last = other[view.client_id]
+                    busy = busy or last is None
+                    since = None if busy else max(since or 0.0, last or 0.0) or None
+                out.append(dataclasses.replace(view, busy=busy, idle_since=since))
                 continue
             if pilot is None and view.state is not NodeState.READY:
                 out.append(view)
@@ -348,10 +365,21 @@ class PilotSliceManager(SimpleElasticSliceManager):
             victims = self.should_delete_nodes(c)
             if victims:
                 for cid in victims:
+                    self._retire(cid)
                     self.drainer.lose(cid, "given back")
                 why = "; ".join(self.last_decision.reasons) if self.last_decision else ""
                 deleted += self.actuator.delete(c, victims, why)
         return deleted
+
+    RETIRE_TIMEOUT = 10.0  # seconds a node given back waits for Dask to move its data
+
+    def _retire(self, client_id: str) -> None:
+        """Before an idle node goes: Dask's retirement of its worker, so data that only it
+        holds moves to the others (nothing to do without a live pilot)."""
+        pilot = self.pilot_of(client_id)
+        retire = getattr(self.framework, "retire_worker", None)
+        if retire is not None and pilot is not None and pilot.state not in FINAL_STATES:
+            retire(pilot, self.clock() + self.RETIRE_TIMEOUT)
 
     # ------------------------------------------------------------------ releases
     def _release(self, node_id: str, client_id: str | None, why: str) -> None:

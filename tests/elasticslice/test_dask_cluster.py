@@ -67,7 +67,6 @@ def direction_changes(steps: list[tuple[float, int]]) -> list[float]:
 def test_adapt_grows_survives_a_revocation_and_shrinks_back(emulator_factory, tmp_path: Path,
                                                             monkeypatch) -> None:
     from dask.distributed import Client
-    import dask.array as da
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
     monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
     witness = Witness()
@@ -116,8 +115,6 @@ def test_adapt_grows_survives_a_revocation_and_shrinks_back(emulator_factory, tm
             assert reclaim_outcome(emulator, node_id) == "early"
             gate.open()
             assert client.gather(futures) == [i * i for i in range(64)]
-            array = da.arange(10_000, chunks=1_000)
-            assert int((array * 2).sum().compute()) == 10_000 * 9_999
             # idle: back to the minimum
             wait_for(lambda: cluster.nodes() == 1, timeout=120, what="back to one node")
             with urllib.request.urlopen(cluster.dashboard_link, timeout=10) as page:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import time
+from typing import Any
 
 from troy.frameworks.dask.agent import (_canceled, _kill_all, _procs, _procs_lock,
                                         _start_worker, _stopping, _terminating)
@@ -103,6 +104,21 @@ async def _kill_when_cut_off(w: object, stop: asyncio.Event) -> None:
         _kill_all()
 
 
+def _watch_dismissal(w: Any) -> list[str]:
+    """The reasons the scheduler gave when it closed ``w`` on purpose (its ``close`` op:
+    a retirement, a removal), filled in when it comes; empty when the scheduler went away."""
+    reasons: list[str] = []
+    handler = w.stream_handlers.get("close")
+    if handler is None:
+        return reasons
+
+    def close(*args: Any, **kwargs: Any) -> Any:
+        reasons.append(str(kwargs.get("reason") or "closed by the scheduler"))
+        return handler(*args, **kwargs)
+    w.stream_handlers["close"] = close
+    return reasons
+
+
 async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | None,
                       reconnect: float = RECONNECT_DEFAULT) -> None:
     """Serve as the node's pilot until SIGTERM/SIGINT. When the scheduler goes away (the
@@ -132,6 +148,7 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     while w is not None:
+        dismissed = _watch_dismissal(w)
         done = asyncio.ensure_future(w.finished())
         cut = asyncio.ensure_future(_kill_when_cut_off(w, stop))
         await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
@@ -140,6 +157,10 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
         _kill_all()
         if stop.is_set():
+            return
+        if dismissed:  # retired or removed on purpose: its node is going, no rejoining
+            log.warning("the scheduler closed this worker (%s): the agent stops",
+                        dismissed[0])
             return
         if reconnect <= 0:
             raise SchedulerGone(f"scheduler {scheduler} went away (reconnecting is off: "
