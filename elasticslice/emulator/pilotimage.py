@@ -32,6 +32,9 @@ from elasticslice.errors import ElasticSliceError
 log = logging.getLogger(__name__)
 
 AGENT_DISTRIBUTIONS = ("distributed", "dask")
+#: what Dask's collections need on a worker (``dask[array]``: numpy), in the image when
+#: installed here, as the wheelhouse's nodes get it (``wheelhouse.COLLECTION_REQUIREMENTS``)
+COLLECTION_DISTRIBUTIONS = ("numpy",)
 PROJECT_PACKAGES = ("troy", "elasticslice")
 IMAGE_PYTHON = "/usr/bin/python3"
 STALE_AFTER = 24 * 3600.0  # seconds before an unused build of other sources is removed
@@ -84,6 +87,17 @@ def _closure(names: tuple[str, ...]) -> list[md.Distribution]:
             if match:
                 todo.append(match.group(1))
     return list(seen.values())
+
+
+def _installed(names: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for name in names:
+        try:
+            md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        out.append(name)
+    return tuple(out)
 
 
 def _marker_ok(marker: str) -> bool:
@@ -148,7 +162,7 @@ def agent_image() -> Path:
             f"the image's python3 is {version[0]}.{version[1]}, this environment's "
             f"{sys.version_info[0]}.{sys.version_info[1]}: the pilot image copies this "
             "environment's packages, so they must be the same minor version")
-    dists = [d for d in _closure(AGENT_DISTRIBUTIONS)
+    dists = [d for d in _closure((*AGENT_DISTRIBUTIONS, *_installed(COLLECTION_DISTRIBUTIONS)))
              if d.metadata["Name"].lower() not in PROJECT_PACKAGES]
     root = cache_root()
     built = root / _key(version, dists)

@@ -287,6 +287,8 @@ class PilotMoves:
         addr = pilot.native_id
         if not addr or self.client is None or addr in self._dead_addrs:
             return True
+        with self._lock:  # its worker leaving is expected now, not a failure
+            pilot.draining = True
         timeout = None if until is None else max(0.1, until - time.time())
         try:
             self.client.sync(self.client.scheduler.retire_workers, workers=[addr],

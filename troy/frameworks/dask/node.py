@@ -133,7 +133,13 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         from distributed.comm import get_address_host
         from distributed.utils import get_ip
         host = get_ip(get_address_host(scheduler))
-    options = {"nthreads": cores, "resources": {"cores": cores}, "name": name, "host": host}
+    # memory_limit "auto" (the node's memory, Dask's default): the scheduler judges
+    # memory by it; with none (0) its adaptive target never lets a worker holding any
+    # result go (workers_to_close wants the memory left >= twice the data held), so an
+    # idle cluster whose client keeps a future never shrinks. Troy's units are processes
+    # of their own, outside the memory Dask watches (this process's).
+    options = {"nthreads": cores, "resources": {"cores": cores}, "name": name, "host": host,
+               "memory_limit": "auto"}
     from troy.frameworks.dask.enrol import Renewer
     renewer = Renewer.from_environ()  # an enrolled node: its certificate is short-lived
     if renewer is not None:
