@@ -4,8 +4,8 @@ What a CloudLab user would make by installing the agent on a node (``sudo pip in
 into the image's ``python3``) and snapshotting it: ``usr/local/lib/python3.X/dist-packages``
 holding the project's packages (``troy``, ``elasticslice``, copied from this installation,
 editable or not) and the exact versions of the agent's dependencies installed here (Dask,
-Distributed and what they require), so ``python3 -m troy.frameworks.dask node ...`` runs on
-the node. The files are copied (hard links where the file system allows) from this
+Distributed and what they require; numpy too when installed here, for Dask's arrays), so
+``python3 -m troy.frameworks.dask node ...`` runs on the node. The files are copied (hard links where the file system allows) from this
 environment, whose Python must be the image's minor version (compiled wheels are then
 ABI-compatible). Built once per set of versions and sources, into a cache next to the
 environment (``<venv>/var/elasticslice-node-images/``, else ``~/.cache/elasticslice``).
@@ -32,8 +32,9 @@ from elasticslice.errors import ElasticSliceError
 log = logging.getLogger(__name__)
 
 AGENT_DISTRIBUTIONS = ("distributed", "dask")
-#: what Dask's collections need on a worker (``dask[array]``: numpy), in the image when
-#: installed here, as the wheelhouse's nodes get it (``wheelhouse.COLLECTION_REQUIREMENTS``)
+#: what Dask's collections need on a worker to even read their tasks (``dask[array]``:
+#: numpy), in the image when installed here, as a user who runs Dask on the nodes installs
+#: it (without it a dask.array task breaks the worker's connection: KilledWorker)
 COLLECTION_DISTRIBUTIONS = ("numpy",)
 PROJECT_PACKAGES = ("troy", "elasticslice")
 IMAGE_PYTHON = "/usr/bin/python3"
@@ -162,7 +163,8 @@ def agent_image() -> Path:
             f"the image's python3 is {version[0]}.{version[1]}, this environment's "
             f"{sys.version_info[0]}.{sys.version_info[1]}: the pilot image copies this "
             "environment's packages, so they must be the same minor version")
-    dists = [d for d in _closure((*AGENT_DISTRIBUTIONS, *_installed(COLLECTION_DISTRIBUTIONS)))
+    roots = (*AGENT_DISTRIBUTIONS, *_installed(COLLECTION_DISTRIBUTIONS))
+    dists = [d for d in _closure(roots)
              if d.metadata["Name"].lower() not in PROJECT_PACKAGES]
     root = cache_root()
     built = root / _key(version, dists)

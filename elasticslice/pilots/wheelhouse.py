@@ -77,24 +77,6 @@ from elasticslice.errors import ElasticSliceError
 log = logging.getLogger(__name__)
 
 AGENT_REQUIREMENTS = ("distributed", "dask", "cryptography")
-#: what Dask's collections need on a worker to read their tasks (``dask[array]``: numpy):
-#: in the node's environment when installed here, as a Dask worker needs its client's
-#: libraries (without them, a worker cannot even read a dask.array task: Dask closes its
-#: connection, retries the task elsewhere and ends with KilledWorker)
-COLLECTION_REQUIREMENTS = ("numpy",)
-
-
-def agent_requirements() -> tuple[str, ...]:
-    """The node environment's roots: :data:`AGENT_REQUIREMENTS`, and those of
-    :data:`COLLECTION_REQUIREMENTS` installed here."""
-    extra = []
-    for name in COLLECTION_REQUIREMENTS:
-        try:
-            md.distribution(name)
-        except md.PackageNotFoundError:
-            continue
-        extra.append(name)
-    return (*AGENT_REQUIREMENTS, *extra)
 PROJECT = "elasticslice"
 PROJECT_PACKAGES = ("troy", "elasticslice")
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
@@ -194,13 +176,12 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 # --------------------------------------------------------------- what the agent needs ------
-def closure(names: tuple[str, ...] | None = None) -> list[md.Distribution]:
-    """The installed distributions ``names`` (None: :func:`agent_requirements`) need
-    (requirements without extras, markers evaluated for this interpreter), the project
-    excluded."""
+def closure(names: tuple[str, ...] = AGENT_REQUIREMENTS) -> list[md.Distribution]:
+    """The installed distributions ``names`` need (requirements without extras, markers
+    evaluated for this interpreter), the project excluded."""
     from packaging.requirements import Requirement
     seen: dict[str, md.Distribution] = {}
-    todo = list(agent_requirements() if names is None else names)
+    todo = list(names)
     while todo:
         name = canonical(todo.pop())
         if name in seen or name == PROJECT:
@@ -495,7 +476,7 @@ def _download(directory: Path, version: str, platform: str, pins: dict[str, str]
                "--python-version", version, "--implementation", "cp", "--abi", abi,
                "--abi", "abi3", "--abi", "none",
                *(word for tag in compatible_platforms(platform) for word in ("--platform", tag)),
-               "-c", str(constraints), "-d", str(staging), *agent_requirements()]
+               "-c", str(constraints), "-d", str(staging), *AGENT_REQUIREMENTS]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             lines = [x for x in done.stderr.splitlines() if x.strip()]
