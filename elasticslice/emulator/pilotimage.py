@@ -5,9 +5,9 @@ into the image's ``python3``) and snapshotting it: ``usr/local/lib/python3.X/dis
 holding the project's packages (``troy``, ``elasticslice``, copied from this installation,
 editable or not) and the exact versions of the agent's dependencies installed here (Dask,
 Distributed and what they require; numpy too when installed here, for Dask's arrays), so
-``python3 -m troy.frameworks.dask node ...`` runs on the node. The files are copied (hard links where the file system allows) from this
-environment, whose Python must be the image's minor version (compiled wheels are then
-ABI-compatible). Built once per set of versions and sources, into a cache next to the
+``python3 -m troy.frameworks.dask node ...`` runs on the node. The files are copied (hard
+links where the file system allows) from this environment, whose Python must be the image's
+minor version (compiled wheels are then ABI-compatible). Built once per set of versions and sources, into a cache next to the
 environment (``<venv>/var/elasticslice-node-images/``, else ``~/.cache/elasticslice``).
 
 Issue 20 replaces this with a bootstrap on the stock image; until then the pilots of the
