@@ -77,6 +77,8 @@ def open_server(config: str | os.PathLike[str] | None) -> Any:
     opens it. A bad config is one :class:`ElasticSliceError` line naming the key and file."""
     from elasticslice.config import load_config
     from elasticslice.rpc.client import ProtoGeniServer
+    if config is None:  # as the CLI's --config, whose default is the variable's
+        config = os.environ.get("ELASTICSLICE_CONFIG") or None
     return ProtoGeniServer(load_config(config))
 
 
