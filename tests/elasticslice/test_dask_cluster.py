@@ -39,6 +39,17 @@ def test_bad_arguments_are_one_clear_line_before_anything_starts(options: dict[s
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_the_config_comes_from_elasticslice_config_as_on_the_command_line(
+        tmp_path: Path, monkeypatch) -> None:
+    from elasticslice.dask import open_server
+    from elasticslice.errors import ConfigError
+    missing = tmp_path / "nowhere.conf"
+    monkeypatch.setenv("ELASTICSLICE_CONFIG", str(missing))
+    with pytest.raises(ConfigError, match="config file not found") as err:
+        open_server(None)
+    assert str(missing) in str(err.value)
+
+
 def test_memory_is_recorded_in_bytes() -> None:
     from elasticslice.dask import _memory
     assert _memory("2 GiB") == 2 * 2**30 and _memory(1000) == 1000 and _memory(None) is None
