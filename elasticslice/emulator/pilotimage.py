@@ -4,10 +4,10 @@ What a CloudLab user would make by installing the agent on a node (``sudo pip in
 into the image's ``python3``) and snapshotting it: ``usr/local/lib/python3.X/dist-packages``
 holding the project's packages (``troy``, ``elasticslice``, copied from this installation,
 editable or not) and the exact versions of the agent's dependencies installed here (Dask,
-Distributed and what they require), so ``python3 -m troy.frameworks.dask node ...`` runs on
-the node. The files are copied (hard links where the file system allows) from this
-environment, whose Python must be the image's minor version (compiled wheels are then
-ABI-compatible). Built once per set of versions and sources, into a cache next to the
+Distributed and what they require; numpy too when installed here, for Dask's arrays), so
+``python3 -m troy.frameworks.dask node ...`` runs on the node. The files are copied (hard
+links where the file system allows) from this environment, whose Python must be the image's
+minor version (compiled wheels are then ABI-compatible). Built once per set of versions and sources, into a cache next to the
 environment (``<venv>/var/elasticslice-node-images/``, else ``~/.cache/elasticslice``).
 
 Issue 20 replaces this with a bootstrap on the stock image; until then the pilots of the
@@ -32,6 +32,10 @@ from elasticslice.errors import ElasticSliceError
 log = logging.getLogger(__name__)
 
 AGENT_DISTRIBUTIONS = ("distributed", "dask")
+#: what Dask's collections need on a worker to even read their tasks (``dask[array]``:
+#: numpy), in the image when installed here, as a user who runs Dask on the nodes installs
+#: it (without it a dask.array task breaks the worker's connection: KilledWorker)
+COLLECTION_DISTRIBUTIONS = ("numpy",)
 PROJECT_PACKAGES = ("troy", "elasticslice")
 IMAGE_PYTHON = "/usr/bin/python3"
 STALE_AFTER = 24 * 3600.0  # seconds before an unused build of other sources is removed
@@ -84,6 +88,17 @@ def _closure(names: tuple[str, ...]) -> list[md.Distribution]:
             if match:
                 todo.append(match.group(1))
     return list(seen.values())
+
+
+def _installed(names: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for name in names:
+        try:
+            md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        out.append(name)
+    return tuple(out)
 
 
 def _marker_ok(marker: str) -> bool:
@@ -148,7 +163,8 @@ def agent_image() -> Path:
             f"the image's python3 is {version[0]}.{version[1]}, this environment's "
             f"{sys.version_info[0]}.{sys.version_info[1]}: the pilot image copies this "
             "environment's packages, so they must be the same minor version")
-    dists = [d for d in _closure(AGENT_DISTRIBUTIONS)
+    roots = (*AGENT_DISTRIBUTIONS, *_installed(COLLECTION_DISTRIBUTIONS))
+    dists = [d for d in _closure(roots)
              if d.metadata["Name"].lower() not in PROJECT_PACKAGES]
     root = cache_root()
     built = root / _key(version, dists)

@@ -8,6 +8,10 @@
 * :class:`PilotWatch` tells the policy which nodes are busy, idle since when, and which
   lost their agent (its pilot ended and none came back for ``agent_grace`` seconds, or a
   ready node no agent joined within ``agent_timeout``): the policy replaces those;
+* other demand adds to Troy's: :meth:`PilotSliceManager.add_demand_source` takes a
+  callable giving cores or nodes (a Dask scheduler's adaptive target, a fixed ``scale(n)``),
+  read on each ``get_system_state`` and summed with Troy's cores (:func:`extra_cores`), so
+  the same policy (thresholds, cooldowns, hysteresis) decides;
 * CloudLab's resource values go to Troy (``set_system_state``), so the least valuable
   pilots get no long units;
 * only the agents of nodes it holds are adopted (:meth:`PilotSliceManager.accepts`, the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +43,35 @@ from troy.frameworks.base import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
+
+DEMAND_UNITS = ("cores", "nodes")
+
+
+@dataclasses.dataclass(frozen=True)
+class DemandSource:
+    """A source of demand next to Troy's: ``read()`` gives a number of ``unit`` ("cores"
+    or "nodes"; None or a negative number: nothing)."""
+
+    read: Callable[[], float | None]
+    unit: str = "cores"
+    name: str = ""
+
+
+def extra_cores(values: Sequence[tuple[float | None, str]],
+                cores_per_node: int | None) -> int:
+    """The cores that ``(value, unit)`` pairs add to Troy's demand: cores as they are, nodes
+    times ``cores_per_node`` (none known yet: one core a node, which asks for the first
+    node; the policy plans with the real size once a pilot joined)."""
+    total = 0
+    for value, unit in values:
+        if value is None or value <= 0:
+            continue
+        if unit == "nodes":
+            total += math.ceil(value) * (cores_per_node or 1)
+        else:
+            total += math.ceil(value)
+    return total
+
 
 @dataclasses.dataclass
 class Revocations:
@@ -59,6 +93,9 @@ class PilotWatch:
         self.clock = clock
         self.node_cores = node_cores
         self._agentless: dict[str, float] = {}
+        #: ``() -> {client_id: None (busy now) or when it was last busy}``: work on the
+        #: nodes that Troy does not see (a Dask client's own tasks); see ``decorate``
+        self.activity: Callable[[], dict[str, float | None]] | None = None
 
     def pilot_of(self, client_id: str | None) -> Pilot | None:
         """The pilot of the node ``client_id`` (its agent's name), None if none joined."""
@@ -70,16 +107,30 @@ class PilotWatch:
         sizes = [p.size for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
         return max(sizes) if sizes else None
 
+    def _activity(self) -> dict[str, float | None]:
+        if self.activity is None:
+            return {}
+        try:
+            return dict(self.activity())
+        except Exception:  # without it, Troy's view alone
+            log.exception("reading the nodes' other activity")
+            return {}
+
     def decorate(self, views: tuple[NodeView, ...]) -> tuple[NodeView, ...]:
         """The policy's views with busy, idle_since and the agent's absence from the pilots
         (a node still booting has no agent yet, and is not missing one)."""
         now = self.clock()
         out, missing = [], set()
+        other = self._activity()
         for view in views:
             pilot = self.pilot_of(view.client_id)
             if pilot is not None and pilot.state not in FINAL_STATES:
-                out.append(dataclasses.replace(view, busy=pilot.busy,
-                                               idle_since=pilot.idle_since))
+                busy, since = pilot.busy, pilot.idle_since
+                if view.client_id in other:  # other work: busy, or idle since it ended
+                    last = other[view.client_id]
+                    busy = busy or last is None
+                    since = None if busy else max(since or 0.0, last or 0.0) or None
+                out.append(dataclasses.replace(view, busy=busy, idle_since=since))
                 continue
             if pilot is None and view.state is not NodeState.READY:
                 out.append(view)
@@ -131,7 +182,16 @@ class PilotDrainer:
                     rev.client_id, rev.deadline - self.watch.clock())
         self.plans[rev.node_id] = self.framework.drain_pilot(
             pilot, rev.deadline, margin=self.margin,
-            on_empty=lambda p: self.release(rev.node_id, rev.client_id, "drained"))
+            on_empty=lambda p: self._emptied(rev, p))
+
+    def _emptied(self, rev: PendingDelete, pilot: Pilot) -> None:
+        """Troy's units are off the pilot; plain Dask tasks on its worker (a Dask client's
+        own, which Troy's drain does not see) go through Dask's retirement before the
+        deadline (their data moves, the tasks are rescheduled), then the node may go."""
+        retire = getattr(self.framework, "retire_worker", None)
+        if retire is not None and pilot.state not in FINAL_STATES:
+            retire(pilot, rev.deadline - self.margin)
+        self.release(rev.node_id, rev.client_id, "drained")
 
     def gone(self, revocations: Sequence[PendingDelete], *, now: bool = False) -> None:
         """These nodes are gone, or CloudLab takes them ``now``: their pilots' units are
@@ -185,6 +245,7 @@ class PilotSliceManager(SimpleElasticSliceManager):
         self.last_demand: Any = None
         self._cores: tuple[int | None, int] = (None, 0)   # demand: cores now, waiting
         self._refused: set[str] = set()
+        self._sources: list[DemandSource] = []
 
     def _releaser(self) -> Releaser:
         self.drainer = PilotDrainer(self.watch, margin=self.margin, release=self._release)
@@ -233,11 +294,43 @@ class PilotSliceManager(SimpleElasticSliceManager):
     def observe(self) -> Observed:
         return self.observer.observe(decorate=self.watch.decorate, **self._demand_fields())
 
+    def add_demand_source(self, read: Callable[[], float | None], *, unit: str = "cores",
+                          name: str = "") -> DemandSource:
+        """Demand next to Troy's: ``read()`` (called on each ``get_system_state``, on the
+        manager's thread; keep it quick) gives cores or nodes (``unit``) that ADD to Troy's
+        queued and running cores. The policy decides on the sum as on Troy's alone. A source
+        that raises counts as nothing that time (logged). :meth:`remove_demand_source`
+        takes it out."""
+        if unit not in DEMAND_UNITS:
+            raise ValueError(f"demand source {name or read!r}: unit: expected one of "
+                             f"{', '.join(DEMAND_UNITS)}, got {unit!r}")
+        if not callable(read):
+            raise ValueError(f"demand source {name!r}: expected a callable, got {read!r}")
+        source = DemandSource(read, unit, name)
+        self._sources.append(source)
+        self.wake("get_system_state")
+        return source
+
+    def remove_demand_source(self, source: DemandSource) -> None:
+        if source in self._sources:
+            self._sources.remove(source)
+            self.wake("get_system_state")
+
+    def _extra_cores(self) -> int:
+        values: list[tuple[float | None, str]] = []
+        for source in list(self._sources):
+            try:
+                values.append((source.read(), source.unit))
+            except Exception:  # one source failing leaves the others and Troy's
+                log.exception("demand source %s", source.name or source.read)
+        return extra_cores(values, self.cores_per_node())
+
     def get_system_state(self) -> Any:
         demand = self.session.demand()
         self.last_demand = demand
         before = self.demand
-        self._cores = (demand.queued_cores + demand.running_cores, demand.waiting_cores)
+        self._cores = (demand.queued_cores + demand.running_cores + self._extra_cores(),
+                       demand.waiting_cores)
         if self.demand != before:
             self.wake("add_nodes", "delete_nodes")
         return demand
@@ -272,10 +365,21 @@ class PilotSliceManager(SimpleElasticSliceManager):
             victims = self.should_delete_nodes(c)
             if victims:
                 for cid in victims:
+                    self._retire(cid)
                     self.drainer.lose(cid, "given back")
                 why = "; ".join(self.last_decision.reasons) if self.last_decision else ""
                 deleted += self.actuator.delete(c, victims, why)
         return deleted
+
+    RETIRE_TIMEOUT = 10.0  # seconds a node given back waits for Dask to move its data
+
+    def _retire(self, client_id: str) -> None:
+        """Before an idle node goes: Dask's retirement of its worker, so data that only it
+        holds moves to the others (nothing to do without a live pilot)."""
+        pilot = self.pilot_of(client_id)
+        retire = getattr(self.framework, "retire_worker", None)
+        if retire is not None and pilot is not None and pilot.state not in FINAL_STATES:
+            retire(pilot, self.clock() + self.RETIRE_TIMEOUT)
 
     # ------------------------------------------------------------------ releases
     def _release(self, node_id: str, client_id: str | None, why: str) -> None:

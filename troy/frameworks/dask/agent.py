@@ -322,15 +322,15 @@ def _kill_all() -> None:
 
 
 async def _start_worker(scheduler: str, death_timeout: float = 30,
+                        memory_limit: str | int = 0,
                         **options: object):  # noqa: ANN202 - a Worker
-    """A started worker (TLS when configured); its address printed on stdout."""
+    """A started worker (TLS when configured); its address printed on stdout.
+    ``memory_limit``: Dask's (0: none; ``"auto"``: the machine's memory)."""
     from distributed import Worker
-    # memory_limit=0: units are separate processes; Dask's memory manager (which watches
-    # this process only) must not pause or spill on their behalf.
     security = security_from_config()
     hide_security_environ()   # units run without it (they are not members of the cluster)
     w = Worker(scheduler, dashboard=False, dashboard_address="127.0.0.1:0",
-               death_timeout=death_timeout, memory_limit=0, security=security,
+               death_timeout=death_timeout, memory_limit=memory_limit, security=security,
                startup_information=guard.startup_information(), **options)
     guard.install(w, "worker")
     await w

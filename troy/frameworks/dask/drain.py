@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from troy.frameworks.base import Pilot
@@ -276,6 +277,27 @@ class PilotMoves:
             threading.Thread(target=self._retire, args=(pilot.native_id,),  # forget it
                              daemon=True).start()
         return units
+
+    def retire_worker(self, pilot: Pilot, until: float | None = None) -> bool:
+        """Dask's own retirement of ``pilot``'s worker, for the work Troy's drain does not
+        see (plain Dask tasks of the scheduler's other clients): the scheduler sends it
+        nothing new, copies the data only it holds to other workers, then removes it (the
+        tasks it was running are rescheduled elsewhere) and closes it. Waits until ``until``
+        (epoch seconds; None: as long as it takes) at most. True if it retired."""
+        addr = pilot.native_id
+        if not addr or self.client is None or addr in self._dead_addrs:
+            return True
+        with self._lock:  # its worker leaving is expected now, not a failure
+            pilot.draining = True
+        timeout = None if until is None else max(0.1, until - time.time())
+        try:
+            self.client.sync(self.client.scheduler.retire_workers, workers=[addr],
+                             close_workers=True, callback_timeout=timeout)
+            return True
+        except Exception as err:  # a timeout, or it left: Dask's own recovery takes over
+            log.warning("framework %s: retiring worker %s: %s", self.name, addr,
+                        err or type(err).__name__)
+            return False
 
     def _retire(self, addr: str) -> None:
         try:

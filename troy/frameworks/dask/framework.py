@@ -93,8 +93,13 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                  dask_log_level: str | int | None = "auto",
                  tls: DaskTLS | dict[str, Any] | None = None, listen: str = "127.0.0.1",
                  port: int = 0, adopt_filter: AdoptFilter | None = None,
-                 verify_names: bool = True, **options: Any) -> None:
+                 verify_names: bool = True, dashboard_address: str | None = None,
+                 **options: Any) -> None:
         super().__init__(name, **options)
+        if dashboard_address is not None and (scheduler_process or scheduler_address):
+            raise BadParameter(f"framework {self.name!r}: dashboard_address: only for the "
+                               f"scheduler it starts in this process")
+        self.dashboard_address = dashboard_address
         if adopt_filter is not None and not callable(adopt_filter):
             raise BadParameter(f"framework {self.name!r}: adopt_filter: expected a callable "
                                f"(name, address, resources) -> bool, got {adopt_filter!r}")
@@ -182,10 +187,20 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         for addr, info in self.workers_info().items():
             self._adopt(addr, info)
 
+    def on_scheduler(self, fn: Callable[[Any], Any], timeout: float = 10.0) -> Any:
+        """``fn(scheduler)`` on the Dask scheduler: in-process on its own loop, else through
+        the client (``run_on_scheduler``: ``fn`` must pickle)."""
+        if isinstance(self._scheduler, InProcessScheduler):
+            return self._scheduler.call(fn, timeout)
+        if self.client is None:
+            raise NoSuccess(f"framework {self.name!r}: not started")
+        return self.client.run_on_scheduler(lambda dask_scheduler: fn(dask_scheduler))
+
     def _start_scheduler(self) -> str:
         if not self.scheduler_process:
             self._scheduler = InProcessScheduler(self.name, self.worker_saturation,
-                                                 self._security, self.listen, self.port)
+                                                 self._security, self.listen, self.port,
+                                                 self.dashboard_address)
             return self._scheduler.start()
         proc = AgentProcess(["scheduler", str(self.worker_saturation), self.listen,
                              str(self.port)],

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import time
+from typing import Any
 
 from troy.frameworks.dask.agent import (_canceled, _kill_all, _procs, _procs_lock,
                                         _start_worker, _stopping, _terminating)
@@ -103,6 +104,21 @@ async def _kill_when_cut_off(w: object, stop: asyncio.Event) -> None:
         _kill_all()
 
 
+def _watch_dismissal(w: Any) -> list[str]:
+    """The reasons the scheduler gave when it closed ``w`` on purpose (its ``close`` op:
+    a retirement, a removal), filled in when it comes; empty when the scheduler went away."""
+    reasons: list[str] = []
+    handler = w.stream_handlers.get("close")
+    if handler is None:
+        return reasons
+
+    def close(*args: Any, **kwargs: Any) -> Any:
+        reasons.append(str(kwargs.get("reason") or "closed by the scheduler"))
+        return handler(*args, **kwargs)
+    w.stream_handlers["close"] = close
+    return reasons
+
+
 async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | None,
                       reconnect: float = RECONNECT_DEFAULT) -> None:
     """Serve as the node's pilot until SIGTERM/SIGINT. When the scheduler goes away (the
@@ -117,7 +133,13 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         from distributed.comm import get_address_host
         from distributed.utils import get_ip
         host = get_ip(get_address_host(scheduler))
-    options = {"nthreads": cores, "resources": {"cores": cores}, "name": name, "host": host}
+    # memory_limit "auto" (the node's memory, Dask's default): the scheduler judges
+    # memory by it; with none (0) its adaptive target never lets a worker holding any
+    # result go (workers_to_close wants the memory left >= twice the data held), so an
+    # idle cluster whose client keeps a future never shrinks. Troy's units are processes
+    # of their own, outside the memory Dask watches (this process's).
+    options = {"nthreads": cores, "resources": {"cores": cores}, "name": name, "host": host,
+               "memory_limit": "auto"}
     from troy.frameworks.dask.enrol import Renewer
     renewer = Renewer.from_environ()  # an enrolled node: its certificate is short-lived
     if renewer is not None:
@@ -132,6 +154,7 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     while w is not None:
+        dismissed = _watch_dismissal(w)
         done = asyncio.ensure_future(w.finished())
         cut = asyncio.ensure_future(_kill_when_cut_off(w, stop))
         await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
@@ -140,6 +163,10 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
         _kill_all()
         if stop.is_set():
+            return
+        if dismissed:  # retired or removed on purpose: its node is going, no rejoining
+            log.warning("the scheduler closed this worker (%s): the agent stops",
+                        dismissed[0])
             return
         if reconnect <= 0:
             raise SchedulerGone(f"scheduler {scheduler} went away (reconnecting is off: "

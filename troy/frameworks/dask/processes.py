@@ -123,13 +123,15 @@ class AgentProcess:
 
 
 class InProcessScheduler:
-    """A Dask scheduler on ``host`` (127.0.0.1), ``port`` (0: any; no dashboard) on its own
-    event-loop thread;
-    ``tls://`` only when given a ``security``."""
+    """A Dask scheduler on ``host`` (127.0.0.1), ``port`` (0: any) on its own event-loop
+    thread; ``tls://`` only when given a ``security``. No dashboard unless
+    ``dashboard_address`` (``"127.0.0.1:0"``: loopback, any port; needs bokeh)."""
 
     def __init__(self, name: str, saturation: float, security: Any = None,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0,
+                 dashboard_address: str | None = None) -> None:
         self.name = name
+        self.dashboard_address = dashboard_address
         self.host = host
         self.port = port
         self.saturation = saturation
@@ -149,14 +151,32 @@ class InProcessScheduler:
 
         async def make() -> Any:
             with dask.config.set({"distributed.scheduler.worker-saturation": self.saturation}):
-                s = Scheduler(host=self.host, port=self.port, dashboard=False,
-                              dashboard_address="127.0.0.1:0", **tls_options(self.security))
+                s = Scheduler(host=self.host, port=self.port,
+                              dashboard=self.dashboard_address is not None,
+                              dashboard_address=self.dashboard_address or "127.0.0.1:0",
+                              **tls_options(self.security))
             guard.install(s, "scheduler")
             return await s
 
         self._scheduler = asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
         self.address = self._scheduler.address
         return self.address
+
+    @property
+    def scheduler(self) -> Any:
+        """The ``distributed.Scheduler`` (None before ``start``): touch it on its loop only
+        (:meth:`call`)."""
+        return self._scheduler
+
+    def call(self, fn: Any, timeout: float = 10.0) -> Any:
+        """``fn(scheduler)`` on the scheduler's event loop (its state is the loop's alone)."""
+        if self._loop is None or self._scheduler is None:
+            raise RuntimeError(f"the scheduler of {self.name} is not running")
+        scheduler = self._scheduler
+
+        async def run() -> Any:
+            return fn(scheduler)
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def close(self) -> None:
         if self._loop is None:

@@ -1,0 +1,197 @@
+"""``CloudLabCluster``: Dask's idiom over the elastic slice. Fast: its arguments and the
+demand-source arithmetic. Slow: one cluster lifetime against the box with real workers on
+emulated nodes (one boot of the box for all of it: adapt grows it for client.map and for a
+dask.array reduction, a revoked busy node is retired by Dask and goes back early, idle it
+shrinks to the minimum without flapping, scale(3) holds, the dashboard answers, close()
+gives the nodes back)."""
+from __future__ import annotations
+
+import dataclasses
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elasticslice.dask import CloudLabCluster
+from elasticslice.pilots.manager import extra_cores
+from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, admin, \
+    reclaim_outcome
+from tests.elasticslice.pilots.helpers import Witness, pilot_image
+from tests.helpers import wait_for
+
+
+# ---------------------------------------------------------------- fast: arguments ----------
+@pytest.mark.parametrize("options, message", [
+    ({"minimum": 0}, "minimum: expected an integer >= 1, got 0"),
+    ({"maximum": "4"}, "maximum: expected an integer >= 1, got '4'"),
+    ({"minimum": 3, "maximum": 2}, "minimum 3 is more than maximum 2"),
+    ({"cores": 0}, "cores: expected an integer >= 1, got 0"),
+    ({"memory": "lots"}, "memory: expected bytes or a size such as '64 GiB', got 'lots'"),
+    ({"security": False}, "security: the scheduler speaks TLS only"),
+    ({"image": "a", "disk_image": "b"}, "give image or disk_image, not both"),
+    ({"maxthreshold": 3}, "maxthreshold: give it as maximum instead"),
+])
+def test_bad_arguments_are_one_clear_line_before_anything_starts(options: dict[str, Any],
+                                                                   message: str) -> None:
+    with pytest.raises(ValueError, match="^CloudLabCluster: ") as err:
+        CloudLabCluster(**options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_config_comes_from_elasticslice_config_as_on_the_command_line(
+        tmp_path: Path, monkeypatch) -> None:
+    from elasticslice.dask import open_server
+    from elasticslice.errors import ConfigError
+    missing = tmp_path / "nowhere.conf"
+    monkeypatch.setenv("ELASTICSLICE_CONFIG", str(missing))
+    with pytest.raises(ConfigError, match="config file not found") as err:
+        open_server(None)
+    assert str(missing) in str(err.value)
+
+
+def test_memory_is_recorded_in_bytes() -> None:
+    from elasticslice.dask import _memory
+    assert _memory("2 GiB") == 2 * 2**30 and _memory(1000) == 1000 and _memory(None) is None
+
+
+def test_extra_demand_adds_cores_and_nodes_in_cores() -> None:
+    assert extra_cores([], 8) == 0
+    assert extra_cores([(3, "cores"), (2, "nodes")], 8) == 3 + 16
+    assert extra_cores([(2.5, "cores"), (1.2, "nodes")], 8) == 3 + 16  # rounded up
+    # nothing asked, or a source with no opinion: nothing
+    assert extra_cores([(0, "nodes"), (None, "cores"), (-2, "nodes")], 8) == 0
+    # no node seen yet: a node counts one core, which asks for the first node
+    assert extra_cores([(4, "nodes")], None) == 4
+
+
+# ---------------------------------------------------------------- slow: the box ------------
+def direction_changes(steps: list[tuple[float, int]]) -> list[float]:
+    """When the node count's direction changed, from (time, +1/-1) steps in time order."""
+    out, last = [], 0
+    for at, step in steps:
+        if last and step != last:
+            out.append(at)
+        last = step
+    return out
+
+
+def test_direction_changes_are_counted_where_the_count_turns() -> None:
+    assert direction_changes([(1, 1), (2, 1), (3, -1), (4, -1), (5, 1)]) == [3, 5]
+    assert direction_changes([(1, -1)]) == []
+
+
+def revoke_a_busy_added_node(client: Any, cluster: CloudLabCluster, emulator: Any,
+                             initial: str) -> str:
+    """Revoke (as CloudLab's admin) an added node whose Dask worker runs a task now; its
+    node_id once the reclamation ended."""
+    def busy_added() -> str | None:
+        names = {w: i["name"] for w, i in client.scheduler_info()["workers"].items()}
+        for addr, keys in client.processing().items():
+            if keys and names.get(addr) not in (None, initial):
+                return str(names[addr])
+        return None
+    name = str(wait_for(busy_added, timeout=120, what="a busy added node"))
+    assert cluster.nodes() > 1                      # grown past one node
+    manager = cluster.manager
+    node_id = manager.state.node(manager.cmlist[0], name).node_id
+    admin(emulator).call("Revoke", nodes=[node_id])
+    wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=60,
+             what="the reclamation to end")
+    return node_id
+
+
+@pytest.mark.slow
+def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
+                                               monkeypatch) -> None:
+    """One cluster's life as a Dask user lives it: adapt grows it for client.map and for a
+    dask.array reduction, a node revoked mid-computation is retired by Dask and goes back
+    early with the right results, idle it shrinks to the minimum although the client keeps
+    its results (broke: Dask's target never let a worker holding data go), scale(3) holds
+    3 nodes, the dashboard answers, close() gives the nodes back."""
+    import dask.array as da
+    import numpy as np
+    from dask.distributed import Client
+    emulator = emulator_factory(max_wait=30, notify_interval=0.3)
+    monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
+    witness = Witness()
+    cooldown = 3.0
+    policy = dataclasses.replace(FAST_POLICY, add_cooldown=cooldown, delete_cooldown=cooldown,
+                                 max_delete_per_cycle=1)
+    cluster = CloudLabCluster(config=emulator.config_path, state_dir=tmp_path / "dask",
+                              maximum=4, disk_image=pilot_image(emulator),
+                              node_python="python3", intervals=FAST_INTERVALS, margin=1.0,
+                              policy=policy, idle_timeout=1.0)
+
+    def gated(value: Any, url: str) -> Any:
+        """``value`` once the test's gate at ``url`` is open (runs on a node's Dask worker:
+        the test says when the work may end, whatever the machine's load; defined here: a
+        node has no tests package, so Dask must send it by value)."""
+        import time
+        import urllib.error
+        import urllib.request
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=5).close()
+                return value
+            except urllib.error.HTTPError:
+                time.sleep(0.05)
+
+    try:
+        with Client(cluster) as client:
+            cluster.adapt(minimum=1, maximum=4, target_duration="1s")
+            manager = cluster.manager
+            initial = manager.state.nodes()[0].client_id
+            revoked = []
+
+            # client.map of 64 tasks
+            gate = witness.gate("map")
+            squares = client.map(lambda i, url=gate.url: gated(i * i, url), range(64))
+            revoked.append(revoke_a_busy_added_node(client, cluster, emulator, initial))
+            gate.open()
+            assert client.gather(squares) == [i * i for i in range(64)]
+
+            # a dask.array reduction: 64 blocks of ones, doubled on the nodes, summed
+            gate = witness.gate("array")
+            blocks = da.ones((64, 1000), chunks=(1, 1000)).map_blocks(
+                lambda b, url=gate.url: gated(b * 2, url), meta=np.empty((0, 0)))
+            total = client.compute(blocks.sum())
+            revoked.append(revoke_a_busy_added_node(client, cluster, emulator, initial))
+            gate.open()
+            assert total.result() == 2 * 64 * 1000
+            assert [reclaim_outcome(emulator, n) for n in revoked] == ["early", "early"]
+
+            # idle (the client still holds its results): back to the minimum
+            wait_for(lambda: cluster.nodes() == 1 and len(client.scheduler_info()["workers"])
+                     == 1, timeout=120, what="back to one node")
+            assert sorted(client.gather(squares))[-1] == 63 * 63  # its data moved, kept
+
+            with urllib.request.urlopen(cluster.dashboard_link, timeout=10) as page:
+                assert page.status == 200
+            logs = cluster.get_logs(workers=False)
+            assert "Scheduler" in logs and "Manager" in logs
+
+            # scale(3): three nodes, held while idle
+            cluster.scale(3)
+            wait_for(lambda: len(client.scheduler_info()["workers"]) == 3, timeout=120,
+                     what="three workers")
+            runs = manager.cycle.methods["delete_nodes"].runs
+            wait_for(lambda: manager.cycle.methods["delete_nodes"].runs >= runs + 20,
+                     timeout=60, what="twenty more delete_nodes rounds")
+            assert cluster.nodes() == 3 and len(client.scheduler_info()["workers"]) == 3
+        stats = manager.stats()
+        assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+            (2, 2, 0)
+        # the policy's own steps (the revocations are CloudLab's): at most one direction
+        # change per cooldown
+        rows = manager.state.nodes(include_gone=True)
+        steps = sorted([(r.added_at, 1) for r in rows if r.added_at and not r.initial]
+                       + [(r.gone_at, -1) for r in rows
+                          if r.gone_at and r.node_id not in revoked])
+        changes = direction_changes(steps)
+        assert all(b - a >= cooldown for a, b in zip(changes, changes[1:])), steps
+    finally:
+        cluster.close()
+        witness.close()
+    status = admin(emulator).call("Status")      # close() gave the nodes back
+    assert status["slivers"] == [] and sum(row["slice"] for row in status["pool"].values()) == 0
