@@ -1,0 +1,182 @@
+"""``CloudLabProvider``: Parsl's HighThroughputExecutor on the box's nodes.
+
+Fast tests: the node-state mapping and the argument checks. Slow tests (the box, real Parsl,
+real worker pools on emulated nodes): a workflow of python apps runs through the provider,
+survives a revocation mid-run with the right results, and the revoked block's node goes back
+early. Apps wait on a gate of a :class:`~tests.elasticslice.pilots.helpers.Witness` (nodes
+share the host's loopback), so the test says when work may end, whatever the machine's load.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parsl.jobs.states import JobState
+
+from elasticslice.managers.policy import NodeState
+from elasticslice.parsl import BlockState, CloudLabProvider, ProviderError, job_state
+from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, \
+    reclaim_outcome
+from tests.elasticslice.pilots.helpers import Witness
+from tests.helpers import wait_for
+
+R, N, F = NodeState.READY, NodeState.NOTREADY, NodeState.FAILED
+
+
+# ---------------------------------------------------------------------- the mapping (fast)
+@pytest.mark.parametrize("block, nodes, slots, expected", [
+    (BlockState.LIVE, [], 1, JobState.PENDING),              # nothing asked for yet
+    (BlockState.LIVE, [N], 0, JobState.PENDING),             # booting
+    (BlockState.LIVE, [NodeState.CHANGING, N], 0, JobState.PENDING),
+    (BlockState.LIVE, [N, R], 0, JobState.RUNNING),          # one node up is enough
+    (BlockState.LIVE, [R, None], 0, JobState.RUNNING),       # one taken, one left
+    (BlockState.LIVE, [None, None], 0, JobState.TIMEOUT),    # all taken without notice
+    (BlockState.LIVE, [F], 0, JobState.FAILED),              # never booted
+    (BlockState.LIVE, [F, N], 0, JobState.PENDING),
+    (BlockState.DRAINING, [R], 0, JobState.HELD),            # a notice: no new task
+    (BlockState.DRAINED, [None], 0, JobState.COMPLETED),
+    (BlockState.DRAINED, [R], 0, JobState.COMPLETED),
+    (BlockState.CANCELLED, [R], 0, JobState.CANCELLED),
+])
+def test_node_states_map_to_parsl_job_states(block: BlockState, nodes: list[Any], slots: int,
+                                             expected: JobState) -> None:
+    assert job_state(block, nodes, slots) is expected
+
+
+def test_the_documented_table_is_the_mapping(repo_root: Path) -> None:
+    text = (repo_root / "docs" / "parsl.md").read_text()
+    for state in ("PENDING", "RUNNING", "HELD", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"):
+        assert re.search(rf"\|[^\n]*`{state}`", text), state
+
+
+# ---------------------------------------------------------------------- arguments (fast)
+@pytest.mark.parametrize("options, message", [
+    ({}, "needs the CloudLab client"),
+    ({"server": object(), "config": "x.conf"}, "one of them"),
+    ({"server": object(), "nodes_per_block": 0}, "nodes_per_block must be a whole number >= 1"),
+    ({"server": object(), "max_blocks": True}, "max_blocks must be a whole number"),
+    ({"server": object(), "min_blocks": 3, "max_blocks": 2}, "max_blocks must be a whole "
+                                                             "number >= 3"),
+    ({"server": object(), "init_blocks": 5, "max_blocks": 2}, "init_blocks (5) is more than"),
+    ({"server": object(), "parallelism": 2}, "parallelism must be between 0 and 1"),
+    ({"server": object(), "margin": -1}, "margin must be a number of seconds >= 0"),
+    ({"server": object(), "status_polling_interval": 0}, "status_polling_interval must be"),
+    ({"server": object(), "label": "a b"}, "label must be letters"),
+    ({"server": object(), "cores_per_node": "8"}, "cores_per_node must be a whole number"),
+])
+def test_bad_arguments_are_one_clear_line(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProviderError) as err:
+        CloudLabProvider(**options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_encrypted_executor_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    provider = CloudLabProvider(server=object(), state_dir=tmp_path / "state")
+    with pytest.raises(ProviderError, match="encrypted=False") as err:
+        provider.submit("process_worker_pool.py --cert_dir /home/me/runinfo/000/certificates "
+                        "--block_id=0", 1, "parsl.cloudlab.block-0")
+    assert "\n" not in str(err.value)
+    assert provider.manager is None and not (tmp_path / "state").exists()
+
+
+def test_the_provider_says_what_parsl_asks_of_it() -> None:
+    provider = CloudLabProvider(server=object(), label="cl", nodes_per_block=2, init_blocks=0,
+                                min_blocks=0, max_blocks=3, parallelism=0.5,
+                                status_polling_interval=1.5)
+    assert (provider.label, provider.status_polling_interval, provider.nodes_per_block,
+            provider.init_blocks, provider.min_blocks, provider.max_blocks,
+            provider.parallelism, provider.max_nodes) == ("cl", 1.5, 2, 0, 0, 3, 0.5, 6)
+    assert provider.status(["nosuch"])[0].state is JobState.UNKNOWN
+    assert provider.cancel(["nosuch"]) == [False]
+
+
+# ---------------------------------------------------------------------- on the box (slow)
+def where() -> str:
+    """The client_id of the node this runs on (geni-get, as on CloudLab)."""
+    import subprocess
+    return subprocess.run(["geni-get", "client_id"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def managers_of(executor: Any, block_id: str) -> list[dict[str, Any]]:
+    return [m for m in executor.connected_managers() if str(m["block_id"]) == block_id]
+
+
+@pytest.mark.slow
+def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
+        emulator_factory: Any, tmp_path: Path) -> None:
+    import parsl
+    from parsl import python_app
+    from parsl.config import Config
+    from parsl.executors import HighThroughputExecutor
+
+    emulator = emulator_factory(max_wait=120, notify_interval=0.3)
+    witness = Witness()
+    gate = witness.gate()
+    provider = CloudLabProvider(client_for(emulator, tmp_path / "cache"), tmp_path / "state",
+                                init_blocks=1, max_blocks=2, margin=1.0,
+                                status_polling_interval=0.5,
+                                intervals={**FAST_INTERVALS, "renew": 600.0})
+    executor = HighThroughputExecutor(
+        label="cloudlab", address="127.0.0.1", encrypted=False, provider=provider,
+        max_workers_per_node=2, heartbeat_period=2, heartbeat_threshold=10, poll_period=100)
+    config = Config(executors=[executor], retries=2, strategy_period=0.5,
+                    run_dir=str(tmp_path / "runinfo"))
+
+    @python_app
+    def square(x: int, gate_url: str) -> tuple[int, str]:
+        import subprocess
+        import time
+        import urllib.request
+        while True:  # the test opens the gate
+            try:
+                urllib.request.urlopen(gate_url, timeout=5).close()
+                break
+            except Exception:  # noqa: BLE001 - closed (404) or not yet
+                time.sleep(0.05)
+        node = subprocess.run(["geni-get", "client_id"], capture_output=True, text=True)
+        return x * x, node.stdout.strip()
+
+    @python_app
+    def total(*parts: tuple[int, str]) -> int:
+        return sum(p[0] for p in parts)
+
+    try:
+        with parsl.load(config):
+            squares = [square(i, gate.url) for i in range(6)]
+            block = wait_for(lambda: next(iter(provider.book.blocks.values()), None), 60,
+                             what="the first block")
+            # two tasks run on the first block's node (2 workers), the rest wait
+            wait_for(lambda: sum(m["tasks"] for m in managers_of(executor, block.block_id)) == 2,
+                     timeout=180, what="tasks running on the first block")
+            victim = block.nodes[0]
+            rec = provider.manager.state.node(provider.manager.cmlist[0], victim)
+            admin(emulator).call("Revoke", nodes=[rec.node_id])
+            wait_for(lambda: provider.status([block.job_id])[0].state is JobState.HELD,
+                     timeout=60, what="the block held (draining)")
+            held = managers_of(executor, block.block_id)
+            assert held and not any(m["active"] for m in held)
+            # Parsl's strategy asks for a block in its place (a held block is not active)
+            wait_for(lambda: len(provider.book.blocks) >= 2, timeout=60,
+                     what="a second block")
+            gate.open()
+            results = [f.result(timeout=240) for f in squares]
+            assert [r[0] for r in results] == [i * i for i in range(6)]
+            assert total(*squares).result(timeout=120) == sum(i * i for i in range(6))
+            # the revoked node ran what it had before the notice, and nothing after
+            assert sum(1 for r in results if r[1] == victim) == 2, results
+            wait_for(lambda: reclaim_outcome(emulator, rec.node_id), timeout=120,
+                     what="the reclamation to end")
+            assert reclaim_outcome(emulator, rec.node_id) == "early"
+            assert provider.status([block.job_id])[0].state is JobState.COMPLETED
+        stats = provider.stats()
+        assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+            (1, 1, 0), stats
+    finally:
+        provider.close()
+        provider_server = provider.server
+        if provider_server is not None:
+            provider_server.close()
+        witness.close()
