@@ -9,6 +9,7 @@ share the host's loopback), so the test says when work may end, whatever the mac
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,32 @@ def test_the_provider_says_what_parsl_asks_of_it() -> None:
 
 
 # ---------------------------------------------------------------------- on the box (slow)
-def where() -> str:
-    """The client_id of the node this runs on (geni-get, as on CloudLab)."""
-    import subprocess
-    return subprocess.run(["geni-get", "client_id"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+# The apps, made as a script's are (``__main__``): Parsl ships them by value (the nodes have
+# no ``tests`` package to import them from).
+APPS = """
+def square(x, gate_url):
+    import subprocess, time, urllib.request
+    while True:  # the test opens the gate
+        try:
+            urllib.request.urlopen(gate_url, timeout=5).close()
+            break
+        except Exception:  # closed (404) or not yet
+            time.sleep(0.05)
+    node = subprocess.run(["geni-get", "client_id"], capture_output=True, text=True)
+    return x * x, node.stdout.strip()
+
+
+def total(*parts):
+    return sum(p[0] for p in parts)
+"""
+
+
+def apps() -> tuple[Any, Any]:
+    """square(x, gate_url) -> (x * x, the node it ran on), once the gate is open;
+    total(*squares) -> the sum of the squares."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(APPS, "<apps>", "exec"), namespace)  # noqa: S102 - our own text
+    return namespace["square"], namespace["total"]
 
 
 def managers_of(executor: Any, block_id: str) -> list[dict[str, Any]]:
@@ -121,27 +143,14 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
                                 intervals={**FAST_INTERVALS, "renew": 600.0})
     executor = HighThroughputExecutor(
         label="cloudlab", address="127.0.0.1", encrypted=False, provider=provider,
-        max_workers_per_node=2, heartbeat_period=2, heartbeat_threshold=10, poll_period=100)
+        max_workers_per_node=2, heartbeat_period=2, heartbeat_threshold=10, poll_period=100,
+        # the interchange of this Python (pytest may run without the venv's bin on PATH)
+        interchange_launch_cmd=[sys.executable, "-m",
+                                "parsl.executors.high_throughput.interchange"])
     config = Config(executors=[executor], retries=2, strategy_period=0.5,
                     run_dir=str(tmp_path / "runinfo"))
 
-    @python_app
-    def square(x: int, gate_url: str) -> tuple[int, str]:
-        import subprocess
-        import time
-        import urllib.request
-        while True:  # the test opens the gate
-            try:
-                urllib.request.urlopen(gate_url, timeout=5).close()
-                break
-            except Exception:  # noqa: BLE001 - closed (404) or not yet
-                time.sleep(0.05)
-        node = subprocess.run(["geni-get", "client_id"], capture_output=True, text=True)
-        return x * x, node.stdout.strip()
-
-    @python_app
-    def total(*parts: tuple[int, str]) -> int:
-        return sum(p[0] for p in parts)
+    square, total = (python_app(f) for f in apps())
 
     try:
         with parsl.load(config):
@@ -156,8 +165,10 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
             admin(emulator).call("Revoke", nodes=[rec.node_id])
             wait_for(lambda: provider.status([block.job_id])[0].state is JobState.HELD,
                      timeout=60, what="the block held (draining)")
-            held = managers_of(executor, block.block_id)
-            assert held and not any(m["active"] for m in held)
+            # its manager is held at the interchange: no new task reaches it
+            wait_for(lambda: not any(m["active"] for m in managers_of(executor,
+                                                                      block.block_id)),
+                     timeout=60, what="the block's managers held")
             # Parsl's strategy asks for a block in its place (a held block is not active)
             wait_for(lambda: len(provider.book.blocks) >= 2, timeout=60,
                      what="a second block")
