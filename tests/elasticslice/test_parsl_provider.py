@@ -8,8 +8,11 @@ share the host's loopback), so the test says when work may end, whatever the mac
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from parsl.jobs.states import JobState
 
 from elasticslice.managers.policy import NodeState
 from elasticslice.parsl import BlockState, CloudLabProvider, ProviderError, job_state
-from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, \
+from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness
 from tests.helpers import wait_for
@@ -122,72 +125,131 @@ def apps() -> tuple[Any, Any]:
     return namespace["square"], namespace["total"]
 
 
+def cm_nodes_or_none(emulator: Any, tmp_path: Path) -> list[str] | None:
+    """What the CM holds for the slice (None: no sliver)."""
+    from elasticslice.errors import ElasticSliceError
+    try:
+        return cm_nodes(emulator, tmp_path)
+    except ElasticSliceError:
+        return None
+
+
 def managers_of(executor: Any, block_id: str) -> list[dict[str, Any]]:
     return [m for m in executor.connected_managers() if str(m["block_id"]) == block_id]
 
 
-@pytest.mark.slow
-def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
-        emulator_factory: Any, tmp_path: Path) -> None:
+@dataclasses.dataclass
+class OnTheBox:
+    """Parsl loaded with a HighThroughputExecutor on a CloudLabProvider of the box."""
+
+    provider: CloudLabProvider
+    executor: Any
+    gate: Any
+    square: Any
+    total: Any
+
+    def running_block(self) -> Any:
+        """The first block, once two tasks run on its node (2 workers; the rest wait)."""
+        block = wait_for(lambda: next(iter(self.provider.book.blocks.values()), None), 60,
+                         what="the first block")
+        wait_for(lambda: sum(m["tasks"] for m in managers_of(self.executor,
+                                                             block.block_id)) == 2,
+                 timeout=180, what="tasks running on the first block")
+        return block
+
+    def node_id(self, client_id: str) -> str:
+        manager = self.provider.manager
+        return manager.state.node(manager.cmlist[0], client_id).node_id
+
+
+@contextlib.contextmanager
+def parsl_on_box(emulator: Any, tmp_path: Path, **executor_options: Any
+                 ) -> Iterator[OnTheBox]:
     import parsl
     from parsl import python_app
     from parsl.config import Config
     from parsl.executors import HighThroughputExecutor
 
-    emulator = emulator_factory(max_wait=120, notify_interval=0.3)
     witness = Witness()
-    gate = witness.gate()
-    provider = CloudLabProvider(client_for(emulator, tmp_path / "cache"), tmp_path / "state",
-                                init_blocks=1, max_blocks=2, margin=1.0,
-                                status_polling_interval=0.5,
+    server = client_for(emulator, tmp_path / "cache")
+    provider = CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
+                                margin=1.0, status_polling_interval=0.5,
                                 intervals={**FAST_INTERVALS, "renew": 600.0})
+    options = {"heartbeat_period": 2, "heartbeat_threshold": 10, **executor_options}
     executor = HighThroughputExecutor(
         label="cloudlab", address="127.0.0.1", encrypted=False, provider=provider,
-        max_workers_per_node=2, heartbeat_period=2, heartbeat_threshold=10, poll_period=100,
+        max_workers_per_node=2, poll_period=100,
         # the interchange of this Python (pytest may run without the venv's bin on PATH)
         interchange_launch_cmd=[sys.executable, "-m",
-                                "parsl.executors.high_throughput.interchange"])
+                                "parsl.executors.high_throughput.interchange"], **options)
     config = Config(executors=[executor], retries=2, strategy_period=0.5,
                     run_dir=str(tmp_path / "runinfo"))
-
     square, total = (python_app(f) for f in apps())
-
     try:
         with parsl.load(config):
-            squares = [square(i, gate.url) for i in range(6)]
-            block = wait_for(lambda: next(iter(provider.book.blocks.values()), None), 60,
-                             what="the first block")
-            # two tasks run on the first block's node (2 workers), the rest wait
-            wait_for(lambda: sum(m["tasks"] for m in managers_of(executor, block.block_id)) == 2,
-                     timeout=180, what="tasks running on the first block")
-            victim = block.nodes[0]
-            rec = provider.manager.state.node(provider.manager.cmlist[0], victim)
-            admin(emulator).call("Revoke", nodes=[rec.node_id])
-            wait_for(lambda: provider.status([block.job_id])[0].state is JobState.HELD,
-                     timeout=60, what="the block held (draining)")
-            # its manager is held at the interchange: no new task reaches it
-            wait_for(lambda: not any(m["active"] for m in managers_of(executor,
-                                                                      block.block_id)),
-                     timeout=60, what="the block's managers held")
-            # Parsl's strategy asks for a block in its place (a held block is not active)
-            wait_for(lambda: len(provider.book.blocks) >= 2, timeout=60,
-                     what="a second block")
-            gate.open()
-            results = [f.result(timeout=240) for f in squares]
-            assert [r[0] for r in results] == [i * i for i in range(6)]
-            assert total(*squares).result(timeout=120) == sum(i * i for i in range(6))
-            # the revoked node ran what it had before the notice, and nothing after
-            assert sum(1 for r in results if r[1] == victim) == 2, results
-            wait_for(lambda: reclaim_outcome(emulator, rec.node_id), timeout=120,
-                     what="the reclamation to end")
-            assert reclaim_outcome(emulator, rec.node_id) == "early"
-            assert provider.status([block.job_id])[0].state is JobState.COMPLETED
+            yield OnTheBox(provider, executor, witness.gate(), square, total)
+    finally:
+        provider.close()
+        server.close()
+        witness.close()
+
+
+@pytest.mark.slow
+def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
+        emulator_factory: Any, tmp_path: Path) -> None:
+    emulator = emulator_factory(max_wait=120, notify_interval=0.3)
+    with parsl_on_box(emulator, tmp_path) as box:
+        provider, executor = box.provider, box.executor
+        squares = [box.square(i, box.gate.url) for i in range(6)]
+        block = box.running_block()
+        victim = block.nodes[0]
+        node_id = box.node_id(victim)
+        admin(emulator).call("Revoke", nodes=[node_id])
+        wait_for(lambda: provider.status([block.job_id])[0].state is JobState.HELD,
+                 timeout=60, what="the block held (draining)")
+        # its manager is held at the interchange: no new task reaches it
+        wait_for(lambda: not any(m["active"] for m in managers_of(executor, block.block_id)),
+                 timeout=60, what="the block's managers held")
+        # Parsl's strategy asks for a block in its place (a held block is not active)
+        wait_for(lambda: len(provider.book.blocks) >= 2, timeout=60, what="a second block")
+        box.gate.open()
+        results = [f.result(timeout=240) for f in squares]
+        assert [r[0] for r in results] == [i * i for i in range(6)]
+        assert box.total(*squares).result(timeout=120) == sum(i * i for i in range(6))
+        # the revoked node ran what it had before the notice, and nothing after
+        assert sum(1 for r in results if r[1] == victim) == 2, results
+        wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
+                 what="the reclamation to end")
+        assert reclaim_outcome(emulator, node_id) == "early"
+        assert victim not in cm_nodes(emulator, tmp_path)
+        assert provider.status([block.job_id])[0].state is JobState.COMPLETED
         stats = provider.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
             (1, 1, 0), stats
-    finally:
-        provider.close()
-        provider_server = provider.server
-        if provider_server is not None:
-            provider_server.close()
-        witness.close()
+    # the provider closed: the slice went back
+    assert cm_nodes_or_none(emulator, tmp_path) is None
+
+
+@pytest.mark.slow
+def test_the_tasks_of_a_node_taken_without_notice_are_retried_by_parsl(
+        emulator_factory: Any, tmp_path: Path) -> None:
+    emulator = emulator_factory(max_wait=0)  # CloudLab cannot wait: max_wait_time 0
+    with parsl_on_box(emulator, tmp_path, heartbeat_period=1, heartbeat_threshold=4) as box:
+        squares = [box.square(i, box.gate.url) for i in range(4)]
+        block = box.running_block()
+        victim = block.nodes[0]
+        node_id = box.node_id(victim)
+        admin(emulator).call("Revoke", nodes=[node_id])
+        wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
+                 what="the reclamation to end")
+        assert reclaim_outcome(emulator, node_id) == "forced"
+        wait_for(lambda: box.provider.status([block.job_id])[0].state is JobState.TIMEOUT,
+                 timeout=60, what="the block ended as taken")
+        box.gate.open()
+        # the interchange lost the node's manager; Parsl ran its tasks again elsewhere
+        results = [f.result(timeout=240) for f in squares]
+        assert [r[0] for r in results] == [i * i for i in range(4)]
+        assert all(r[1] != victim for r in results), results
+        stats = box.provider.stats()
+        assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+            (1, 0, 1), stats
