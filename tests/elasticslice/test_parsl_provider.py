@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from elasticslice.parsl import BlockState, CloudLabProvider, ProviderError, job_
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness
+from tests.hostile.netstat import LOOPBACK, listening
 from tests.helpers import wait_for
 
 R, N, F = NodeState.READY, NodeState.NOTREADY, NodeState.FAILED
@@ -149,7 +151,7 @@ class OnTheBox:
     total: Any
 
     def running_block(self) -> Any:
-        """The first block, once two tasks run on its node (2 workers; the rest wait)."""
+        """The first block, once two tasks run on it (2 workers; the rest wait)."""
         block = wait_for(lambda: next(iter(self.provider.book.blocks.values()), None), 60,
                          what="the first block")
         wait_for(lambda: sum(m["tasks"] for m in managers_of(self.executor,
@@ -163,8 +165,10 @@ class OnTheBox:
 
 
 @contextlib.contextmanager
-def parsl_on_box(emulator: Any, tmp_path: Path, **executor_options: Any
-                 ) -> Iterator[OnTheBox]:
+def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
+                 **executor_options: Any) -> Iterator[OnTheBox]:
+    """Two workers a block (``nodes_per_block`` nodes, 2 // nodes_per_block workers each),
+    two blocks at most, retries 2."""
     import parsl
     from parsl import python_app
     from parsl.config import Config
@@ -173,12 +177,13 @@ def parsl_on_box(emulator: Any, tmp_path: Path, **executor_options: Any
     witness = Witness()
     server = client_for(emulator, tmp_path / "cache")
     provider = CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
+                                nodes_per_block=nodes_per_block,
                                 margin=1.0, status_polling_interval=0.5,
                                 intervals={**FAST_INTERVALS, "renew": 600.0})
     options = {"heartbeat_period": 2, "heartbeat_threshold": 10, **executor_options}
     executor = HighThroughputExecutor(
         label="cloudlab", address="127.0.0.1", encrypted=False, provider=provider,
-        max_workers_per_node=2, poll_period=100,
+        max_workers_per_node=2 // nodes_per_block, poll_period=100,
         # the interchange of this Python (pytest may run without the venv's bin on PATH)
         interchange_launch_cmd=[sys.executable, "-m",
                                 "parsl.executors.high_throughput.interchange"], **options)
@@ -198,30 +203,36 @@ def parsl_on_box(emulator: Any, tmp_path: Path, **executor_options: Any
 def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         emulator_factory: Any, tmp_path: Path) -> None:
     emulator = emulator_factory(max_wait=120, notify_interval=0.3)
-    with parsl_on_box(emulator, tmp_path) as box:
+    with parsl_on_box(emulator, tmp_path, nodes_per_block=2) as box:
         provider, executor = box.provider, box.executor
         squares = [box.square(i, box.gate.url) for i in range(6)]
-        block = box.running_block()
-        victim = block.nodes[0]
-        node_id = box.node_id(victim)
-        admin(emulator).call("Revoke", nodes=[node_id])
+        block = box.running_block()  # a task on each of its two nodes
+        victim, sibling = block.nodes
+        node_ids = {cid: box.node_id(cid) for cid in block.nodes}
+        admin(emulator).call("Revoke", nodes=[node_ids[victim]])
         wait_for(lambda: provider.status([block.job_id])[0].state is JobState.HELD,
                  timeout=60, what="the block held (draining)")
-        # its manager is held at the interchange: no new task reaches it
+        # the block's managers, on both nodes, are held at the interchange: no new task
+        # reaches them
         wait_for(lambda: not any(m["active"] for m in managers_of(executor, block.block_id)),
                  timeout=60, what="the block's managers held")
         # Parsl's strategy asks for a block in its place (a held block is not active)
         wait_for(lambda: len(provider.book.blocks) >= 2, timeout=60, what="a second block")
+        # nothing of the provider, the executor or the nodes listens beyond this machine
+        assert {ip for ip, _ in listening(os.getpid(), children=True)} <= LOOPBACK
         box.gate.open()
         results = [f.result(timeout=240) for f in squares]
         assert [r[0] for r in results] == [i * i for i in range(6)]
         assert box.total(*squares).result(timeout=120) == sum(i * i for i in range(6))
-        # the revoked node ran what it had before the notice, and nothing after
-        assert sum(1 for r in results if r[1] == victim) == 2, results
-        wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
+        # the block's nodes ran what they had before the notice, and nothing after
+        ran = [r[1] for r in results]
+        assert (ran.count(victim), ran.count(sibling)) == (1, 1), results
+        wait_for(lambda: reclaim_outcome(emulator, node_ids[victim]), timeout=120,
                  what="the reclamation to end")
-        assert reclaim_outcome(emulator, node_id) == "early"
-        assert victim not in cm_nodes(emulator, tmp_path)
+        assert reclaim_outcome(emulator, node_ids[victim]) == "early"
+        # the block's other node went back with it
+        wait_for(lambda: not set(block.nodes) & set(cm_nodes(emulator, tmp_path)), timeout=60,
+                 what="the block's nodes given back")
         assert provider.status([block.job_id])[0].state is JobState.COMPLETED
         stats = provider.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
