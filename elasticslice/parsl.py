@@ -274,6 +274,7 @@ class BlockDrainer:
         self.release, self.wake, self.clock, self.poll = release, wake, clock, poll
         self.work = Background("parsl-drain", threads=4)
         self._closing = threading.Event()
+        self._lock = threading.Lock()
         self._draining = 0
 
     def start(self, revocations: Sequence[PendingDelete]) -> None:
@@ -285,9 +286,10 @@ class BlockDrainer:
                 self.work.post(self._drain, block)
 
     def hurry(self, revocation: PendingDelete) -> None:
+        """The deadline came earlier: the drain waits for that one."""
         block = self.book.of(revocation.client_id)
-        if block is not None:
-            self.book.drain(block, revocation)  # an earlier deadline only
+        if block is not None and not block.over and self.book.drain(block, revocation):
+            self.work.post(self._drain, block)
 
     def gone(self, revocations: Sequence[PendingDelete], *, now: bool = False) -> None:
         """Taken (or taken now): the interchange finds their managers lost and Parsl
@@ -313,14 +315,16 @@ class BlockDrainer:
                 if str(m.get("block_id")) == block.block_id]
 
     def _drain(self, block: Block) -> None:
-        self._draining += 1
+        with self._lock:
+            self._draining += 1
         try:
             why = self._wait_empty(block)
         except Exception as err:  # noqa: BLE001 - the node goes anyway
             log.warning("cannot drain %s (%s): its node goes now", block.name, err)
             why = f"not drained: {err}"
         finally:
-            self._draining -= 1
+            with self._lock:
+                self._draining -= 1
         self.book.set_state(block, BlockState.DRAINED, why)
         for rev in list(block.revoked.values()):
             self.release(rev.node_id, rev.client_id, why)

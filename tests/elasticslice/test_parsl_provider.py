@@ -21,7 +21,8 @@ import pytest
 from parsl.jobs.states import JobState
 
 from elasticslice.managers.policy import NodeState
-from elasticslice.parsl import BlockState, CloudLabProvider, ProviderError, job_state
+from elasticslice.parsl import Block, BlockBook, BlockState, CloudLabProvider, \
+    ParslNodeHelper, ProviderError, job_state
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness
@@ -96,6 +97,48 @@ def test_the_provider_says_what_parsl_asks_of_it() -> None:
             provider.parallelism, provider.max_nodes) == ("cl", 1.5, 2, 0, 0, 3, 0.5, 6)
     assert provider.status(["nosuch"])[0].state is JobState.UNKNOWN
     assert provider.cancel(["nosuch"]) == [False]
+
+
+# ---------------------------------------------------------------------- blocks and nodes (fast)
+def test_new_nodes_fill_the_oldest_open_block_and_a_failed_add_reopens_its_slots() -> None:
+    book = BlockBook()
+    first, second = Block("a", "block-0", "cmd 0", 2), Block("b", "block-1", "cmd 1", 1)
+    book.add(first)
+    book.add(second)
+    assert [book.bind(c).job_id for c in ("n1", "n2", "n3")] == ["a", "a", "b"]
+    assert book.bind("n4") is None and book.open_slots() == 0
+    book.unbind(["n2", "n3"])  # AddNodes failed
+    assert (first.nodes, second.nodes, book.open_slots()) == (["n1"], [], 2)
+    assert book.wanted("n1") and not book.wanted("n2")
+    book.set_state(first, BlockState.CANCELLED)
+    assert not book.wanted("n1") and book.open_slots() == 1
+    # a final block stays final
+    assert not book.set_state(first, BlockState.LIVE) and first.state is BlockState.CANCELLED
+
+
+def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
+    """start.sh, run by a real sh: the environment's lines set py, the worker pool's name
+    runs this Python's module, and the block's command runs as given (quoted once)."""
+    helper = ParslNodeHelper(BlockBook(), None, tmp_path / "tarballs",
+                             f"py={sys.executable}\n", cores=3)
+    block = Block("a", "block-0", "echo \"cores=$PARSL_CORES\"; "
+                  "process_worker_pool.py -c 'import sys; print(sys.argv[1:])' --block_id=0",
+                  1, block_id="0")
+    script = tmp_path / "start.sh"
+    script.write_text(helper.start_script(block))
+    # the worker pool's module stands in for what the node's environment holds
+    fake = tmp_path / "parsl" / "executors" / "high_throughput"
+    fake.mkdir(parents=True)
+    for folder in (tmp_path / "parsl", tmp_path / "parsl" / "executors", fake):
+        (folder / "__init__.py").write_text("")
+    (fake / "process_worker_pool.py").write_text(
+        "import sys; print('pool', sys.argv[1:])\n")
+    import subprocess
+    done = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "cores=3", "pool ['-c', 'import sys; print(sys.argv[1:])', '--block_id=0']"]
 
 
 # ---------------------------------------------------------------------- on the box (slow)
