@@ -246,6 +246,7 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
         spec = super().node_spec(client_id)
         block = self.book.bind(client_id)
         if block is None:  # the sliver's first node with no block yet: it runs nothing
+            spec.executes = []
             return spec
         url = self.publisher.publish(self.tarball(client_id, block), f"{client_id}.tar.gz")
         self._urls[client_id] = url
@@ -383,8 +384,23 @@ class ParslSliceManager(SimpleElasticSliceManager):
         try:
             return self.actuator.add(c, args)
         except Exception:
-            self.book.unbind(list(args))
+            self._unbind_unheld()
             raise
+
+    def ensure_sliver(self, cm: Any = None) -> Any:
+        try:
+            return super().ensure_sliver(cm)
+        except Exception:
+            self._unbind_unheld()
+            raise
+
+    def _unbind_unheld(self) -> None:
+        """Nodes bound to blocks that no CM holds (their AddNodes or CreateSliver failed)
+        free their slots; one the CM added after all is found by the reconcile, and given
+        back as no block's."""
+        bound = [cid for block in list(self.book.blocks.values()) for cid in list(block.nodes)]
+        self.book.unbind([cid for cid in bound
+                          if all(self.state.node(url, cid) is None for url in self.cmlist)])
 
     def delete_nodes(self, cm: Any = None) -> int:
         deleted = 0
