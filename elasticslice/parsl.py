@@ -524,6 +524,11 @@ class CloudLabProvider(ExecutionProvider):
         self._own_server = False
         self._closed = False
 
+    def __repr__(self) -> str:  # Parsl logs its config with it
+        return (f"CloudLabProvider(label={self.label!r}, nodes_per_block={self.nodes_per_block}, "
+                f"init_blocks={self.init_blocks}, min_blocks={self.min_blocks}, "
+                f"max_blocks={self.max_blocks}, state_dir={str(self.state_dir)!r})")
+
     # ------------------------------------------------------------------ Parsl's interface
     @property
     def label(self) -> str:

@@ -141,6 +141,13 @@ def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Pa
         "cores=3", "pool ['-c', 'import sys; print(sys.argv[1:])', '--block_id=0']"]
 
 
+def test_the_nodes_wheelhouse_with_parsl_is_one_of_its_own(tmp_path: Path) -> None:
+    from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
+    with pytest.raises(WheelhouseError, match="expected names, e.g. parsl"):
+        Wheelhouse.for_python(root=tmp_path, extra=("../parsl",))
+    assert not list(tmp_path.iterdir())
+
+
 # ---------------------------------------------------------------------- on the box (slow)
 # The apps, made as a script's are (``__main__``): Parsl ships them by value (the nodes have
 # no ``tests`` package to import them from).
