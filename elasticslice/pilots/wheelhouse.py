@@ -135,9 +135,11 @@ class Wheelhouse:
 
     @classmethod
     def for_python(cls, version: str | None = None, *, platform: str | None = None,
-                   root: Path | str | None = None) -> Wheelhouse:
+                   root: Path | str | None = None, extra: tuple[str, ...] = ()) -> Wheelhouse:
         """The wheelhouse for Python ``version`` (``"3.11"``; default: this interpreter's)
-        on ``platform`` (default: this machine's), built now unless the cache has it."""
+        on ``platform`` (default: this machine's), built now unless the cache has it.
+        ``extra``: installed distributions the nodes need besides the agent's (e.g.
+        ``("parsl",)``): their closure too, in a wheelhouse of its own (``...-parsl``)."""
         version = version or this_python()
         match = _VERSION.match(str(version).strip())
         if not match:
@@ -148,13 +150,16 @@ class Wheelhouse:
         if not re.fullmatch(r"[A-Za-z0-9_]+", platform):
             raise WheelhouseError(f"platform {platform!r}: expected a wheel platform tag, "
                                   "e.g. manylinux_2_35_x86_64")
+        extra = tuple(sorted({canonical(name) for name in extra}))
+        if any(not re.fullmatch(r"[a-z0-9-]+", name) for name in extra):
+            raise WheelhouseError(f"extra distributions {extra!r}: expected names, e.g. parsl")
         base = Path(root) if root is not None else cache_root()
-        directory = base / f"cp{version.replace('.', '')}-{platform}"
+        directory = base / "-".join([f"cp{version.replace('.', '')}", platform, *extra])
         same = version == this_python() and platform == this_platform()
         try:
             directory.mkdir(parents=True, exist_ok=True)
             with _locked(base / f".{directory.name}.lock"):
-                return _build(directory, version, platform, same)
+                return _build(directory, version, platform, same, extra)
         except OSError as err:
             raise WheelhouseError(f"cannot build the wheelhouse in {directory}: "
                                   f"{err.strerror or err}") from err
@@ -208,7 +213,8 @@ def _pins(dists: list[md.Distribution]) -> dict[str, str]:
 FORMAT = "2"  # 2: wheels of this Python carry its bytecode; a cache of another is made again
 
 
-def _build(directory: Path, version: str, platform: str, same: bool) -> Wheelhouse:
+def _build(directory: Path, version: str, platform: str, same: bool,
+           extra: tuple[str, ...] = ()) -> Wheelhouse:
     started = time.monotonic()
     stamp = directory / ".format"
     if not stamp.exists() or stamp.read_text().strip() != FORMAT:
@@ -216,7 +222,7 @@ def _build(directory: Path, version: str, platform: str, same: bool) -> Wheelhou
                     directory / ".project-key"]:
             old.unlink(missing_ok=True)
         stamp.write_text(FORMAT + "\n")
-    dists = closure()
+    dists = closure((*AGENT_REQUIREMENTS, *extra))
     built = False
     if same:
         wanted: dict[str, Path] = {}

@@ -1,0 +1,316 @@
+"""``CloudLabProvider``: Parsl's HighThroughputExecutor on the box's nodes.
+
+Fast tests: the node-state mapping and the argument checks. Slow tests (the box, real Parsl,
+real worker pools on emulated nodes): a workflow of python apps runs through the provider,
+survives a revocation mid-run with the right results, and the revoked block's node goes back
+early. Apps wait on a gate of a :class:`~tests.elasticslice.pilots.helpers.Witness` (nodes
+share the host's loopback), so the test says when work may end, whatever the machine's load.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parsl.jobs.states import JobState
+
+from elasticslice.managers.policy import NodeState
+from elasticslice.parsl import Block, BlockBook, BlockState, CloudLabProvider, \
+    ParslNodeHelper, ProviderError, job_state
+from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
+    reclaim_outcome
+from tests.elasticslice.pilots.helpers import Witness
+from tests.hostile.netstat import LOOPBACK, listening
+from tests.helpers import wait_for
+
+R, N, F = NodeState.READY, NodeState.NOTREADY, NodeState.FAILED
+
+
+# ---------------------------------------------------------------------- the mapping (fast)
+@pytest.mark.parametrize("block, nodes, slots, expected", [
+    (BlockState.LIVE, [], 1, JobState.PENDING),              # nothing asked for yet
+    (BlockState.LIVE, [N], 0, JobState.PENDING),             # booting
+    (BlockState.LIVE, [NodeState.CHANGING, N], 0, JobState.PENDING),
+    (BlockState.LIVE, [N, R], 0, JobState.RUNNING),          # one node up is enough
+    (BlockState.LIVE, [R, None], 0, JobState.RUNNING),       # one taken, one left
+    (BlockState.LIVE, [None, None], 0, JobState.TIMEOUT),    # all taken without notice
+    (BlockState.LIVE, [F], 0, JobState.FAILED),              # never booted
+    (BlockState.LIVE, [F, N], 0, JobState.PENDING),
+    (BlockState.DRAINING, [R], 0, JobState.HELD),            # a notice: no new task
+    (BlockState.DRAINED, [None], 0, JobState.COMPLETED),
+    (BlockState.DRAINED, [R], 0, JobState.COMPLETED),
+    (BlockState.CANCELLED, [R], 0, JobState.CANCELLED),
+])
+def test_node_states_map_to_parsl_job_states(block: BlockState, nodes: list[Any], slots: int,
+                                             expected: JobState) -> None:
+    assert job_state(block, nodes, slots) is expected
+
+
+def test_the_documented_table_is_the_mapping(repo_root: Path) -> None:
+    text = (repo_root / "docs" / "parsl.md").read_text()
+    for state in ("PENDING", "RUNNING", "HELD", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"):
+        assert re.search(rf"\|[^\n]*`{state}`", text), state
+
+
+# ---------------------------------------------------------------------- arguments (fast)
+@pytest.mark.parametrize("options, message", [
+    ({}, "needs the CloudLab client"),
+    ({"server": object(), "config": "x.conf"}, "one of them"),
+    ({"server": object(), "nodes_per_block": 0}, "nodes_per_block must be a whole number >= 1"),
+    ({"server": object(), "max_blocks": True}, "max_blocks must be a whole number"),
+    ({"server": object(), "min_blocks": 3, "max_blocks": 2}, "max_blocks must be a whole "
+                                                             "number >= 3"),
+    ({"server": object(), "init_blocks": 5, "max_blocks": 2}, "init_blocks (5) is more than"),
+    ({"server": object(), "parallelism": 2}, "parallelism must be between 0 and 1"),
+    ({"server": object(), "margin": -1}, "margin must be a number of seconds >= 0"),
+    ({"server": object(), "status_polling_interval": 0}, "status_polling_interval must be"),
+    ({"server": object(), "label": "a b"}, "label must be letters"),
+    ({"server": object(), "cores_per_node": "8"}, "cores_per_node must be a whole number"),
+])
+def test_bad_arguments_are_one_clear_line(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProviderError) as err:
+        CloudLabProvider(**options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_encrypted_executor_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    provider = CloudLabProvider(server=object(), state_dir=tmp_path / "state")
+    with pytest.raises(ProviderError, match="encrypted=False") as err:
+        provider.submit("process_worker_pool.py --cert_dir /home/me/runinfo/000/certificates "
+                        "--block_id=0", 1, "parsl.cloudlab.block-0")
+    assert "\n" not in str(err.value)
+    assert provider.manager is None and not (tmp_path / "state").exists()
+
+
+def test_the_provider_says_what_parsl_asks_of_it() -> None:
+    provider = CloudLabProvider(server=object(), label="cl", nodes_per_block=2, init_blocks=0,
+                                min_blocks=0, max_blocks=3, parallelism=0.5,
+                                status_polling_interval=1.5)
+    assert (provider.label, provider.status_polling_interval, provider.nodes_per_block,
+            provider.init_blocks, provider.min_blocks, provider.max_blocks,
+            provider.parallelism, provider.max_nodes) == ("cl", 1.5, 2, 0, 0, 3, 0.5, 6)
+    assert provider.status(["nosuch"])[0].state is JobState.UNKNOWN
+    assert provider.cancel(["nosuch"]) == [False]
+
+
+# ---------------------------------------------------------------------- blocks and nodes (fast)
+def test_new_nodes_fill_the_oldest_open_block_and_a_failed_add_reopens_its_slots() -> None:
+    book = BlockBook()
+    first, second = Block("a", "block-0", "cmd 0", 2), Block("b", "block-1", "cmd 1", 1)
+    book.add(first)
+    book.add(second)
+    assert [book.bind(c).job_id for c in ("n1", "n2", "n3")] == ["a", "a", "b"]
+    assert book.bind("n4") is None and book.open_slots() == 0
+    book.unbind(["n2", "n3"])  # AddNodes failed
+    assert (first.nodes, second.nodes, book.open_slots()) == (["n1"], [], 2)
+    assert book.wanted("n1") and not book.wanted("n2")
+    book.set_state(first, BlockState.CANCELLED)
+    assert not book.wanted("n1") and book.open_slots() == 1
+    # a final block stays final
+    assert not book.set_state(first, BlockState.LIVE) and first.state is BlockState.CANCELLED
+
+
+def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
+    """start.sh, run by a real sh: the environment's lines set py, the worker pool's name
+    runs this Python's module, and the block's command runs as given (quoted once)."""
+    helper = ParslNodeHelper(BlockBook(), None, tmp_path / "tarballs",
+                             f"py={sys.executable}\n", cores=3)
+    block = Block("a", "block-0", "echo \"cores=$PARSL_CORES\"; "
+                  "process_worker_pool.py -c 'import sys; print(sys.argv[1:])' --block_id=0",
+                  1, block_id="0")
+    script = tmp_path / "start.sh"
+    script.write_text(helper.start_script(block))
+    # the worker pool's module stands in for what the node's environment holds
+    fake = tmp_path / "parsl" / "executors" / "high_throughput"
+    fake.mkdir(parents=True)
+    for folder in (tmp_path / "parsl", tmp_path / "parsl" / "executors", fake):
+        (folder / "__init__.py").write_text("")
+    (fake / "process_worker_pool.py").write_text(
+        "import sys; print('pool', sys.argv[1:])\n")
+    import subprocess
+    done = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "cores=3", "pool ['-c', 'import sys; print(sys.argv[1:])', '--block_id=0']"]
+
+
+def test_the_nodes_wheelhouse_with_parsl_is_one_of_its_own(tmp_path: Path) -> None:
+    from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
+    with pytest.raises(WheelhouseError, match="expected names, e.g. parsl"):
+        Wheelhouse.for_python(root=tmp_path, extra=("../parsl",))
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------- on the box (slow)
+# The apps, made as a script's are (``__main__``): Parsl ships them by value (the nodes have
+# no ``tests`` package to import them from).
+APPS = """
+def square(x, gate_url):
+    import subprocess, time, urllib.request
+    while True:  # the test opens the gate
+        try:
+            urllib.request.urlopen(gate_url, timeout=5).close()
+            break
+        except Exception:  # closed (404) or not yet
+            time.sleep(0.05)
+    node = subprocess.run(["geni-get", "client_id"], capture_output=True, text=True)
+    return x * x, node.stdout.strip()
+
+
+def total(*parts):
+    return sum(p[0] for p in parts)
+"""
+
+
+def apps() -> tuple[Any, Any]:
+    """square(x, gate_url) -> (x * x, the node it ran on), once the gate is open;
+    total(*squares) -> the sum of the squares."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(APPS, "<apps>", "exec"), namespace)  # noqa: S102 - our own text
+    return namespace["square"], namespace["total"]
+
+
+def cm_nodes_or_none(emulator: Any, tmp_path: Path) -> list[str] | None:
+    """What the CM holds for the slice (None: no sliver)."""
+    from elasticslice.errors import ElasticSliceError
+    try:
+        return cm_nodes(emulator, tmp_path)
+    except ElasticSliceError:
+        return None
+
+
+def managers_of(executor: Any, block_id: str) -> list[dict[str, Any]]:
+    return [m for m in executor.connected_managers() if str(m["block_id"]) == block_id]
+
+
+@dataclasses.dataclass
+class OnTheBox:
+    """Parsl loaded with a HighThroughputExecutor on a CloudLabProvider of the box."""
+
+    provider: CloudLabProvider
+    executor: Any
+    gate: Any
+    square: Any
+    total: Any
+
+    def running_block(self) -> Any:
+        """The first block, once two tasks run on it (2 workers; the rest wait)."""
+        block = wait_for(lambda: next(iter(self.provider.book.blocks.values()), None), 60,
+                         what="the first block")
+        wait_for(lambda: sum(m["tasks"] for m in managers_of(self.executor,
+                                                             block.block_id)) == 2,
+                 timeout=180, what="tasks running on the first block")
+        return block
+
+    def node_id(self, client_id: str) -> str:
+        manager = self.provider.manager
+        return manager.state.node(manager.cmlist[0], client_id).node_id
+
+
+@contextlib.contextmanager
+def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
+                 **executor_options: Any) -> Iterator[OnTheBox]:
+    """Two workers a block (``nodes_per_block`` nodes, 2 // nodes_per_block workers each),
+    two blocks at most, retries 2."""
+    import parsl
+    from parsl import python_app
+    from parsl.config import Config
+    from parsl.executors import HighThroughputExecutor
+
+    witness = Witness()
+    server = client_for(emulator, tmp_path / "cache")
+    provider = CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
+                                nodes_per_block=nodes_per_block,
+                                margin=1.0, status_polling_interval=0.5,
+                                intervals={**FAST_INTERVALS, "renew": 600.0})
+    options = {"heartbeat_period": 2, "heartbeat_threshold": 10, **executor_options}
+    executor = HighThroughputExecutor(
+        label="cloudlab", address="127.0.0.1", encrypted=False, provider=provider,
+        max_workers_per_node=2 // nodes_per_block, poll_period=100,
+        # the interchange of this Python (pytest may run without the venv's bin on PATH)
+        interchange_launch_cmd=[sys.executable, "-m",
+                                "parsl.executors.high_throughput.interchange"], **options)
+    config = Config(executors=[executor], retries=2, strategy_period=0.5,
+                    run_dir=str(tmp_path / "runinfo"))
+    square, total = (python_app(f) for f in apps())
+    try:
+        with parsl.load(config):
+            yield OnTheBox(provider, executor, witness.gate(), square, total)
+    finally:
+        provider.close()
+        server.close()
+        witness.close()
+
+
+@pytest.mark.slow
+def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
+        emulator_factory: Any, tmp_path: Path) -> None:
+    emulator = emulator_factory(max_wait=120, notify_interval=0.3)
+    with parsl_on_box(emulator, tmp_path, nodes_per_block=2) as box:
+        provider, executor = box.provider, box.executor
+        squares = [box.square(i, box.gate.url) for i in range(6)]
+        block = box.running_block()  # a task on each of its two nodes
+        victim, sibling = block.nodes
+        node_ids = {cid: box.node_id(cid) for cid in block.nodes}
+        admin(emulator).call("Revoke", nodes=[node_ids[victim]])
+        wait_for(lambda: provider.status([block.job_id])[0].state is JobState.HELD,
+                 timeout=60, what="the block held (draining)")
+        # the block's managers, on both nodes, are held at the interchange: no new task
+        # reaches them
+        wait_for(lambda: not any(m["active"] for m in managers_of(executor, block.block_id)),
+                 timeout=60, what="the block's managers held")
+        # Parsl's strategy asks for a block in its place (a held block is not active)
+        wait_for(lambda: len(provider.book.blocks) >= 2, timeout=60, what="a second block")
+        # nothing of the provider, the executor or the nodes listens beyond this machine
+        assert {ip for ip, _ in listening(os.getpid(), children=True)} <= LOOPBACK
+        box.gate.open()
+        results = [f.result(timeout=240) for f in squares]
+        assert [r[0] for r in results] == [i * i for i in range(6)]
+        assert box.total(*squares).result(timeout=120) == sum(i * i for i in range(6))
+        # the block's nodes ran what they had before the notice, and nothing after
+        ran = [r[1] for r in results]
+        assert (ran.count(victim), ran.count(sibling)) == (1, 1), results
+        wait_for(lambda: reclaim_outcome(emulator, node_ids[victim]), timeout=120,
+                 what="the reclamation to end")
+        assert reclaim_outcome(emulator, node_ids[victim]) == "early"
+        # the block's other node went back with it
+        wait_for(lambda: not set(block.nodes) & set(cm_nodes(emulator, tmp_path)), timeout=60,
+                 what="the block's nodes given back")
+        assert provider.status([block.job_id])[0].state is JobState.COMPLETED
+        stats = provider.stats()
+        assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+            (1, 1, 0), stats
+    # the provider closed: the slice went back
+    assert cm_nodes_or_none(emulator, tmp_path) is None
+
+
+@pytest.mark.slow
+def test_the_tasks_of_a_node_taken_without_notice_are_retried_by_parsl(
+        emulator_factory: Any, tmp_path: Path) -> None:
+    emulator = emulator_factory(max_wait=0)  # CloudLab cannot wait: max_wait_time 0
+    with parsl_on_box(emulator, tmp_path, heartbeat_period=1, heartbeat_threshold=4) as box:
+        squares = [box.square(i, box.gate.url) for i in range(4)]
+        block = box.running_block()
+        victim = block.nodes[0]
+        node_id = box.node_id(victim)
+        admin(emulator).call("Revoke", nodes=[node_id])
+        wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
+                 what="the reclamation to end")
+        assert reclaim_outcome(emulator, node_id) == "forced"
+        wait_for(lambda: box.provider.status([block.job_id])[0].state is JobState.TIMEOUT,
+                 timeout=60, what="the block ended as taken")
+        box.gate.open()
+        # the interchange lost the node's manager; Parsl ran its tasks again elsewhere
+        results = [f.result(timeout=240) for f in squares]
+        assert [r[0] for r in results] == [i * i for i in range(4)]
+        assert all(r[1] != victim for r in results), results
+        stats = box.provider.stats()
+        assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+            (1, 0, 1), stats
