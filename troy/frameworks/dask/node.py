@@ -104,16 +104,24 @@ async def _kill_when_cut_off(w: object, stop: asyncio.Event) -> None:
         _kill_all()
 
 
+#: the ``close`` a scheduler sends every worker when it shuts down itself: it goes away (a
+#: run stopped, to be resumed), which is not a dismissal: the agent rejoins
+SCHEDULER_CLOSING = "scheduler-close"
+
+
 def _watch_dismissal(w: Any) -> list[str]:
     """The reasons the scheduler gave when it closed ``w`` on purpose (its ``close`` op:
-    a retirement, a removal), filled in when it comes; empty when the scheduler went away."""
+    a retirement, a removal), filled in when it comes; empty when the scheduler went away
+    (its connection lost, or it shut down: :data:`SCHEDULER_CLOSING`)."""
     reasons: list[str] = []
     handler = w.stream_handlers.get("close")
     if handler is None:
         return reasons
 
     def close(*args: Any, **kwargs: Any) -> Any:
-        reasons.append(str(kwargs.get("reason") or "closed by the scheduler"))
+        reason = str(kwargs.get("reason") or "closed by the scheduler")
+        if reason != SCHEDULER_CLOSING:
+            reasons.append(reason)
         return handler(*args, **kwargs)
     w.stream_handlers["close"] = close
     return reasons
