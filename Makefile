@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast bytecode demo bench chaos wheelhouse clean
+.PHONY: test test-fast bytecode browser demo bench chaos wheelhouse clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,8 +35,22 @@ PYTEST_ARGS  ?=
 # (a test runs a node as user nobody from it). TEST_TMPDIR= : $TMPDIR as it is.
 TEST_TMPDIR ?= $(shell test -d /dev/shm && test -w /dev/shm && echo /dev/shm/elasticslice-tests-$$(id -u))
 TMP_ENV := $(if $(TEST_TMPDIR),mkdir -p $(TEST_TMPDIR) && chmod 755 $(TEST_TMPDIR) && TMPDIR=$(TEST_TMPDIR))
-test: $(STAMP) bytecode
+test:
+	@$(MAKE) --no-print-directory -j2 browser bytecode
 	$(TMP_ENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# Debian's Chromium, for the tests that take screenshots of what users watch (the Dask
+# dashboard, troy plot: docs/*.png): installed when missing where this is root on Debian
+# (make test runs it beside the venv's set-up); elsewhere those pictures are not taken.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && \
+	      apt-get install -y -q --no-install-recommends chromium >/dev/null; } && \
+	    echo "browser: installed Debian's chromium (the tests' screenshots)"; \
+	  else echo "browser: no chromium and not root on Debian: no screenshots in the tests"; fi; }
 
 # The fast tier, for every edit: unit and in-process tests (no emulator, Dask or demo)
 test-fast: $(STAMP) bytecode

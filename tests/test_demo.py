@@ -17,9 +17,11 @@ import pytest
 from elasticslice.demo.console import Console, port_open
 from elasticslice.demo.report import Progress, ProgressPrinter, event_lines
 from elasticslice.emulator.adminclient import AdminClient
+from troy.plot import MARKERS
 from troy.report import ENTRY_KEYS
 from tests.demo_helpers import DEMO, ELASTICSLICE, DemoRun, emulator_port, leftovers
 from tests.helpers import REPO, wait_for
+from tests.screenshots import Page, browser, has_colour
 
 FAST = ["--boot-delay", "0.2"]
 
@@ -60,6 +62,22 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
             f"early") in out
     assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
+    # afterwards, troy plot of the run, the revocation marked on it, as a browser shows it
+    # (docs/troy-plot-revocation.png)
+    plot = tmp_path / "plot.png"
+    plotted = subprocess.run([str(Path(sys.executable).with_name("troy")), "plot",
+                              str(d / "report.json"), "-o", str(plot)], capture_output=True,
+                             text=True, timeout=120, check=False)
+    assert plotted.returncode == 0 and "; marked: " in plotted.stdout, plotted.stderr
+    if browser():
+        page_file = tmp_path / "plot.html"
+        page_file.write_text('<!doctype html><body style="margin:0">'
+                             '<img src="plot.png" style="max-width:100%;max-height:100vh"></body>')
+        with Page(page_file.as_uri(), size=(1100, 740)) as page:
+            shot = tmp_path / "troy-plot-revocation.png"
+            wait_for(lambda: has_colour(page.screenshot(shot), MARKERS["notice"][0])
+                     and has_colour(shot, MARKERS["release"][0]), 30,
+                     what="the plot with its notice and release markers")
 
 
 @pytest.mark.slow

@@ -19,6 +19,10 @@ from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, adm
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
 from tests.helpers import wait_for
+from tests.screenshots import Page, browser, has_colour
+
+#: the dashboard's "Tasks Processing" bars
+PROCESSING_BLUE = "#0000ff"
 
 
 # ---------------------------------------------------------------- fast: arguments ----------
@@ -157,6 +161,13 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
                 lambda b, url=gate.url: gated(b * 2, url), meta=np.empty((0, 0)))
             total = client.compute(blocks.sum())
             revoked.append(revoke_a_busy_added_node(client, cluster, emulator, initial))
+            if browser():   # what the user watches meanwhile (docs/dask-dashboard.png)
+                with Page(cluster.dashboard_link) as page:
+                    wait_for(lambda: page.evaluate("window.Bokeh ? Bokeh.documents.length "
+                                                   ": 0"), 60, what="the dashboard's plots")
+                    shot = tmp_path / "dask-dashboard.png"
+                    wait_for(lambda: has_colour(page.screenshot(shot), PROCESSING_BLUE),
+                             30, what="the dashboard showing the tasks processing")
             gate.open()
             assert total.result() == 2 * 64 * 1000
             assert [reclaim_outcome(emulator, n) for n in revoked] == ["early", "early"]
