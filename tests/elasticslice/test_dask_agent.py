@@ -1,7 +1,8 @@
 """The node agent as a CloudLabCluster's worker: it has Dask's memory limit (broke: with none,
 Dask's adaptive target never let a worker holding a result go, so an idle cluster whose client
-kept a future never shrank), and a worker the scheduler retired on purpose does not rejoin
-(its node is going)."""
+kept a future never shrank), and a worker its cluster retired to give the node back does not
+rejoin (a worker retired without that word rejoins: tests/elasticslice/pilots/
+test_chaos_regressions.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,9 +25,11 @@ def test_a_retired_node_agent_leaves_for_good_and_had_a_memory_limit(tmp_path: P
                                what="the agent's worker")
             (addr, info), = workers.items()
             assert info["name"] == "node-1" and info["memory_limit"] > 0
+            from troy.frameworks.dask.node import leave_for_good
+            assert client.run(leave_for_good, workers=[addr]) == {addr: "leaving"}
             client.retire_workers([addr], close_workers=True)
             assert proc.wait(60) == 0, log.read_text()
-            assert "the scheduler closed this worker" in log.read_text()
+            assert "the cluster retired this worker to give its node back" in log.read_text()
             assert client.scheduler_info()["workers"] == {}
         finally:
             if proc.poll() is None:

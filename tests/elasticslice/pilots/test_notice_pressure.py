@@ -187,9 +187,14 @@ def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(
     for node_id in (first, second):  # the drain's deadline is the notice's: the first
         # notice's arrival + 15 s, or earlier where a countdown notice (received later, with
         # a max_wait_time rounded up) said so; never later (broke: recomputed after a wait)
+        # (a countdown notice that came after the node was given back may still bring the
+        # record's deadline earlier: there was no drain left to hurry)
         revocation = [r for r in manager.state.pending_deletes() if r.node_id == node_id][0]
-        assert manager.drains[node_id].deadline == revocation.deadline
-        assert revocation.deadline <= revocation.first_seen + 15
+        plan = manager.drains[node_id]
+        assert plan.deadline == revocation.deadline or (
+            revocation.released is not None and revocation.last_seen > revocation.released
+            and plan.deadline > revocation.deadline), (plan, revocation)
+        assert revocation.deadline <= plan.deadline <= revocation.first_seen + 15
     pressure.relieve()
     stats = assert_nothing_lost(cluster, run, witness, 6)
     assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \

@@ -291,6 +291,9 @@ class PilotMoves:
             pilot.draining = True
         timeout = None if until is None else max(0.1, until - time.time())
         try:
+            from troy.frameworks.dask.node import leave_for_good
+            # a node agent stops once retired (its node goes back) instead of rejoining
+            self.client.run(leave_for_good, workers=[addr], on_error="return")
             self.client.sync(self.client.scheduler.retire_workers, workers=[addr],
                              close_workers=True, callback_timeout=timeout)
             return True

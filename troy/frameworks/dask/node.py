@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
-from typing import Any
 
 from troy.frameworks.dask.agent import (_canceled, _kill_all, _procs, _procs_lock,
                                         _start_worker, _stopping, _terminating)
@@ -104,27 +104,18 @@ async def _kill_when_cut_off(w: object, stop: asyncio.Event) -> None:
         _kill_all()
 
 
-#: the ``close`` a scheduler sends every worker when it shuts down itself: it goes away (a
-#: run stopped, to be resumed), which is not a dismissal: the agent rejoins
-SCHEDULER_CLOSING = "scheduler-close"
+#: set by :func:`leave_for_good`: the cluster retires this node's worker because the node is
+#: being given back, so the agent stops instead of rejoining
+_leaving = threading.Event()
 
 
-def _watch_dismissal(w: Any) -> list[str]:
-    """The reasons the scheduler gave when it closed ``w`` on purpose (its ``close`` op:
-    a retirement, a removal), filled in when it comes; empty when the scheduler went away
-    (its connection lost, or it shut down: :data:`SCHEDULER_CLOSING`)."""
-    reasons: list[str] = []
-    handler = w.stream_handlers.get("close")
-    if handler is None:
-        return reasons
-
-    def close(*args: Any, **kwargs: Any) -> Any:
-        reason = str(kwargs.get("reason") or "closed by the scheduler")
-        if reason != SCHEDULER_CLOSING:
-            reasons.append(reason)
-        return handler(*args, **kwargs)
-    w.stream_handlers["close"] = close
-    return reasons
+def leave_for_good() -> str:
+    """Run on the node's worker by its cluster (``Client.run``) just before the cluster
+    retires the worker to give the node back: the agent then stops instead of rejoining. A
+    worker retired or lost without it (Troy lost its pilot, the scheduler went away) rejoins
+    as before: its node is still the cluster's."""
+    _leaving.set()
+    return "leaving"
 
 
 async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | None,
@@ -162,7 +153,6 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     while w is not None:
-        dismissed = _watch_dismissal(w)
         done = asyncio.ensure_future(w.finished())
         cut = asyncio.ensure_future(_kill_when_cut_off(w, stop))
         await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
@@ -172,9 +162,9 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         _kill_all()
         if stop.is_set():
             return
-        if dismissed:  # retired or removed on purpose: its node is going, no rejoining
-            log.warning("the scheduler closed this worker (%s): the agent stops",
-                        dismissed[0])
+        if _leaving.is_set():  # retired by its cluster: the node is going, no rejoining
+            log.warning("the cluster retired this worker to give its node back: the agent "
+                        "stops")
             return
         if reconnect <= 0:
             raise SchedulerGone(f"scheduler {scheduler} went away (reconnecting is off: "
