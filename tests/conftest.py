@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,13 @@ os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL", "2s")
 import dask.config  # noqa: E402 - after the variables it reads
 
 dask.config.refresh()
+
+# A suite started in the background of a script (`make test &`, nohup) inherits SIGINT
+# ignored, and so would every command the tests start: those whose Ctrl-C the tests check
+# (the demo, elasticslice run, troy run) would never see it and the tests would wait for
+# them. The tests play a terminal's Ctrl-C, which reaches a process that has the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Fixtures that start real servers, clusters or processes: a test using one is slow.
 SLOW_FIXTURES = frozenset({
