@@ -59,6 +59,7 @@ import importlib.metadata as md
 import importlib.util
 import json
 import logging
+import marshal
 import os
 import platform as _platform
 import re
@@ -296,19 +297,47 @@ def _record_line(arcname: str, data: bytes) -> str:
     return f"{arcname},sha256={digest},{len(data)}"
 
 
-def _unchecked_pyc(arcname: str, data: bytes) -> tuple[str, bytes] | None:
+def _installed_code(source: Path, data: bytes) -> bytes | None:
+    """The marshalled code in ``source``'s installed bytecode (``__pycache__``, as pip and
+    ``make bytecode`` leave it) when the import system would take it for these bytes: this
+    interpreter's magic number, and the source's time and size (a timestamp pyc) or its
+    hash (a hash-based one); None otherwise."""
+    pyc = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+    try:
+        raw = pyc.read_bytes()
+        info = source.stat()
+    except OSError:
+        return None
+    if len(raw) < 16 or raw[:4] != importlib.util.MAGIC_NUMBER or info.st_size != len(data):
+        return None
+    flags = int.from_bytes(raw[4:8], "little")
+    if flags & 0b1:
+        valid = raw[8:16] == importlib.util.source_hash(data)
+    else:
+        valid = (flags == 0
+                 and int.from_bytes(raw[8:12], "little") == int(info.st_mtime) & 0xFFFFFFFF
+                 and int.from_bytes(raw[12:16], "little") == info.st_size & 0xFFFFFFFF)
+    return raw[16:] if valid else None
+
+
+def _unchecked_pyc(arcname: str, data: bytes, source: Path | None = None
+                   ) -> tuple[str, bytes] | None:
     """``arcname``'s bytecode for this interpreter as an unchecked hash-based pyc (PEP 552:
     used without looking at the source's time, which unpacking a wheel does not keep), and
-    where it goes (``__pycache__/NAME.cpython-3X.pyc``); None when it does not compile."""
-    from importlib import _bootstrap_external as external
-    try:
-        code = compile(data, arcname, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):
-        return None
+    where it goes (``__pycache__/NAME.cpython-3X.pyc``); None when it does not compile.
+    The code is the installed bytecode of ``source`` where it is valid (compiling every
+    module again took most of a wheelhouse's build), else compiled here."""
+    code = _installed_code(source, data) if source is not None else None
+    if code is None:
+        try:
+            code = marshal.dumps(compile(data, arcname, "exec", dont_inherit=True))
+        except (SyntaxError, ValueError):
+            return None
     folder, _, name = arcname.rpartition("/")
     cached = f"__pycache__/{name[:-3]}.{sys.implementation.cache_tag}.pyc"
-    pyc = external._code_to_hash_pyc(code, importlib.util.source_hash(data), checked=False)
-    return (f"{folder}/{cached}" if folder else cached), bytes(pyc)
+    pyc = (importlib.util.MAGIC_NUMBER + (0b1).to_bytes(4, "little")   # hash-based, unchecked
+           + importlib.util.source_hash(data) + code)
+    return (f"{folder}/{cached}" if folder else cached), pyc
 
 
 class _WheelWriter:
@@ -317,18 +346,22 @@ class _WheelWriter:
     this one imports the agent without compiling it: about 2 s of CPU a node)."""
 
     def __init__(self, out: Path, bytecode: bool = False) -> None:
-        self.zip = zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=6)
+        # level 1: a third of level 6's CPU for wheels a few percent larger (they cross a LAN)
+        self.zip = zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1)
         self.record: list[str] = []
         self.bytecode = bytecode
 
-    def add(self, arcname: str, data: bytes, mode: int = 0o644) -> None:
+    def add(self, arcname: str, data: bytes, mode: int = 0o644,
+            source: Path | None = None) -> None:
+        """``data`` as ``arcname``; ``source``: the file it was read from (its installed
+        bytecode is reused where valid)."""
         info = zipfile.ZipInfo(arcname, ZIP_TIME)
         info.external_attr = ((mode & 0o777) | 0o100000) << 16
         info.compress_type = zipfile.ZIP_DEFLATED
         self.zip.writestr(info, data)
         self.record.append(_record_line(arcname, data))
         if self.bytecode and arcname.endswith(".py") and ".data/" not in arcname \
-                and (compiled := _unchecked_pyc(arcname, data)) is not None:
+                and (compiled := _unchecked_pyc(arcname, data, source)) is not None:
             self.add(*compiled)
 
     def close(self, dist_info: str) -> None:
@@ -377,7 +410,7 @@ def repack(dist: md.Distribution, out: Path, bytecode: bool = False) -> None:
             except OSError as err:
                 raise WheelhouseError(f"{dist.metadata['Name']} {dist.version}: "
                                       f"{f} is missing ({err.strerror})") from err
-            writer.add(str(f.as_posix()), data, mode)
+            writer.add(str(f.as_posix()), data, mode, source)
         writer.close(dist_info)
     except BaseException:
         writer.zip.close()
@@ -428,7 +461,7 @@ def _project_wheel(directory: Path, bytecode: bool = False) -> tuple[Path, bool]
         dist_info = f"{PROJECT}-{dist.version}.dist-info"
         writer = _WheelWriter(out, bytecode)
         for arcname, source in files:
-            writer.add(arcname, source.read_bytes())
+            writer.add(arcname, source.read_bytes(), source=source)
         writer.add(f"{dist_info}/METADATA", metadata.encode())
         writer.add(f"{dist_info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: "
                    b"elasticslice.pilots.wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
