@@ -50,6 +50,7 @@ from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, PolicyConfig
 from elasticslice.managers.records import PendingDelete
+from elasticslice.pilots.manager import EarlyReleases
 from elasticslice.rpc import pki
 
 log = logging.getLogger(__name__)
@@ -355,13 +356,15 @@ class BlockDrainer:
                 return "the provider closed"
 
 
-class ParslSliceManager(SimpleElasticSliceManager):
+class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
     """The project's manager with Parsl as its policy: ``add_nodes`` asks for the open
     slots of live blocks (up to ``maxthreshold`` held), ``delete_nodes`` gives back the
     nodes no live block wants (CloudLab keeps one node in a sliver: the last stays until
     another comes or the provider closes); a notice drains the node's block
     (:class:`BlockDrainer`) and the node is released early. ``executor``: returns the
     HighThroughputExecutor (None: not known, nothing to drain)."""
+
+    RELEASE_WAKES = ("update_sliver_status", "delete_nodes")  # the block's other nodes too
 
     def __init__(self, server: Any, *, book: BlockBook, executor: Callable[[], Any],
                  margin: float = 5.0, **options: Any) -> None:
@@ -414,18 +417,6 @@ class ParslSliceManager(SimpleElasticSliceManager):
             if extra:
                 deleted += self.actuator.delete(c, extra, "their Parsl block ended")
         return deleted
-
-    def _release(self, node_id: str, client_id: str | None, why: str) -> None:
-        """A revoked node may go: the countdown's next answer says so, and a DeleteNodes
-        goes at once, off the cycle."""
-        if not self.notices.release([node_id], why):
-            return
-        log.info("releasing %s (%s) early: %s", node_id, client_id, why)
-        self.releases.post(self._give_back, node_id)
-
-    def _give_back(self, node_id: str) -> None:
-        self.actuator.give_back(node_id)
-        self.wake("update_sliver_status", "delete_nodes")
 
     def _threads(self) -> list[Background]:
         return [*super()._threads(), self.drainer.work, self.releases]

@@ -217,7 +217,30 @@ class PilotDrainer:
         self.work.close()
 
 
-class PilotSliceManager(SimpleElasticSliceManager):
+class EarlyReleases:
+    """For managers that drain a revoked node (the pilots', Parsl's): :meth:`_release` when
+    its work is off it. The next countdown answer says max_wait_time 0, and a DeleteNodes goes
+    at once on a thread of its own (``releases``; CloudLab may count down for up to its
+    notify interval more otherwise); then the cycle methods of ``RELEASE_WAKES`` run."""
+
+    RELEASE_WAKES: tuple[str, ...] = ("update_sliver_status",)
+    releases: Background
+    notices: Any
+    actuator: Any
+    wake: Callable[..., None]
+
+    def _release(self, node_id: str, client_id: str | None, why: str) -> None:
+        if not self.notices.release([node_id], why):
+            return
+        log.info("releasing %s (%s) early: %s", node_id, client_id, why)
+        self.releases.post(self._give_back, node_id)
+
+    def _give_back(self, node_id: str) -> None:
+        self.actuator.give_back(node_id)
+        self.wake(*self.RELEASE_WAKES)
+
+
+class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     """A manager whose helper's nodes run Troy node agents (see the module docstring).
 
     ``framework``: the Troy ``dask`` framework the agents join (with ``adopt_workers``);
@@ -380,20 +403,6 @@ class PilotSliceManager(SimpleElasticSliceManager):
         retire = getattr(self.framework, "retire_worker", None)
         if retire is not None and pilot is not None and pilot.state not in FINAL_STATES:
             retire(pilot, self.clock() + self.RETIRE_TIMEOUT)
-
-    # ------------------------------------------------------------------ releases
-    def _release(self, node_id: str, client_id: str | None, why: str) -> None:
-        """A revoked node may go: the next countdown answer says max_wait_time 0, and a
-        DeleteNodes goes at once on a thread of its own (CloudLab may count down for up
-        to its notify interval more otherwise)."""
-        if not self.notices.release([node_id], why):
-            return
-        log.info("releasing %s (%s) early: %s", node_id, client_id, why)
-        self.releases.post(self._give_back, node_id)
-
-    def _give_back(self, node_id: str) -> None:
-        self.actuator.give_back(node_id)
-        self.wake("update_sliver_status")
 
     def _threads(self) -> list[Background]:
         return [*super()._threads(), self.drainer.work, self.releases]
