@@ -39,12 +39,15 @@ class Page:
 
     def __init__(self, url: str, size: tuple[int, int] = (1400, 900)) -> None:
         self.url, self.size = url, size
-        self._profile = tempfile.TemporaryDirectory(prefix="chromium-")
+        # (Chromium's helper processes may still write there as it ends)
+        self._profile = tempfile.TemporaryDirectory(prefix="chromium-",
+                                                    ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             [need_chromium(), *FLAGS, f"--user-data-dir={self._profile.name}",
              f"--window-size={size[0]},{size[1]}", "--remote-debugging-address=127.0.0.1",
              "--remote-debugging-port=0", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
         self._ids = 0
         from tornado.ioloop import IOLoop
         self.loop = IOLoop()
@@ -101,8 +104,13 @@ class Page:
         return out
 
     def close(self) -> None:
+        """Chromium and its helper processes (its own session) stopped, its profile gone."""
+        import signal
         self.ws.close()
-        self.proc.terminate()
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         self.proc.wait(30)
         self.loop.close()
         self._profile.cleanup()
