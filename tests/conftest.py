@@ -51,10 +51,44 @@ SLOW_FIXTURES = frozenset({
 })
 
 
-# Where the longest tests live (whole workflows on elastic clusters, the demo, doc blocks):
-# they start first, so that the parallel run does not end waiting for one of them.
+# Where the longest tests live (whole workflows on elastic clusters, the demo, doc blocks,
+# Dask's and Parsl's clusters): they start first on every worker (see below), so that the
+# parallel run does not end waiting for one of them.
 LONGEST_FIRST = ("tests/elasticslice/pilots/", "tests/elasticslice/test_run.py",
-                 "tests/test_demo", "tests/test_docs", "tests/bench/")
+                 "tests/test_demo", "tests/test_docs", "tests/bench/",
+                 "tests/elasticslice/test_dask_cluster.py",
+                 "tests/elasticslice/test_parsl_provider.py")
+
+
+def xdist_chunks(count: int, workers: int) -> list[int]:
+    """How many of ``count`` tests pytest-xdist's work stealing hands each of ``workers``
+    at the start: in order, each the pending tests over the workers left."""
+    sizes = []
+    for left in range(workers, 0, -1):
+        sizes.append((count - sum(sizes)) // left)
+    return sizes
+
+
+def dealt(groups: list[list[Any]], workers: int) -> list[Any]:
+    """The tests of ``groups`` (longest kind first) in the order that starts each xdist
+    worker on its share of every group, longest first: the work-stealing scheduler hands
+    the workers consecutive runs of the collection and steals from their ends, so sorting
+    the whole collection longest-first put every long test on the first worker or two, and
+    the ones stolen last started near the end of the run."""
+    count = sum(map(len, groups))
+    sizes = xdist_chunks(count, workers)
+    chunks: list[list[Any]] = [[] for _ in sizes]
+    k = 0
+    for group in groups[:-1]:
+        for test in group:                      # dealt round the workers with room
+            while len(chunks[k % workers]) >= sizes[k % workers]:
+                k += 1
+            chunks[k % workers].append(test)
+            k += 1
+    rest = iter(groups[-1])                     # the quick ones fill each share
+    for chunk, size in zip(chunks, sizes):
+        chunk.extend(next(rest) for _ in range(size - len(chunk)))
+    return [test for chunk in chunks for test in chunk]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,6 +103,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         where = item.nodeid
         return 0 if where.startswith(LONGEST_FIRST) else 1
     items.sort(key=weight)  # stable: the same order on every worker
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:   # (the same on every worker: the controller checks)
+        groups = [[i for i in items if weight(i) == w] for w in (0, 1, 2)]
+        items[:] = dealt(groups, workers)
 
 
 @pytest.fixture
