@@ -192,7 +192,17 @@ class BootRunner:
                                    attrs={**node.attrs, "error": error})
 
     def _finish_boot(self, node: NodeRow) -> None:
-        """Image the node's disk, install its tarballs: ready (or failed)."""
+        """Image the node's disk, install its tarballs: ready (or failed). A boot the
+        emulator's stop overtook (its store closed, the slice's tarballs gone) ends
+        quietly: the node goes with the emulator."""
+        try:
+            self._boot(node)
+        except ElasticSliceError as err:
+            if not self._stopping:
+                raise
+            log.debug("node %s: boot ended by the emulator's stop: %s", node.node_id, err)
+
+    def _boot(self, node: NodeRow) -> None:
         node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
         try:
             image = self.images.resolve(node.disk_image)
