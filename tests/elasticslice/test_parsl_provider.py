@@ -230,7 +230,9 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
                                 nodes_per_block=nodes_per_block,
                                 margin=1.0, status_polling_interval=0.5,
                                 intervals={**FAST_INTERVALS, "renew": 600.0})
-    options = {"heartbeat_period": 2, "heartbeat_threshold": 10, **executor_options}
+    # Parsl's own heartbeat threshold (120 s) unless a test wants a loss seen sooner: on a
+    # loaded machine a node's manager can miss 10 s of heartbeats, and be "lost" for it
+    options = {"heartbeat_period": 2, "heartbeat_threshold": 120, **executor_options}
     executor = HighThroughputExecutor(
         label="cloudlab", address="127.0.0.1", encrypted=False, provider=provider,
         max_workers_per_node=2 // nodes_per_block, poll_period=100,
