@@ -195,8 +195,10 @@ def stubborn_startup(marker: str) -> str:
 
 def processes_with(marker: str) -> list[int]:
     """Live processes of this machine whose command line contains ``marker`` (found from
-    /proc, so wherever and in whatever PID namespace a node runs them)."""
-    found = []
+    /proc, so wherever and in whatever PID namespace a node runs them), but the children
+    of one: a child between its fork and its exec (a unit an agent is starting) still
+    shows its parent's command line."""
+    found: dict[int, int] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -204,14 +206,14 @@ def processes_with(marker: str) -> list[int]:
             with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
             with open(f"/proc/{entry.name}/stat") as f:
-                state = f.read().rsplit(")", 1)[-1].split()[0]
+                fields = f.read().rsplit(")", 1)[-1].split()
         except OSError:
             continue
         # a node's init (and the unshare around it) carries the startup command in its spec:
         # it is not one of the command's processes
-        if marker in cmdline and state != "Z" and "nodeinit.py" not in cmdline:
-            found.append(int(entry.name))
-    return found
+        if marker in cmdline and fields[0] != "Z" and "nodeinit.py" not in cmdline:
+            found[int(entry.name)] = int(fields[1])
+    return [pid for pid, parent in found.items() if parent not in found]
 
 
 # The emulator as the tests run it: fast boots and countdowns (see tests/conftest.py).
