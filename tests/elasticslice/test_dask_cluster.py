@@ -7,6 +7,8 @@ gives the nodes back)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, adm
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
 from tests.helpers import wait_for
+from tests.hostile.netstat import LOOPBACK, listening
 from tests.screenshots import Page, browser, has_colour
 
 #: the dashboard's "Tasks Processing" bars
@@ -70,6 +73,7 @@ def test_extra_demand_adds_cores_and_nodes_in_cores() -> None:
 
 
 # ---------------------------------------------------------------- slow: the box ------------
+
 def direction_changes(steps: list[tuple[float, int]]) -> list[float]:
     """When the node count's direction changed, from (time, +1/-1) steps in time order."""
     out, last = [], 0
@@ -179,6 +183,13 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
 
             with urllib.request.urlopen(cluster.dashboard_link, timeout=10) as page:
                 assert page.status == 200
+            # the dashboard (no authentication of its own) is on loopback only, as is
+            # everything this process and its children listen on: a stranger on another
+            # address of this machine finds nothing
+            dash = urllib.parse.urlsplit(cluster.dashboard_link)
+            here = listening(os.getpid(), children=True)
+            assert ("127.0.0.1", dash.port) in here
+            assert {ip for ip, _ in here} <= LOOPBACK
             logs = cluster.get_logs(workers=False)
             assert "Scheduler" in logs and "Manager" in logs
 
