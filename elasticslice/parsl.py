@@ -453,7 +453,10 @@ class CloudLabProvider(ExecutionProvider):
     ``init_blocks``, ``min_blocks``, ``max_blocks``, ``parallelism``: as every Parsl
     provider; ``max_nodes``: nodes held at most (default ``max_blocks * nodes_per_block``).
     What a node is: ``hardware_type``, ``disk_image`` (default the CM's), ``image_python``
-    (its ``python3``'s version; default known from the image), ``cores_per_node``
+    (its ``python3``'s version; default known from the image), ``node_python`` (an image
+    that already has Parsl, e.g. the box's ``ELASTICSLICE-PILOT``: the ``python3`` to run
+    its worker pool with; default None: each node builds the environment from the
+    wheelhouse the provider publishes), ``cores_per_node``
     (``PARSL_CORES`` on the node). ``margin``: seconds kept before a notice's deadline;
     ``listen``: where the tarball publisher and the callback endpoint listen;
     ``public_url``: the base URL the CM fetches tarballs from (default the publisher's);
@@ -464,8 +467,8 @@ class CloudLabProvider(ExecutionProvider):
                  nodes_per_block: int = 1, init_blocks: int = 1, min_blocks: int = 0,
                  max_blocks: int = 4, parallelism: float = 1.0, max_nodes: int | None = None,
                  hardware_type: str | None = None, disk_image: str | None = None,
-                 image_python: str | None = None, cores_per_node: int | None = None,
-                 margin: float = 5.0, listen: str = "127.0.0.1", public_url: str | None = None,
+                 image_python: str | None = None, node_python: str | None = None,
+                 cores_per_node: int | None = None, margin: float = 5.0, listen: str = "127.0.0.1", public_url: str | None = None,
                  endpoint_port: int = 0, status_polling_interval: float = 2.0,
                  intervals: Mapping[str, float] | None = None, keep: bool = False) -> None:
         if (server is None) == (config is None):
@@ -501,6 +504,11 @@ class CloudLabProvider(ExecutionProvider):
                               else Path("~/.elasticslice/parsl") / label).expanduser()
         self.hardware_type, self.disk_image = hardware_type, disk_image
         self.image_python, self.listen, self.public_url = image_python, listen, public_url
+        if node_python is not None and (not isinstance(node_python, str) or not node_python
+                                        or any(c in node_python for c in "\n\r\0")):
+            raise ProviderError(f"CloudLabProvider: node_python must be the image's Python "
+                                f"command (e.g. python3), not {node_python!r}")
+        self.node_python = node_python
         self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
         self.keep = keep
         self.script_dir: str | None = None   # Parsl sets it; nothing is written there
@@ -647,10 +655,13 @@ class CloudLabProvider(ExecutionProvider):
         log.info("CloudLab provider %s: state in %s", self.label, self.state_dir)
 
     def _node_software(self) -> str:
-        """sh lines building the nodes' environment (the agent's wheelhouse and Parsl)."""
+        """sh lines building the nodes' environment (the agent's wheelhouse and Parsl), or
+        naming the image's Python that has Parsl (``node_python``)."""
         from elasticslice.config import cm_is_local
         from elasticslice.pilots.bootstrap import env_script, image_python
         from elasticslice.pilots.wheelhouse import Wheelhouse
+        if self.node_python is not None:
+            return env_script(None, python=self.node_python)
         version = self.image_python
         if version is None:
             urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])

@@ -4,7 +4,8 @@ What a CloudLab user would make by installing the agent on a node (``sudo pip in
 into the image's ``python3``) and snapshotting it: ``usr/local/lib/python3.X/dist-packages``
 holding the project's packages (``troy``, ``elasticslice``, copied from this installation,
 editable or not) and the exact versions of the agent's dependencies installed here (Dask,
-Distributed and what they require; numpy too when installed here, for Dask's arrays), so
+Distributed and what they require; numpy too when installed here, for Dask's arrays, and
+Parsl, for its worker pool: ``CloudLabProvider(node_python="python3")``), so
 ``python3 -m troy.frameworks.dask node ...`` runs on the node. The files are copied (hard
 links where the file system allows) from this environment, whose Python must be the image's
 minor version (compiled wheels are then ABI-compatible). Built once per set of versions and sources, into a cache next to the
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 AGENT_DISTRIBUTIONS = ("distributed", "dask")
 #: what Dask's collections need on a worker to even read their tasks (``dask[array]``:
 #: numpy), in the image when installed here, as a user who runs Dask on the nodes installs
-#: it (without it a dask.array task breaks the worker's connection: KilledWorker)
-COLLECTION_DISTRIBUTIONS = ("numpy",)
+#: it (without it a dask.array task breaks the worker's connection: KilledWorker); Parsl, for
+#: the Parsl provider's worker pools on an image that has them (``node_python``)
+COLLECTION_DISTRIBUTIONS = ("numpy", "parsl")
 PROJECT_PACKAGES = ("troy", "elasticslice")
 IMAGE_PYTHON = "/usr/bin/python3"
 STALE_AFTER = 24 * 3600.0  # seconds before an unused build of other sources is removed

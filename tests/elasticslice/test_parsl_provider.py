@@ -25,7 +25,7 @@ from elasticslice.parsl import Block, BlockBook, BlockState, CloudLabProvider, \
     ParslNodeHelper, ProviderError, job_state
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
     reclaim_outcome
-from tests.elasticslice.pilots.helpers import Witness
+from tests.elasticslice.pilots.helpers import Witness, pilot_image
 from tests.hostile.netstat import LOOPBACK, listening
 from tests.helpers import wait_for
 
@@ -72,6 +72,8 @@ def test_the_documented_table_is_the_mapping(repo_root: Path) -> None:
     ({"server": object(), "status_polling_interval": 0}, "status_polling_interval must be"),
     ({"server": object(), "label": "a b"}, "label must be letters"),
     ({"server": object(), "cores_per_node": "8"}, "cores_per_node must be a whole number"),
+    ({"server": object(), "node_python": "python3\nrm -rf /"}, "node_python must be the "
+                                                              "image's Python command"),
 ])
 def test_bad_arguments_are_one_clear_line(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ProviderError) as err:
@@ -218,7 +220,9 @@ class OnTheBox:
 def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
                  **executor_options: Any) -> Iterator[OnTheBox]:
     """Two workers a block (``nodes_per_block`` nodes, 2 // nodes_per_block workers each),
-    two blocks at most, retries 2."""
+    two blocks at most, retries 2. The nodes boot the box's pilot image, which has Parsl
+    (``node_python``): docs/parsl.md's example runs the default, nodes that build the
+    environment from the provider's wheelhouse on the stock image."""
     import parsl
     from parsl import python_app
     from parsl.config import Config
@@ -228,6 +232,7 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
     server = client_for(emulator, tmp_path / "cache")
     provider = CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
                                 nodes_per_block=nodes_per_block,
+                                disk_image=pilot_image(emulator), node_python="python3",
                                 margin=1.0, status_polling_interval=0.5,
                                 intervals={**FAST_INTERVALS, "renew": 600.0})
     # Parsl's own heartbeat threshold (120 s) unless a test wants a loss seen sooner: on a
