@@ -8,11 +8,16 @@ STAMP  := $(VENV)/.installed-stamp
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile -e '.[test]'
-	@# pip compiles what it installs on one core; compileall on both (about 9 s of CPU).
-	@# Some packages ship files for other Pythons that do not compile: pip ignores them too.
-	@$(BIN)/python -m compileall -q -j 2 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null 2>&1 || true
+	@# uv resolves, downloads and byte-compiles in parallel: a fresh .venv in ~8 s where pip
+	@# took ~25 s (README, design notes). pip where uv cannot be installed.
+	@if $(BIN)/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then \
+	  echo "$(BIN)/uv pip install --compile-bytecode -e '.[test]'"; \
+	  $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e '.[test]'; \
+	else \
+	  echo "$(BIN)/python -m pip install -e '.[test]' (no uv)"; \
+	  $(BIN)/python -m pip install -q --upgrade pip && \
+	  $(BIN)/python -m pip install -q -e '.[test]'; \
+	fi
 	@touch $(STAMP)
 
 # Compile the project's modules once: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
