@@ -381,12 +381,27 @@ def read_report(report: str | Path) -> PlotData:
     return summarise(entries, data, str(report))
 
 
+#: what ``troy plot`` writes, by the output's suffix
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def picture_format(out: str | Path) -> str:
+    """The format of the picture ``out`` names by its suffix (TroyError: not one we write)."""
+    suffix = Path(out).suffix.lower()
+    if suffix not in FORMATS:
+        raise TroyError(f"{out}: troy plot writes .png, .svg or .pdf, not "
+                        f"{suffix or 'a file without a suffix'}")
+    return FORMATS[suffix]
+
+
 def plot_report(report: str | Path, out: str | Path, title: str | None = None) -> PlotData:
-    """Read ``report``, draw it, write the PNG ``out``; returns what was drawn."""
+    """Read ``report``, draw it, write the picture ``out`` (PNG, SVG or PDF by its suffix);
+    returns what was drawn."""
+    kind = picture_format(out)
     summary = read_report(report)
     fig = render(summary, title)
     try:
-        fig.savefig(out, format="png", dpi=110)
+        fig.savefig(out, format=kind, dpi=110)
     except OSError as err:
         raise TroyError(f"{out}: cannot write the picture: {err.strerror or err}") from err
     return summary
@@ -399,10 +414,10 @@ class _UsageExit(click.ClickException):
 @click.command("plot")
 @click.argument("report", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="The PNG to write (default: REPORT with .png).")
+              help="The picture to write: .png, .svg or .pdf (default: REPORT with .png).")
 @click.option("--title", default=None, help="The chart's title (default: from the report).")
 def plot_cmd(report: str, output: str | None, title: str | None) -> None:
-    """Draw a run's REPORT (from 'troy run --report' or the demo's --report) as a PNG:
+    """Draw a run's REPORT (from 'troy run --report' or the demo's --report) as a picture:
     tasks per pilot over time (coloured by state) and the cores busy.
 
     Needs matplotlib: pip install 'elasticslice[plot]'."""

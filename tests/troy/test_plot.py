@@ -161,6 +161,24 @@ def test_unwritable_png_is_one_line(tmp_path):
                                      f"picture: No such file or directory")
 
 
+@pytest.mark.parametrize("name, magic", [("r.svg", b"<?xml"), ("r.pdf", b"%PDF"),
+                                         ("r.PNG", b"\x89PNG")])
+def test_the_output_s_suffix_says_the_format(tmp_path, name, magic):
+    result = CliRunner().invoke(cli, ["plot", write(tmp_path, "r.json", run_report()),
+                                      "-o", str(tmp_path / name)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / name).read_bytes().startswith(magic)
+
+
+def test_a_suffix_it_cannot_write_is_one_line_and_nothing_is_written(tmp_path):
+    result = CliRunner().invoke(cli, ["plot", write(tmp_path, "r.json", run_report()),
+                                      "-o", str(tmp_path / "r.jpg")])
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"Error: {tmp_path / 'r.jpg'}: troy plot writes .png, "
+                                     f".svg or .pdf, not .jpg")
+    assert not (tmp_path / "r.jpg").exists()
+
+
 def test_without_matplotlib_names_the_extra(tmp_path):
     report = write(tmp_path, "r.json", run_report())
     code = ("import sys; sys.modules['matplotlib'] = None  # as if it were not installed\n"
