@@ -118,3 +118,17 @@ def test_odd_answers_read_or_fail_as_the_standard_library_says(param):
 def test_bad_or_unusual_documents_fail_or_read_as_the_standard_library_says(doc):
     data = doc.encode()
     assert outcome(loads_result, data) == outcome(stdlib, data)
+
+
+@pytest.mark.parametrize("doc", [BODY.format("<value>1</value>"), "not xml at all"])
+def test_the_garbage_collector_is_as_it_was_after_a_read(doc):
+    import gc
+    assert gc.isenabled()
+    outcome(loads_result, doc.encode())
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        outcome(loads_result, doc.encode())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
