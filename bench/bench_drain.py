@@ -49,6 +49,7 @@ from table import print_table  # noqa: E402  (bench/table.py)
 from troy import ComputeUnitDescription as CUD  # noqa: E402
 from troy import State  # noqa: E402
 from troy.frameworks.dask import DaskFramework  # noqa: E402
+from troy.frameworks.dask.guard import CONTROL, WORKER  # noqa: E402
 from troy.frameworks.dask.tls import DaskTLS  # noqa: E402
 
 MARGIN = 5.0
@@ -61,13 +62,15 @@ class Cluster:
         self.root = root
         self.ca = make_ca("bench_drain CA")
         self.fw = DaskFramework("bench", sandbox=str(root / "sb"), adopt_workers=True,
-                                tls=self.tls("control"))
+                                tls=self.tls("control", CONTROL))
         self.fw.start()
         self.agents: list[subprocess.Popen] = []
 
-    def tls(self, name: str) -> DaskTLS:
+    def tls(self, name: str, role: str) -> DaskTLS:
+        """Certificates for ``name`` with its role (the scheduler's guard refuses a peer
+        whose certificate has none)."""
         cert, key = issue_certificate(*self.ca, name, hostnames=["localhost"],
-                                      ips=["127.0.0.1"])
+                                      ips=["127.0.0.1"], role=role)
         files = [self.root / f"{name}{suffix}" for suffix in ("-ca.pem", ".pem", ".key")]
         for path, data in zip(files, (self.ca[0], cert, key)):
             path.write_bytes(data)
@@ -75,7 +78,7 @@ class Cluster:
 
     def node(self, name: str, cores: int) -> troy.Pilot:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
-        env.update(self.tls(name).environ())
+        env.update(self.tls(name, WORKER).environ())
         self.agents.append(subprocess.Popen(
             [sys.executable, "-m", "troy.frameworks.dask", "node", self.fw.scheduler_address,
              str(cores), name], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

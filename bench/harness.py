@@ -1,11 +1,14 @@
 """The benchmark harness behind ``python -m bench``: finds every ``bench/bench_*.py`` with a
 ``run(quick)``, runs each in a child process of its own (so one's memory, threads and loggers
 do not leak into the next), writes every figure to ``bench/results/latest.json`` and prints
-one readable table (also written to ``bench/results/latest.txt``)."""
+one readable table, then the goals table (``bench/goals.py``: measure | now | goal |
+pass/miss, also under ``goals`` in the JSON), both also written to
+``bench/results/latest.txt``."""
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import importlib.util
 import json
 import logging
@@ -118,7 +121,7 @@ def meta(quick: bool, names: list[str]) -> dict[str, Any]:
 def render(results: dict[str, Any]) -> str:
     lines = []
     for name, figures in results.items():
-        if name == "meta":
+        if name in ("meta", "goals"):
             continue
         took = results["meta"]["seconds"].get(name)
         lines.append(f"== {name}" + (f" ({took:.0f} s)" if took is not None else ""))
@@ -166,10 +169,14 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {"error": str(e)}
             failed.append(name)
         results["meta"]["seconds"][name] = round(time.perf_counter() - started, 1)
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    goals = importlib.import_module("goals")  # bench/goals.py: issue 22's goals, pass/miss
+    results["goals"] = goals.evaluate(results)
     out = args.json or RESULTS / "latest.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    text = render(results)
+    text = render(results) + "\n" + goals.render(results["goals"])
     if args.json is None:
         (RESULTS / "latest.txt").write_text(text + "\n")
     print(text)

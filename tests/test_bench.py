@@ -32,6 +32,12 @@ def test_quick_run_of_one_benchmark_writes_its_figures_and_prints_its_table(tmp_
     assert figures["emulator_cached_check_ms_per_call"] > 0
     assert "== credentials" in proc.stdout
     assert "verify_credential, SA-signed slice credential" in proc.stdout
+    # the goals table: every row of issue 22, here all "not run" (their benchmarks were not)
+    goals = results["goals"]
+    assert goals and {g["status"] for g in goals} == {"not run"}
+    assert "rspec_parse_manifest_2000_nodes_ms" in {g["figure"] for g in goals}
+    assert "== goals (issue 22)" in proc.stdout
+    assert f"0 pass, 0 miss, {len(goals)} not run (of {len(goals)})" in proc.stdout
 
 
 def test_unknown_benchmark_is_one_line_naming_it_and_the_known_ones():

@@ -15,6 +15,7 @@ import gc
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from elasticslice.errors import RSpecError
@@ -291,3 +292,115 @@ def _count(rspec: RSpec) -> None:
                 available[name] = available.get(name, 0) + 1
     rspec.total_by_type = dict(sorted(total.items()))
     rspec.available_by_type = {name: available.get(name, 0) for name in rspec.total_by_type}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCounts:
+    """What :func:`count_nodes` reads from an advertisement: how many nodes, how many say
+    ``available now="true"`` and how many do not say false; per hardware type (an
+    advertisement's only: empty for other RSpec types, as :func:`parse` leaves them), the
+    nodes and the available ones (a node of two types counts in each)."""
+
+    type: RSpecType
+    nodes: int
+    available: int
+    not_unavailable: int
+    total_by_type: dict[str, int]
+    available_by_type: dict[str, int]
+
+
+class _CountTarget(SafeTarget):
+    """The nodes' hardware types and availability only (a node's other children and links
+    skipped, nothing built): :func:`count_nodes`."""
+
+    start: Callable[[str, dict[str, str]], None]
+    end: Callable[[str], None]
+    close: Callable[[], NodeCounts | None]
+
+    def __init__(self) -> None:
+        depth = 0
+        rtype: RSpecType | None = None
+        node_tag = hw_tag = avail_tag = ""
+        in_node = False
+        types: list[str] = []
+        available: bool | None = None
+        total: dict[str, int] = {}
+        free: dict[str, int] = {}
+        counts = [0, 0, 0, 0]  # nodes, available, not unavailable, sliver_ids seen
+
+        def finish() -> None:
+            nonlocal in_node
+            in_node = False
+            counts[0] += 1
+            if available:
+                counts[1] += 1
+            if available is not False:
+                counts[2] += 1
+            for name in types:
+                total[name] = total.get(name, 0) + 1
+                if available:
+                    free[name] = free.get(name, 0) + 1
+
+        def start(tag: str, a: dict[str, str]) -> None:
+            nonlocal depth, rtype, node_tag, hw_tag, avail_tag, in_node, types, available
+            depth += 1
+            if depth == 3:
+                if in_node:
+                    if tag == hw_tag:
+                        name = a.get("name")
+                        if name:
+                            types.append(name)
+                    elif tag == avail_tag:
+                        now = a.get("now")
+                        available = None if now is None else _BOOL.get(now.strip())
+            elif depth == 2:
+                if in_node:
+                    finish()
+                if tag == node_tag:
+                    in_node, types, available = True, [], None
+                    if a.get("sliver_id"):
+                        counts[3] = 1
+            elif depth == 1:
+                rspec, tags = _root(tag, a)
+                rtype = rspec.type
+                node_tag = tags.node
+                hw_tag, avail_tag = (t for t, k in tags.node_children.items()
+                                     if k in (_K_HW, _K_AVAILABLE))
+
+        def end(tag: str) -> None:
+            nonlocal depth
+            depth -= 1
+
+        def close() -> NodeCounts | None:
+            nonlocal rtype
+            if in_node:
+                finish()
+            if rtype is None:
+                return None
+            if rtype is RSpecType.REQUEST and counts[3]:  # as parse() reads it
+                rtype = RSpecType.MANIFEST
+            ad = rtype is RSpecType.ADVERTISEMENT
+            by_type = dict(sorted(total.items())) if ad else {}
+            return NodeCounts(rtype, counts[0], counts[1], counts[2], by_type,
+                              {name: free.get(name, 0) for name in by_type})
+
+        self.start, self.end, self.close = start, end, close
+
+
+def count_nodes(xml: str | bytes, source: str | None = None, *,
+                max_bytes: int = DEFAULT_MAX_BYTES) -> NodeCounts:
+    """Count an advertisement's nodes by hardware type and availability without building
+    its records: what the manager reads each cycle, at a fraction of :func:`parse`'s cost
+    on a large site. The same refusals and errors as :func:`parse` (hostile XML, not
+    well-formed, not an RSpec: one line each)."""
+    try:
+        counts: NodeCounts | None = parse_events(xml, _CountTarget(), source,
+                                                 max_bytes=max_bytes)
+        if counts is None:
+            raise _RootProblem("no root element")
+    except _RootProblem as err:
+        data = checked_bytes(xml, source, max_bytes=max_bytes)
+        match = _ROOT_START.search(data)
+        line = data.count(b"\n", 0, match.start()) + 1 if match else None
+        raise RSpecError(str(err), source=source, line=line) from None
+    return counts

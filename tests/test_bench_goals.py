@@ -1,0 +1,73 @@
+"""bench/goals.py: issue 22's goals table from one run's figures (pass, miss, not run)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+goals = pytest.importorskip("goals")  # bench/goals.py
+sys.path.remove(str(REPO / "bench"))
+Goal = goals.Goal
+
+
+def rows_by_key(results, registry):
+    return {r["figure"]: r for r in goals.evaluate(results, registry)}
+
+
+def test_a_number_goal_passes_or_misses_by_its_direction():
+    registry = {"a_ms": Goal("x", "a", "<=", 25.0, "ms"), "b_ms": Goal("x", "b", "<", 50.0, "ms"),
+                "c": Goal("x", "c", ">=", 1.0, "x")}
+    rows = rows_by_key({"x": {"a_ms": 25.0, "b_ms": 50.0, "c": 0.99}}, registry)
+    assert [rows[k]["status"] for k in ("a_ms", "b_ms", "c")] == ["pass", "miss", "miss"]
+    assert rows["a_ms"]["now_text"] == "25 ms" and rows["a_ms"]["goal_text"] == "<= 25 ms"
+
+
+def test_a_goal_given_by_other_figures_takes_the_best_of_them():
+    registry = {"lat_ms": Goal("t", "latency", "<=", "peer_ms", "ms", goal_label="the peer's"),
+                "ours_h": Goal("e", "node-h", "<=", ("p_h", "d_h"), "node-h")}
+    results = {"t": {"lat_ms": 11.4, "peer_ms": 2.1}, "e": {"ours_h": 72.0, "p_h": 73.3,
+                                                            "d_h": 71.3}}
+    rows = rows_by_key(results, registry)
+    assert rows["lat_ms"]["status"] == "miss" and rows["lat_ms"]["goal"] == 2.1
+    assert rows["lat_ms"]["goal_text"] == "<= the peer's (2.1 ms)"
+    assert rows["ours_h"]["goal"] == 71.3 and rows["ours_h"]["status"] == "miss"
+
+
+def test_a_ratio_absent_is_derived_from_the_medians_and_says_so():
+    registry = {"ratio": Goal("t", "r", ">=", 1.0, "x", derive=("num", ("d1", "d2")))}
+    row = rows_by_key({"t": {"num": 120.0, "d1": 506.0, "d2": 300.0}}, registry)["ratio"]
+    assert row["now"] == pytest.approx(120 / 506) and row["status"] == "miss"
+    assert "of medians" in row["now_text"]
+
+
+def test_missing_figures_are_not_run_never_an_error():
+    registry = {"a": Goal("x", "a", "<=", 1.0, "ms"), "b": Goal("y", "b", "<=", 1.0, "ms"),
+                "c": Goal("z", "c", "<=", 1.0, "ms"), "d": Goal("x", "d", "<=", "gone", "ms")}
+    rows = rows_by_key({"x": {"a": "text", "d": 0.5}, "y": {"error": "bench_y: failed"}},
+                       registry)
+    assert {k: r["status"] for k, r in rows.items()} == dict.fromkeys("abcd", "not run")
+    assert rows["b"]["now_text"] == "bench_y failed"
+    assert rows["c"]["now_text"] == "bench_z not run"
+    text = goals.render(list(rows.values()))
+    assert "0 pass, 0 miss, 4 not run (of 4)" in text
+
+
+def test_the_registry_has_issue_22s_rows_and_the_table_has_every_one():
+    keys = set(goals.GOALS)
+    for key in ("ratio_troy_dask_over_dask_map_null", "troy_dask_latency_ms",
+                "rspec_parse_manifest_2000_nodes_ms", "rspec_parse_advertisement_5000_nodes_ms",
+                "manager_cycle_cpu_ms_1000_nodes", "manager_cycle_cpu_ms_5000_nodes",
+                "elastic_reclaim50_ours_node_hours", "stock_pilot_joined_s",
+                "slow_cm_answer_p99_ms"):
+        assert key in keys
+    text = goals.render(goals.evaluate({"meta": {}}))
+    assert text.count("| not run") == len(keys)
+    assert text.splitlines()[1].split("|")[-1].strip() == "pass/miss"
+
+
+def test_an_unknown_direction_is_refused():
+    with pytest.raises(ValueError, match="op must be one of"):
+        Goal("x", "a", "=<", 1.0, "ms")
