@@ -68,14 +68,18 @@ def announce(choice: Choice) -> None:
 
 
 def node_command(isolation: Isolation, machine: dict[str, Any], commands: list[list[str]],
-                 status_fd: int) -> list[str]:
+                 status_fd: int, netns: str | None = None) -> list[str]:
     """The argv that runs ``commands`` ([[shell, command], ...]) as the node's processes on
-    ``machine`` (:func:`elasticslice.emulator.nodefs.machine_spec`)."""
+    ``machine`` (:func:`elasticslice.emulator.nodefs.machine_spec`), in the network
+    namespace ``netns`` (a path; None: the host's network)."""
     spec = {**machine, "commands": commands, "status_fd": status_fd,
             "isolate": isolation is Isolation.NAMESPACES}
     argv = [sys.executable, "-I", "-S", str(NODE_INIT), json.dumps(spec)]
     if isolation is Isolation.NAMESPACES:
-        return [_unshare() or "unshare", *UNSHARE_ARGS, "--", *argv]
+        argv = [_unshare() or "unshare", *UNSHARE_ARGS, "--", *argv]
+    if netns is not None:
+        argv = [shutil.which("nsenter", path=os.environ.get("PATH", "") + os.pathsep +
+                             NODE_PATH) or "nsenter", f"--net={netns}", "--", *argv]
     return argv
 
 
