@@ -138,7 +138,9 @@ class EmulatorServer:
         slivers.reaper.sweep()
         self._tls.start()
         self.reclaimer.start()
-        write_client_conf(self.directory, self.host, self.port)
+        fabric = ctx.boot.network()
+        write_client_conf(self.directory, self.host, self.port,
+                          fabric.control_ip if fabric is not None else None)
         write_atomic(self.directory / "server.json", json.dumps(
             {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid(),
              "node_config_url": ctx.node_config_url,

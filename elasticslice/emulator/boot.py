@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from elasticslice.emulator import geniget, isolate, network, nodefs, orphans
+from elasticslice.emulator import geniget, isolate, network, nodefs, orphans, tarfiles
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.images import STOCK_DIRS, Image, Images
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
@@ -119,6 +119,7 @@ class BootRunner:
                 except (network.NetworkError, OSError) as err:
                     self._network = choice = network.Choice(False, str(err))
             if self.fabric is not None:
+                tarfiles.BOX_HOSTS.add(self.fabric.control_ip)  # the CM fetches from there
                 self.fabric.set_nodes([n for hw in self.ctx.inventory.types.values()
                                        for n in hw.node_ids()])
             elif choice.reason.startswith(network.ENV_VAR):
@@ -164,6 +165,7 @@ class BootRunner:
         for node_id in node_ids:
             self.kill(node_id)
         if self.fabric is not None:
+            tarfiles.BOX_HOSTS.discard(self.fabric.control_ip)
             self.fabric.stop()
 
     def boot_seconds(self, node: NodeRow) -> float:
