@@ -7,6 +7,8 @@ control machine only at the box's control address.
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -149,3 +151,91 @@ def test_a_node_reaches_the_control_machine_only_at_its_address(networked):
     assert "default" not in routes and control.rsplit(".", 2)[0] in routes, routes
     assert got[f"127.0.0.1:{networked.server.port}"] == "Connection refused", got
     assert got["192.0.2.1:80"] == "Network is unreachable", got
+
+
+def _commands_in(netns: Path) -> list[str]:
+    """The command lines of the processes in network namespace ``netns``."""
+    try:
+        inode = netns.stat().st_ino
+    except FileNotFoundError:  # not booted yet
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "ns" / "net").stat().st_ino == inode:
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+def _connect_from(netns: Path, host: str, port: int) -> str:
+    """What a TCP connection to host:port from network namespace ``netns`` gets."""
+    probe = ("import os, socket, sys\ntry:\n    socket.create_connection((sys.argv[1], "
+             "int(sys.argv[2])), 3).close()\n    print('connected')\nexcept OSError as e:\n"
+             "    print(os.strerror(e.errno) if e.errno else e)\n")
+    done = subprocess.run(["nsenter", f"--net={netns}", sys.executable, "-c", probe, host,
+                           str(port)], capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def _doctor(config: Path, tmp: Path, *args: str) -> tuple[int, str]:
+    """``elasticslice -c CONFIG doctor ARGS``: exit status and its ``addresses`` line."""
+    from tests.elasticslice.test_doctor import doctor, line
+    code, lines, _ = doctor(config, tmp, *args)
+    return code, line(lines, "addresses")
+
+
+@needs_network
+def test_the_pilot_path_works_on_the_nodes_network_and_not_on_loopback(
+        networked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The product as is: the box's config says ``listen`` (its control address); the
+    scheduler listens there, the agent advertises its manifest address, and the scheduler
+    reaches the worker there (client.run). A scheduler on 127.0.0.1 gets no pilot (the
+    node's agent cannot enrol: that loopback is its own), and ``doctor`` says why."""
+    import socket
+
+    from dask.distributed import Client
+
+    from elasticslice.dask import CloudLabCluster
+    from tests.elasticslice.pilots.helpers import pilot_image
+    monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
+    control = networked.server.ctx.boot.control_address()
+
+    code, addresses = _doctor(networked.config_path, tmp_path)
+    assert addresses.startswith("ok") and control in addresses, addresses
+    code, addresses = _doctor(networked.config_path, tmp_path, "--listen", "127.0.0.1")
+    assert code == 1 and addresses.startswith("FAIL"), addresses
+    assert f"reach it at {control} only" in addresses and "127.0.0.1" in addresses, addresses
+
+    def cluster(**options: object) -> CloudLabCluster:  # one state: the slice is ours
+        return CloudLabCluster(config=networked.config_path, state_dir=tmp_path / "dask",
+                               minimum=1, maximum=1, disk_image=pilot_image(networked),
+                               node_python="python3", **options)
+
+    with cluster(listen="127.0.0.1") as lonely, Client(lonely) as client:
+        # the node booted and its agent tries to enrol at 127.0.0.1: the node's own
+        node = wait_for(lambda: next((n for n in lonely.manager.state.nodes() if n.node_id),
+                                     None), timeout=60, what="the node")
+        netns = networked.server.ctx.boot.fabric.netns(node.node_id)
+        enrol = wait_for(lambda: next((c for c in _commands_in(netns) if
+                                       "troy.frameworks.dask.enrol" in c), None),
+                         timeout=60, what="the node's agent enrolling")
+        url = next(w for w in enrol.split() if w.startswith("https://"))
+        assert url.startswith("https://127.0.0.1:"), enrol
+        assert _connect_from(netns, "127.0.0.1", int(url.rsplit(":", 1)[1])) == \
+            "Connection refused"
+        host, port = lonely.scheduler_address.removeprefix("tls://").rsplit(":", 1)
+        assert _connect_from(netns, host, int(port)) == "Connection refused"
+        assert client.scheduler_info()["workers"] == {}
+
+    with cluster() as box, Client(box) as client:
+        wait_for(lambda: client.scheduler_info()["workers"], timeout=90, what="a worker")
+        assert box.scheduler_address.startswith(f"tls://{control}:")
+        (worker,) = client.scheduler_info()["workers"]
+        node = box.manager.state.nodes()[0]
+        address = networked.server.ctx.boot.node_address(node.node_id)
+        assert worker.startswith(f"tls://{address}:"), worker  # its manifest address
+        # the scheduler reaches the worker there: client.run goes through it
+        (name,) = client.run(socket.gethostname).values()
+        assert name.startswith(f"{node.client_id}."), name
