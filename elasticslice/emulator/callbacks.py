@@ -80,7 +80,8 @@ class CallbackClient:
             self.failures += 1
             log.warning("%s to %s failed: the connection is down", method, endpoint.url)
             return None
-        transport = _Transport(self._context_for(endpoint.url), timeout or self.ctx.settings.callback_timeout)
+        transport = _Transport(self._context_for(endpoint.url),
+                               timeout or self.ctx.settings.callback_timeout)
         proxy = xmlrpc.client.ServerProxy(endpoint.url, transport=transport, allow_none=False)
         started = time.monotonic()
         try:

@@ -146,7 +146,7 @@ def _delete_netns(name: str) -> None:
 def in_netns(name: str, func, *args):  # type: ignore[no-untyped-def]
     """``func(*args)`` with this thread in network namespace ``name`` (needs
     CAP_SYS_ADMIN); sockets made there stay there."""
-    own = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     target = os.open(NETNS_DIR / name, os.O_RDONLY)
     try:
         if _libc.setns(target, CLONE_NEWNET) != 0:
@@ -177,6 +177,7 @@ class Fabric:
         self._nodes: dict[str, str] = {}  # node_id -> its namespace
         self._ports = itertools.count(1)
         self._mutex = threading.Lock()
+        self._bridges = threading.Lock()
         self._index: dict[str, int] = {}
 
     # ---- addresses
@@ -260,12 +261,13 @@ class Fabric:
         with self._mutex:
             self._nodes[node_id] = ns
             port = next(self._ports)
-            fabric = []
-            for bridge, *_ in lans:
-                if bridge not in self._lans:
-                    fabric += [f"link add {bridge} type bridge", f"link set {bridge} up"]
-                    self._lans.add(bridge)
-        fabric += [f"link add c{port} type veth peer name eth0 netns {ns}",
+        with self._bridges:  # made before any node's veth is put on them
+            new = sorted({bridge for bridge, *_ in lans} - self._lans)
+            if new:
+                _run(["-n", self.name], [line for bridge in new for line in (
+                    f"link add {bridge} type bridge", f"link set {bridge} up")])
+                self._lans.update(new)
+        fabric = [f"link add c{port} type veth peer name eth0 netns {ns}",
                    f"link set c{port} master ctl up"]
         inside = ["link set lo up", f"addr add {self.node_ip(node_id)}/16 dev eth0",
                   "link set eth0 up"]

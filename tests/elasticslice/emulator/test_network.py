@@ -115,7 +115,8 @@ def test_nodes_reach_their_lan_at_manifest_addresses_and_nothing_of_another_slic
     control = networked.server.ctx.boot.control_address()
     host = f"127.0.0.1:{networked.server.port}"  # the emulator's own XML-RPC listener
     got = _ask(networked, s, urn, cred, "a", [f"{b_lan}:7000", f"{b_control}:7000", host,
-                                             f"{control}:{networked.server.port}"], listening=("b",))
+                                             f"{control}:{networked.server.port}"],
+               listening=("b",))
     hostname_b = "b.one."
     assert got[f"{b_lan}:7000"].startswith(hostname_b), got
     assert got[f"{b_control}:7000"].startswith(hostname_b), got
@@ -142,7 +143,7 @@ def test_a_node_reaches_the_control_machine_only_at_its_address(networked):
         [NodeSpec("n", executes=[("sh", startup)])]))
     control = networked.server.ctx.boot.control_address()
     got = _ask(networked, s, urn, cred, "n", [f"127.0.0.1:{networked.server.port}",
-                                             f"192.0.2.1:80"])
+                                             "192.0.2.1:80"])
     root = node_dir(networked, detail_of(s, urn, cred, "n")["component_urn"]
                     .rsplit("+", 1)[-1]) / "root"
     assert (root / "name").read_text().strip() == "n"
