@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast bytecode browser demo bench chaos wheelhouse clean
+.PHONY: test test-fast bytecode browser netns demo bench chaos wheelhouse clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ PYTEST_ARGS  ?=
 TEST_TMPDIR ?= $(shell test -d /dev/shm && test -w /dev/shm && echo /dev/shm/elasticslice-tests-$$(id -u))
 TMP_ENV := $(if $(TEST_TMPDIR),mkdir -p $(TEST_TMPDIR) && chmod 755 $(TEST_TMPDIR) && TMPDIR=$(TEST_TMPDIR))
 test:
-	@$(MAKE) --no-print-directory -j2 browser bytecode
+	@$(MAKE) --no-print-directory -j2 browser netns bytecode
 	$(TMP_ENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Debian's Chromium, for the tests that take screenshots of what users watch (the Dask
@@ -59,6 +59,19 @@ browser:
 	      apt-get install -y -q --no-install-recommends chromium >/dev/null; } && \
 	    echo "browser: installed Debian's chromium (the tests' screenshots)"; \
 	  else echo "browser: no chromium and not root on Debian: no screenshots in the tests"; fi; }
+
+# Debian's iproute2 (ip) and util-linux (nsenter), for the box's node networks
+# (docs/emulator.md, "The node's network"; tests/elasticslice/emulator/test_network.py):
+# installed when missing where this is root on Debian; elsewhere those tests are skipped.
+netns:
+	@{ command -v ip && command -v nsenter; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends iproute2 util-linux >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && \
+	      apt-get install -y -q --no-install-recommends iproute2 util-linux >/dev/null; } && \
+	    echo "netns: installed Debian's iproute2 (the box's node networks)"; \
+	  else echo "netns: no ip or nsenter and not root on Debian: no node network tests"; fi; }
 
 # The fast tier, for every edit: unit and in-process tests (no emulator, Dask or demo)
 test-fast: $(STAMP) bytecode

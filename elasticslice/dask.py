@@ -95,8 +95,9 @@ class CloudLabCluster(Cluster):
     a sliver keeps at least one node). ``config``: the client config file (as
     ``elasticslice -c``); ``state_dir``: the cluster's files (CA, manager state; one process
     at a time); ``listen``: where the scheduler, the enrolment service, the tarball
-    publisher and the callback endpoint listen (None: loopback when the CM is on this
-    machine, else the address routed to the CM, as ``elasticslice run``); ``public_url``: the
+    publisher and the callback endpoint listen (None: the config's ``[pilots] listen``,
+    else loopback when the CM is on this machine, else the address routed to the CM, as
+    ``elasticslice run``); ``public_url``: the
     base URL the CM fetches the nodes' tarballs from. ``security``: True (the cluster's own
     CA: :attr:`security` is a ``distributed.Security`` with a ``control`` client certificate,
     so ``Client(cluster)`` works); a ``Security`` of yours is handed to clients as is.
@@ -162,6 +163,7 @@ class CloudLabCluster(Cluster):
 
     def _elastic_options(self, server: Any) -> dict[str, Any]:
         from elasticslice.config import default_listen
+        from elasticslice.pilots.helper import _settings
         options = dict(self._cluster_options)
         framework = dict(options.pop("framework_options", None) or {})
         if self.dashboard_address is not None:
@@ -169,7 +171,8 @@ class CloudLabCluster(Cluster):
         options.update(minthreshold=self.minimum, maxthreshold=self.maximum,
                        hardware_type=self.hardware_type, node_cores=self.cores,
                        framework_options=framework,
-                       listen=self.listen or default_listen(server.config.cm_urls))
+                       listen=self.listen or _settings(server).listen
+                       or default_listen(server.config.cm_urls))
         if self.image is not None:
             options["disk_image"] = self.image
         if self.public_url is not None:

@@ -10,7 +10,9 @@ check), and for each failure what to do. Exit 0 only when every check passed, 1 
 - ``sa``, ``cm N``: the SA and every CM answer GetVersion;
 - ``slice``: the configured slice name is free, or the slice is this run's (``--state-dir``);
 - ``addresses``: ``listen`` and ``public_url`` are not loopback unless the CM runs on this
-  machine (CloudLab in a box);
+  machine (CloudLab in a box) and its nodes share this machine's network; a box whose nodes
+  are on networks of their own (its GetVersion names ``box_control_address``) is reached
+  there only, as CloudLab's nodes reach a control node only at its public address;
 - ``ports``: ``listen`` is an address of this machine and the endpoint's port can be bound;
 - ``wheelhouse``: the nodes' software can be built for the image's Python;
 - ``endpoint``: the callback endpoint can be registered at every CM (its dynamic-slice
@@ -197,11 +199,41 @@ def _loopback(host: str) -> bool:
                                for a in found)
 
 
-def check_addresses(settings: RunSettings, cm_local: bool) -> Check:
+def box_control_address(server: Any, timeout: float) -> str | None:
+    """Where the box's nodes reach this machine, when they are on networks of their own
+    (the first CM's GetVersion, an extension of the box); None otherwise."""
+    if not server.cms:
+        return None
+    transport = _once(server, timeout)
+    try:
+        answer = transport.call_raw(server.cms[0].url, "GetVersion", {}, keep_alive=False)
+    except (OSError, ElasticSliceError):
+        return None
+    finally:
+        transport.close()
+    value = answer.get("value") if isinstance(answer, dict) else None
+    found = value.get("box_control_address") if isinstance(value, dict) else None
+    return str(found) if found else None
+
+
+def check_addresses(settings: RunSettings, cm_local: bool, box: str | None = None) -> Check:
     listen, public = settings.listen, settings.public_url
     where = f"listen {listen} ({settings.sources['listen']})"
     if public:
         where += f", public_url {public} ({settings.sources['public_url']})"
+    if cm_local and box:
+        bad = [] if listen == box else [f"listen {listen} ({settings.sources['listen']})"]
+        host = urlsplit(public).hostname if public else None
+        if host and host != box:
+            bad.append(f"public_url {public} ({settings.sources['public_url']})")
+        if bad:
+            return fail("addresses", " and ".join(bad) + " is not where the box's nodes "
+                        f"reach this machine: they are on a network of their own, as on "
+                        f"CloudLab, and reach it at {box} only (a loopback address is "
+                        f"theirs, not this machine's)",
+                        f"set --listen / [pilots] listen to {box} (the config the emulator "
+                        f"writes says so)")
+        return ok("addresses", f"{where}: where the box's nodes reach this machine")
     if cm_local:
         return ok("addresses", f"{where}: the CM runs on this machine (the box), so its "
                                f"nodes reach this machine on any of its addresses")
@@ -366,7 +398,8 @@ def run_checks(server: Any, settings: RunSettings, *, state_dir: Path | None,
             checks.append(skip("slice", "needs the SA (above)"))
     else:
         checks += [skip("sa, cms", "need the certificate"), skip("slice", "needs the SA")]
-    checks += [check_addresses(settings, cm_local), check_ports(settings),
+    box = box_control_address(server, timeout) if cm_local and checks[0].passed else None
+    checks += [check_addresses(settings, cm_local, box), check_ports(settings),
                check_wheelhouse(settings, cm_local)]
     if all(c.passed for c in checks[:1]):
         checks += check_endpoint(server, settings, cm_local, timeout)

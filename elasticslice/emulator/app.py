@@ -130,17 +130,21 @@ class EmulatorServer:
             store.close()
             raise
         self.ctx = ctx
-        self._tmcd = NodeConfigServer(ctx).start()  # geni-get's server, before nodes boot
+        # geni-get's server, before nodes boot: where nodes reach the control machine
+        self._tmcd = NodeConfigServer(ctx, host=ctx.boot.control_address()).start()
         ctx.node_config_url = self._tmcd.url
         ctx.url = base_url(self.host, self._tls.port)
         ctx.boot.start()
         slivers.reaper.sweep()
         self._tls.start()
         self.reclaimer.start()
-        write_client_conf(self.directory, self.host, self.port)
+        fabric = ctx.boot.network()
+        write_client_conf(self.directory, self.host, self.port,
+                          fabric.control_ip if fabric is not None else None)
         write_atomic(self.directory / "server.json", json.dumps(
             {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid(),
-             "node_config_url": ctx.node_config_url}) + "\n")
+             "node_config_url": ctx.node_config_url,
+             "control_address": ctx.boot.control_address()}) + "\n")
         log.info("emulator serving %s (state %s)", self.url, store.path)
 
     def stop(self) -> None:

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from elasticslice.emulator import geniget, isolate, nodefs, orphans
+from elasticslice.emulator import geniget, isolate, network, nodefs, orphans, tarfiles
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.images import STOCK_DIRS, Image, Images
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
@@ -50,7 +50,8 @@ def localise(command: str, names: list[str], root: Path) -> str:
 
 
 def node_environment(ctx: Context, node: NodeRow, node_dir: nodefs.NodeDir,
-                     image: Image | None, isolated: bool = True) -> dict[str, str]:
+                     image: Image | None, isolated: bool = True,
+                     address: str = "127.0.0.1") -> dict[str, str]:
     """The whole environment of a node's startup commands (nothing of the emulator's).
     The ``ELASTICSLICE_*`` variables are an extension of the box: CloudLab nodes have
     ``geni-get``."""
@@ -61,7 +62,7 @@ def node_environment(ctx: Context, node: NodeRow, node_dir: nodefs.NodeDir,
         "ELASTICSLICE_NODE_ID": node.node_id,
         "ELASTICSLICE_CLIENT_ID": node.client_id,
         "ELASTICSLICE_HOSTNAME": str(node.attrs.get("hostname", "")),
-        "ELASTICSLICE_NODE_IP": "127.0.0.1",
+        "ELASTICSLICE_NODE_IP": address,
         "ELASTICSLICE_CORES": str(node.cores),
         "ELASTICSLICE_MEMORY": str(node.memory),
         "ELASTICSLICE_HARDWARE_TYPE": node.hardware_type,
@@ -95,6 +96,8 @@ class BootRunner:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._isolation: isolate.Choice | None = None
+        self._network: network.Choice | None = None
+        self.fabric: network.Fabric | None = None
         self.images = Images(ctx.directory, ctx.identity, ctx.config.project)
         self.tarfiles = TarfileStore(ctx.directory)
         self.box = ctx.directory / "box"
@@ -104,6 +107,38 @@ class BootRunner:
         if self._isolation is None:
             self._isolation = isolate.choose()
         return self._isolation
+
+    def network(self) -> network.Fabric | None:
+        """The box's networks (:mod:`elasticslice.emulator.network`), made at the first
+        call; None: nodes share the host's network."""
+        if self._network is None:
+            self._network = choice = network.choose()
+            if choice.on:
+                try:
+                    self.fabric = network.Fabric().start()
+                except (network.NetworkError, OSError) as err:
+                    self._network = choice = network.Choice(False, str(err))
+            if self.fabric is not None:
+                tarfiles.BOX_HOSTS.add(self.fabric.control_ip)  # the CM fetches from there
+                self.fabric.set_nodes([n for hw in self.ctx.inventory.types.values()
+                                       for n in hw.node_ids()])
+            elif choice.reason.startswith(network.ENV_VAR):
+                log.info("nodes share this machine's network (%s)", choice.reason)
+            else:
+                log.warning("nodes share this machine's network (%s): they reach its "
+                            "127.0.0.1 services, and LAN addresses are not configured",
+                            choice.reason)
+        return self.fabric
+
+    def control_address(self) -> str:
+        """Where nodes reach the control machine (the emulator's node services too)."""
+        fabric = self.network()
+        return fabric.control_ip if fabric is not None else "127.0.0.1"
+
+    def node_address(self, node_id: str) -> str:
+        """A node's control address (the manifest's ``host@ipv4``)."""
+        fabric = self.fabric if self._network is not None else self.network()
+        return fabric.node_ip(node_id) if fabric is not None else "127.0.0.1"
 
     # ---- life cycle
     def start(self) -> None:
@@ -129,6 +164,9 @@ class BootRunner:
             node_ids = list(set(self._procs) | set(self._groups))
         for node_id in node_ids:
             self.kill(node_id)
+        if self.fabric is not None:
+            tarfiles.BOX_HOSTS.discard(self.fabric.control_ip)
+            self.fabric.stop()
 
     def boot_seconds(self, node: NodeRow) -> float:
         """How long the node takes to boot (drawn at allocation under a latency profile)."""
@@ -276,7 +314,17 @@ class BootRunner:
         machine = nodefs.machine_spec(node_dir, image, self.box, host,
                                       hide=[str(self.ctx.directory.resolve())])
         isolated = self.isolation().isolation is isolate.Isolation.NAMESPACES
-        return machine, node_environment(self.ctx, node, node_dir, image, isolated)
+        return machine, node_environment(self.ctx, node, node_dir, image, isolated,
+                                         self.node_address(node.node_id))
+
+    def _wire(self, node: NodeRow) -> str | None:
+        """The node's network namespace, on its networks (None: the host's network)."""
+        fabric = self.network()
+        if fabric is None:
+            return None
+        sliver = self.ctx.store.get_sliver(node.slice_urn)
+        lans = network.lans_of(node.interfaces, sliver.links if sliver is not None else [])
+        return str(fabric.add(node.node_id, lans))
 
     def _spawn(self, node: NodeRow, node_dir: nodefs.NodeDir, commands: list[list[str]]
                ) -> tuple[subprocess.Popen[bytes] | None, int]:
@@ -284,14 +332,15 @@ class BootRunner:
         isolation = self.isolation().isolation
         try:
             machine, env = self._machine(node, node_dir)
-        except (ElasticSliceError, OSError) as err:
+            netns = self._wire(node)
+        except (ElasticSliceError, OSError, network.NetworkError) as err:
             log.warning("node %s: cannot boot its machine: %s", node.node_id, err)
             return None, -1
         read, write = os.pipe()
         try:
             with open(node_dir.log, "ab") as logfile:
                 proc = subprocess.Popen(
-                    isolate.node_command(isolation, machine, commands, write),
+                    isolate.node_command(isolation, machine, commands, write, netns),
                     cwd=node_dir.root, env=env,
                     stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
                     start_new_session=True, pass_fds=(write,))
@@ -331,6 +380,8 @@ class BootRunner:
                 proc.wait(timeout=3.0)
             except subprocess.TimeoutExpired:
                 log.warning("node %s: startup process %s would not die", node_id, proc.pid)
+        if self.fabric is not None:
+            self.fabric.remove(node_id)
         if wipe:
             shutil.rmtree(self.ctx.node_dir(node_id), ignore_errors=True)
 

@@ -78,7 +78,13 @@ class ComponentManager(Service):
         return {"api": 2, "level": 1, "urn": ident.cm_urn, "hrn": f"{ident.domain}.cm",
                 "input_rspec": RSPEC_VERSIONS, "output_rspec": "2",
                 "ad_rspec": RSPEC_VERSIONS, "interface": "emulator",
-                "geni_api": 2, "peers": {}}
+                "geni_api": 2, "peers": {}, **self._box_network()}
+
+    def _box_network(self) -> dict[str, Any]:
+        """An extension of the box: where its nodes reach the control machine when they
+        are on networks of their own (docs/emulator.md, "The node's network")."""
+        fabric = self.ctx.boot.fabric if self.ctx.boot is not None else None
+        return {"box_control_address": fabric.control_ip} if fabric is not None else {}
 
     def Resolve(self, call: Call) -> Any:  # noqa: N802
         urn = require(call.params, "urn")

@@ -4,10 +4,11 @@ With namespaces (the default where unprivileged user namespaces and overlay moun
 node runs under :mod:`elasticslice.emulator.nodeinit` as PID 1 of its own user, PID, mount
 and UTS namespaces, on a machine of its own: the image read-only, its own writable tree, and
 nothing else of the host (:mod:`elasticslice.emulator.nodefs`); every process of the node
-dies with it. The network namespace is shared, so node processes reach the emulator and each
-other on 127.0.0.1. Without namespaces (or with ``ELASTICSLICE_NODE_ISOLATION=off``) the
-node's commands run in one process group, in the node's root folder, and the emulator says
-once at start that nodes can read the host.
+dies with it. The network is the host's (node processes reach the emulator and each other on
+127.0.0.1) unless :mod:`elasticslice.emulator.network` gives each node a network namespace of
+its own, which the node's init is started in (``nsenter --net``). Without namespaces (or
+with ``ELASTICSLICE_NODE_ISOLATION=off``) the node's commands run in one process group, in
+the node's root folder, and the emulator says once at start that nodes can read the host.
 """
 from __future__ import annotations
 
@@ -68,14 +69,18 @@ def announce(choice: Choice) -> None:
 
 
 def node_command(isolation: Isolation, machine: dict[str, Any], commands: list[list[str]],
-                 status_fd: int) -> list[str]:
+                 status_fd: int, netns: str | None = None) -> list[str]:
     """The argv that runs ``commands`` ([[shell, command], ...]) as the node's processes on
-    ``machine`` (:func:`elasticslice.emulator.nodefs.machine_spec`)."""
+    ``machine`` (:func:`elasticslice.emulator.nodefs.machine_spec`), in the network
+    namespace ``netns`` (a path; None: the host's network)."""
     spec = {**machine, "commands": commands, "status_fd": status_fd,
             "isolate": isolation is Isolation.NAMESPACES}
     argv = [sys.executable, "-I", "-S", str(NODE_INIT), json.dumps(spec)]
     if isolation is Isolation.NAMESPACES:
-        return [_unshare() or "unshare", *UNSHARE_ARGS, "--", *argv]
+        argv = [_unshare() or "unshare", *UNSHARE_ARGS, "--", *argv]
+    if netns is not None:
+        argv = [shutil.which("nsenter", path=os.environ.get("PATH", "") + os.pathsep +
+                             NODE_PATH) or "nsenter", f"--net={netns}", "--", *argv]
     return argv
 
 

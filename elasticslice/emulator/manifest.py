@@ -32,7 +32,8 @@ def manifest_node(ctx: Context, row: NodeRow) -> Node:
                 component_manager_id=ident.cm_urn, sliver_id=row.sliver_urn, exclusive=True,
                 hardware_type=row.hardware_type, sliver_type=row.sliver_type,
                 disk_image=row.disk_image or None, hostname=row.attrs.get("hostname"),
-                ipv4="127.0.0.1", logins=logins, interfaces=ifaces,
+                ipv4=ctx.boot.node_address(row.node_id) if ctx.boot else "127.0.0.1",
+                logins=logins, interfaces=ifaces,
                 installs=[(u, p) for u, p in row.tarballs],
                 executes=[(s, c) for s, c in row.attrs.get("executes", [])],
                 routable_control_ip=bool(row.attrs.get("routable_control_ip")))

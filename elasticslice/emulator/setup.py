@@ -83,17 +83,25 @@ def base_url(host: str, port: int) -> str:
     return f"https://{shown}:{port}/protogeni/xmlrpc"
 
 
-def write_client_conf(directory: str | Path, host: str, port: int) -> Path:
-    """(Re)write D/elasticslice.conf (and each added user's) for a server at host:port."""
+def write_client_conf(directory: str | Path, host: str, port: int,
+                      listen: str | None = None) -> Path:
+    """(Re)write D/elasticslice.conf (and each added user's) for a server at host:port;
+    ``listen``: the control machine's address on the box's control network, when its nodes
+    have networks of their own (docs/emulator.md, "The node's network")."""
     d = Path(directory).resolve()
     cfg = load_config(d)
     url = base_url(host, port)
     for extra in sorted((d / "users").glob("*/user.pem")):
-        _write_conf(extra.parent, url, d, cfg.project, _slice_name_for(extra.parent.name))
-    return _write_conf(d, url, d, cfg.project, cfg.slice_name)
+        _write_conf(extra.parent, url, d, cfg.project, _slice_name_for(extra.parent.name),
+                    listen)
+    return _write_conf(d, url, d, cfg.project, cfg.slice_name, listen)
 
 
-def _write_conf(home: Path, url: str, d: Path, project: str, slice_name: str) -> Path:
+def _write_conf(home: Path, url: str, d: Path, project: str, slice_name: str,
+                listen: str | None = None) -> Path:
+    where = ("# The box's nodes are on a network of their own: they reach this machine at\n"
+             f"# {listen} only (its control network address).\n"
+             f"listen = {listen}\n") if listen else ""
     text = (
         "# Client config for the elasticslice emulator (CloudLab in a box) in this folder.\n"
         "# Written by `elasticslice emulator init`, rewritten when the server starts.\n"
@@ -105,6 +113,7 @@ def _write_conf(home: Path, url: str, d: Path, project: str, slice_name: str) ->
         f"#   disk_image = urn:publicid:IDN+{load_config(d).domain}+image+{project}//"
         "ELASTICSLICE-PILOT\n"
         "#   node_python = python3\n"
+        f"{where}"
         "\n"
         "[protogeni]\n"
         f"certificate = {home / 'user.pem'}\n"

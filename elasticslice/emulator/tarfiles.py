@@ -39,8 +39,12 @@ def _refuse(detail: str) -> GeniFault:
     return GeniFault(GeniCode.BADARGS, setup_failed(detail))
 
 
+# the control machine's addresses on the box's control networks (network.py): this machine
+BOX_HOSTS: set[str] = set()
+
+
 def _local_host(host: str | None) -> bool:
-    if host == "localhost":
+    if host == "localhost" or host in BOX_HOSTS:
         return True
     try:
         return ipaddress.ip_address(host or "").is_loopback

@@ -1,0 +1,311 @@
+"""Every node on a network of its own: the box's control network and the slice's LANs.
+
+With ``ELASTICSLICE_NODE_NETWORK=on`` (or ``auto``: on where it works) and the rights it
+needs (root: ``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN`` in the host's namespaces; CI and this
+machine run as root) and ``ip`` from iproute2, each emulator makes:
+
+- a **fabric**: a network namespace of its own (``es<pid>x<n>``), holding a bridge ``ctl``
+  for the control network and one bridge ``lan<vlantag>`` per experiment LAN. Nothing in it
+  has an address but what is below, and no namespace of it has a route out.
+- the **control network** ``100.(64+k).0.0/16`` (``k``: the first one no other emulator
+  of this machine uses; from 100.64.0.0/10, the shared address space, never routed on the
+  internet). The control machine (where the emulator, the manager and its scheduler run)
+  is ``100.(64+k).0.1``: the one address that lives in the host's namespace, on a veth whose
+  other end is a port of ``ctl`` (see docs/emulator.md, "The node's network", for why).
+- per node, a network namespace (``es<pid>x<n>-<node>``) with ``lo``, ``eth0`` on ``ctl``
+  at the node's control address (the manifest's ``host@ipv4``) and ``eth1``... on the LAN
+  bridges at the manifest's LAN addresses (and MACs). Its routes: its own subnets only.
+
+The node's init is started inside its namespace (``nsenter --net``); the namespace belongs
+to the host's user namespace, so the node (root in its own) cannot change its addresses or
+routes. Deleting a node deletes its namespace; stopping the emulator deletes the fabric
+(and the host's end with it). An emulator that was killed leaves them: the next start of
+any emulator on this machine deletes those whose owner's lock (``/run/elasticslice-net/``)
+is no longer held.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import ipaddress
+import itertools
+import logging
+import os
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "ELASTICSLICE_NODE_NETWORK"
+DEFAULT = "off"
+STATE_DIR = Path("/run/elasticslice-net")
+NETNS_DIR = Path("/run/netns")
+CONTROL_BASE = 64  # 100.64.0.0/10: 64 control networks of /16
+CONTROL_NETS = 64
+CLONE_NEWNET = 0x40000000
+_counter = itertools.count(1)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetworkError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Choice:
+    on: bool
+    reason: str = ""  # why not
+
+
+def choose(env: dict[str, str] | None = None) -> Choice:
+    """Nodes on their own network when ``ELASTICSLICE_NODE_NETWORK`` is ``on`` or ``auto``
+    and this machine allows it; the shared network otherwise (with the reason)."""
+    value = (os.environ if env is None else env).get(ENV_VAR, DEFAULT).strip().lower()
+    if value in ("", "off", "0", "no"):
+        return Choice(False, f"{ENV_VAR}={value or 'off'}")
+    if value not in ("on", "auto", "1", "yes"):
+        log.warning("%s=%s is not on, auto or off; using auto", ENV_VAR, value)
+    reason = _probe()
+    return Choice(not reason, reason)
+
+
+def _probe() -> str:
+    if not os.uname().sysname == "Linux":
+        return "no network namespaces here"
+    if os.geteuid() != 0:
+        return "not root: the box's networks need CAP_NET_ADMIN in the host's namespace"
+    if _ip() is None or shutil.which("nsenter") is None:
+        return "no ip (iproute2) or nsenter (util-linux)"
+    return ""
+
+
+def _ip() -> str | None:
+    return shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin")
+
+
+def _run(args: list[str], batch: list[str] | None = None) -> None:
+    """``ip ARGS`` (with ``-batch -`` lines when given); NetworkError with what it said."""
+    argv = [_ip() or "ip", *args] + (["-batch", "-"] if batch is not None else [])
+    proc = subprocess.run(argv, input="\n".join(batch or []).encode() + b"\n",
+                          capture_output=True, check=False)
+    if proc.returncode != 0:
+        said = proc.stderr.decode(errors="replace").strip().replace("\n", "; ")
+        raise NetworkError(f"ip {' '.join(args)}: {said or proc.returncode}")
+
+
+def _prefixlen(netmask: str | None) -> int:
+    try:
+        return ipaddress.IPv4Network(f"0.0.0.0/{netmask or '255.255.255.0'}").prefixlen
+    except ValueError:
+        return 24
+
+
+def _lock_held(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def reap() -> list[str]:
+    """Delete the namespaces of emulators that are gone (their lock is free); their names."""
+    gone: list[str] = []
+    if not STATE_DIR.is_dir():
+        return gone
+    for lock in STATE_DIR.glob("es*.lock"):
+        name = lock.name[:-5]
+        if _lock_held(lock):
+            continue
+        for ns in NETNS_DIR.glob(f"{name}-*") if NETNS_DIR.is_dir() else []:
+            _delete_netns(ns.name)
+        _delete_netns(name)
+        lock.unlink(missing_ok=True)
+        gone.append(name)
+    return gone
+
+
+def _delete_netns(name: str) -> None:
+    if (NETNS_DIR / name).exists():
+        try:
+            _run(["netns", "del", name])
+        except NetworkError as err:
+            log.warning("cannot delete network namespace %s: %s", name, err)
+
+
+def in_netns(name: str, func, *args):  # type: ignore[no-untyped-def]
+    """``func(*args)`` with this thread in network namespace ``name`` (needs
+    CAP_SYS_ADMIN); sockets made there stay there."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(NETNS_DIR / name, os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise NetworkError(f"setns {name}: {os.strerror(err)}")
+        try:
+            return func(*args)
+        finally:
+            _libc.setns(own, CLONE_NEWNET)
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write(value)
+
+
+class Fabric:
+    """One emulator's networks (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.name = f"es{os.getpid()}x{next(_counter)}"
+        self.k = -1
+        self._lock_fd: int | None = None
+        self._lans: set[str] = set()
+        self._nodes: dict[str, str] = {}  # node_id -> its namespace
+        self._ports = itertools.count(1)
+        self._mutex = threading.Lock()
+        self._bridges = threading.Lock()
+        self._index: dict[str, int] = {}
+
+    # ---- addresses
+    @property
+    def subnet(self) -> str:
+        return f"100.{CONTROL_BASE + self.k}"
+
+    @property
+    def control_ip(self) -> str:
+        """The control machine's address on the control network."""
+        return f"{self.subnet}.0.1"
+
+    def set_nodes(self, node_ids: list[str]) -> None:
+        """The pool, in a stable order: a node's control address is its place in it."""
+        self._index = {node_id: i for i, node_id in enumerate(node_ids)}
+
+    def node_ip(self, node_id: str) -> str:
+        host = self._index.get(node_id, 0) + 2
+        if host >= 65534:
+            raise NetworkError(f"more than 65,532 nodes: {node_id} has no control address")
+        return f"{self.subnet}.{host >> 8}.{host & 255}"
+
+    def netns(self, node_id: str) -> Path:
+        return NETNS_DIR / f"{self.name}-{node_id}"
+
+    # ---- life cycle
+    def start(self) -> Fabric:
+        STATE_DIR.mkdir(mode=0o700, exist_ok=True)
+        with open(STATE_DIR / ".lock", "a") as global_lock:
+            fcntl.flock(global_lock, fcntl.LOCK_EX)
+            reap()
+            self._lock_fd = os.open(STATE_DIR / f"{self.name}.lock",
+                                    os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            self.k = self._free_subnet()
+            host_end = self.name
+            try:
+                _run(["netns", "add", self.name])
+                _run(["-n", self.name], ["link set lo up", "link add ctl type bridge",
+                                         "link set ctl up"])
+                _run([], [f"link add {host_end} type veth peer name host netns {self.name}",
+                          f"addr add {self.control_ip}/16 dev {host_end}",
+                          f"link set {host_end} up"])
+                _run(["-n", self.name], ["link set host master ctl", "link set host up"])
+            except NetworkError:
+                self.stop()
+                raise
+        log.info("nodes on their own network: control network %s.0.0/16, the control "
+                 "machine at %s", self.subnet, self.control_ip)
+        return self
+
+    def _free_subnet(self) -> int:
+        out = subprocess.run([_ip() or "ip", "-o", "-4", "addr", "show"],
+                             capture_output=True, text=True, check=False).stdout
+        used = {int(m) - CONTROL_BASE for m in re.findall(r"inet 100\.(\d+)\.", out)}
+        for k in range(CONTROL_NETS):
+            if k not in used:
+                return k
+        raise NetworkError("every control network of 100.64.0.0/10 is in use on this machine")
+
+    def stop(self) -> None:
+        with self._mutex:
+            nodes = list(self._nodes)
+        for node_id in nodes:
+            self.remove(node_id)
+        for ns in NETNS_DIR.glob(f"{self.name}-*") if NETNS_DIR.is_dir() else []:
+            _delete_netns(ns.name)
+        _delete_netns(self.name)  # its end of the host's veth goes with it
+        if self._lock_fd is not None:
+            (STATE_DIR / f"{self.name}.lock").unlink(missing_ok=True)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ---- nodes
+    def add(self, node_id: str, lans: list[tuple[str, str, int, str]]) -> Path:
+        """The node's namespace, wired: ``eth0`` on the control network, and per
+        ``(lan bridge, address, prefix length, mac)`` an ``ethN`` on that LAN."""
+        self.remove(node_id)  # a power cycle: a fresh one
+        ns = self.netns(node_id).name
+        _run(["netns", "add", ns])
+        with self._mutex:
+            self._nodes[node_id] = ns
+            port = next(self._ports)
+        with self._bridges:  # made before any node's veth is put on them
+            new = sorted({bridge for bridge, *_ in lans} - self._lans)
+            if new:
+                _run(["-n", self.name], [line for bridge in new for line in (
+                    f"link add {bridge} type bridge", f"link set {bridge} up")])
+                self._lans.update(new)
+        fabric = [f"link add c{port} type veth peer name eth0 netns {ns}",
+                   f"link set c{port} master ctl up"]
+        inside = ["link set lo up", f"addr add {self.node_ip(node_id)}/16 dev eth0",
+                  "link set eth0 up"]
+        for j, (bridge, address, prefix, mac) in enumerate(lans, start=1):
+            peer = f"eth{j} address {mac}" if mac else f"eth{j}"
+            fabric += [f"link add l{port}x{j} type veth peer name {peer} netns {ns}",
+                       f"link set l{port}x{j} master {bridge} up"]
+            if address:
+                inside.append(f"addr add {address}/{prefix} dev eth{j}")
+            inside.append(f"link set eth{j} up")
+        try:
+            _run(["-n", self.name], fabric)
+            _run(["-n", ns], inside)
+            # as on a machine of its own: root binds any port (the namespace is the host
+            # user namespace's, so the node's root would not otherwise)
+            in_netns(ns, _write_sysctl, "/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")
+        except NetworkError:
+            self.remove(node_id)
+            raise
+        return self.netns(node_id)
+
+    def remove(self, node_id: str) -> None:
+        with self._mutex:
+            ns = self._nodes.pop(node_id, None)
+        if ns is not None:
+            _delete_netns(ns)  # its veths go with it, and their fabric ends
+
+
+def lans_of(node_interfaces: list[dict], links: list[dict]) -> list[tuple[str, str, int, str]]:
+    """``(bridge, address, prefix length, mac)`` per interface of a node on a LAN of its
+    sliver (``links``: the sliver's)."""
+    tag = {ref: str(link.get("vlantag", "0")) for link in links
+           for ref in link.get("interfaces", [])}
+    out = []
+    for iface in node_interfaces:
+        vlan = tag.get(iface.get("client_id"))
+        if vlan is None:
+            continue
+        out.append((f"lan{vlan}", iface.get("ip") or "", _prefixlen(iface.get("netmask")),
+                    iface.get("mac") or ""))
+    return out

@@ -1,0 +1,242 @@
+"""Every node on its own network (issue 23): a node reached the host's 127.0.0.1 services (16
+listeners, among them the cluster scheduler, every worker and the callback endpoint), and the
+manifest's LAN addresses were only bookkeeping. Now a node has its control address and its
+LAN addresses, reaches the nodes of its LANs there, nothing of another slice's LANs, and the
+control machine only at the box's control address.
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from elasticslice.emulator import network
+from elasticslice.rspec import LinkSpec, NodeSpec, build_request
+from tests.helpers import wait_for
+from tests.elasticslice.emulator.helpers import Session
+from tests.elasticslice.emulator.node_helpers import detail_of, node_dir
+
+pytestmark = pytest.mark.slow
+
+CHOICE = network.choose({network.ENV_VAR: "on"})
+needs_network = pytest.mark.skipif(not CHOICE.on, reason=f"no box networks here: "
+                                                         f"{CHOICE.reason}")
+
+# A node's program: answers its host name on port 7000 of every address it has; once the
+# test writes /target (addresses, a line), tries each and writes /result (one line each:
+# the address, then its host name or the error), and keeps serving.
+PROBE = r"""
+import os, socket, threading, time
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", 7000))
+srv.listen()
+def serve():
+    while True:
+        conn, _ = srv.accept()
+        conn.sendall(socket.gethostname().encode())
+        conn.close()
+threading.Thread(target=serve, daemon=True).start()
+open("/listening", "w").close()
+while not os.path.exists("/target"):
+    time.sleep(0.05)
+lines = []
+for address in open("/target").read().split():
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3) as conn:
+            lines.append(address + " " + (conn.recv(100).decode() or "connected"))
+    except OSError as err:
+        lines.append(address + " " + (os.strerror(err.errno) if err.errno else str(err)))
+with open("/result.tmp", "w") as out:
+    out.write("\n".join(lines) + "\n")
+os.rename("/result.tmp", "/result")
+time.sleep(300)
+"""
+STARTUP = f"python3 -c {shlex.quote(PROBE)}"
+
+
+@pytest.fixture
+def networked(monkeypatch: pytest.MonkeyPatch, emulator_factory):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(network.ENV_VAR, "on")
+    return emulator_factory()
+
+
+def _addresses(manifest: str, client_id: str) -> list[str]:
+    """The node's manifest addresses: ``host@ipv4``, then its LAN interfaces'."""
+    out = []
+    for node in ET.fromstring(manifest).iter():
+        if node.tag.endswith("}node") and node.get("client_id") == client_id:
+            out += [e.get("ipv4") for e in node.iter() if e.tag.endswith("}host")]
+            out += [e.get("address") for e in node.iter() if e.tag.endswith("}ip")]
+    return [a for a in out if a]
+
+
+def _root(emu, s: Session, urn: str, cred: str, client_id: str) -> Path:
+    """The node's ``/`` (on the host), once its program listens."""
+    node_id = detail_of(s, urn, cred, client_id)["component_urn"].rsplit("+", 1)[-1]
+    root = node_dir(emu, node_id) / "root"
+    wait_for((root / "listening").exists, timeout=60, what=f"{client_id} listening")
+    return root
+
+
+def _ask(emu, s: Session, urn: str, cred: str, client_id: str, targets: list[str],
+         listening: tuple[str, ...] = ()) -> dict[str, str]:
+    """What the node ``client_id`` got from each ``host:port`` of ``targets`` (once it and
+    the nodes ``listening`` of the slice listen)."""
+    for other in listening:
+        _root(emu, s, urn, cred, other)
+    root = _root(emu, s, urn, cred, client_id)
+    (root / "target").write_text("\n".join(targets) + "\n")
+    result = root / "result"
+    wait_for(result.exists, timeout=60, what=f"{client_id}'s result")
+    return dict(line.split(" ", 1) for line in result.read_text().splitlines())
+
+
+def _lan_slice(s: Session, name: str, nodes: list[str]) -> tuple[str, str, str]:
+    specs = [NodeSpec(n, interfaces=[(f"{n}:if0", None, None)], executes=[("sh", STARTUP)])
+             for n in nodes]
+    urn, cred, (_, manifest) = s.create(name, build_request(
+        specs, [LinkSpec("lan0", [f"{n}:if0" for n in nodes])]))
+    return urn, cred, manifest
+
+
+@needs_network
+def test_nodes_reach_their_lan_at_manifest_addresses_and_nothing_of_another_slice(networked):
+    s = Session(networked)
+    urn, cred, manifest = _lan_slice(s, "one", ["a", "b"])
+    a_control, a_lan = _addresses(manifest, "a")
+    b_control, b_lan = _addresses(manifest, "b")
+    assert a_lan.startswith("10.") and a_control != "127.0.0.1"
+    control = networked.server.ctx.boot.control_address()
+    host = f"127.0.0.1:{networked.server.port}"  # the emulator's own XML-RPC listener
+    got = _ask(networked, s, urn, cred, "a", [f"{b_lan}:7000", f"{b_control}:7000", host,
+                                             f"{control}:{networked.server.port}"],
+               listening=("b",))
+    hostname_b = "b.one."
+    assert got[f"{b_lan}:7000"].startswith(hostname_b), got
+    assert got[f"{b_control}:7000"].startswith(hostname_b), got
+    assert got[host] == "Connection refused", got  # the node's own loopback: nothing there
+    # the control machine's address, on a port it serves only on its loopback: refused too
+    assert got[f"{control}:{networked.server.port}"] == "Connection refused", got
+
+    other, other_cred, other_manifest = _lan_slice(s, "two", ["c", "d"])
+    got = _ask(networked, s, other, other_cred, "c",
+               [f"{a_lan}:7000", f"{_addresses(other_manifest, 'd')[1]}:7000"],
+               listening=("d",))
+    assert got[f"{a_lan}:7000"] == "Network is unreachable", got
+    assert got[f"{_addresses(other_manifest, 'd')[1]}:7000"].startswith("d.two."), got
+
+
+@needs_network
+def test_a_node_reaches_the_control_machine_only_at_its_address(networked):
+    """geni-get (the box's tmcd) answers at the control address; the host's loopback is
+    the node's own; the node has no route out."""
+    s = Session(networked)
+    startup = ("geni-get client_id > /name; ip -o -4 route > /routes; "
+               "ip -o -4 addr > /addrs; " + STARTUP)
+    urn, cred, (_, manifest) = s.create("solo", build_request(
+        [NodeSpec("n", executes=[("sh", startup)])]))
+    control = networked.server.ctx.boot.control_address()
+    got = _ask(networked, s, urn, cred, "n", [f"127.0.0.1:{networked.server.port}",
+                                             "192.0.2.1:80"])
+    root = node_dir(networked, detail_of(s, urn, cred, "n")["component_urn"]
+                    .rsplit("+", 1)[-1]) / "root"
+    assert (root / "name").read_text().strip() == "n"
+    assert f"inet {_addresses(manifest, 'n')[0]}/" in (root / "addrs").read_text()
+    routes = (root / "routes").read_text()
+    assert "default" not in routes and control.rsplit(".", 2)[0] in routes, routes
+    assert got[f"127.0.0.1:{networked.server.port}"] == "Connection refused", got
+    assert got["192.0.2.1:80"] == "Network is unreachable", got
+
+
+def _commands_in(netns: Path) -> list[str]:
+    """The command lines of the processes in network namespace ``netns``."""
+    try:
+        inode = netns.stat().st_ino
+    except FileNotFoundError:  # not booted yet
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "ns" / "net").stat().st_ino == inode:
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+def _connect_from(netns: Path, host: str, port: int) -> str:
+    """What a TCP connection to host:port from network namespace ``netns`` gets."""
+    probe = ("import os, socket, sys\ntry:\n    socket.create_connection((sys.argv[1], "
+             "int(sys.argv[2])), 3).close()\n    print('connected')\nexcept OSError as e:\n"
+             "    print(os.strerror(e.errno) if e.errno else e)\n")
+    done = subprocess.run(["nsenter", f"--net={netns}", sys.executable, "-c", probe, host,
+                           str(port)], capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def _doctor(config: Path, tmp: Path, *args: str) -> tuple[int, str]:
+    """``elasticslice -c CONFIG doctor ARGS``: exit status and its ``addresses`` line."""
+    from tests.elasticslice.test_doctor import doctor, line
+    code, lines, _ = doctor(config, tmp, *args)
+    return code, line(lines, "addresses")
+
+
+@needs_network
+def test_the_pilot_path_works_on_the_nodes_network_and_not_on_loopback(
+        networked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The product as is: the box's config says ``listen`` (its control address); the
+    scheduler listens there, the agent advertises its manifest address, and the scheduler
+    reaches the worker there (client.run). A scheduler on 127.0.0.1 gets no pilot (the
+    node's agent cannot enrol: that loopback is its own), and ``doctor`` says why."""
+    import socket
+
+    from dask.distributed import Client
+
+    from elasticslice.dask import CloudLabCluster
+    from tests.elasticslice.pilots.helpers import pilot_image
+    monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
+    control = networked.server.ctx.boot.control_address()
+
+    code, addresses = _doctor(networked.config_path, tmp_path)
+    assert addresses.startswith("ok") and control in addresses, addresses
+    code, addresses = _doctor(networked.config_path, tmp_path, "--listen", "127.0.0.1")
+    assert code == 1 and addresses.startswith("FAIL"), addresses
+    assert f"reach it at {control} only" in addresses and "127.0.0.1" in addresses, addresses
+
+    def cluster(**options: object) -> CloudLabCluster:  # one state: the slice is ours
+        return CloudLabCluster(config=networked.config_path, state_dir=tmp_path / "dask",
+                               minimum=1, maximum=1, disk_image=pilot_image(networked),
+                               node_python="python3", **options)
+
+    with cluster(listen="127.0.0.1") as lonely, Client(lonely) as client:
+        # the node booted and its agent tries to enrol at 127.0.0.1: the node's own
+        node = wait_for(lambda: next((n for n in lonely.manager.state.nodes() if n.node_id),
+                                     None), timeout=60, what="the node")
+        netns = networked.server.ctx.boot.fabric.netns(node.node_id)
+        enrol = wait_for(lambda: next((c for c in _commands_in(netns) if
+                                       "troy.frameworks.dask.enrol" in c), None),
+                         timeout=60, what="the node's agent enrolling")
+        url = next(w for w in enrol.split() if w.startswith("https://"))
+        assert url.startswith("https://127.0.0.1:"), enrol
+        assert _connect_from(netns, "127.0.0.1", int(url.rsplit(":", 1)[1])) == \
+            "Connection refused"
+        host, port = lonely.scheduler_address.removeprefix("tls://").rsplit(":", 1)
+        assert _connect_from(netns, host, int(port)) == "Connection refused"
+        assert client.scheduler_info()["workers"] == {}
+
+    with cluster() as box, Client(box) as client:
+        wait_for(lambda: client.scheduler_info()["workers"], timeout=90, what="a worker")
+        assert box.scheduler_address.startswith(f"tls://{control}:")
+        (worker,) = client.scheduler_info()["workers"]
+        node = box.manager.state.nodes()[0]
+        address = networked.server.ctx.boot.node_address(node.node_id)
+        assert worker.startswith(f"tls://{address}:"), worker  # its manifest address
+        # the scheduler reaches the worker there: client.run goes through it
+        (name,) = client.run(socket.gethostname).values()
+        assert name.startswith(f"{node.client_id}."), name
