@@ -63,7 +63,8 @@ browser:
 # Debian's iproute2 (ip) and util-linux (nsenter), for the box's node networks
 # (docs/emulator.md, "The node's network"; tests/elasticslice/emulator/test_network.py):
 # installed when missing where this is root on Debian; elsewhere those tests are skipped.
-netns:
+# After browser: two apt-get at once would fight over dpkg's lock.
+netns: browser
 	@{ command -v ip && command -v nsenter; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
