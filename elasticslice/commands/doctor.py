@@ -24,6 +24,7 @@ options over the config's ``[pilots]``, ``[manager]`` and ``[endpoint]``).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import sys
 from dataclasses import dataclass
@@ -314,12 +315,20 @@ def wheelhouse_check(version: str) -> tuple[bool, str, str]:
                 f"run the control node with Python {version}, or use an image with "
                 f"Python {here}")
     from importlib import metadata
+    # its own line says what came of it: the builder's "built the wheelhouse" log line
+    # (the first run on a machine) would be one more line in front of the checks
+    builder = logging.getLogger("elasticslice.pilots.wheelhouse")
+    level = builder.level
+    if not builder.isEnabledFor(logging.DEBUG):
+        builder.setLevel(logging.WARNING)
     try:
         house = Wheelhouse.for_python(version)
         pins = dict(house.pins)
     except Exception as err:  # noqa: BLE001 - whatever stops the build is the answer
         return (False, f"no wheelhouse for Python {version}: {_one_line(err)}",
                 "see the README's 'Node software' (how the wheelhouse is built)")
+    finally:
+        builder.setLevel(level)
     differ = []
     for name in ("troy", "dask", "distributed"):
         try:

@@ -312,3 +312,22 @@ def test_a_metrics_port_taken_fails_the_ports_check(tmp_path: Path) -> None:
         assert "--metrics-port" in got.fix
     free = check_ports(resolve_settings(client, {"metrics_port": "0"}))
     assert free.status == "ok", free
+
+
+def test_building_the_wheelhouse_adds_no_line_in_front_of_the_checks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The first doctor on a machine builds the nodes' wheelhouse: the builder's own INFO
+    line ("built the wheelhouse ...") came before the checks (the wheelhouse check's line
+    says what came of it)."""
+    import logging
+
+    from elasticslice.pilots import wheelhouse
+    monkeypatch.setattr(wheelhouse, "cache_root", lambda: tmp_path / "wheelhouse")
+    caplog.set_level(logging.INFO)
+    passed, detail, _ = wheelhouse_check("%d.%d" % sys.version_info[:2])
+    assert passed, detail
+    assert any(tmp_path.joinpath("wheelhouse").iterdir())  # it was built, here
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "elasticslice.pilots.wheelhouse"] == []
+    assert logging.getLogger("elasticslice.pilots.wheelhouse").level == logging.NOTSET
