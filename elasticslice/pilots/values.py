@@ -69,28 +69,39 @@ def reclaim_order(values: Mapping[str, float]) -> list[str]:
 
 
 def pilot_work(pilots: Mapping[str, Any], units: Iterable[Any], *,
-               now: float | None = None) -> dict[str, NodeWork]:
+               now: float | None = None, wait: float | None = None) -> dict[str, NodeWork]:
     """``{node: NodeWork}`` from Troy: ``pilots`` maps each held node (client_id) to its
     live pilot (None: no pilot yet); ``units``: the framework's live units (a running unit
-    names its pilot's id in ``unit.pilot`` and its start, epoch seconds, in ``unit.start``)."""
+    names its pilot's id in ``unit.pilot`` and its start, epoch seconds, in ``unit.start``);
+    ``wait``: a reclamation's countdown (seconds): a unit whose runtime hint says it ends
+    within it loses nothing (None, or a unit without a hint: every unit is at risk). The
+    work a node would lose counts its units at risk only, as run until the countdown ends."""
     now = time.time() if now is None else now
     by_pilot: dict[str, list[Any]] = {}
     for unit in units:
         pid = getattr(unit, "pilot", None)
         if pid is not None and getattr(unit, "start", None) is not None:
             by_pilot.setdefault(pid, []).append(unit)
+    end = now + (wait or 0.0)
+
+    def at_risk(unit: Any) -> bool:
+        runtime = getattr(unit.description, "runtime", None)
+        return wait is None or not runtime or unit.start + float(runtime) > end
+
     out: dict[str, NodeWork] = {}
     for node, pilot in pilots.items():
         if pilot is None:
             out[node] = NodeWork(ready=False)
             continue
         running = by_pilot.get(pilot.id, [])
-        done = sum(max(1, int(getattr(u.description, "cores", 1) or 1)) * max(0.0, now - u.start)
-                   for u in running)
+        risky = [u for u in running if at_risk(u)]
+        lost = sum(max(1, int(getattr(u.description, "cores", 1) or 1)) * max(0.0, end - u.start)
+                   for u in risky)
         busy = bool(running) or bool(getattr(pilot, "busy", False))
         since = getattr(pilot, "idle_since", None)
-        out[node] = NodeWork(ready=True, units=len(running) if running else int(busy),
-                             core_seconds=done,
+        count = len(running) if running else int(busy)
+        out[node] = NodeWork(ready=True, units=count, core_seconds=lost,
+                             at_risk=len(risky) if running else None,
                              idle_for=0.0 if busy or since is None else max(0.0, now - since))
     return out
 
