@@ -4,7 +4,7 @@
 
 The manager's real policy code (:func:`elasticslice.managers.policy.decide`) runs on a
 virtual clock (``bench/elastic``: no sleeping) against the emulator's model of a CM: other
-tenants' load, reclaims of our newest nodes (LIFO; ``ours_client``: CLIENT, the nodes our
+tenants' load, reclaims of our newest nodes (LIFO: ``ours_lifo``; ours: CLIENT, the nodes our
 values put lowest) with a countdown, nodes that boot for 5 minutes, and a slice whose last
 node CloudLab refuses to take (every policy keeps one node).
 The work is a campaign of the WfFormat workflows in ../shared/workloads/wfinstances (or
@@ -33,6 +33,7 @@ from elastic.tenants import patterns  # noqa: E402
 from elastic.workload import campaign, workflow_files  # noqa: E402
 
 from elasticslice.managers.policy import PolicyConfig  # noqa: E402
+from elasticslice.pilots.cluster import default_policy  # noqa: E402
 
 log = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -40,27 +41,30 @@ HOUR = 3600.0
 
 
 def cluster_defaults(max_nodes: int) -> PolicyConfig:
-    """The pilot cluster's policy as shipped (``ElasticCluster``'s defaults: cooldowns of
-    1 s / 5 s, one node given back per decision, idle pilots after 60 s, CloudLab keeps half
-    of its nodes free when we add)."""
-    return PolicyConfig(maxthreshold=max_nodes, enable_delete=True, idle_timeout=60.0,
-                        add_cooldown=1.0, delete_cooldown=5.0, max_add_per_cycle=max_nodes,
-                        max_delete_per_cycle=1)
+    """The pilot cluster's policy as shipped (``ElasticCluster``'s defaults, from
+    :func:`elasticslice.pilots.cluster.default_policy`; ``run`` keeps idle pilots 60 s and
+    one node at least)."""
+    return dataclasses.replace(default_policy(max_nodes), minthreshold=1, maxthreshold=max_nodes,
+                               idle_timeout=60.0,
+                               enable_delete=True)
 
 
 def our_config(max_nodes: int) -> PolicyConfig:
     """Our policy as proposed for elastic pilots (docs/manager-policy.md, "Should the
-    defaults change?"): the cluster's defaults with idle pilots given back after 10 s, up
-    to 4 a decision, and a CM kept a quarter free."""
-    return dataclasses.replace(cluster_defaults(max_nodes), idle_timeout=10.0,
-                               max_delete_per_cycle=4, percent_available_minimum=0.25)
+    defaults change?"): the cluster's defaults with idle pilots given back after 10 s and no
+    node kept without work (``minthreshold`` 0)."""
+    return dataclasses.replace(cluster_defaults(max_nodes), idle_timeout=10.0, minthreshold=0)
 
 
 def policies(max_nodes: int) -> list[Policy]:
-    shipped = Ours(cluster_defaults(max_nodes), name="ours_cluster_defaults")
-    client = Ours(our_config(max_nodes), name="ours_client", reclaim_policy="CLIENT")
-    return [Ours(our_config(max_nodes)), client, shipped, Static(max_nodes),
-            SeedDefaults(max_nodes), ParslBlocks(max_nodes), DaskAdaptive(max_nodes)]
+    """Ours under CLIENT (``manage``/``run`` register CLIENT where the CM offers it), the
+    same under LIFO, the cluster as shipped, and the baselines."""
+    return [Ours(our_config(max_nodes), reclaim_policy="CLIENT"),
+            Ours(our_config(max_nodes), name="ours_lifo"),
+            Ours(cluster_defaults(max_nodes), name="ours_cluster_defaults",
+                 reclaim_policy="CLIENT"),
+            Static(max_nodes), SeedDefaults(max_nodes), ParslBlocks(max_nodes),
+            DaskAdaptive(max_nodes)]
 
 
 def scenario(quick: bool) -> tuple[SimConfig, list[Any], float]:
@@ -98,6 +102,7 @@ def figures(results: list[Result]) -> dict[str, Any]:
         out[f"{key}_revocations"] = r.revocations
         out[f"{key}_units_lost"] = r.units_lost
         out[f"{key}_lost_core_hours"] = round(r.lost_core_hours, 2)
+        out[f"{key}_units_cut_floor"] = r.cut_floor
         out[f"{key}_finished"] = r.finished
         out[f"elastic_{r.pattern}_lower_bound_h"] = round(r.lower_bound / HOUR, 3)
     for pattern in sorted({r.pattern for r in results}):
@@ -110,9 +115,9 @@ def figures(results: list[Result]) -> dict[str, Any]:
         out[f"elastic_{pattern}_ours_vs_best_peer_goal_met"] = bool(
             ours.node_hours <= best.node_hours + 1e-9 and ours.makespan <= best.makespan + 1e-9
             and ours.units_lost <= min(by[(pattern, p)].units_lost for p in ("parsl", "dask")))
-        client = by[(pattern, "ours_client")]
+        lifo = by[(pattern, "ours_lifo")]
         out[f"elastic_{pattern}_units_cut_lifo_over_client"] = (
-            round(ours.units_lost / client.units_lost, 3) if client.units_lost else None)
+            round(lifo.units_lost / ours.units_lost, 3) if ours.units_lost else None)
         out[f"elastic_{pattern}_goal_met"] = bool(
             ours.ratio <= 1.2 and ours.node_hours < by[(pattern, "static")].node_hours
             and ours.node_hours < by[(pattern, "seed")].node_hours)

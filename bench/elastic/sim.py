@@ -110,6 +110,7 @@ class Result:
     adds: int = 0
     gives_back: int = 0
     refused_deletes: int = 0     # DeleteNodes of the slice's last node (CloudLab refuses)
+    cut_floor: int = 0           # the fewest units the reclaims' victims could have cut
     finished: bool = False
     samples: list[Sample] = field(default_factory=list)
 
@@ -179,9 +180,18 @@ class Simulation:
         else:
             victims = sorted(candidates, key=lambda n: (-n.added_at, n.uid))
         victims = victims[:need]
+        if victims:   # the fewest units any choice of victims would cut at their deadline
+            risk = sorted(self._at_risk(n) for n in candidates)
+            self.result.cut_floor += sum(risk[:len(victims)])
         for node in victims:
             node.deadline = self.now + self.cfg.max_wait
             self.result.revocations += 1
+
+    def _at_risk(self, node: SimNode) -> int:
+        """Units on ``node`` that a notice now would cut (not done by its deadline)."""
+        deadline = self.now + self.cfg.max_wait
+        return sum(1 for u, start in node.running.items()
+                   if start + self.tasks[u].runtime > deadline)
 
     def client_values(self, nodes: list[SimNode]) -> dict[str, float]:
         """The values the pilot manager would send for ``nodes`` now (CLIENT policy)."""
