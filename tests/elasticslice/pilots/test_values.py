@@ -1,6 +1,12 @@
 """Our resource values for CloudLab's CLIENT policy: the order a reclamation takes nodes."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from elasticslice.errors import ConfigError
+from elasticslice.managers.config import EndpointConfig, load_manager_config
 from elasticslice.pilots.values import NodeWork, changed, node_values, reclaim_order
 
 
@@ -26,3 +32,15 @@ def test_values_are_sent_again_only_when_the_order_or_a_value_moves() -> None:
     assert changed(old, {"a": 0.1, "b": 0.7})
     assert changed(old, {"a": 0.7, "b": 0.6})      # another order
     assert changed(old, {"a": 0.1})                # another set of nodes
+
+
+def test_the_reclaim_policy_is_client_unless_the_config_says_lifo(tmp_path: Path) -> None:
+    def endpoint(lines: str) -> EndpointConfig:
+        path = tmp_path / "elasticslice.conf"
+        path.write_text("[protogeni]\ncm_urls = https://cm.example/cm\n[endpoint]\n" + lines)
+        return load_manager_config(path, env={}).endpoint
+
+    assert endpoint("").policy == "CLIENT"
+    assert endpoint("policy = lifo\n").policy == "LIFO"
+    with pytest.raises(ConfigError, match="policy"):
+        endpoint("policy = fifo\n")
