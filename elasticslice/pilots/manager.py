@@ -42,7 +42,7 @@ from elasticslice.managers.policy import NodeState, NodeView, Observed, PolicyCo
 from elasticslice.managers.records import PendingDelete
 from elasticslice.pilots.values import changed as values_changed
 from elasticslice.pilots.values import node_values, pilot_work
-from elasticslice.rpc.codes import GeniCode
+from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, GeniCode
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
@@ -400,8 +400,10 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
                 cm.set_resource_values([{"client_id": cid, "value": v}
                                         for cid, v in sorted(ours.items())])
             except RPCError as err:
-                if err.code in (GeniCode.BADARGS, GeniCode.UNSUPPORTED) or \
-                        "SetResourceValues" in str(err) and "method" in str(err).lower():
+                # the CM has no such call: LIFO there; anything else (a node that just
+                # went, a busy CM) is tried again at the next set_system_state
+                if err.code in (GeniCode.UNSUPPORTED, FAULT_NO_SUCH_METHOD) or \
+                        "no such method" in str(err).lower():
                     registrar.fall_back(cm, str(err))
                 else:
                     log.warning("SetResourceValues at %s: %s", cm.dynslice_url, err)
