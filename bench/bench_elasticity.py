@@ -4,7 +4,9 @@
 
 The manager's real policy code (:func:`elasticslice.managers.policy.decide`) runs on a
 virtual clock (``bench/elastic``: no sleeping) against the emulator's model of a CM: other
-tenants' load, reclaims of our newest nodes with a countdown, nodes that boot for 5 minutes.
+tenants' load, reclaims of our newest nodes (LIFO: ``ours_lifo``; ours: CLIENT, the nodes our
+values put lowest) with a countdown, nodes that boot for 5 minutes, and a slice whose last
+node CloudLab refuses to take (every policy keeps one node).
 The work is a campaign of the WfFormat workflows in ../shared/workloads/wfinstances (or
 examples/workflows): copies of each, in waves. Each policy meets the same work under three
 tenant-load patterns: ``steady`` (40% of the pool), ``bursty`` (the emulator's seeded load
@@ -12,12 +14,12 @@ model around 60%, redrawn every 20 minutes) and ``reclaim50`` (12 minutes in, wh
 first wave is at its widest, the tenants take half of our nodes, for an hour). Reported
 per pattern and policy: makespan, makespan over the lower bound (max of the critical path
 and work / peak cores), node-hours held, idle node-hours (ready, running nothing),
-revocations and units lost (cut by a revocation and run
-again). Plots: nodes held, units running and tenant load over time, a panel per policy.
+revocations, units lost (cut by a revocation and run again) and their core-hours. Plots: nodes held, units running and tenant load over time, a panel per policy.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -31,24 +33,38 @@ from elastic.tenants import patterns  # noqa: E402
 from elastic.workload import campaign, workflow_files  # noqa: E402
 
 from elasticslice.managers.policy import PolicyConfig  # noqa: E402
+from elasticslice.pilots.cluster import default_policy  # noqa: E402
 
 log = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parent / "results"
 HOUR = 3600.0
 
 
+def cluster_defaults(max_nodes: int) -> PolicyConfig:
+    """The pilot cluster's policy as shipped (``ElasticCluster``'s defaults, from
+    :func:`elasticslice.pilots.cluster.default_policy`; ``run`` keeps idle pilots 60 s and
+    one node at least)."""
+    return dataclasses.replace(default_policy(max_nodes), minthreshold=1, maxthreshold=max_nodes,
+                               idle_timeout=60.0,
+                               enable_delete=True)
+
+
 def our_config(max_nodes: int) -> PolicyConfig:
-    """Our policy as we would configure it for elastic pilots (``[manager]`` keys)."""
-    return PolicyConfig(maxthreshold=max_nodes, percent_available_minimum=0.25,
-                        enable_delete=True, idle_timeout=60.0, add_cooldown=60.0,
-                        delete_cooldown=60.0, max_delete_per_cycle=4)
+    """Our policy as proposed for elastic pilots (docs/manager-policy.md, "Should the
+    defaults change?"): the cluster's defaults with idle pilots given back after 10 s and no
+    node kept without work (``minthreshold`` 0)."""
+    return dataclasses.replace(cluster_defaults(max_nodes), idle_timeout=10.0, minthreshold=0)
 
 
 def policies(max_nodes: int) -> list[Policy]:
-    defaults = Ours(PolicyConfig(maxthreshold=max_nodes, enable_delete=True, idle_timeout=60.0))
-    defaults.name = "ours_default_limits"
-    return [Ours(our_config(max_nodes)), defaults, Static(max_nodes),
-            SeedDefaults(max_nodes), ParslBlocks(max_nodes), DaskAdaptive(max_nodes)]
+    """Ours under CLIENT (``manage``/``run`` register CLIENT where the CM offers it), the
+    same under LIFO, the cluster as shipped, and the baselines."""
+    return [Ours(our_config(max_nodes), reclaim_policy="CLIENT"),
+            Ours(our_config(max_nodes), name="ours_lifo"),
+            Ours(cluster_defaults(max_nodes), name="ours_cluster_defaults",
+                 reclaim_policy="CLIENT"),
+            Static(max_nodes), SeedDefaults(max_nodes), ParslBlocks(max_nodes),
+            DaskAdaptive(max_nodes)]
 
 
 def scenario(quick: bool) -> tuple[SimConfig, list[Any], float]:
@@ -85,6 +101,8 @@ def figures(results: list[Result]) -> dict[str, Any]:
         out[f"{key}_idle_node_hours"] = round(r.idle_node_hours, 2)
         out[f"{key}_revocations"] = r.revocations
         out[f"{key}_units_lost"] = r.units_lost
+        out[f"{key}_lost_core_hours"] = round(r.lost_core_hours, 2)
+        out[f"{key}_units_cut_floor"] = r.cut_floor
         out[f"{key}_finished"] = r.finished
         out[f"elastic_{r.pattern}_lower_bound_h"] = round(r.lower_bound / HOUR, 3)
     for pattern in sorted({r.pattern for r in results}):
@@ -93,6 +111,13 @@ def figures(results: list[Result]) -> dict[str, Any]:
             other = by[(pattern, peer)]
             out[f"ratio_elastic_{pattern}_ours_over_{peer}_node_hours"] = round(
                 ours.node_hours / other.node_hours, 3)
+        best = min(by[(pattern, "parsl")], by[(pattern, "dask")], key=lambda r: r.node_hours)
+        out[f"elastic_{pattern}_ours_vs_best_peer_goal_met"] = bool(
+            ours.node_hours <= best.node_hours + 1e-9 and ours.makespan <= best.makespan + 1e-9
+            and ours.units_lost <= min(by[(pattern, p)].units_lost for p in ("parsl", "dask")))
+        lifo = by[(pattern, "ours_lifo")]
+        out[f"elastic_{pattern}_units_cut_lifo_over_client"] = (
+            round(lifo.units_lost / ours.units_lost, 3) if ours.units_lost else None)
         out[f"elastic_{pattern}_goal_met"] = bool(
             ours.ratio <= 1.2 and ours.node_hours < by[(pattern, "static")].node_hours
             and ours.node_hours < by[(pattern, "seed")].node_hours)
@@ -105,7 +130,8 @@ def table(results: list[Result]) -> list[tuple[str, str]]:
         rows.append((f"elasticity {r.pattern}: {r.policy}",
                      f"makespan {r.makespan / HOUR:5.2f} h ({r.ratio:4.2f}x bound), "
                      f"{r.node_hours:6.1f} node-h held, {r.idle_node_hours:5.1f} idle, "
-                     f"{r.revocations:3d} revoked, {r.units_lost:3d} units cut (re-run)"
+                     f"{r.revocations:3d} revoked, {r.units_lost:3d} units cut (re-run, "
+                     f"{r.lost_core_hours:4.1f} core-h lost)"
                      + ("" if r.finished else " (UNFINISHED)")))
     return rows
 

@@ -43,8 +43,9 @@ def idle_nodes(view: View, *, newest_first: bool = True) -> list[str]:
 class Ours:
     config: PolicyConfig
     name: str = "ours"
-    interval: float = 60.0
+    interval: float = 10.0      # the simulation's tick; the pilot cluster decides every 2 s
     drains: bool = True
+    reclaim_policy: str = "LIFO"  # CLIENT: the CM reclaims the nodes our values put lowest
     last_add: float | None = None
     last_delete: float | None = None
     decisions: int = 0

@@ -4,7 +4,8 @@ The CM has ``total_nodes`` nodes of ``cores_per_node`` cores. Other tenants hold
 :class:`~elastic.tenants.Pattern` says how many they want); the rest are free. The scaling
 policy under test asks for nodes (at most what is free; each boots for ``boot_delay``) and
 gives nodes back. When tenants want more than the free nodes, the emulator's reclaimer takes
-the shortfall from our slice, newest nodes first, each with a countdown of ``max_wait``
+the shortfall from our slice, newest nodes first (LIFO; under CLIENT, the nodes the policy's
+values put lowest: :mod:`elasticslice.pilots.values`), each with a countdown of ``max_wait``
 seconds; at the deadline the node goes, and the units running on it are lost (re-run).
 A policy that ``drains`` (ours: the manager's deadline-aware drain) starts nothing on a
 node under notice that would not finish before the deadline, and hands the node back as
@@ -19,6 +20,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from elasticslice.pilots.values import NodeWork, node_values
 
 from .tenants import Pattern
 from .workload import SimTask, lower_bound
@@ -106,6 +109,8 @@ class Result:
     lost_core_hours: float = 0.0
     adds: int = 0
     gives_back: int = 0
+    refused_deletes: int = 0     # DeleteNodes of the slice's last node (CloudLab refuses)
+    cut_floor: int = 0           # the fewest units the reclaims' victims could have cut
     finished: bool = False
     samples: list[Sample] = field(default_factory=list)
 
@@ -168,11 +173,38 @@ class Simulation:
         take = min(need, self.free_nodes())
         self.tenants += take
         need -= take
-        victims = sorted((n for n in self.nodes.values() if n.deadline is None),
-                         key=lambda n: (-n.added_at, n.uid))[:need]
+        candidates = [n for n in self.nodes.values() if n.deadline is None]
+        if getattr(self.policy, "reclaim_policy", "LIFO") == "CLIENT":
+            values = self.client_values(candidates)
+            victims = sorted(candidates, key=lambda n: (values[n.uid], -n.added_at, n.uid))
+        else:
+            victims = sorted(candidates, key=lambda n: (-n.added_at, n.uid))
+        victims = victims[:need]
+        if victims:   # the fewest units any choice of victims would cut at their deadline
+            risk = sorted(self._at_risk(n) for n in candidates)
+            self.result.cut_floor += sum(risk[:len(victims)])
         for node in victims:
             node.deadline = self.now + self.cfg.max_wait
             self.result.revocations += 1
+
+    def _at_risk(self, node: SimNode) -> int:
+        """Units on ``node`` that a notice now would cut (not done by its deadline)."""
+        deadline = self.now + self.cfg.max_wait
+        return sum(1 for u, start in node.running.items()
+                   if start + self.tasks[u].runtime > deadline)
+
+    def client_values(self, nodes: list[SimNode]) -> dict[str, float]:
+        """The values the pilot manager would send for ``nodes`` now (CLIENT policy)."""
+        deadline = self.now + self.cfg.max_wait
+        def lost(n: SimNode) -> list[tuple[str, float]]:   # the units cut at the deadline
+            return [(u, start) for u, start in n.running.items()
+                    if start + self.tasks[u].runtime > deadline]
+        work = {n.uid: NodeWork(
+            ready=n.ready(self.now), units=len(n.running), at_risk=len(lost(n)),
+            core_seconds=sum(self.tasks[u].cores * (deadline - start) for u, start in lost(n)),
+            idle_for=0.0 if n.running or n.idle_since is None else self.now - n.idle_since)
+            for n in nodes}
+        return node_values(work)
 
     def _countdowns(self) -> None:
         for node in list(self.nodes.values()):
@@ -248,6 +280,9 @@ class Simulation:
     def _decide(self) -> None:
         action = self.policy.decide(self.view())
         for uid in action.delete:
+            if uid in self.nodes and len(self.nodes) == 1:
+                self.result.refused_deletes += 1   # CloudLab refuses to empty a sliver
+                continue
             if uid in self.nodes:
                 self._remove(uid)
                 self.result.gives_back += 1

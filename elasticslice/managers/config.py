@@ -59,7 +59,8 @@ MANAGER_KEYS = (
     "email", "email_to", "email_from", "smtp_host", "smtp_port", "smtp_starttls",
     "smtp_username", "smtp_password_file", "metrics_port")
 ENDPOINT_KEYS = ("address", "port", "url", "cm_urn", "certificate", "keyfile",
-                 "passphrase_file", "enabled")
+                 "passphrase_file", "enabled", "policy")
+RECLAIM_POLICIES = ("CLIENT", "LIFO")
 INTERVAL_PREFIX = "interval."
 # Longer than any slice lives; beyond it timedelta and the scheduler overflow (1e300 did).
 MAX_SECONDS = 366 * 86400
@@ -82,6 +83,7 @@ class EndpointConfig:
     keyfile: Path | None = None       # when the key is not in the certificate file
     passphrase_file: Path | None = None
     enabled: bool = True
+    policy: str = "CLIENT"            # reclaim by our values where the CM offers it, else LIFO
 
 
 @dataclass(frozen=True)
@@ -407,4 +409,11 @@ def _endpoint(v: Mapping[str, str], base: Path, err: Err) -> EndpointConfig:
         cm_urn=cm_urn, certificate=_path(v, "certificate", base, err, must_exist=True),
         keyfile=_path(v, "keyfile", base, err, must_exist=True),
         passphrase_file=_path(v, "passphrase_file", base, err, must_exist=True),
-        enabled=_flag(v, "enabled", True, err))
+        enabled=_flag(v, "enabled", True, err), policy=_reclaim_policy(v, err))
+
+
+def _reclaim_policy(v: Mapping[str, str], err: Err) -> str:
+    policy = (v.get("policy") or "CLIENT").strip().upper()
+    if policy not in RECLAIM_POLICIES:
+        raise err("policy", f"expected CLIENT or LIFO, got {v.get('policy')!r}")
+    return policy

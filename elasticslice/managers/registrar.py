@@ -14,6 +14,7 @@ from typing import Any
 from elasticslice.config import load_passphrase
 from elasticslice.errors import ElasticSliceError, RPCError
 from elasticslice.managers.cycle import one_line
+from elasticslice.rpc.codes import GeniCode
 
 log = logging.getLogger("elasticslice.managers.manager")
 
@@ -31,6 +32,11 @@ class EndpointRegistrar:
         self.url: str | None = None
         self.registered: set[str] = set()
         self.urns: set[str] = {config.cm_urn} if config.cm_urn else set()
+        #: the reclaim policy we asked for: CLIENT (our values decide) where the server
+        #: offers it, else LIFO; :attr:`policies` says what each CM took
+        self.prefer = str(getattr(config, "policy", None) or "CLIENT").upper()
+        self.policies: dict[str, str] = {}
+        self.waits: dict[str, int] = {}   # CM url -> the countdown we registered (0: its max)
 
     def allowed(self) -> frozenset[str]:
         """Who may call (read at each connection; no RPC here)."""
@@ -73,9 +79,40 @@ class EndpointRegistrar:
             wait = int(cm.get_server_defaults().get("maxwaittime", 0))
         except (RPCError, AttributeError, TypeError, ValueError):
             wait = 0
-        cm.set_slice_client_endpoint(self.url, policy="LIFO", defwaittime=max(0, wait))
+        policy = self._register(cm, max(0, wait))
+        self.waits[cm.url] = max(0, wait)
         self.registered.add(cm.url)
-        log.info("registered the endpoint %s at %s", self.url, cm.dynslice_url)
+        self.policies[cm.url] = policy
+        log.info("registered the endpoint %s at %s (policy %s)", self.url, cm.dynslice_url,
+                 policy)
+
+    def _register(self, cm: Any, wait: int) -> str:
+        """SetSliceClientEndpoint with the preferred policy; a server that refuses CLIENT
+        (BADARGS: it does not know it) gets LIFO."""
+        if self.prefer == "CLIENT":
+            try:
+                cm.set_slice_client_endpoint(self.url, policy="CLIENT", defwaittime=wait)
+                return "CLIENT"
+            except RPCError as err:
+                if err.code != GeniCode.BADARGS:
+                    raise
+                log.info("%s does not offer the CLIENT policy (%s): LIFO", cm.dynslice_url,
+                         one_line(err))
+        cm.set_slice_client_endpoint(self.url, policy="LIFO", defwaittime=wait)
+        return "LIFO"
+
+    def client_cms(self) -> list[Any]:
+        """The CMs where our values decide the reclaim order (registered with CLIENT)."""
+        return [c for c in self.cms if self.policies.get(c.url) == "CLIENT"
+                and c.url in self.registered]
+
+    def fall_back(self, cm: Any, why: str) -> None:
+        """``cm`` took CLIENT but refuses our values: register LIFO there instead (with
+        CLIENT and no values, every node would count 1.0)."""
+        log.warning("%s refuses our resource values (%s): LIFO there", cm.dynslice_url, why)
+        cm.set_slice_client_endpoint(self.url, policy="LIFO",
+                                     defwaittime=self.waits.get(cm.url, 0))
+        self.policies[cm.url] = "LIFO"
 
     def stop(self) -> None:
         """Remove the endpoint at every CM it was registered at, then stop serving."""
@@ -89,5 +126,6 @@ class EndpointRegistrar:
                 log.warning("cannot remove the endpoint at %s: %s", cm.dynslice_url,
                             one_line(err))
         self.registered = set()
+        self.policies = {}
         if server is not None:
             server.stop()

@@ -54,6 +54,16 @@ DEFAULT_INTERVALS = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver
 STATS_SAVE_INTERVAL = 2.0  # seconds between two saves of the run's unit counters
 
 
+def default_policy(maxthreshold: int) -> PolicyConfig:
+    """The cluster's policy when none is given (its thresholds and idle_timeout are set
+    from the cluster's arguments): quick cooldowns, up to 4 nodes given back a decision,
+    and a CM kept a quarter free when we add (docs/manager-policy.md: "Should the defaults
+    change?", from bench/bench_elasticity.py)."""
+    return PolicyConfig(add_cooldown=1.0, delete_cooldown=5.0,
+                        max_add_per_cycle=max(1, maxthreshold), max_delete_per_cycle=4,
+                        percent_available_minimum=0.25)
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterSnapshot:
     """What the cluster looks like now (for progress lines)."""
@@ -117,9 +127,7 @@ class ElasticCluster:
         self.publisher: TarballPublisher | None = None  # serves the nodes' tarballs
         self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
         self._condemned: set[str] = set()  # nodes whose token was seen twice: never adopted
-        base = policy or PolicyConfig(add_cooldown=1.0, delete_cooldown=5.0,
-                                      max_add_per_cycle=max(1, maxthreshold),
-                                      max_delete_per_cycle=1)
+        base = policy or default_policy(maxthreshold)
         # None: idle pilots are never given back (the policy's None means "no idle rule")
         self.policy = dataclasses.replace(
             base, idle_timeout=math.inf if idle_timeout is None else idle_timeout)

@@ -33,12 +33,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from elasticslice.errors import RPCError
 from elasticslice.managers.background import Background
 from elasticslice.managers.endpoint import Releaser
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, NodeView, Observed, PolicyConfig, \
     wanted_nodes
 from elasticslice.managers.records import PendingDelete
+from elasticslice.pilots.values import changed as values_changed
+from elasticslice.pilots.values import node_values, pilot_work
+from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, GeniCode
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
@@ -269,6 +273,7 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
         self._cores: tuple[int | None, int] = (None, 0)   # demand: cores now, waiting
         self._refused: set[str] = set()
         self._sources: list[DemandSource] = []
+        self._sent_values: dict[str, dict[str, float]] = {}  # CM url -> our values sent
 
     def _releaser(self) -> Releaser:
         self.drainer = PilotDrainer(self.watch, margin=self.margin, release=self._release)
@@ -364,7 +369,48 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
                    if r.node_id and r.node_id in values}
         if by_name:
             self.framework.set_pilot_values(by_name)
+        self.send_values()
         return len(by_name)
+
+    def our_values(self, cm_url: str, wait: float | None = None) -> dict[str, float]:
+        """Our value of each node held at ``cm_url`` (client_id -> 0..1) from its pilot's
+        work (:mod:`elasticslice.pilots.values`: idle pilots lowest, busy ones by the work a
+        reclamation within ``wait`` seconds would lose)."""
+        pilots = {}
+        for r in self.state.nodes(cm_url):
+            pilot = self.pilot_of(r.client_id)
+            pilots[r.client_id] = pilot if pilot is not None and \
+                pilot.state not in FINAL_STATES else None
+        return node_values(pilot_work(pilots, self.framework.live_units(), wait=wait))
+
+    def send_values(self) -> int:
+        """SetResourceValues at each CM that reclaims by our values (registered CLIENT),
+        when they changed (another order, or a value moved); a CM that refuses them is
+        registered LIFO instead. Returns the CMs sent to."""
+        registrar = self.registrar
+        if registrar is None:
+            return 0
+        sent = 0
+        for cm in registrar.client_cms():
+            wait = registrar.waits.get(cm.url) or None
+            ours = self.our_values(cm.url, wait)
+            if not ours or not values_changed(self._sent_values.get(cm.url, {}), ours):
+                continue
+            try:
+                cm.set_resource_values([{"client_id": cid, "value": v}
+                                        for cid, v in sorted(ours.items())])
+            except RPCError as err:
+                # the CM has no such call: LIFO there; anything else (a node that just
+                # went, a busy CM) is tried again at the next set_system_state
+                if err.code in (GeniCode.UNSUPPORTED, FAULT_NO_SUCH_METHOD) or \
+                        "no such method" in str(err).lower():
+                    registrar.fall_back(cm, str(err))
+                else:
+                    log.warning("SetResourceValues at %s: %s", cm.dynslice_url, err)
+                continue
+            self._sent_values[cm.url] = ours
+            sent += 1
+        return sent
 
     # ------------------------------------------------------------------ nodes coming, going
     def handle_added_node(self, node: dict[str, Any], status: str) -> None:

@@ -230,5 +230,11 @@ class ComponentManager:
                                 {"url": url, "policy": policy, "defwaittime": int(defwaittime)},
                                 url=self.dynslice_url)
 
+    def set_resource_values(self, nodelist: list[dict[str, Any]]) -> Any:
+        """Our own node values for the CLIENT policy (``[{client_id|node_id, value}]``,
+        values 0..1, lower reclaimed sooner; a node without one counts 1.0)."""
+        return self._slice_call("SetResourceValues", {"nodelist": list(nodelist)},
+                                url=self.dynslice_url)
+
     def remove_slice_client_endpoint(self) -> Any:
         return self._slice_call("RemoveSliceClientEndpoint", url=self.dynslice_url)

@@ -77,3 +77,18 @@ def test_every_baseline_finishes_the_workflows_within_the_cap(make) -> None:
     assert result.finished
     assert result.makespan >= result.lower_bound
     assert max(s.held for s in result.samples) <= CONFIG.max_nodes
+
+
+def test_under_client_a_reclamation_takes_the_idle_node_not_the_busy_one() -> None:
+    """Two nodes, one running a unit far longer than the countdown: LIFO takes the first
+    node (it runs the unit, which is cut), CLIENT with our values the idle one."""
+    kept = PolicyConfig(minthreshold=2, maxthreshold=2)
+    runs = {}
+    for reclaim in ("LIFO", "CLIENT"):
+        runs[reclaim] = simulate(CONFIG, flat(1, 1000.0),
+                                 Reclaim("r", 40, load=0.0, at=30.0, hold=10_000.0),
+                                 Ours(kept, reclaim_policy=reclaim))
+    assert runs["LIFO"].revocations == runs["CLIENT"].revocations == 1
+    assert runs["LIFO"].units_lost == 1
+    assert runs["CLIENT"].units_lost == 0
+    assert runs["CLIENT"].makespan < runs["LIFO"].makespan
