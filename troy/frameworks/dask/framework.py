@@ -167,6 +167,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             raise NoSuccess(f"framework {self.name!r}: cannot reach Dask scheduler "
                             f"{address}: {err}") from err
         self.scheduler_address = address
+        agent.quicken(self.client)
         # the topic is also the workers' private resource and a command-line argument
         safe = re.sub(r"[^A-Za-z0-9_.]+", "_", self.name)[:40]
         self.topic = f"troy-{safe}-{uuid.uuid4().hex[:8]}"
