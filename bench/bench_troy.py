@@ -215,6 +215,9 @@ RATIOS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ratio_troy_dask_over_parsl_null": ("troy_dask_null_units_per_s",
                                         ("parsl_htex_null_tasks_per_s",)),
 }
+RATIOS["ratio_troy_pipeline_dask_unbundled_over_dask_map_true"] = (
+    "troy_pipeline_dask_unbundled_true_tasks_per_s",
+    ("dask_map_true_tasks_per_s", "dask_map_default_saturation_true_tasks_per_s"))
 RATIOS["ratio_troy_local_bundled_true_over_thread_floor"] = (
     "troy_local_bundled_true_tasks_per_s", ("spawn_floor_threads_true_tasks_per_s",))
 for _kind in ("dask", "local"):
@@ -263,6 +266,15 @@ def figures_of(samples: dict[str, list[float]], rounds: int) -> dict[str, Any]:
         figures["ratio_troy_dask_over_dask_map_null"],
         figures["ratio_troy_dask_over_dask_map_true"]) >= 1.0
     figures["goal_latency_within_1ms_of_dask"] = figures["troy_dask_latency_over_dask_ms"] <= 1.0
+    summarise("troy_dask_latency_over_parsl_ms",
+              [t - p for t, p in zip(samples["troy_dask_latency_ms"],
+                                     samples["parsl_htex_latency_ms"])], figures)
+    figures["goal_latency_at_most_parsl"] = figures["troy_dask_latency_over_parsl_ms"] <= 0.0
+    figures["goal_pipeline_unbundled_at_least_1x_dask_map"] = \
+        figures["ratio_troy_pipeline_dask_unbundled_over_dask_map_true"] >= 1.0
+    figures["goal_dask_bundled_true_at_least_90pct_of_floor"] = min(
+        figures["ratio_troy_dask_bundled_true_over_floor"],
+        figures["ratio_troy_pipeline_dask_bundled_true_over_floor"]) >= 0.9
     return figures
 
 

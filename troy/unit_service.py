@@ -14,6 +14,7 @@ run in a framework's own threads) never call back into a framework while it is b
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -229,43 +230,55 @@ class UnitService:
             # per framework scope (None: every framework): the narrowest unit not placed
             narrowest: dict[frozenset[str] | None, int] = {}
             full: set[frozenset[str] | None] = set()  # scopes where nothing fits at all
+            scopes: set[frozenset[str] | None] | None = None
             self.backlog_ok = True
-            for unit in queue:
-                if unit.state in FINAL_STATES:  # canceled while queued
-                    done.add(unit.id)
-                    continue
-                cores = unit.description.cores
-                scope = self._scopes.get(unit.id)
-                view: Any = self if scope is None else _ScopedView(self, scope)
-                if sched.monotone and (scope in full or cores >= narrowest.get(scope, cores + 1)):
-                    unplaced.append(unit)
-                    continue
-                decision = sched.schedule(view, unit.description)
-                if decision is None:
-                    unplaced.append(unit)
-                    self.backlog_ok = False
-                    if sched.in_order and not raise_unplaced and could_ever_fit(view, cores):
-                        break
-                    if sched.monotone and cores == 1 and not raise_unplaced:
-                        full.add(scope)  # nothing fits at all: that scope waits
-                        if not self._scopes:
+            # a framework takes what one pass placed at once (see PilotFramework.holding)
+            holds = contextlib.ExitStack()
+            held: set[str] = set()
+            with holds:
+                for unit in queue:
+                    if unit.state in FINAL_STATES:  # canceled while queued
+                        done.add(unit.id)
+                        continue
+                    cores = unit.description.cores
+                    scope = self._scopes.get(unit.id)
+                    if sched.monotone and (scope in full
+                                           or cores >= narrowest.get(scope, cores + 1)):
+                        unplaced.append(unit)
+                        continue
+                    view: Any = self if scope is None else _ScopedView(self, scope)
+                    decision = sched.schedule(view, unit.description)
+                    if decision is None:
+                        unplaced.append(unit)
+                        self.backlog_ok = False
+                        if sched.in_order and not raise_unplaced \
+                                and could_ever_fit(view, cores):
                             break
-                    narrowest[scope] = min(narrowest.get(scope, cores), cores)
-                    continue
-                framework, pilot = decision
-                try:
-                    framework.submit_unit(unit, pilot)
-                except IncorrectState as err:  # e.g. the pilot ended meanwhile: try again
-                    log.info("submitting %s to %s: %s; keeping it queued", unit.id,
-                             framework.name, err)
-                    unplaced.append(unit)
-                    continue
-                except Exception as err:  # the framework refuses this unit for good
-                    log.warning("framework %s refused unit %s: %s", framework.name,
-                                unit.id, err)
-                    unit._set_state(State.FAILED, result=UnitResult(
-                        error=f"framework {framework.name} refused the unit: {err}"))
-                done.add(unit.id)
+                        if sched.monotone and cores == 1 and not raise_unplaced:
+                            full.add(scope)  # nothing fits at all: that scope waits
+                            if scopes is None:  # the scopes of the queue, once per pass
+                                scopes = {self._scopes.get(u.id) for u in queue}
+                            if full >= scopes:  # every unit left waits: stop here (a pass
+                                break           # per finished unit must not cost O(queue))
+                        narrowest[scope] = min(narrowest.get(scope, cores), cores)
+                        continue
+                    framework, pilot = decision
+                    try:
+                        if framework.name not in held:
+                            holds.enter_context(framework.holding())
+                            held.add(framework.name)
+                        framework.submit_unit(unit, pilot)
+                    except IncorrectState as err:  # e.g. the pilot ended meanwhile: try again
+                        log.info("submitting %s to %s: %s; keeping it queued", unit.id,
+                                 framework.name, err)
+                        unplaced.append(unit)
+                        continue
+                    except Exception as err:  # the framework refuses this unit for good
+                        log.warning("framework %s refused unit %s: %s", framework.name,
+                                    unit.id, err)
+                        unit._set_state(State.FAILED, result=UnitResult(
+                            error=f"framework {framework.name} refused the unit: {err}"))
+                    done.add(unit.id)
             if raise_unplaced and unplaced:
                 ids = {u.id for u in unplaced}
                 with self._lock:

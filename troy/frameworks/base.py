@@ -17,12 +17,13 @@ pilot goes away before it emptied (see "drains" below).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from troy.descriptions import ComputeUnitDescription, PilotDescription
@@ -352,6 +353,12 @@ class PilotFramework(ABC):
         unit._set_state(State.DISPATCHED)
         self._submit(unit, target)
         return unit
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Within it, this thread's submissions may be held and handed over together when
+        it ends (a framework that pays per hand-over batches them); none by default."""
+        yield
 
     @abstractmethod
     def cancel_unit(self, unit: ComputeUnit) -> None:

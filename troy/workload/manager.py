@@ -221,8 +221,7 @@ class WorkloadManager:
     def _start(self, plan: _Plan) -> None:
         self.session._managers.add(self)
         workload, store = plan.workload, self.session.store
-        workload.add_callback(lambda w, s: store.put_workload(w.id, s, len(w.tasks),
-                                                              self.session.id))
+        workload.add_callback(lambda w, s: store.update_workload(w.id, s, len(w.tasks)))
         for t in workload.tasks.values():
             t.add_callback(self._on_task)
             t._mark_dispatched()

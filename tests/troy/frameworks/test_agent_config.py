@@ -38,3 +38,25 @@ def test_the_users_dask_variables_and_yaml_win(tmp_path):
         "distributed:\n  admin:\n    system-monitor:\n      interval: 750ms\n")
     chosen, tick, monitor = agent_config(tmp_path)
     assert (tick, monitor) == ("1s", "750ms")
+
+
+STREAMS = ("import json; from troy.frameworks.dask import DaskFramework\n"
+           "fw = DaskFramework('s'); fw.start()\n"
+           "ours = [b.interval for b in fw.on_scheduler(lambda s: list(s.client_comms.values()))]\n"
+           "print(json.dumps([fw.client.scheduler_comm.interval, ours])); fw.close()")
+
+
+def stream_intervals(tmp_path, value: str | None) -> list:
+    environ = {k: v for k, v in os.environ.items() if k != "TROY_DASK_STREAM_INTERVAL"}
+    if value is not None:
+        environ["TROY_DASK_STREAM_INTERVAL"] = value
+    out = subprocess.run([sys.executable, "-c", STREAMS], env=environ, capture_output=True,
+                         text=True, timeout=120, check=True, cwd=tmp_path).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_streams_batch_as_dask_does_unless_the_environment_says_send_at_once(tmp_path):
+    assert stream_intervals(tmp_path, None) == [0.01, [0.002]]     # Dask's own
+    assert stream_intervals(tmp_path, "0") == [0.0, [0.0]]         # client and scheduler
+    from troy.frameworks.dask.agent import _stream_interval
+    assert _stream_interval("soon") is None and _stream_interval("") is None  # Dask's

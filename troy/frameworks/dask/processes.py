@@ -156,7 +156,10 @@ class InProcessScheduler:
                               dashboard_address=self.dashboard_address or "127.0.0.1:0",
                               **tls_options(self.security))
             guard.install(s, "scheduler")
-            return await s
+            await s
+            from troy.frameworks.dask.agent import quicken
+            quicken(s)
+            return s
 
         self._scheduler = asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
         self.address = self._scheduler.address
