@@ -48,7 +48,7 @@ GOALS: dict[str, Goal] = {
         "troy", "Troy on Dask, one unit per task / raw Dask map, null", ">=", 1.0, "x"),
     "ratio_troy_dask_over_dask_map_true": Goal(
         "troy", "Troy on Dask, one unit per task / raw Dask map, /bin/true", ">=", 1.0, "x"),
-    "ratio_troy_pipeline_dask_unbundled_true_over_dask_map": Goal(
+    "ratio_troy_pipeline_dask_unbundled_over_dask_map_true": Goal(
         "troy", "whole pipeline on Dask, unbundled /bin/true / raw Dask map", ">=", 1.0, "x",
         derive=("troy_pipeline_dask_unbundled_true_tasks_per_s", _DASK_MAP_TRUE)),
     "ratio_troy_dask_bundled_true_over_floor": Goal(
