@@ -5,13 +5,13 @@ from __future__ import annotations
 import configparser
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from elasticslice.emulator import init_emulator
 from tests.docblocks import (DIRECTIVE, DOCS, FENCE, PARSE, RUN, TEXT, Block, blocks_of,
                              environment, parse_directives, run_block, sandbox, stop)
 from tests.helpers import REPO, wait_for
@@ -53,14 +53,15 @@ def test_docs_have_blocks() -> None:
 
 
 @pytest.fixture
-def served_emulator(tmp_path: Path):  # noqa: ANN201 - generator fixture
+def served_emulator(tmp_path: Path, emulator_pki: Path):  # noqa: ANN201 - generator fixture
     """An emulator serving ``~/emu`` for blocks that need one; stopped afterwards."""
     started: list[tuple[Path, subprocess.Popen]] = []
 
     def start(home: Path, env: dict[str, str]) -> Path:
         d = home / "emu"
-        # what `elasticslice emulator init --dir ~/emu --port 0` does, without its process
-        init_emulator(d, port=0)
+        # what `elasticslice emulator init --dir ~/emu --port 0` writes, without its process
+        # and its keys: a copy of the session's (serve rewrites the config for its folder)
+        shutil.copytree(emulator_pki, d)
         log = open(home / ".serve.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", "elasticslice.cli", "emulator", "serve",
                                  "--dir", str(d), "--boot-delay", "0.2"], env=env,
