@@ -82,12 +82,14 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> None:
-    """The same demo through ``elasticslice demo`` (the CLI group): --revocations 0 leaves
-    the other tenants alone; --quiet keeps the progress lines out, not the summary."""
+    """The same demo through ``elasticslice demo`` (the CLI group), on a small workflow of
+    the examples (--workload): --revocations 0 leaves the other tenants alone; --quiet
+    keeps the progress lines out, not the summary."""
     d, out_json = tmp_path / "run", tmp_path / "out.json"
-    run = DemoRun("demo", "--dir", str(d), *FAST, "--time-scale", "0.2", "--revocations",
-                  "0", "--quiet", "--report", str(out_json), cwd=tmp_path,
-                  command=[str(ELASTICSLICE)])
+    run = DemoRun("demo", "--dir", str(d), *FAST, "--workload",
+                  str(REPO / "examples" / "workflows" / "helloworld-forkjoin-10-chameleon.json"),
+                  "--time-scale", "0.2", "--revocations", "0", "--quiet", "--report",
+                  str(out_json), cwd=tmp_path, command=[str(ELASTICSLICE)])
     code, out, err = run.finish()
     assert code == 0, err[-3000:]
     assert err == "" and "Traceback" not in out
