@@ -219,9 +219,10 @@ def test_the_pilot_path_works_on_the_nodes_network_and_not_on_loopback(
         node = wait_for(lambda: next((n for n in lonely.manager.state.nodes() if n.node_id),
                                      None), timeout=60, what="the node")
         netns = networked.server.ctx.boot.fabric.netns(node.node_id)
+        # its command line whole: a process read between fork and exec shows another's
         enrol = wait_for(lambda: next((c for c in _commands_in(netns) if
-                                       "troy.frameworks.dask.enrol" in c), None),
-                         timeout=60, what="the node's agent enrolling")
+                                       "troy.frameworks.dask.enrol" in c and " https://" in c),
+                                      None), timeout=60, what="the node's agent enrolling")
         url = next(w for w in enrol.split() if w.startswith("https://"))
         assert url.startswith("https://127.0.0.1:"), enrol
         assert _connect_from(netns, "127.0.0.1", int(url.rsplit(":", 1)[1])) == \
