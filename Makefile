@@ -8,8 +8,8 @@ STAMP  := $(VENV)/.installed-stamp
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@# uv resolves, downloads and byte-compiles in parallel: a fresh .venv in ~8 s where pip
-	@# took ~25 s (README, design notes). pip where uv cannot be installed.
+	@# uv resolves, downloads and byte-compiles in parallel: a fresh .venv in ~14 s where pip
+	@# took 25-35 s (README, design notes). pip where uv cannot be installed.
 	@if $(BIN)/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then \
 	  echo "$(BIN)/uv pip install --compile-bytecode -e '.[test]'"; \
 	  $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e '.[test]'; \
