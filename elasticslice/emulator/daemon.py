@@ -62,7 +62,7 @@ def _server_info(directory: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def _lock_is_held(path: Path) -> bool:
+def lock_is_held(path: Path) -> bool:
     """Probe the lock (taken and dropped at once when free)."""
     try:
         fd = os.open(path, os.O_RDWR)
@@ -93,7 +93,7 @@ def lock_holder(directory: Path) -> int | None:
         parts = line.split()
         if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(inode):
             return int(parts[4])
-    if not _lock_is_held(path):
+    if not lock_is_held(path):
         return None
     # held, but /proc/locks does not show it (another view of the file system): believe
     # server.json only when its pid is a live emulator server

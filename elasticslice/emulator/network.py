@@ -38,6 +38,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from elasticslice.emulator.daemon import lock_is_held
+
 log = logging.getLogger(__name__)
 
 ENV_VAR = "ELASTICSLICE_NODE_NETWORK"
@@ -104,18 +106,6 @@ def _prefixlen(netmask: str | None) -> int:
         return 24
 
 
-def _lock_held(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def reap() -> list[str]:
@@ -125,7 +115,10 @@ def reap() -> list[str]:
         return gone
     for lock in STATE_DIR.glob("es*.lock"):
         name = lock.name[:-5]
-        if _lock_held(lock):
+        try:
+            if lock_is_held(lock):
+                continue
+        except OSError:  # cannot tell: leave its namespaces alone
             continue
         for ns in NETNS_DIR.glob(f"{name}-*") if NETNS_DIR.is_dir() else []:
             _delete_netns(ns.name)
