@@ -120,6 +120,10 @@ class LocalFramework(PilotFramework):
         if pilot.state in FINAL_STATES:
             return
         log.info("pilot %s reached its walltime of %ss", pilot.id, pilot.description.walltime)
+        # no unit starts on it from now: its killed units requeue (their threads) while it
+        # is still RUNNING, and the next placement put them back on it before it ended DONE
+        # (under load: the unit ran on, on a pilot gone)
+        pilot.draining = True
         self._cancel_pilot(pilot)
         pilot._set_state(State.DONE)
 
