@@ -60,7 +60,9 @@ def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -
             f"0 lost, {report['units_requeued']} requeued") in out
     assert (f"  revocations     {report['revocations']}: {report['early_releases']} released "
             f"early") in out
-    assert not port_open(emulator_port(report))
+    # the demo checks its emulator's port closed after stopping it, before it exits (a
+    # check here, after the exit, would race with other tests' servers binding port 0)
+    assert f"emulator      stopped; port {emulator_port(report)} closed" in out
     assert leftovers(run.proc.pid, d) == []
     # afterwards, troy plot of the run, the revocation marked on it, as a browser shows it
     # (docs/troy-plot-revocation.png)
@@ -121,7 +123,9 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     assert "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
     assert not report["ok"]
-    assert not port_open(emulator_port(report))
+    # the emulator ran in the demo's process, which has exited: its port was closed with it
+    # (a port check here raced with the suite's other servers binding port 0: a fresh-clone
+    # run found another test's server on it); its nodes and their processes are checked here
     assert leftovers(run.proc.pid, d) == [] and leftovers(run.proc.pid, emu) == []
     assert (emu / "ca.pem").exists() and not (d / "emulator").exists()
 
