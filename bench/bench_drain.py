@@ -60,7 +60,7 @@ class Cluster:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.ca = make_ca("bench_drain CA")
+        self.ca = make_ca("bench_drain CA", key_type="ec")
         self.fw = DaskFramework("bench", sandbox=str(root / "sb"), adopt_workers=True,
                                 tls=self.tls("control", CONTROL))
         self.fw.start()
@@ -70,7 +70,7 @@ class Cluster:
         """Certificates for ``name`` with its role (the scheduler's guard refuses a peer
         whose certificate has none)."""
         cert, key = issue_certificate(*self.ca, name, hostnames=["localhost"],
-                                      ips=["127.0.0.1"], role=role)
+                                      ips=["127.0.0.1"], role=role, key_type="ec")
         files = [self.root / f"{name}{suffix}" for suffix in ("-ca.pem", ".pem", ".key")]
         for path, data in zip(files, (self.ca[0], cert, key)):
             path.write_bytes(data)

@@ -170,4 +170,4 @@ def cluster_ca() -> tuple[bytes, bytes]:
     """A cluster CA (certificate, key) for Dask over mutual TLS, one per test: an agent left
     retrying a port another test's scheduler then takes must not be let in there."""
     from elasticslice.rpc.pki import make_ca
-    return make_ca("test cluster CA")
+    return make_ca("test cluster CA", key_type="ec")

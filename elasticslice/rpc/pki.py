@@ -19,7 +19,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
 from elasticslice.errors import CredentialError
@@ -29,45 +29,64 @@ KEY_BITS = 2048
 DEFAULT_DAYS = 365
 
 CertLike = x509.Certificate | bytes | str
+#: key types: "rsa" (RSA-2048, what CloudLab issues and ProtoGENI's signatures need) and
+#: "ec" (ECDSA P-256: the cluster CA's, whose keys are made per node and per member; an RSA
+#: key costs ~40 ms of CPU to make and ~1.5 ms per TLS handshake, a P-256 key ~0.02 ms)
+KEY_TYPES = ("rsa", "ec")
+SigningKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
 
 
-def generate_key() -> rsa.RSAPrivateKey:
-    """A fresh RSA-2048 key (the size CloudLab issues)."""
+def generate_key(key_type: str = "rsa") -> SigningKey:
+    """A fresh key: RSA-2048 (the size CloudLab issues) or, ``"ec"``, ECDSA P-256."""
+    if key_type == "ec":
+        return ec.generate_private_key(ec.SECP256R1())
+    if key_type != "rsa":
+        raise ValueError(f"key type {key_type!r}: not one of {', '.join(KEY_TYPES)}")
     return rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
 
 
-def _key_pem(key: rsa.RSAPrivateKey) -> bytes:
+def _key_pem(key: SigningKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM,
                              serialization.PrivateFormat.TraditionalOpenSSL,
                              serialization.NoEncryption())
 
 
-def _load_key(key_pem: bytes | str, password: bytes | str | None = None) -> rsa.RSAPrivateKey:
+def _load_key(key_pem: bytes | str, password: bytes | str | None = None) -> SigningKey:
     data = key_pem.encode() if isinstance(key_pem, str) else key_pem
     pwd = password.encode() if isinstance(password, str) else password
     try:
         key = serialization.load_pem_private_key(data, password=pwd)
     except (ValueError, TypeError) as err:
         raise CredentialError(f"cannot load private key: {err}") from err
-    if not isinstance(key, rsa.RSAPrivateKey):
-        raise CredentialError("private key is not RSA")
+    if not isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey)):
+        raise CredentialError("private key is neither RSA nor EC")
     return key
 
 
 @functools.lru_cache(maxsize=32)
-def _load_key_cached(data: bytes, pwd: bytes | None) -> rsa.RSAPrivateKey:
+def _load_key_cached(data: bytes, pwd: bytes | None) -> SigningKey:
     return _load_key(data, pwd)
 
 
-def load_private_key(key_pem: bytes | str, password: bytes | str | None = None) -> rsa.RSAPrivateKey:
-    """Load a (possibly encrypted) PEM RSA key; CredentialError on a wrong password.
+def load_signing_key(key_pem: bytes | str, password: bytes | str | None = None) -> SigningKey:
+    """Load a (possibly encrypted) PEM RSA or EC key, a CA's that signs certificates;
+    CredentialError on a wrong password.
 
     Loading validates the key (tens of ms), and signers load the same few keys on every
-    credential they issue, so loaded keys are kept in a small in-process cache.
+    certificate or credential they issue, so loaded keys are kept in a small in-process cache.
     """
     data = key_pem.encode() if isinstance(key_pem, str) else bytes(key_pem)
     pwd = password.encode() if isinstance(password, str) else password
     return _load_key_cached(data, pwd)
+
+
+def load_private_key(key_pem: bytes | str, password: bytes | str | None = None) -> rsa.RSAPrivateKey:
+    """Load a (possibly encrypted) PEM RSA key, one that signs ProtoGENI credentials
+    (RSA-SHA1/SHA256 XML signatures); CredentialError on a wrong password or another type."""
+    key = load_signing_key(key_pem, password)
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise CredentialError("private key is not RSA")
+    return key
 
 
 def _name(common_name: str, email: str | None = None, role: str | None = None) -> x509.Name:
@@ -83,9 +102,10 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def make_ca(common_name: str, *, days: int = 3650) -> tuple[bytes, bytes]:
-    """A self-signed CA certificate and its (unencrypted) key, both PEM."""
-    key = generate_key()
+def make_ca(common_name: str, *, days: int = 3650,
+            key_type: str = "rsa") -> tuple[bytes, bytes]:
+    """A self-signed CA certificate and its (unencrypted) key of ``key_type``, both PEM."""
+    key = generate_key(key_type)
     name = _name(common_name)
     now = _now()
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
@@ -124,6 +144,7 @@ def issue_certificate(
     role: str | None = None,
     lifetime: dt.timedelta | None = None,
     public_key_pem: bytes | str | None = None,
+    key_type: str = "rsa",
 ) -> tuple[bytes, bytes]:
     """A certificate signed by the CA and its new (unencrypted) key, both PEM.
 
@@ -132,16 +153,17 @@ def issue_certificate(
     (CloudLab points user certificates at their SA this way). ``role`` becomes the subject's
     organizationalUnitName (a cluster member's role); ``lifetime`` replaces ``days``. With
     ``public_key_pem`` (a key made elsewhere, e.g. from a certificate request) that key is
-    certified and no key is made: the second item is then ``b""``.
+    certified and no key is made: the second item is then ``b""``; otherwise the new key is
+    of ``key_type`` (:data:`KEY_TYPES`). The CA's key may be RSA or EC.
     """
     ca_cert = load_pem_cert(ca_cert_pem)
-    ca_key = load_private_key(ca_key_pem, ca_key_password)  # a CA signs many: cached
+    ca_key = load_signing_key(ca_key_pem, ca_key_password)  # a CA signs many: cached
     if public_key_pem is not None:
         data = public_key_pem.encode() if isinstance(public_key_pem, str) else public_key_pem
         public = serialization.load_pem_public_key(data)
         key = None
     else:
-        key = generate_key()
+        key = generate_key(key_type)
         public = key.public_key()
     now = _now()
     sans: list[x509.GeneralName] = []

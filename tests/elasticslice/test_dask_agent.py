@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import dask_workers, wait_for
 from tests.troy.frameworks.nodes import node_agent, stop
 
 
@@ -21,7 +21,7 @@ def test_a_retired_node_agent_leaves_for_good_and_had_a_memory_limit(tmp_path: P
         log = tmp_path / "agent.log"
         proc = node_agent(cluster.scheduler_address, 2, None, log, name="node-1")
         try:
-            workers = wait_for(lambda: client.scheduler_info()["workers"], 120,
+            workers = wait_for(lambda: dask_workers(client), 120,
                                what="the agent's worker")
             (addr, info), = workers.items()
             assert info["name"] == "node-1" and info["memory_limit"] > 0
@@ -30,7 +30,7 @@ def test_a_retired_node_agent_leaves_for_good_and_had_a_memory_limit(tmp_path: P
             client.retire_workers([addr], close_workers=True)
             assert proc.wait(60) == 0, log.read_text()
             assert "the cluster retired this worker to give its node back" in log.read_text()
-            assert client.scheduler_info()["workers"] == {}
+            assert dask_workers(client) == {}
         finally:
             if proc.poll() is None:
                 stop(proc)

@@ -20,7 +20,7 @@ from elasticslice.pilots.manager import extra_cores
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, admin, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
-from tests.helpers import wait_for
+from tests.helpers import dask_workers, wait_for
 from tests.hostile.netstat import LOOPBACK, listening
 from tests.screenshots import Page, browser, has_colour
 
@@ -94,7 +94,7 @@ def revoke_a_busy_added_node(client: Any, cluster: CloudLabCluster, emulator: An
     """Revoke (as CloudLab's admin) an added node whose Dask worker runs a task now; its
     node_id once the reclamation ended."""
     def busy_added() -> str | None:
-        names = {w: i["name"] for w, i in client.scheduler_info()["workers"].items()}
+        names = {w: i["name"] for w, i in dask_workers(client).items()}
         for addr, keys in client.processing().items():
             if keys and names.get(addr) not in (None, initial):
                 return str(names[addr])
@@ -149,7 +149,9 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
         with Client(cluster) as client:
             cluster.adapt(minimum=1, maximum=4, target_duration="1s")
             manager = cluster.manager
-            initial = manager.state.nodes()[0].client_id
+            # the slice's first node (the manager's first cycle makes the slice, after start)
+            initial = wait_for(manager.state.nodes, timeout=120,
+                               what="the slice's first node")[0].client_id  # type: ignore[index]
             revoked = []
 
             # client.map of 64 tasks
@@ -177,7 +179,7 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
             assert [reclaim_outcome(emulator, n) for n in revoked] == ["early", "early"]
 
             # idle (the client still holds its results): back to the minimum
-            wait_for(lambda: cluster.nodes() == 1 and len(client.scheduler_info()["workers"])
+            wait_for(lambda: cluster.nodes() == 1 and len(dask_workers(client))
                      == 1, timeout=120, what="back to one node")
             assert sorted(client.gather(squares))[-1] == 63 * 63  # its data moved, kept
 
@@ -195,12 +197,12 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
 
             # scale(3): three nodes, held while idle
             cluster.scale(3)
-            wait_for(lambda: len(client.scheduler_info()["workers"]) == 3, timeout=120,
+            wait_for(lambda: len(dask_workers(client)) == 3, timeout=120,
                      what="three workers")
             runs = manager.cycle.methods["delete_nodes"].runs
             wait_for(lambda: manager.cycle.methods["delete_nodes"].runs >= runs + 20,
                      timeout=60, what="twenty more delete_nodes rounds")
-            assert cluster.nodes() == 3 and len(client.scheduler_info()["workers"]) == 3
+            assert cluster.nodes() == 3 and len(dask_workers(client)) == 3
         stats = manager.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
             (2, 2, 0)

@@ -4,6 +4,7 @@ and AddNodes (BADARGS). Each gets one line naming what is wrong; the emulator ke
 and the managed slice of the package is untouched."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -89,9 +90,15 @@ def test_huge_rspec_is_refused_before_parsing(managed: ManagedSlice, session: Se
     managed.assert_intact()
 
 
+_SLIVERS = itertools.count()
+
+
 @pytest.fixture(scope="module")
 def sliver(session: Session) -> tuple[str, str]:
-    urn, cred, _ = session.create("hostileadd", REQUEST)
+    """A sliver of n1, n2 on the package's emulator. Its own slice each time the fixture is
+    made: under xdist's worksteal a worker may come back to this module after another one
+    (the module's fixtures are then made again) and the emulator still has the first."""
+    urn, cred, _ = session.create(f"hostileadd{next(_SLIVERS)}", REQUEST)
     return urn, cred
 
 

@@ -131,7 +131,7 @@ def test_the_dask_scheduler_workers_and_a_node_agent_without_host_listen_on_loop
     from elasticslice.rpc.pki import make_ca
     from tests.troy.frameworks.nodes import member, node_agent, running_pilot, stop
     from troy.frameworks.dask import DaskFramework
-    ca = make_ca("hostile cluster CA")
+    ca = make_ca("hostile cluster CA", key_type="ec")
     fw = DaskFramework("tls", sandbox=str(tmp_path / "sb"), adopt_workers=True,
                        tls=member(tmp_path / "control", ca, "control"))
     fw.start()

@@ -38,6 +38,36 @@ def test_the_ca_is_made_once_and_its_files_are_private(tmp_path: Path) -> None:
     assert "PRIVATE KEY" not in repr(ca)
 
 
+def test_the_cluster_keys_are_p256_and_a_ca_made_with_rsa_before_still_issues(
+        tmp_path: Path) -> None:
+    """New cluster CAs and their members use ECDSA P-256 (cheap to make per node and in
+    every handshake); a CA directory made before, with an RSA key, is used as it is."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from elasticslice.rpc import pki
+    new = ClusterCA.open(tmp_path / "new")
+    _, key_path = new.issue("scheduler")
+    assert isinstance(x509.load_pem_x509_certificate(new.cert_pem).public_key(),
+                      ec.EllipticCurvePublicKey)
+    assert b"BEGIN EC PRIVATE KEY" in key_path.read_bytes()
+
+    old = tmp_path / "old"
+    old.mkdir(mode=0o700)
+    cert, key = pki.make_ca("elasticslice cluster CA")  # what ClusterCA.open made before
+    pki.write_private_file(old / "ca.key", key)
+    pki.write_private_file(old / "ca.pem", cert)
+    ca = ClusterCA.open(old)
+    assert ca.cert_pem == cert  # kept, not remade
+    cert_path, _ = ca.issue("scheduler")
+    x509.load_pem_x509_certificate(cert_path.read_bytes()).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(cert))
+    pem = ca.certify("node-1", ec.generate_private_key(ec.SECP256R1()).public_key()
+                     .public_bytes(pki.serialization.Encoding.PEM,
+                                   pki.serialization.PublicFormat.SubjectPublicKeyInfo))
+    x509.load_pem_x509_certificate(pem).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(cert))
+
+
 def test_a_member_name_that_is_not_a_file_name_is_refused(tmp_path: Path) -> None:
     ca = ClusterCA.open(tmp_path / "pki")
     with pytest.raises(ClusterCAError, match="not a usable name"):

@@ -23,7 +23,7 @@ def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_clus
     wait_for(lambda: len(cluster.pilots()) == 1, timeout=120, what="the initial node's pilot")
     log = tmp_path / "stranger.log"
     # a certificate from another CA, for the name of a node the manager holds
-    stranger = member(tmp_path / "stranger", make_ca("stranger CA"), "node-1")
+    stranger = member(tmp_path / "stranger", make_ca("stranger CA", key_type="ec"), "node-1")
     agent = node_agent(cluster.framework.scheduler_address, 8, stranger, log)
     try:
         wait_for(lambda: b"Waiting to connect" in log.read_bytes(), timeout=60,

@@ -26,7 +26,7 @@ def member(directory: Path, ca: tuple[bytes, bytes], name: str,
     if role == "auto":
         role = "control" if name == "control" else "worker"
     cert, key = issue_certificate(*ca, name, hostnames=["localhost"], ips=["127.0.0.1"],
-                                  role=role)
+                                  role=role, key_type="ec")  # as the cluster's (and nodes')
     (directory / "ca.pem").write_bytes(ca[0])
     (directory / f"{name}.pem").write_bytes(cert)
     (directory / f"{name}-key.pem").write_bytes(key)

@@ -25,7 +25,7 @@ WAIT = 120
 
 @pytest.fixture(scope="module")
 def ca() -> tuple[bytes, bytes]:
-    return make_ca("troy drain test CA")
+    return make_ca("troy drain test CA", key_type="ec")
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ def test_a_worker_with_a_stranger_certificate_is_refused(tls_framework, tmp_path
     fw = tls_framework
     log = tmp_path / "intruder.log"
     agent = node_agent(fw.scheduler_address, 4,
-                       member(tmp_path / "stranger", make_ca("stranger CA"), "intruder"), log)
+                       member(tmp_path / "stranger", make_ca("stranger CA", key_type="ec"), "intruder"), log)
     try:
         wait_for(lambda: b"Waiting to connect" in log.read_bytes(), 60,
                  what="the intruder trying to connect")
@@ -95,7 +95,7 @@ def test_a_worker_without_a_certificate_says_so_in_one_line(tls_framework, tmp_p
 @pytest.mark.slow
 def test_a_client_with_a_stranger_certificate_is_refused(tls_framework, tmp_path) -> None:
     from distributed import Client
-    stranger = member(tmp_path / "stranger", make_ca("stranger CA"), "spy").security()
+    stranger = member(tmp_path / "stranger", make_ca("stranger CA", key_type="ec"), "spy").security()
     with pytest.raises((OSError, TimeoutError)):
         Client(tls_framework.scheduler_address, timeout="3s", set_as_default=False,
                security=stranger)

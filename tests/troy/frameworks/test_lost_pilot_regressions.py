@@ -36,7 +36,7 @@ WAIT = 120
 
 @pytest.fixture(scope="module")
 def ca() -> tuple[bytes, bytes]:
-    return make_ca("troy lost pilot test CA")
+    return make_ca("troy lost pilot test CA", key_type="ec")
 
 
 @pytest.fixture
