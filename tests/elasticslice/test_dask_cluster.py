@@ -138,9 +138,9 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
         import time
         import urllib.error
         import urllib.request
-        while True:
+        while True:  # the witness holds a closed gate's answer up to 4 s, then 404
             try:
-                urllib.request.urlopen(url, timeout=5).close()
+                urllib.request.urlopen(url, timeout=30).close()
                 return value
             except urllib.error.HTTPError:
                 time.sleep(0.05)

@@ -35,14 +35,20 @@ class Witness:
 
     - ``GET /ran/<unit>/<node>``: the unit ran to its end on ``node`` (:meth:`ran`; a unit
       that ran twice is there twice);
-    - ``GET /gate/<name>``: 200 while gate ``name`` is open, 404 while it is closed
-      (:meth:`gate`; units poll it).
+    - ``GET /gate/<name>``: 200 once gate ``name`` is open; while it is closed the answer
+      waits up to :attr:`HOLD` seconds for it to open, then is 404 (:meth:`gate`; units ask
+      again: a long poll, where asking every 50 ms cost a ``curl`` process each time, ~20 s
+      of the suite's CPU).
     """
+
+    HOLD = 4.0  # below the 5-s timeout of the apps that ask with urllib
 
     def __init__(self) -> None:
         self._ran: dict[str, list[str]] = {}
         self._open: set[str] = set()
         self._lock = threading.Lock()
+        self._opened = threading.Condition(self._lock)
+        self._closed = False
         witness = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -54,7 +60,10 @@ class Witness:
                         witness._ran.setdefault(parts[1], []).append(parts[2])
                     status = 200
                 elif len(parts) == 2 and parts[0] == "gate":
-                    with witness._lock:
+                    with witness._opened:
+                        witness._opened.wait_for(
+                            lambda: parts[1] in witness._open or witness._closed,
+                            timeout=witness.HOLD)
                         status = 200 if parts[1] in witness._open else 404
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -78,6 +87,9 @@ class Witness:
         return Gate(self, name)
 
     def close(self) -> None:
+        with self._opened:
+            self._closed = True
+            self._opened.notify_all()
         self.server.shutdown()
         self.server.server_close()
 
@@ -91,8 +103,9 @@ class Gate:
         self.url = f"{witness.url}/gate/{name}"
 
     def open(self) -> None:
-        with self.witness._lock:
+        with self.witness._opened:
             self.witness._open.add(self.name)
+            self.witness._opened.notify_all()
 
     unlink = open
 
