@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from elasticslice.emulator.authority import from_epoch
@@ -71,13 +73,31 @@ def image_urns(ctx: Context) -> list[str]:
         [custom.urn(name) for name in custom.names()]
 
 
+#: the last advertisements built, by everything they are built from: a manager asks every
+#: cycle, and the inventory seldom changes between two asks
+_ADS: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+_ADS_KEPT = 8
+_ADS_LOCK = threading.Lock()
+
+
 def advertisement(ctx: Context, available_only: bool, version: str,
                   rows: list[NodeRow] | None = None) -> str:
     rows = ctx.store.nodes() if rows is None else rows
     images = image_urns(ctx)
+    key = (ctx.identity.cm_urn, available_only, version, tuple(images),
+           tuple((r.node_id, r.hardware_type, r.holder is Holder.FREE) for r in rows))
+    with _ADS_LOCK:
+        if key in _ADS:
+            _ADS.move_to_end(key)
+            return _ADS[key]
     nodes = [ad_node(ctx, r, images) for r in rows
              if r.holder is Holder.FREE or not available_only]
-    return build_advertisement(nodes, ctx.identity.cm_urn, version=version)
+    ad = build_advertisement(nodes, ctx.identity.cm_urn, version=version)
+    with _ADS_LOCK:
+        _ADS[key] = ad
+        while len(_ADS) > _ADS_KEPT:
+            _ADS.popitem(last=False)
+    return ad
 
 
 def node_details(ctx: Context, row: NodeRow) -> dict[str, Any]:

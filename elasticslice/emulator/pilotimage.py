@@ -27,6 +27,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 from elasticslice.errors import ElasticSliceError
 
@@ -56,20 +57,40 @@ def cache_root() -> Path:
     return Path(base) / "elasticslice" / "node-images"
 
 
+_VERSIONS: dict[tuple[int, int], tuple[int, int]] = {}  # (inode, mtime) of python3 -> version
+
+
 def image_python_version() -> tuple[int, int]:
-    """The major and minor version of the image's ``python3``."""
+    """The major and minor version of the image's ``python3`` (asked once per binary)."""
+    try:
+        info = os.stat(IMAGE_PYTHON)
+        stamp = (info.st_ino, info.st_mtime_ns)
+    except OSError as err:
+        raise PilotImageError(f"the image has no usable {IMAGE_PYTHON}: {err}") from err
+    if stamp in _VERSIONS:
+        return _VERSIONS[stamp]
     try:
         out = subprocess.run([IMAGE_PYTHON, "-c", "import sys; print(*sys.version_info[:2])"],
                              capture_output=True, text=True, timeout=30, check=True,
                              env={"PATH": "/usr/bin:/bin"}).stdout.split()
-        return int(out[0]), int(out[1])
+        version = int(out[0]), int(out[1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as err:
         raise PilotImageError(f"the image has no usable {IMAGE_PYTHON}: {err}") from err
+    _VERSIONS[stamp] = version
+    return version
 
 
-def _closure(names: tuple[str, ...]) -> list[md.Distribution]:
+class _Dist(NamedTuple):
+    """An installed distribution, its metadata read once (each ``.metadata`` parses the
+    METADATA file again: reading them for every node boot cost ~40 ms of CPU)."""
+    name: str
+    version: str
+    dist: md.Distribution
+
+
+def _closure(names: tuple[str, ...]) -> list[_Dist]:
     """The distributions ``names`` need (their requirements without extras), installed."""
-    seen: dict[str, md.Distribution] = {}
+    seen: dict[str, _Dist] = {}
     todo = list(names)
     while todo:
         name = todo.pop()
@@ -80,8 +101,9 @@ def _closure(names: tuple[str, ...]) -> list[md.Distribution]:
             dist = md.distribution(name)
         except md.PackageNotFoundError as err:
             raise PilotImageError(f"{name} is not installed here") from err
-        seen[key] = dist
-        for req in dist.requires or []:
+        meta = dist.metadata
+        seen[key] = _Dist(meta["Name"], meta["Version"], dist)
+        for req in meta.get_all("Requires-Dist") or []:
             if "extra ==" in req or "extra==" in req:
                 continue
             if ";" in req and not _marker_ok(req.split(";", 1)[1]):
@@ -90,6 +112,26 @@ def _closure(names: tuple[str, ...]) -> list[md.Distribution]:
             if match:
                 todo.append(match.group(1))
     return list(seen.values())
+
+
+#: the agent's distributions, per state of the import path's folders (installing or
+#: removing a distribution changes its site-packages folder's mtime)
+_CLOSURES: dict[tuple[tuple[str, int], ...], list[_Dist]] = {}
+
+
+def _agent_dists() -> list[_Dist]:
+    stamp = []
+    for entry in sys.path:
+        try:
+            stamp.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            continue
+    key = tuple(stamp)
+    if key not in _CLOSURES:
+        roots = (*AGENT_DISTRIBUTIONS, *_installed(COLLECTION_DISTRIBUTIONS))
+        _CLOSURES.clear()
+        _CLOSURES[key] = [d for d in _closure(roots) if d.name.lower() not in PROJECT_PACKAGES]
+    return _CLOSURES[key]
 
 
 def _installed(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -130,10 +172,10 @@ def _project_dirs() -> list[Path]:
             for name in PROJECT_PACKAGES]
 
 
-def _key(version: tuple[int, int], dists: list[md.Distribution]) -> str:
+def _key(version: tuple[int, int], dists: list[_Dist]) -> str:
     digest = hashlib.sha256(f"{version}{sys.version}".encode())
-    for dist in sorted(dists, key=lambda d: d.metadata["Name"].lower()):
-        digest.update(f"{dist.metadata['Name']}=={dist.version};".encode())
+    for dist in sorted(dists, key=lambda d: d.name.lower()):
+        digest.update(f"{dist.name}=={dist.version};".encode())
     for top in _project_dirs():
         for path in sorted(top.rglob("*")):
             if "__pycache__" in path.parts or not path.is_file():
@@ -165,9 +207,7 @@ def agent_image() -> Path:
             f"the image's python3 is {version[0]}.{version[1]}, this environment's "
             f"{sys.version_info[0]}.{sys.version_info[1]}: the pilot image copies this "
             "environment's packages, so they must be the same minor version")
-    roots = (*AGENT_DISTRIBUTIONS, *_installed(COLLECTION_DISTRIBUTIONS))
-    dists = [d for d in _closure(roots)
-             if d.metadata["Name"].lower() not in PROJECT_PACKAGES]
+    dists = _agent_dists()
     root = cache_root()
     built = root / _key(version, dists)
     if (built / ".complete").exists():
@@ -179,8 +219,8 @@ def agent_image() -> Path:
     try:
         site.mkdir(parents=True)
         for dist in dists:
-            base = Path(str(dist.locate_file("")))
-            for top in _top_levels(dist):
+            base = Path(str(dist.dist.locate_file("")))
+            for top in _top_levels(dist.dist):
                 if (base / top).exists() and not (site / top).exists():
                     _link_tree(base / top, site / top)
         for package in _project_dirs():
