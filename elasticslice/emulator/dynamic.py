@@ -22,7 +22,7 @@ import logging
 import math
 import random
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from elasticslice.emulator.callbacks import CallbackClient
@@ -191,8 +191,8 @@ class Reclaimer:
             elif row.notifications == 0 or now >= row.last_notified + interval:
                 by_slice.setdefault(row.slice_urn, []).append(row)
         for slice_urn, rows in forced.items():
-            self._last_notice(slice_urn, rows)
-            self._take(slice_urn, rows, "forced")
+            told = self._last_notice(slice_urn, rows)
+            self._take(slice_urn, rows, "forced", after=told)
         for slice_urn, rows in by_slice.items():
             endpoint = self.ctx.store.get_endpoint(slice_urn)
             if endpoint is None:  # nobody is told; the deadline (now) takes them
@@ -210,11 +210,11 @@ class Reclaimer:
                          "max_wait_time": max(0, math.ceil(r.deadline - now))} for r in rows]
             self._submit(self._countdown, endpoint, slice_urn, nodelist, first)
 
-    def _submit(self, fn: Any, *args: Any) -> None:
+    def _submit(self, fn: Any, *args: Any) -> Future[Any] | None:
         try:
-            self._workers.submit(self._guarded, fn, *args)
+            return self._workers.submit(self._guarded, fn, *args)
         except RuntimeError:  # stopping
-            pass
+            return None
 
     def _guarded(self, fn: Any, *args: Any) -> None:
         try:
@@ -240,22 +240,26 @@ class Reclaimer:
                 if r.slice_urn == slice_urn and r.node_id in early and answered < r.deadline]
         self._take(slice_urn, rows, "early")
 
-    def _last_notice(self, slice_urn: str, rows: list[ReclaimRow]) -> None:
-        """max_wait_time 0 to the client (not waited for: the nodes go now)."""
+    def _last_notice(self, slice_urn: str, rows: list[ReclaimRow]) -> Future[Any] | None:
+        """max_wait_time 0 to the client (not waited for: the nodes go now); the call's
+        future, so that NotifyDeleteComplete follows it."""
         endpoint = self.ctx.store.get_endpoint(slice_urn)
         if endpoint is None:
-            return
+            return None
         for r in rows:
             r.notifications += 1
             r.last_notified = self.ctx.clock()
             self.ctx.store.count_notice(r)
         nodelist = [{"node_id": r.node_id, "client_id": r.client_id, "max_wait_time": 0}
                     for r in rows]
-        self._submit(self.callbacks.notify_delete_pending, endpoint, nodelist)
+        return self._submit(self.callbacks.notify_delete_pending, endpoint, nodelist)
 
-    def _take(self, slice_urn: str, rows: list[ReclaimRow], outcome: str) -> None:
+    def _take(self, slice_urn: str, rows: list[ReclaimRow], outcome: str,
+              after: Future[Any] | None = None) -> None:
         """Delete the nodes of ``rows`` still pending (quick, under the lock); their
-        teardown and NotifyDeleteComplete go on on a worker."""
+        teardown and NotifyDeleteComplete go on on a worker, after the call ``after`` (the
+        last notice of a forced delete: the client hears "0 s left", then "gone", in that
+        order, as two workers could otherwise send them the other way round)."""
         if not rows:
             return
         change = None
@@ -274,11 +278,14 @@ class Reclaimer:
             if sliver is not None and doomed:
                 change = self.slivers.delete_nodes(sliver, doomed, reason=outcome,
                                                    allow_all=True)
-        self._submit(self._complete, slice_urn, rows, change)
+        self._submit(self._complete, slice_urn, rows, change, after)
 
-    def _complete(self, slice_urn: str, rows: list[ReclaimRow], change: Any) -> None:
+    def _complete(self, slice_urn: str, rows: list[ReclaimRow], change: Any,
+                  after: Future[Any] | None = None) -> None:
         if change is not None:
             change.teardown.wait()  # "complete" once the nodes' processes are gone
+        if after is not None:
+            wait([after])  # the callback's own timeout bounds it
         endpoint = self.ctx.store.get_endpoint(slice_urn)
         if endpoint is not None:
             self.callbacks.notify_delete_complete(endpoint, [

@@ -112,11 +112,13 @@ class CallbackEndpoint:
     the calls the emulator makes and answers NotifyDeletePending early or not. With
     ``values_delay`` it answers SetResourceValues that many seconds late (a slow client).
     ``on_pending(params)``, when set, runs before NotifyDeletePending is answered (a client
-    that acts during the callback)."""
+    that acts during the callback). With ``last_notice_delay`` a NotifyDeletePending whose
+    nodes all have 0 s left is recorded that many seconds late (it is slow to arrive)."""
 
     def __init__(self, d: Path, tmp: Path, early: bool = True, user_cert: bool = False) -> None:
         self.early = early
         self.values_delay = 0.0
+        self.last_notice_delay = 0.0
         self.on_pending: Callable[[dict[str, Any]], None] | None = None
         self.calls: list[tuple[str, dict[str, Any], str | None]] = []
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -142,6 +144,9 @@ class CallbackEndpoint:
                 urn = next((v for k, v in peer.get("subjectAltName", ()) if k == "URI"), None)
                 if method == "SetResourceValues" and outer.values_delay:
                     time.sleep(outer.values_delay)
+                if method == "NotifyDeletePending" and outer.last_notice_delay and all(
+                        item.get("max_wait_time") == 0 for item in params["nodelist"]):
+                    time.sleep(outer.last_notice_delay)
                 outer.calls.append((method, params, urn))
                 if method == "NotifyDeletePending" and outer.on_pending is not None:
                     outer.on_pending(params)

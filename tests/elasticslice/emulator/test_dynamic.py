@@ -67,6 +67,24 @@ def test_countdown_then_forced_delete(emulator_factory, endpoint_factory):
     assert event["outcome"] == "forced" and event["notifications"] == len(waits)
 
 
+def test_a_forced_delete_tells_0_s_left_before_it_tells_the_nodes_are_gone(
+        emulator_factory, endpoint_factory):
+    """The last notice of a forced delete (max_wait_time 0) and NotifyDeleteComplete went
+    out on two workers at once: a client whose last notice was slow to arrive heard "gone",
+    then "0 s left" for a node it no longer had (a fresh-clone run saw it)."""
+    emu = emulator_factory(max_wait=1, notify_interval=0.3)
+    ep = endpoint_factory(emu, early=False)
+    ep.last_notice_delay = 1.0
+    s, urn, cred = dynamic_slice(emu, ep, wait=1)
+    node_id = next(iter(s.status(urn, cred)["details"].values()))["component_urn"].rsplit("+", 1)[-1]
+    AdminClient(emu.dir).call("Revoke", nodes=[node_id])
+    wait_for(lambda: "NotifyDeleteComplete" in ep.methods(), timeout=20, what="forced delete")
+    methods = [m for m, _, _ in ep.calls if m.startswith("NotifyDelete")]
+    assert methods[-1] == "NotifyDeleteComplete" and methods.count("NotifyDeleteComplete") == 1
+    last = [p for m, p, _ in ep.calls if m == "NotifyDeletePending"][-1]
+    assert last["nodelist"][0]["max_wait_time"] == 0
+
+
 def _small_inventory(tmp_path, count=4):
     path = tmp_path / "inv.ini"
     path.write_text(f"[inventory]\ndefault_hardware_type = m510\n\n[m510]\ncount = {count}\n"
