@@ -80,8 +80,9 @@ def test_a_demand_change_wakes_add_nodes_at_once(emulator, make_manager) -> None
     manager = make_manager(emulator, maxthreshold=6, manage_intervals=hour)
     manager.set_demand(2)
     manager.start()
-    wait_for(lambda: len(manager.state.nodes()) == 2, timeout=60, what="2 nodes")
-    assert manager.cycle.methods["add_nodes"].runs >= 1
+    # the nodes are in the state before the run that added them has ended: wait for both
+    wait_for(lambda: len(manager.state.nodes()) == 2 and manager.cycle.methods[
+        "add_nodes"].runs >= 1, timeout=60, what="2 nodes, added by add_nodes")
     manager.set_demand(5)  # with hour-long intervals only the wake can do it
     wait_for(lambda: len(manager.state.nodes()) == 5, timeout=60, what="5 nodes")
 
