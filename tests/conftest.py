@@ -32,6 +32,7 @@ from tests.helpers import REPO
 # tests take ~10% less CPU); nothing the tests look at depends on them.
 os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "1s")
 os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL", "2s")
+os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL", "100ms")  # as agents
 import dask.config  # noqa: E402 - after the variables it reads
 
 dask.config.refresh()

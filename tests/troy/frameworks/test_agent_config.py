@@ -11,7 +11,8 @@ import sys
 SHOW = ("import json, dask; from troy.frameworks.dask.agent import apply_agent_defaults; "
         "chosen = apply_agent_defaults(); import distributed; "
         "print(json.dumps([chosen, dask.config.get('distributed.admin.tick.interval'), "
-        "dask.config.get('distributed.admin.system-monitor.interval')]))")
+        "dask.config.get('distributed.admin.system-monitor.interval'), "
+        "dask.config.get('distributed.worker.profile.interval')]))")
 
 
 def agent_config(tmp_path, **env: str) -> list:
@@ -23,20 +24,21 @@ def agent_config(tmp_path, **env: str) -> list:
 
 
 def test_agents_sample_their_loop_once_a_second_and_the_machine_every_2_s(tmp_path):
-    chosen, tick, monitor = agent_config(tmp_path)
-    assert (tick, monitor) == ("1s", "2s")     # Dask's own: 20ms and 500ms
+    chosen, tick, monitor, profile = agent_config(tmp_path)
+    assert (tick, monitor, profile) == ("1s", "2s", "100ms")  # Dask's own: 20ms, 500ms, 10ms
     assert set(chosen) == {"distributed.admin.tick.interval",
-                           "distributed.admin.system-monitor.interval"}
+                           "distributed.admin.system-monitor.interval",
+                           "distributed.worker.profile.interval"}
 
 
 def test_the_users_dask_variables_and_yaml_win(tmp_path):
-    chosen, tick, monitor = agent_config(
+    chosen, tick, monitor, profile = agent_config(
         tmp_path, DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL="50ms")
-    assert (tick, monitor) == ("50ms", "2s") and list(chosen) == [
-        "distributed.admin.system-monitor.interval"]
+    assert (tick, monitor, profile) == ("50ms", "2s", "100ms") and list(chosen) == [
+        "distributed.admin.system-monitor.interval", "distributed.worker.profile.interval"]
     (tmp_path / "dask.yaml").write_text(
         "distributed:\n  admin:\n    system-monitor:\n      interval: 750ms\n")
-    chosen, tick, monitor = agent_config(tmp_path)
+    chosen, tick, monitor, profile = agent_config(tmp_path)
     assert (tick, monitor) == ("1s", "750ms")
 
 
