@@ -34,10 +34,11 @@ bytecode: $(STAMP)
 	@PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null
 
 # The whole suite, in parallel: TEST_WORKERS processes (most tests wait on servers, boots and
-# subprocesses: 6 kept 2 cores busy where 4 left a sixth idle, and 8 spent more CPU on
-# contention), worksteal for tests of very different lengths. The fast tier is CPU-bound:
-# FAST_WORKERS.
-TEST_WORKERS ?= 6
+# subprocesses: with 6 the 2 cores were idle 6.7% of a fresh-clone run, when every worker
+# waited at once; with 7, 3.5% and the run 273 s where 6 took 280-305 s; 8 spent more CPU
+# on contention), worksteal for tests of very different lengths. The fast tier is
+# CPU-bound: FAST_WORKERS.
+TEST_WORKERS ?= 7
 FAST_WORKERS ?= 4
 PYTEST_ARGS  ?=
 # The tests' files (pytest's tmp_path: the box's nodes, their environments) on tmpfs where

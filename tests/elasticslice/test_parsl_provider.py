@@ -18,11 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parsl.jobs.states import JobState
 
 from elasticslice.managers.policy import NodeState
-from elasticslice.parsl import Block, BlockBook, BlockState, CloudLabProvider, \
-    ParslNodeHelper, ProviderError, job_state
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
@@ -32,24 +29,40 @@ from tests.helpers import wait_for
 R, N, F = NodeState.READY, NodeState.NOTREADY, NodeState.FAILED
 
 
+class _Parsl:
+    """``elasticslice.parsl`` and Parsl's ``JobState``, imported when a test first uses
+    them: importing Parsl costs ~0.4 s of CPU, in each of the suite's workers that collect
+    this module, most of which run none of its tests."""
+
+    def __getattr__(self, name: str) -> Any:
+        import elasticslice.parsl
+        from parsl.jobs.states import JobState
+        value = JobState if name == "JobState" else getattr(elasticslice.parsl, name)
+        setattr(self, name, value)
+        return value
+
+
+P = _Parsl()
+
+
 # ---------------------------------------------------------------------- the mapping (fast)
 @pytest.mark.parametrize("block, nodes, slots, expected", [
-    (BlockState.LIVE, [], 1, JobState.PENDING),              # nothing asked for yet
-    (BlockState.LIVE, [N], 0, JobState.PENDING),             # booting
-    (BlockState.LIVE, [NodeState.CHANGING, N], 0, JobState.PENDING),
-    (BlockState.LIVE, [N, R], 0, JobState.RUNNING),          # one node up is enough
-    (BlockState.LIVE, [R, None], 0, JobState.RUNNING),       # one taken, one left
-    (BlockState.LIVE, [None, None], 0, JobState.TIMEOUT),    # all taken without notice
-    (BlockState.LIVE, [F], 0, JobState.FAILED),              # never booted
-    (BlockState.LIVE, [F, N], 0, JobState.PENDING),
-    (BlockState.DRAINING, [R], 0, JobState.HELD),            # a notice: no new task
-    (BlockState.DRAINED, [None], 0, JobState.COMPLETED),
-    (BlockState.DRAINED, [R], 0, JobState.COMPLETED),
-    (BlockState.CANCELLED, [R], 0, JobState.CANCELLED),
+    ("LIVE", [], 1, "PENDING"),              # nothing asked for yet
+    ("LIVE", [N], 0, "PENDING"),             # booting
+    ("LIVE", [NodeState.CHANGING, N], 0, "PENDING"),
+    ("LIVE", [N, R], 0, "RUNNING"),          # one node up is enough
+    ("LIVE", [R, None], 0, "RUNNING"),       # one taken, one left
+    ("LIVE", [None, None], 0, "TIMEOUT"),    # all taken without notice
+    ("LIVE", [F], 0, "FAILED"),              # never booted
+    ("LIVE", [F, N], 0, "PENDING"),
+    ("DRAINING", [R], 0, "HELD"),            # a notice: no new task
+    ("DRAINED", [None], 0, "COMPLETED"),
+    ("DRAINED", [R], 0, "COMPLETED"),
+    ("CANCELLED", [R], 0, "CANCELLED"),
 ])
-def test_node_states_map_to_parsl_job_states(block: BlockState, nodes: list[Any], slots: int,
-                                             expected: JobState) -> None:
-    assert job_state(block, nodes, slots) is expected
+def test_node_states_map_to_parsl_job_states(block: str, nodes: list[Any], slots: int,
+                                             expected: str) -> None:
+    assert P.job_state(P.BlockState[block], nodes, slots) is P.JobState[expected]
 
 
 def test_the_documented_table_is_the_mapping(repo_root: Path) -> None:
@@ -76,14 +89,14 @@ def test_the_documented_table_is_the_mapping(repo_root: Path) -> None:
                                                               "image's Python command"),
 ])
 def test_bad_arguments_are_one_clear_line(options: dict[str, Any], message: str) -> None:
-    with pytest.raises(ProviderError) as err:
-        CloudLabProvider(**options)
+    with pytest.raises(P.ProviderError) as err:
+        P.CloudLabProvider(**options)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_an_encrypted_executor_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    provider = CloudLabProvider(server=object(), state_dir=tmp_path / "state")
-    with pytest.raises(ProviderError, match="encrypted=False") as err:
+    provider = P.CloudLabProvider(server=object(), state_dir=tmp_path / "state")
+    with pytest.raises(P.ProviderError, match="encrypted=False") as err:
         provider.submit("process_worker_pool.py --cert_dir /home/me/runinfo/000/certificates "
                         "--block_id=0", 1, "parsl.cloudlab.block-0")
     assert "\n" not in str(err.value)
@@ -91,20 +104,20 @@ def test_an_encrypted_executor_is_refused_before_anything_starts(tmp_path: Path)
 
 
 def test_the_provider_says_what_parsl_asks_of_it() -> None:
-    provider = CloudLabProvider(server=object(), label="cl", nodes_per_block=2, init_blocks=0,
-                                min_blocks=0, max_blocks=3, parallelism=0.5,
-                                status_polling_interval=1.5)
+    provider = P.CloudLabProvider(server=object(), label="cl", nodes_per_block=2,
+                                  init_blocks=0, min_blocks=0, max_blocks=3, parallelism=0.5,
+                                  status_polling_interval=1.5)
     assert (provider.label, provider.status_polling_interval, provider.nodes_per_block,
             provider.init_blocks, provider.min_blocks, provider.max_blocks,
             provider.parallelism, provider.max_nodes) == ("cl", 1.5, 2, 0, 0, 3, 0.5, 6)
-    assert provider.status(["nosuch"])[0].state is JobState.UNKNOWN
+    assert provider.status(["nosuch"])[0].state is P.JobState.UNKNOWN
     assert provider.cancel(["nosuch"]) == [False]
 
 
 # ---------------------------------------------------------------------- blocks and nodes (fast)
 def test_new_nodes_fill_the_oldest_open_block_and_a_failed_add_reopens_its_slots() -> None:
-    book = BlockBook()
-    first, second = Block("a", "block-0", "cmd 0", 2), Block("b", "block-1", "cmd 1", 1)
+    book = P.BlockBook()
+    first, second = P.Block("a", "block-0", "cmd 0", 2), P.Block("b", "block-1", "cmd 1", 1)
     book.add(first)
     book.add(second)
     assert [book.bind(c).job_id for c in ("n1", "n2", "n3")] == ["a", "a", "b"]
@@ -112,18 +125,19 @@ def test_new_nodes_fill_the_oldest_open_block_and_a_failed_add_reopens_its_slots
     book.unbind(["n2", "n3"])  # AddNodes failed
     assert (first.nodes, second.nodes, book.open_slots()) == (["n1"], [], 2)
     assert book.wanted("n1") and not book.wanted("n2")
-    book.set_state(first, BlockState.CANCELLED)
+    book.set_state(first, P.BlockState.CANCELLED)
     assert not book.wanted("n1") and book.open_slots() == 1
     # a final block stays final
-    assert not book.set_state(first, BlockState.LIVE) and first.state is BlockState.CANCELLED
+    assert not book.set_state(first, P.BlockState.LIVE)
+    assert first.state is P.BlockState.CANCELLED
 
 
 def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
     """start.sh, run by a real sh: the environment's lines set py, the worker pool's name
     runs this Python's module, and the block's command runs as given (quoted once)."""
-    helper = ParslNodeHelper(BlockBook(), None, tmp_path / "tarballs",
+    helper = P.ParslNodeHelper(P.BlockBook(), None, tmp_path / "tarballs",
                              f"py={sys.executable}\n", cores=3)
-    block = Block("a", "block-0", "echo \"cores=$PARSL_CORES\"; "
+    block = P.Block("a", "block-0", "echo \"cores=$PARSL_CORES\"; "
                   "process_worker_pool.py -c 'import sys; print(sys.argv[1:])' --block_id=0",
                   1, block_id="0")
     script = tmp_path / "start.sh"
@@ -196,7 +210,7 @@ def managers_of(executor: Any, block_id: str) -> list[dict[str, Any]]:
 class OnTheBox:
     """Parsl loaded with a HighThroughputExecutor on a CloudLabProvider of the box."""
 
-    provider: CloudLabProvider
+    provider: Any  # elasticslice.parsl.CloudLabProvider
     executor: Any
     gate: Any
     square: Any
@@ -230,7 +244,7 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
 
     witness = Witness()
     server = client_for(emulator, tmp_path / "cache")
-    provider = CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
+    provider = P.CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
                                 nodes_per_block=nodes_per_block,
                                 disk_image=pilot_image(emulator), node_python="python3",
                                 margin=1.0, status_polling_interval=0.5,
@@ -267,7 +281,7 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         victim, sibling = block.nodes
         node_ids = {cid: box.node_id(cid) for cid in block.nodes}
         admin(emulator).call("Revoke", nodes=[node_ids[victim]])
-        wait_for(lambda: provider.status([block.job_id])[0].state is JobState.HELD,
+        wait_for(lambda: provider.status([block.job_id])[0].state is P.JobState.HELD,
                  timeout=60, what="the block held (draining)")
         # the block's managers, on both nodes, are held at the interchange: no new task
         # reaches them
@@ -290,7 +304,7 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         # the block's other node went back with it
         wait_for(lambda: not set(block.nodes) & set(cm_nodes(emulator, tmp_path)), timeout=60,
                  what="the block's nodes given back")
-        assert provider.status([block.job_id])[0].state is JobState.COMPLETED
+        assert provider.status([block.job_id])[0].state is P.JobState.COMPLETED
         stats = provider.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
             (1, 1, 0), stats
@@ -311,7 +325,7 @@ def test_the_tasks_of_a_node_taken_without_notice_are_retried_by_parsl(
         wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
                  what="the reclamation to end")
         assert reclaim_outcome(emulator, node_id) == "forced"
-        wait_for(lambda: box.provider.status([block.job_id])[0].state is JobState.TIMEOUT,
+        wait_for(lambda: box.provider.status([block.job_id])[0].state is P.JobState.TIMEOUT,
                  timeout=60, what="the block ended as taken")
         box.gate.open()
         # the interchange lost the node's manager; Parsl ran its tasks again elsewhere
