@@ -62,3 +62,34 @@ def test_streams_batch_as_dask_does_unless_the_environment_says_send_at_once(tmp
     assert stream_intervals(tmp_path, "0") == [0.0, [0.0]]         # client and scheduler
     from troy.frameworks.dask.agent import _stream_interval
     assert _stream_interval("soon") is None and _stream_interval("") is None  # Dask's
+
+
+THREADS = ("import json, os, sys\n"
+           "from troy.frameworks.dask.agent import ONE_THREAD, import_dask_with_one_blas_thread\n"
+           "added = import_dask_with_one_blas_thread() if sys.argv[1] == 'agent' else []\n"
+           "import distributed, numpy\n"
+           "print(json.dumps([added, len(os.listdir('/proc/self/task')),\n"
+           "                  {v: os.environ.get(v) for v in ONE_THREAD}]))")
+
+
+def threads_after_import(how: str, **env: str) -> list:
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    environ.update(env)
+    out = subprocess.run([sys.executable, "-c", THREADS, how], env=environ,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return json.loads(out)
+
+
+def test_an_agent_imports_dask_with_one_blas_thread_and_units_get_the_nodes_environment():
+    """As Dask's nanny does for its workers: numpy's BLAS starts one thread, not a pool of
+    one per core (its start cost ~0.1 s of CPU per agent); the variables are gone again, so
+    a unit inherits the node's environment, and a node's own setting is kept."""
+    added, threads, env = threads_after_import("agent")
+    assert added == ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"]
+    assert env == dict.fromkeys(added)                       # not left for the units
+    _, plain_threads, _ = threads_after_import("plain")
+    if (os.cpu_count() or 1) > 1:
+        assert threads < plain_threads                       # no BLAS pool
+    added, _, env = threads_after_import("agent", OPENBLAS_NUM_THREADS="4")
+    assert "OPENBLAS_NUM_THREADS" not in added and env["OPENBLAS_NUM_THREADS"] == "4"
