@@ -43,6 +43,7 @@ from elastic.tenants import Steady  # noqa: E402
 from elastic.workload import SimTask  # noqa: E402
 
 from elasticslice.managers.policy import PolicyConfig  # noqa: E402
+from troy.frameworks.dask.framework import scheduler_workers  # noqa: E402
 
 log = logging.getLogger(__name__)
 HOUR = 3600.0
@@ -188,12 +189,6 @@ def _pilot_image(emu_dir: Path) -> str:
     return f"urn:publicid:IDN+{cfg.domain}+image+{cfg.project}//{PILOT_IMAGE}"
 
 
-def _workers(client: Any) -> dict[str, Any]:
-    """The scheduler's workers, asked now (``client.scheduler_info()`` returns a cache its
-    periodic refresh, without workers, may overwrite right after the fetch)."""
-    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
-
-
 def _wait(predicate: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -235,9 +230,9 @@ def measure_jump(repeats: int) -> list[float]:
                 cluster.adapt(minimum=1, maximum=2)
                 for _ in range(repeats):
                     _wait(lambda: cluster.nodes() == 1
-                          and len(_workers(client)) == 1, 300,
+                          and len(scheduler_workers(client)) == 1, 300,
                           "cluster of one node")
-                    first = next(iter(_workers(client).values()))["name"]
+                    first = next(iter(scheduler_workers(client).values()))["name"]
                     submitted = time.time()
                     futures = client.map(task, range(200), pure=False)
                     done = client.gather(futures)

@@ -34,15 +34,6 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         time.sleep(interval)
 
 
-def dask_workers(client: object) -> dict:
-    """The Dask scheduler's workers (address -> info), asked now.
-
-    Not ``client.scheduler_info()["workers"]``: that returns the client's cached identity,
-    which its periodic refresh (every 2 s, without workers) may overwrite between the fetch
-    and the return: 0 workers where there were 3 (a fresh-clone run failed on it)."""
-    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])  # type: ignore[attr-defined]
-
-
 def holds_for(check: Callable[[], object], seconds: float, interval: float = 0.1) -> None:
     """Call ``check`` (which asserts) every ``interval`` for ``seconds``: a thing that must
     NOT happen (a stranger joining, a node going) is watched for a while, not waited for."""

@@ -17,6 +17,7 @@ import pytest
 from elasticslice.demo.console import Console, port_open
 from elasticslice.demo.report import Progress, ProgressPrinter, event_lines
 from elasticslice.emulator.adminclient import AdminClient
+from elasticslice.emulator.daemon import lock_holder
 from troy.plot import MARKERS
 from troy.report import ENTRY_KEYS
 from tests.demo_helpers import DEMO, ELASTICSLICE, DemoRun, emulator_port, leftovers
@@ -123,9 +124,10 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     assert "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
     assert not report["ok"]
-    # the emulator ran in the demo's process, which has exited: its port was closed with it
-    # (a port check here raced with the suite's other servers binding port 0: a fresh-clone
-    # run found another test's server on it); its nodes and their processes are checked here
+    # the emulator ran in the demo's process, which has exited: nothing holds its serve lock
+    # any more (its port is not checked here: other tests' servers bind port 0, and a
+    # fresh-clone run found one on it); its nodes and their processes are checked here
+    assert lock_holder(emu) is None
     assert leftovers(run.proc.pid, d) == [] and leftovers(run.proc.pid, emu) == []
     assert (emu / "ca.pem").exists() and not (d / "emulator").exists()
 

@@ -106,8 +106,6 @@ def _prefixlen(netmask: str | None) -> int:
         return 24
 
 
-
-
 def reap() -> list[str]:
     """Delete the namespaces of emulators that are gone (their lock is free); their names."""
     gone: list[str] = []

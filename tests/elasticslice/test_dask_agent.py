@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import dask_workers, wait_for
+from troy.frameworks.dask.framework import scheduler_workers
+from tests.helpers import wait_for
 from tests.troy.frameworks.nodes import node_agent, stop
 
 
@@ -21,7 +22,7 @@ def test_a_retired_node_agent_leaves_for_good_and_had_a_memory_limit(tmp_path: P
         log = tmp_path / "agent.log"
         proc = node_agent(cluster.scheduler_address, 2, None, log, name="node-1")
         try:
-            workers = wait_for(lambda: dask_workers(client), 120,
+            workers = wait_for(lambda: scheduler_workers(client), 120,
                                what="the agent's worker")
             (addr, info), = workers.items()
             assert info["name"] == "node-1" and info["memory_limit"] > 0
@@ -30,7 +31,7 @@ def test_a_retired_node_agent_leaves_for_good_and_had_a_memory_limit(tmp_path: P
             client.retire_workers([addr], close_workers=True)
             assert proc.wait(60) == 0, log.read_text()
             assert "the cluster retired this worker to give its node back" in log.read_text()
-            assert dask_workers(client) == {}
+            assert scheduler_workers(client) == {}
         finally:
             if proc.poll() is None:
                 stop(proc)

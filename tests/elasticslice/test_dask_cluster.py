@@ -17,10 +17,11 @@ import pytest
 
 from elasticslice.dask import CloudLabCluster
 from elasticslice.pilots.manager import extra_cores
+from troy.frameworks.dask.framework import scheduler_workers
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, admin, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
-from tests.helpers import dask_workers, wait_for
+from tests.helpers import wait_for
 from tests.hostile.netstat import LOOPBACK, listening
 from tests.screenshots import Page, browser, has_colour
 
@@ -94,7 +95,7 @@ def revoke_a_busy_added_node(client: Any, cluster: CloudLabCluster, emulator: An
     """Revoke (as CloudLab's admin) an added node whose Dask worker runs a task now; its
     node_id once the reclamation ended."""
     def busy_added() -> str | None:
-        names = {w: i["name"] for w, i in dask_workers(client).items()}
+        names = {w: i["name"] for w, i in scheduler_workers(client).items()}
         for addr, keys in client.processing().items():
             if keys and names.get(addr) not in (None, initial):
                 return str(names[addr])
@@ -179,7 +180,7 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
             assert [reclaim_outcome(emulator, n) for n in revoked] == ["early", "early"]
 
             # idle (the client still holds its results): back to the minimum
-            wait_for(lambda: cluster.nodes() == 1 and len(dask_workers(client))
+            wait_for(lambda: cluster.nodes() == 1 and len(scheduler_workers(client))
                      == 1, timeout=120, what="back to one node")
             assert sorted(client.gather(squares))[-1] == 63 * 63  # its data moved, kept
 
@@ -197,12 +198,12 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
 
             # scale(3): three nodes, held while idle
             cluster.scale(3)
-            wait_for(lambda: len(dask_workers(client)) == 3, timeout=120,
+            wait_for(lambda: len(scheduler_workers(client)) == 3, timeout=120,
                      what="three workers")
             runs = manager.cycle.methods["delete_nodes"].runs
             wait_for(lambda: manager.cycle.methods["delete_nodes"].runs >= runs + 20,
                      timeout=60, what="twenty more delete_nodes rounds")
-            assert cluster.nodes() == 3 and len(dask_workers(client)) == 3
+            assert cluster.nodes() == 3 and len(scheduler_workers(client)) == 3
         stats = manager.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
             (2, 2, 0)

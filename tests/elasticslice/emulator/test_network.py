@@ -16,7 +16,8 @@ import pytest
 
 from elasticslice.emulator import network
 from elasticslice.rspec import LinkSpec, NodeSpec, build_request
-from tests.helpers import dask_workers, wait_for
+from troy.frameworks.dask.framework import scheduler_workers
+from tests.helpers import wait_for
 from tests.elasticslice.emulator.helpers import Session
 from tests.elasticslice.emulator.node_helpers import detail_of, node_dir
 
@@ -229,12 +230,12 @@ def test_the_pilot_path_works_on_the_nodes_network_and_not_on_loopback(
             "Connection refused"
         host, port = lonely.scheduler_address.removeprefix("tls://").rsplit(":", 1)
         assert _connect_from(netns, host, int(port)) == "Connection refused"
-        assert dask_workers(client) == {}
+        assert scheduler_workers(client) == {}
 
     with cluster() as box, Client(box) as client:
-        wait_for(lambda: dask_workers(client), timeout=90, what="a worker")
+        wait_for(lambda: scheduler_workers(client), timeout=90, what="a worker")
         assert box.scheduler_address.startswith(f"tls://{control}:")
-        (worker,) = dask_workers(client)
+        (worker,) = scheduler_workers(client)
         node = box.manager.state.nodes()[0]
         address = networked.server.ctx.boot.node_address(node.node_id)
         assert worker.startswith(f"tls://{address}:"), worker  # its manifest address

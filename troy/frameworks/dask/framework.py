@@ -72,6 +72,16 @@ class _Worker:
 AdoptFilter = Callable[[str, str, dict[str, float]], bool]
 
 
+def scheduler_workers(client: Any) -> dict[str, dict[str, Any]]:
+    """The workers of ``client``'s scheduler (address -> info, with ``resources``), asked now.
+
+    Not ``client.scheduler_info()``: it returns the client's cached identity, which a
+    periodic refresh (every 2 s, without workers) may overwrite right after the fetch, and
+    then a worker that just joined looks absent (adoption missed it; a test saw 0 of 3)."""
+    identity = client.sync(client.scheduler.identity, n_workers=-1)
+    return dict(identity.get("workers", {}))
+
+
 class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
     """Pilots are Dask workers; units are Dask tasks that run ``troy.execution.execute``.
 
@@ -374,13 +384,9 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         self._stop_worker(pilot)
 
     def workers_info(self) -> dict[str, dict[str, Any]]:
-        """The scheduler's workers (address -> info, with ``resources``), asked now.
-
-        Not ``client.scheduler_info()``: it returns the client's cached identity, which a
-        periodic refresh (every 2 s, without workers) may overwrite right after our fetch,
-        and then a worker that just joined looks absent (adoption missed it)."""
-        identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
-        return dict(identity.get("workers", {}))
+        """The scheduler's workers (address -> info, with ``resources``), asked now
+        (:func:`scheduler_workers`)."""
+        return scheduler_workers(self.client)
 
     def _on_cluster_event(self, event: tuple[float, Any]) -> None:
         msg = event[1]
