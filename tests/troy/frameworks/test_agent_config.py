@@ -44,8 +44,10 @@ def test_the_users_dask_variables_and_yaml_win(tmp_path):
 
 STREAMS = ("import json; from troy.frameworks.dask import DaskFramework\n"
            "fw = DaskFramework('s'); fw.start()\n"
-           "ours = [b.interval for b in fw.on_scheduler(lambda s: list(s.client_comms.values()))]\n"
-           "print(json.dumps([fw.client.scheduler_comm.interval, ours])); fw.close()")
+           "ours = [(b.interval, hasattr(b, '_troy_eager'))\n"
+           "        for b in fw.on_scheduler(lambda s: list(s.client_comms.values()))]\n"
+           "c = fw.client.scheduler_comm\n"
+           "print(json.dumps([[c.interval, hasattr(c, '_troy_eager')], ours])); fw.close()")
 
 
 def stream_intervals(tmp_path, value: str | None) -> list:
@@ -57,9 +59,10 @@ def stream_intervals(tmp_path, value: str | None) -> list:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_streams_batch_as_dask_does_unless_the_environment_says_send_at_once(tmp_path):
-    assert stream_intervals(tmp_path, None) == [0.01, [0.002]]     # Dask's own
-    assert stream_intervals(tmp_path, "0") == [0.0, [0.0]]         # client and scheduler
+def test_streams_are_eager_unless_the_environment_fixes_their_interval(tmp_path):
+    # Dask's own intervals, eager (below): client -> scheduler, scheduler -> client
+    assert stream_intervals(tmp_path, None) == [[0.01, True], [[0.002, True]]]
+    assert stream_intervals(tmp_path, "0") == [[0.0, False], [[0.0, False]]]  # at once
     from troy.frameworks.dask.agent import _stream_interval
     assert _stream_interval("soon") is None and _stream_interval("") is None  # Dask's
 
@@ -93,3 +96,57 @@ def test_an_agent_imports_dask_with_one_blas_thread_and_units_get_the_nodes_envi
         assert threads < plain_threads                       # no BLAS pool
     added, _, env = threads_after_import("agent", OPENBLAS_NUM_THREADS="4")
     assert "OPENBLAS_NUM_THREADS" not in added and env["OPENBLAS_NUM_THREADS"] == "4"
+
+
+async def _batches(make_eager: bool) -> list:
+    """What a real Dask batched stream (interval 600 s, over TCP on 127.0.0.1) delivers:
+    one message on a quiet stream, a second one right after it, then 10 in one loop turn,
+    then one more right after those; the reader's batches after each step."""
+    import asyncio
+    from distributed.batched import BatchedSend
+    from distributed.comm import CommClosedError, connect, listen
+    from troy.frameworks.dask.agent import eager
+    received: list = []
+
+    async def reader(comm) -> None:  # noqa: ANN001
+        try:
+            while True:
+                received.append(list(await comm.read()))
+        except CommClosedError:
+            pass
+
+    async def until(count: int, patience: float) -> None:
+        for _ in range(int(patience / 0.01)):
+            if len(received) >= count:
+                return
+            await asyncio.sleep(0.01)
+
+    listener = listen("tcp://127.0.0.1:0", reader)
+    await listener.start()
+    stream = BatchedSend(interval="600s")
+    stream.start(await connect(listener.contact_address))
+    if make_eager:
+        eager(stream)
+    seen = []
+    try:
+        for step, count, patience in ((["a"], 1, 30), (["b"], 2, 30),
+                                      (list(range(10)), 3, 30), (["c"], 4, 0.5)):
+            for msg in step:
+                stream.send(msg)
+            await until(count, patience)
+            seen.append(list(received))
+    finally:
+        stream.abort()
+        listener.stop()
+    return seen
+
+
+def test_an_eager_stream_sends_at_once_while_quiet_and_batches_after_a_burst():
+    import asyncio
+    after_a, after_b, after_burst, after_c = asyncio.run(_batches(True))
+    assert after_a == [["a"]]
+    assert after_b == [["a"], ["b"]]                     # Dask's own: held for the interval
+    assert after_burst == [["a"], ["b"], list(range(10))]  # one turn's messages: one batch
+    assert after_c == after_burst                        # after a burst: batched again
+    # the same stream without it: the second message waits for the interval (600 s)
+    assert asyncio.run(_batches(False))[1] == [["a"]]
