@@ -120,14 +120,14 @@ class LocalFramework(PilotFramework):
         if pilot.state in FINAL_STATES:
             return
         log.info("pilot %s reached its walltime of %ss", pilot.id, pilot.description.walltime)
-        # no unit starts on it from now: its killed units requeue (their threads) while it
-        # is still RUNNING, and the next placement put them back on it before it ended DONE
-        # (under load: the unit ran on, on a pilot gone)
-        pilot.draining = True
         self._cancel_pilot(pilot)
         pilot._set_state(State.DONE)
 
     def _cancel_pilot(self, pilot: Pilot) -> None:
+        # No unit starts on it from now: its killed units requeue (their threads) while it
+        # is still RUNNING (its caller sets the final state after this), and the next
+        # placement put them back on it (under load: the unit ran on, on a pilot gone).
+        pilot.draining = True
         with self._lock:
             timer = self._timers.pop(pilot.id, None)
             self._queue = [(u, None if b is pilot else b) for u, b in self._queue]

@@ -1,4 +1,4 @@
-"""A pilot's walltime on the ``local`` framework: its units go to another pilot.
+"""A pilot's walltime, or its cancel, on the ``local`` framework: its units go to another pilot.
 
 Broke under the suite's load (a fresh-clone run): the pilot's killed unit was requeued by its
 thread while the pilot was still RUNNING (the timer thread had not yet set it DONE), and the
@@ -40,6 +40,37 @@ def test_an_expired_pilots_unit_moves_even_when_the_pilot_ends_late(
                  what="the unit on the short pilot")
         spare = running_pilot(framework, 1)
         wait_for(lambda: short.state is State.DONE, 30, what="the walltime over")
+        wait_for(lambda: u.state is State.RUNNING and u.pilot == spare.id, 30,
+                 what="the unit on the spare pilot")
+        gate.touch()
+        assert u.wait(30) is State.DONE and runs.read_text() == "run\nrun\n"
+    finally:
+        gate.touch()
+        framework.close()
+
+
+@pytest.mark.slow
+def test_a_canceled_pilots_unit_moves_even_when_the_pilot_ends_late(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same race on ``cancel_pilot`` (seen in a suite run: its killed unit went back
+    onto the pilot being canceled, which then ended CANCELED with the unit running on it)."""
+    framework = LocalFramework("fw-cancel", sandbox=str(tmp_path / "sandbox"))
+    cancel = framework._cancel_pilot
+
+    def slow_to_end(pilot: troy.Pilot) -> None:  # the canceling thread, descheduled
+        cancel(pilot)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(framework, "_cancel_pilot", slow_to_end)
+    gate, runs = tmp_path / "gate", tmp_path / "runs"
+    try:
+        first = running_pilot(framework, 1)
+        u = framework.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"echo run >> {runs}; while [ ! -e {gate} ]; do sleep 0.02; done"]))
+        wait_for(lambda: u.state is State.RUNNING and runs.exists(), 30, what="first attempt")
+        first.cancel()
+        assert first.state is State.CANCELED
+        spare = running_pilot(framework, 1)
         wait_for(lambda: u.state is State.RUNNING and u.pilot == spare.id, 30,
                  what="the unit on the spare pilot")
         gate.touch()
