@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -51,9 +52,23 @@ def stage_out(cud: ComputeUnitDescription, workdir: str) -> None:
         shutil.copy2(source, dst)
 
 
+_devnull: list[int] = []
+_devnull_lock = threading.Lock()
+
+
+def _null_input() -> int:
+    """One read-only ``/dev/null`` of this process, the stdin of every unit without one
+    (``subprocess.DEVNULL`` opens and closes it at every start)."""
+    if not _devnull:
+        with _devnull_lock:
+            if not _devnull:
+                _devnull.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    return _devnull[0]
+
+
 def _open(path: str | None, workdir: str, mode: str):
     if path is None:
-        return subprocess.DEVNULL
+        return _null_input()
     full = path if os.path.isabs(path) else os.path.join(workdir, path)
     return open(full, mode)
 
@@ -101,7 +116,7 @@ def _run_process(cud: ComputeUnitDescription, workdir: str,
             result.error = f"cannot start {cud.executable}: {e.strerror or e}"
     finally:
         for f in (stdin, stdout, stderr):  # the child has its copies (or never started)
-            _close(None if f is subprocess.DEVNULL else f)
+            _close(None if f in _devnull else f)
     if result.error is not None:
         for fd in tails:
             os.close(fd)
@@ -166,7 +181,8 @@ def execute(cud: ComputeUnitDescription, *, sandbox: str | None = None,
     # a callable without staging or a working directory never touches the file system
     if cud.function is None or cud.inputs or cud.outputs or cud.working_directory:
         try:
-            os.makedirs(workdir, exist_ok=True)
+            if not os.path.isdir(workdir):  # one stat where makedirs makes three calls
+                os.makedirs(workdir, exist_ok=True)
             stage_in(cud, workdir)
         except OSError as err:
             return UnitResult(error=f"staging in failed: {err}", start=start, end=time.time())

@@ -209,3 +209,13 @@ def test_a_task_that_ended_in_an_earlier_run_keeps_its_files(tmp_path):
     keeper.watch(w)
     files = keeper.files("old")
     assert files.stdout == str(tmp_path / "out" / "old.stdout") and files.stderr is None
+
+
+def test_units_without_stdin_read_an_empty_one_and_leak_no_descriptor():
+    cud = troy.ComputeUnitDescription(executable="/bin/sh", arguments=[
+        "-c", "cat; ls -l /proc/self/fd/0"])
+    before = len(os.listdir("/proc/self/fd"))
+    results = [execute(cud) for _ in range(20)]
+    assert all(r.ok for r in results), results[0]
+    assert results[0].stdout.data.decode().rstrip().endswith("/dev/null")  # cat saw EOF
+    assert len(os.listdir("/proc/self/fd")) <= before + 1   # one /dev/null, kept
