@@ -337,13 +337,15 @@ class BootRunner:
             log.warning("node %s: cannot boot its machine: %s", node.node_id, err)
             return None, -1
         read, write = os.pipe()
+        lifeline = isolate.lifeline()
         try:
             with open(node_dir.log, "ab") as logfile:
                 proc = subprocess.Popen(
-                    isolate.node_command(isolation, machine, commands, write, netns),
+                    isolate.node_command(isolation, machine, commands, write, netns,
+                                         lifeline),
                     cwd=node_dir.root, env=env,
                     stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
-                    start_new_session=True, pass_fds=(write,))
+                    start_new_session=True, pass_fds=(write, lifeline))
         except OSError as err:
             log.warning("node %s: cannot start its startup commands: %s", node.node_id, err)
             os.close(read)

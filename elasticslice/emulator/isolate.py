@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,16 @@ def announce(choice: Choice) -> None:
 
 
 def node_command(isolation: Isolation, machine: dict[str, Any], commands: list[list[str]],
-                 status_fd: int, netns: str | None = None) -> list[str]:
+                 status_fd: int, netns: str | None = None,
+                 lifeline_fd: int | None = None) -> list[str]:
     """The argv that runs ``commands`` ([[shell, command], ...]) as the node's processes on
     ``machine`` (:func:`elasticslice.emulator.nodefs.machine_spec`), in the network
-    namespace ``netns`` (a path; None: the host's network)."""
+    namespace ``netns`` (a path; None: the host's network); with namespaces, the node goes
+    down when ``lifeline_fd`` (:func:`lifeline`, passed to the process) reaches its end."""
     spec = {**machine, "commands": commands, "status_fd": status_fd,
             "isolate": isolation is Isolation.NAMESPACES}
+    if lifeline_fd is not None and isolation is Isolation.NAMESPACES:
+        spec["lifeline_fd"] = lifeline_fd
     argv = [sys.executable, "-I", "-S", str(NODE_INIT), json.dumps(spec)]
     if isolation is Isolation.NAMESPACES:
         argv = [_unshare() or "unshare", *UNSHARE_ARGS, "--", *argv]
@@ -82,6 +87,24 @@ def node_command(isolation: Isolation, machine: dict[str, Any], commands: list[l
         argv = [shutil.which("nsenter", path=os.environ.get("PATH", "") + os.pathsep +
                              NODE_PATH) or "nsenter", f"--net={netns}", "--", *argv]
     return argv
+
+
+_lifeline: tuple[int, int, int] | None = None   # (pid, read end, write end)
+_lifeline_lock = threading.Lock()
+
+
+def lifeline() -> int:
+    """The read end of this process's lifeline, for its nodes' inits: a pipe whose write end
+    only this process holds (close-on-exec, never written), so a node sees its end of file
+    when the emulator's process is gone, however it went (SIGKILL, a crash, an embedded
+    emulator's program killed), and goes down instead of running on, orphaned. A forked
+    child makes its own."""
+    global _lifeline
+    with _lifeline_lock:
+        if _lifeline is None or _lifeline[0] != os.getpid():
+            read, write = os.pipe()
+            _lifeline = (os.getpid(), read, write)
+        return _lifeline[1]
 
 
 def _unshare() -> str | None:

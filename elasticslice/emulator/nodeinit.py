@@ -9,7 +9,8 @@ machine is made of (:func:`elasticslice.emulator.nodefs.machine_spec`): ``image`
 image directory, its layers, top first, the host's own last), ``links`` (``bin -> usr/bin``
 where the host has them), ``binds`` (read-only folders: a custom image's own top-level
 folders, the node's ``geni`` folder), ``hide`` (folders to cover if the image shows them),
-``hostname`` and ``cwd``.
+``hostname`` and ``cwd``; ``lifeline_fd`` (the read end of a pipe whose write end only the
+emulator's process holds: end of file when that process is gone).
 
 With ``isolate`` it is PID 1 of fresh user, PID, mount and UTS namespaces (``unshare --user
 --map-root-user --pid --fork --mount --uts``). It mounts the image read-only over the
@@ -19,7 +20,10 @@ and detaches the host's: nothing else of the host is left in sight. It locks the
 by moving into one more user and mount namespace (mounts inherited from a more privileged
 namespace cannot be unmounted or made writable). As PID 1 it reaps the node's orphans and
 stays while any node process lives; SIGTERM is passed to every process of the node. When it
-dies, the kernel kills every process of the node, daemons that called ``setsid`` too.
+dies, the kernel kills every process of the node, daemons that called ``setsid`` too. When
+its emulator's process is gone (``lifeline_fd`` at end of file: killed, crashed) it takes
+the node down as a delete does: SIGTERM to every process, SIGKILL after
+:data:`LIFELINE_GRACE` seconds.
 
 Without ``isolate`` (the fallback) it only runs the commands, in the node's root folder, in
 the process group it was given.
@@ -33,6 +37,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 1 << 18
@@ -51,6 +57,7 @@ RESET_SIGNALS = {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _terminating = False
+LIFELINE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL once the emulator is gone
 
 
 def _check(result: int, what: str) -> None:
@@ -195,6 +202,21 @@ def _on_term(_signum: int, _frame: object) -> None:
         pass
 
 
+def _watch_lifeline(fd: int) -> None:
+    """Block until the emulator's process is gone, then take the node down."""
+    try:
+        while os.read(fd, 1):
+            pass
+    except OSError:
+        pass
+    _on_term(signal.SIGTERM, None)
+    time.sleep(LIFELINE_GRACE)
+    try:
+        os.kill(-1, signal.SIGKILL)  # every process of this PID namespace but init
+    except ProcessLookupError:
+        pass
+
+
 def _wait_for(pid: int) -> int:
     """Reap children (orphans too, as PID 1) until ``pid`` exits; its exit status."""
     while True:
@@ -243,6 +265,10 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(f"node isolation failed: {err}\n")
             return 125
         signal.signal(signal.SIGTERM, _on_term)
+        lifeline = spec.get("lifeline_fd")
+        if lifeline is not None:
+            os.set_inheritable(lifeline, False)
+            threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
         os.chdir(spec.get("cwd") or "/")
     else:
         os.chdir(spec["root"])

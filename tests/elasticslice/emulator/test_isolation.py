@@ -164,6 +164,30 @@ def test_setsid_daemon_runs_once_after_kill_9_and_restart(tmp_path, emulator_pki
             os.kill(pid, signal.SIGKILL)
 
 
+@needs_namespaces
+def test_a_killed_emulators_nodes_go_down_with_it(tmp_path, emulator_pki):
+    """Killed and never started again (a box in a temporary folder, a program embedding one
+    killed), its nodes used to run on for ever, orphaned: they go down with it now, a daemon
+    in a session of its own that ignores SIGTERM too."""
+    d = tmp_path / "emu"
+    shutil.copytree(emulator_pki, d)
+    emu = serve(d, "--boot-delay", "0.1")
+    try:
+        s = Session(emu)
+        urn, cred = _slice(s)
+        sandbox = _add(s, urn, cred, "w1", DAEMON)
+        daemon = _daemon(sandbox)
+    finally:
+        emu.proc.send_signal(signal.SIGKILL)
+        emu.proc.wait(timeout=30)
+    try:
+        wait_for(lambda: not process_alive(daemon), timeout=30, what="the daemon gone")
+        wait_for(lambda: not node_pids(sandbox), timeout=30, what="every node process gone")
+    finally:
+        for pid in node_pids(sandbox):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_forced_fallback_warns_once_and_still_runs_nodes(emulator_factory, monkeypatch,
                                                           caplog):
     monkeypatch.setenv(isolate.ENV_VAR, "off")

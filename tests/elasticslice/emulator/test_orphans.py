@@ -1,5 +1,7 @@
 """An emulator killed with SIGKILL used to leave its nodes' startup processes running for
-ever; the restart (a power cycle) then ran them a second time next to the orphans."""
+ever; the restart (a power cycle) then ran them a second time next to the orphans. With
+namespaces a node now goes down with its emulator (test_isolation); without them (the
+fallback, process groups) its processes still outlive it, until the restart kills them."""
 from __future__ import annotations
 
 import os
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticslice.emulator import EmulatorServer
+from elasticslice.emulator import EmulatorServer, isolate
 from elasticslice.emulator.orphans import PGID_FILE
 from elasticslice.rspec import NodeSpec, build_request
 from tests.helpers import wait_for
@@ -34,7 +36,9 @@ def _pgids(sandbox: Path) -> set[int]:
         return set()
 
 
-def test_restart_after_sigkill_kills_the_orphaned_startup_processes(tmp_path, emulator_pki):
+def test_restart_after_sigkill_kills_the_orphaned_startup_processes(tmp_path, emulator_pki,
+                                                                     monkeypatch):
+    monkeypatch.setenv(isolate.ENV_VAR, "off")   # serve's environment, and the restart's
     d = tmp_path / "emu"
     shutil.copytree(emulator_pki, d)
     emu = serve(d, "--boot-delay", "0.1")
