@@ -217,11 +217,19 @@ class UnitService:
             except Exception:  # keep dispatching whatever one pass did
                 log.exception("unit service dispatch pass failed")
 
+    def _queue_scopes(self, queued: dict[str, ComputeUnit]) -> set[frozenset[str] | None]:
+        """The scopes of the ``queued`` units (None: any framework), from the few units that
+        have one: a pass that finds everything full must not walk the whole queue again."""
+        with self._lock:
+            scoped = [scope for uid, scope in self._scopes.items() if uid in queued]
+        return {*scoped, None} if len(scoped) < len(queued) else set(scoped)
+
     def _pass(self, raise_unplaced: bool = False) -> None:
         """Offer every queued unit to the scheduler, in order."""
         with self._dispatch_lock:
             with self._lock:
-                queue = list(self._queue.values())
+                queued = dict(self._queue)
+            queue = list(queued.values())
             if not queue:
                 return
             sched = self.scheduler
@@ -257,7 +265,7 @@ class UnitService:
                         if sched.monotone and cores == 1 and not raise_unplaced:
                             full.add(scope)  # nothing fits at all: that scope waits
                             if scopes is None:  # the scopes of the queue, once per pass
-                                scopes = {self._scopes.get(u.id) for u in queue}
+                                scopes = self._queue_scopes(queued)
                             if full >= scopes:  # every unit left waits: stop here (a pass
                                 break           # per finished unit must not cost O(queue))
                         narrowest[scope] = min(narrowest.get(scope, cores), cores)

@@ -113,6 +113,27 @@ def test_backfill_lets_small_units_pass_a_waiting_wide_one(troy_session, tmp_pat
     assert wide.wait(10) is State.DONE
 
 
+def test_a_full_framework_scope_does_not_hold_back_units_of_another(troy_session, tmp_path):
+    """Units that may only use framework "a" wait while it is full; a unit that may use
+    any framework, queued behind them, runs on "b" meanwhile (with a scheduler that need
+    not keep submission order)."""
+    for name in ("a", "b"):
+        troy_session.add_framework("local", name=name).submit_pilot({"size": 1})
+    gate = tmp_path / "gate"
+    us = troy_session.unit_service(scheduler="backfill")
+    blocker, waiting = us.submit_units([CUD(executable="/bin/sh", arguments=[
+        "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"]) for _ in range(2)],
+        frameworks=["a"])
+    try:
+        wait_for(lambda: blocker.state is State.RUNNING, 10, what="blocker running")
+        anywhere = us.submit_unit(CUD(executable="/bin/true"))
+        assert anywhere.wait(10) is State.DONE and anywhere.framework == "b"
+        assert waiting.state is State.PENDING
+    finally:
+        gate.touch()
+    assert waiting.wait(10) is State.DONE and waiting.framework == "a"
+
+
 def test_round_robin_alternates_frameworks(troy_session):
     for name in ("a", "b"):
         troy_session.add_framework("local", name=name).submit_pilot({"size": 2})
