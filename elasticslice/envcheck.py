@@ -21,11 +21,12 @@ from elasticslice.config import ENV_PREFIX, KNOWN
 log = logging.getLogger(__name__)
 
 # Set for commands elasticslice runs, which may run elasticslice in turn: what the emulator
-# puts in a node's environment (elasticslice.emulator.boot) and its node isolation switch,
-# and what the manager gives its delete commands (elasticslice.managers.deletes).
+# puts in a node's environment (elasticslice.emulator.boot), its node isolation and node
+# network switches, and what the manager gives its delete commands
+# (elasticslice.managers.deletes).
 OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMORY",
                    "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
-                   "DELETE_NODES", "DELETE_CLIENT_IDS")
+                   "NODE_NETWORK", "DELETE_NODES", "DELETE_CLIENT_IDS")
 
 _warned: set[str] = set()
 #: names known without loading the command tree: the config file's, what elasticslice sets

@@ -55,3 +55,16 @@ def test_each_variable_is_warned_about_once_per_process() -> None:
     assert first == ["$ELASTICSLICE_RETRIS is not a variable elasticslice reads: ignored; "
                      "did you mean $ELASTICSLICE_RETRIES?"]
     assert warn_unknown_variables(cli, env=env) == []
+
+
+def test_every_variable_the_code_reads_is_known() -> None:
+    """A variable elasticslice reads (a literal name in its code, such as the emulator's
+    ``ELASTICSLICE_NODE_NETWORK``) is never warned about as one it does not read."""
+    import re
+    root = Path(__file__).resolve().parents[2] / "elasticslice"
+    names = {m for path in root.rglob("*.py")
+             for m in re.findall(r"[\"'](ELASTICSLICE_[A-Z][A-Z0-9_]*[A-Z0-9])[\"']",
+                                 path.read_text())}
+    names.discard("ELASTICSLICE_PILOT_ENV")   # a here-document's delimiter (bootstrap.py)
+    assert {"ELASTICSLICE_NODE_NETWORK", "ELASTICSLICE_NODE_ISOLATION"} <= names
+    assert warn_unknown_variables(cli, env={n: "1" for n in names}) == []
