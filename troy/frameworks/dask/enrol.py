@@ -34,6 +34,7 @@ import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -208,21 +209,66 @@ def _when(cert: object, name: str) -> float:
     return float(aware.timestamp())
 
 
+RELOAD_TIMEOUT = 30.0  # seconds a reload waits for the worker's event loop
+
+
 def reload_listeners(cert_file: str, key_file: str) -> int:
     """Load the renewed certificate into the TLS listeners of this process' Dask workers
-    (a listener reads its files once, when it starts); how many."""
+    (a listener reads its files once, when it starts); how many.
+
+    The load runs on the worker's event loop, where its listener accepts connections:
+    ``load_cert_chain`` sets the certificate, then lets other threads run while it reads
+    the key, and a connection accepted in between got the new certificate with the old key
+    (its handshake failed: about one in ten while renewing in a loop, measured)."""
     count = 0
     try:
         from distributed import Worker
     except ImportError:
         return 0
     for worker in list(getattr(Worker, "_instances", ())):
-        for listener in getattr(worker, "listeners", ()):
-            ctx = getattr(listener, "server_args", {}).get("ssl_options")
-            if isinstance(ctx, ssl.SSLContext):
-                ctx.load_cert_chain(cert_file, key_file)
-                count += 1
+        contexts = [ctx for listener in getattr(worker, "listeners", ())
+                    if isinstance(ctx := getattr(listener, "server_args", {}).get("ssl_options"),
+                                  ssl.SSLContext)]
+        if contexts:
+            _on_loop(worker.loop, lambda: [c.load_cert_chain(cert_file, key_file)
+                                           for c in contexts])
+            count += len(contexts)
     return count
+
+
+def _on_loop(loop: Any, fn: Any) -> None:
+    """``fn()`` on the tornado ``loop`` (here and now when called on it, or when it does not
+    run: a closed worker's accepts nothing); its exception raised here, or TimeoutError when
+    the loop did not run it within :data:`RELOAD_TIMEOUT`."""
+    aloop = getattr(loop, "asyncio_loop", None)
+    if aloop is None or aloop is _running_loop() or aloop.is_closed() \
+            or not aloop.is_running():
+        fn()
+        return
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            failed.append(err)
+        finally:
+            done.set()
+
+    loop.add_callback(run)
+    if not done.wait(RELOAD_TIMEOUT):
+        raise TimeoutError(f"the worker's event loop did not reload within {RELOAD_TIMEOUT:g} s")
+    if failed:
+        raise failed[0]
+
+
+def _running_loop() -> Any:
+    import asyncio
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class Renewer:

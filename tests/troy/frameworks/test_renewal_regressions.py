@@ -1,0 +1,82 @@
+"""A node's renewed certificate goes into its worker's TLS listener without failing the
+connections that arrive meanwhile.
+
+Broke in a fresh-clone suite run (tests/hostile/test_enrolment.py: the test's own probe of
+a node's listener got "sslv3 alert handshake failure"): ``load_cert_chain`` sets the
+certificate, then lets other threads run while it reads the key; a connection the listener
+accepted in between got the new certificate with the old key, and its handshake failed
+(about one in ten while renewing in a loop). Every renewal of a node did that to whoever
+connected at that moment: the scheduler, other workers fetching data."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.troy.frameworks.nodes import member
+from troy.frameworks.dask.enrol import reload_listeners
+
+pytestmark = pytest.mark.slow
+
+
+async def _handshakes_while_renewing(tmp_path: Path, cluster_ca) -> tuple[int, list[str]]:  # noqa: ANN001
+    from distributed import Scheduler, Worker
+    node = member(tmp_path / "node", cluster_ca, "node-1")
+    pairs = [(Path(m.cert_file).read_bytes(), Path(m.key_file).read_bytes())
+             for m in (member(tmp_path / "renewed", cluster_ca, "node-1"), node)]
+    control = member(tmp_path / "control", cluster_ca, "control")
+    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False, security=control.security())
+    w = await Worker(s.address, host="127.0.0.1", nthreads=1, dashboard=False,
+                     security=node.security())
+    host, port = w.address.removeprefix("tls://").rsplit(":", 1)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.load_verify_locations(control.ca_file)
+    client.load_cert_chain(control.cert_file, control.key_file)
+    stop, failed, done = threading.Event(), [], [0]
+
+    def connect() -> None:   # as the scheduler or another worker would, over and over
+        while not stop.is_set():
+            try:
+                with socket.create_connection((host, int(port)), timeout=30) as raw, \
+                        client.wrap_socket(raw):
+                    done[0] += 1
+            except (ssl.SSLError, OSError) as err:
+                failed.append(repr(err))
+
+    def renew() -> None:     # as the node's Renewer does, in a thread of its own
+        try:
+            for i in range(200):
+                cert, key = pairs[i % 2]
+                Path(node.key_file).write_bytes(key)
+                Path(node.cert_file).write_bytes(cert)
+                reload_listeners(node.cert_file, node.key_file)
+                time.sleep(0.005)
+        finally:
+            stop.set()
+
+    threads = [threading.Thread(target=connect) for _ in range(2)]
+    threads.append(threading.Thread(target=renew))
+    try:
+        for t in threads:
+            t.start()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        for t in threads:
+            t.join(60)
+    finally:
+        stop.set()
+        await w.close()
+        await s.close()
+    return done[0], failed
+
+
+def test_connections_during_renewals_all_complete_their_handshake(tmp_path, cluster_ca):  # noqa: ANN001
+    done, failed = asyncio.run(_handshakes_while_renewing(tmp_path, cluster_ca))
+    assert done > 100          # the listener was busy while it renewed
+    assert failed == []
