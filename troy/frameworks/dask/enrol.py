@@ -212,14 +212,17 @@ def _when(cert: object, name: str) -> float:
 RELOAD_TIMEOUT = 30.0  # seconds a reload waits for the worker's event loop
 
 
-def reload_listeners(cert_file: str, key_file: str) -> int:
-    """Load the renewed certificate into the TLS listeners of this process' Dask workers
-    (a listener reads its files once, when it starts); how many.
+def reload_worker_tls(cert_file: str, key_file: str) -> int:
+    """Load the renewed certificate into the TLS contexts of this process' Dask workers: their
+    listeners' and the one they connect out with (each reads its files once, when the worker
+    starts: a worker went on presenting its first certificate to the peers it connected to,
+    refused once that one expired); how many contexts.
 
-    The load runs on the worker's event loop, where its listener accepts connections:
-    ``load_cert_chain`` sets the certificate, then lets other threads run while it reads
-    the key, and a connection accepted in between got the new certificate with the old key
-    (its handshake failed: about one in ten while renewing in a loop, measured)."""
+    The load runs on the worker's event loop, where its listener accepts connections and its
+    connections are made: ``load_cert_chain`` sets the certificate, then lets other threads
+    run while it reads the key, and a connection accepted in between got the new certificate
+    with the old key (its handshake failed: about one in ten while renewing in a loop,
+    measured)."""
     count = 0
     try:
         from distributed import Worker
@@ -229,6 +232,9 @@ def reload_listeners(cert_file: str, key_file: str) -> int:
         contexts = [ctx for listener in getattr(worker, "listeners", ())
                     if isinstance(ctx := getattr(listener, "server_args", {}).get("ssl_options"),
                                   ssl.SSLContext)]
+        out = (getattr(worker, "connection_args", None) or {}).get("ssl_context")
+        if isinstance(out, ssl.SSLContext) and all(out is not c for c in contexts):
+            contexts.append(out)
         if contexts:
             _on_loop(worker.loop, lambda: [c.load_cert_chain(cert_file, key_file)
                                            for c in contexts])
@@ -321,7 +327,7 @@ class Renewer:
                 return
             try:
                 renew(self.url, self.ca_file, self.cert_file, self.key_file)
-                reload_listeners(self.cert_file, self.key_file)
+                reload_worker_tls(self.cert_file, self.key_file)
                 self.renewals += 1
                 pause = RENEW_RETRY[0]
                 log.info("renewed the node's certificate")
