@@ -140,7 +140,12 @@ def test_setsid_daemon_is_gone_after_the_emulator_stops(emulator):
 
 
 @needs_namespaces
-def test_setsid_daemon_runs_once_after_kill_9_and_restart(tmp_path, emulator_pki):
+def test_a_killed_emulators_nodes_go_down_with_it_and_a_restart_runs_them_once(
+        tmp_path, emulator_pki):
+    """Killed (and perhaps never started again: a box in a temporary folder, a program
+    embedding one killed), its nodes used to run on for ever, orphaned: they go down with it,
+    a daemon in a session of its own that ignores SIGTERM too; a restart is a power cycle
+    that runs the daemon once."""
     d = tmp_path / "emu"
     shutil.copytree(emulator_pki, d)
     emu = serve(d, "--boot-delay", "0.1")
@@ -153,36 +158,13 @@ def test_setsid_daemon_runs_once_after_kill_9_and_restart(tmp_path, emulator_pki
         emu.proc.send_signal(signal.SIGKILL)
         emu.proc.wait(timeout=30)
     try:
+        wait_for(lambda: not process_alive(old), timeout=30, what="the daemon gone")
+        wait_for(lambda: not node_pids(sandbox), timeout=30, what="every node process gone")
         with EmulatorServer(d, port=0, boot_delay=0.1):
-            wait_for(lambda: not process_alive(old), timeout=30, what="orphan killed")
             new = wait_for(lambda: _sleepers(sandbox), timeout=30,
                            what="the daemon of the power cycle")
             assert len(new) == 1 and old not in new
         wait_for(lambda: not node_pids(sandbox), timeout=30, what="stopped")
-    finally:
-        for pid in node_pids(sandbox):
-            os.kill(pid, signal.SIGKILL)
-
-
-@needs_namespaces
-def test_a_killed_emulators_nodes_go_down_with_it(tmp_path, emulator_pki):
-    """Killed and never started again (a box in a temporary folder, a program embedding one
-    killed), its nodes used to run on for ever, orphaned: they go down with it now, a daemon
-    in a session of its own that ignores SIGTERM too."""
-    d = tmp_path / "emu"
-    shutil.copytree(emulator_pki, d)
-    emu = serve(d, "--boot-delay", "0.1")
-    try:
-        s = Session(emu)
-        urn, cred = _slice(s)
-        sandbox = _add(s, urn, cred, "w1", DAEMON)
-        daemon = _daemon(sandbox)
-    finally:
-        emu.proc.send_signal(signal.SIGKILL)
-        emu.proc.wait(timeout=30)
-    try:
-        wait_for(lambda: not process_alive(daemon), timeout=30, what="the daemon gone")
-        wait_for(lambda: not node_pids(sandbox), timeout=30, what="every node process gone")
     finally:
         for pid in node_pids(sandbox):
             os.kill(pid, signal.SIGKILL)
