@@ -129,8 +129,11 @@ async def _batches(make_eager: bool) -> list:
         eager(stream)
     seen = []
     try:
-        for step, count, patience in ((["a"], 1, 30), (["b"], 2, 30),
-                                      (list(range(10)), 3, 30), (["c"], 4, 0.5)):
+        # each step waits until its batch is in, up to 30 s; Dask's own stream holds the
+        # second message for its interval (600 s): half a second shows it has not come
+        later = 30 if make_eager else 0.5
+        for step, count, patience in ((["a"], 1, 30), (["b"], 2, later),
+                                      (list(range(10)), 3, later), (["c"], 4, 0.5)):
             for msg in step:
                 stream.send(msg)
             await until(count, patience)
