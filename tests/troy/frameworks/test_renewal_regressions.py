@@ -32,8 +32,10 @@ async def _handshakes_while_renewing(tmp_path: Path, cluster_ca) -> tuple[int, l
     pairs = [(Path(m.cert_file).read_bytes(), Path(m.key_file).read_bytes())
              for m in (member(tmp_path / "renewed", cluster_ca, "node-1"), node)]
     control = member(tmp_path / "control", cluster_ca, "control")
-    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False, security=control.security())
+    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                        dashboard_address="127.0.0.1:0", security=control.security())
     w = await Worker(s.address, host="127.0.0.1", nthreads=1, dashboard=False,
+                     dashboard_address="127.0.0.1:0",
                      security=node.security())
     host, port = w.address.removeprefix("tls://").rsplit(":", 1)
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -104,8 +106,10 @@ async def _connects_out_after_its_first_certificate_expired(tmp_path: Path,
     node = DaskTLS(str(home / "ca.pem"), str(home / "node.pem"), str(home / "node.key"))
     renewed = member(tmp_path / "renewed", cluster_ca, "node-1")
     control = member(tmp_path / "control", cluster_ca, "control")
-    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False, security=control.security())
+    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                        dashboard_address="127.0.0.1:0", security=control.security())
     w = await Worker(s.address, host="127.0.0.1", nthreads=1, dashboard=False,
+                     dashboard_address="127.0.0.1:0",
                      security=node.security())
     try:
         started = time.time()
