@@ -56,7 +56,7 @@ test:
 # Debian's Chromium, for the tests that take screenshots of what users watch (the Dask
 # dashboard, troy plot: docs/*.png): installed when missing where this is root on Debian
 # (make test runs it beside the venv's set-up); elsewhere those pictures are not taken.
-browser:
+browser: netns
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
@@ -66,25 +66,28 @@ browser:
 	    echo "browser: installed Debian's chromium (the tests' screenshots)"; \
 	  else echo "browser: no chromium and not root on Debian: no screenshots in the tests"; fi; }
 
-# Debian's iproute2 (ip) and util-linux (nsenter), for the box's node networks
+# Debian's iproute2 (ip), util-linux (nsenter) and nftables (nft), for the box's node networks
 # (docs/emulator.md, "The node's network"; tests/elasticslice/emulator/test_network.py):
-# installed when missing where this is root on Debian; elsewhere those tests are skipped.
-# After browser: two apt-get at once would fight over dpkg's lock.
-netns: browser
-	@{ command -v ip && command -v nsenter; } >/dev/null 2>&1 || { \
+# installed when missing where this is root on Debian; elsewhere nodes share this machine's
+# network (one warning) and the network tests are skipped. Before browser, which waits for
+# it: two apt-get at once would fight over dpkg's lock.
+NETNS_DEBS := iproute2 util-linux nftables
+netns:
+	@{ PATH="$$PATH:/usr/sbin:/sbin"; command -v ip && command -v nsenter && command -v nft; \
+	  } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get install -y -q --no-install-recommends iproute2 util-linux >/dev/null 2>&1 || \
+	    apt-get install -y -q --no-install-recommends $(NETNS_DEBS) >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null 2>&1 && \
-	      apt-get install -y -q --no-install-recommends iproute2 util-linux >/dev/null; } && \
-	    echo "netns: installed Debian's iproute2 (the box's node networks)"; \
-	  else echo "netns: no ip or nsenter and not root on Debian: no node network tests"; fi; }
+	      apt-get install -y -q --no-install-recommends $(NETNS_DEBS) >/dev/null; } && \
+	    echo "netns: installed Debian's $(NETNS_DEBS) (the box's node networks)"; \
+	  else echo "netns: no ip, nsenter or nft and not root on Debian: nodes share this machine's network"; fi; }
 
 # The fast tier, for every edit: unit and in-process tests (no emulator, Dask or demo)
 test-fast: $(STAMP) bytecode
 	$(TMP_ENV) $(BIN)/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(STAMP) netns
 	$(BIN)/python bin/demo $(DEMO_ARGS)
 
 # every benchmark, one table, figures in bench/results/latest.json (BENCH_ARGS=--quick: smoke)

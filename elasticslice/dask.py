@@ -162,8 +162,7 @@ class CloudLabCluster(Cluster):
         return _().__await__()
 
     def _elastic_options(self, server: Any) -> dict[str, Any]:
-        from elasticslice.config import default_listen
-        from elasticslice.pilots.helper import _settings
+        from elasticslice.pilots.helper import pilots_listen
         options = dict(self._cluster_options)
         framework = dict(options.pop("framework_options", None) or {})
         if self.dashboard_address is not None:
@@ -171,8 +170,7 @@ class CloudLabCluster(Cluster):
         options.update(minthreshold=self.minimum, maxthreshold=self.maximum,
                        hardware_type=self.hardware_type, node_cores=self.cores,
                        framework_options=framework,
-                       listen=self.listen or _settings(server).listen
-                       or default_listen(server.config.cm_urls))
+                       listen=self.listen or pilots_listen(server))
         if self.image is not None:
             options["disk_image"] = self.image
         if self.public_url is not None:

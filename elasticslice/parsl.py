@@ -4,7 +4,7 @@
     from parsl.executors import HighThroughputExecutor
     provider = CloudLabProvider(server, state_dir, max_blocks=4)
     config = Config(executors=[HighThroughputExecutor(
-        address="127.0.0.1", encrypted=False, provider=provider)], retries=2)
+        address=provider.address, encrypted=False, provider=provider)], retries=2)
     with parsl.load(config): ...
     provider.close()                       # gives the slice back
 
@@ -35,6 +35,7 @@ import shlex
 import tarfile
 import threading
 import time
+import types
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -458,7 +459,8 @@ class CloudLabProvider(ExecutionProvider):
     its worker pool with; default None: each node builds the environment from the
     wheelhouse the provider publishes), ``cores_per_node``
     (``PARSL_CORES`` on the node). ``margin``: seconds kept before a notice's deadline;
-    ``listen``: where the tarball publisher and the callback endpoint listen;
+    ``listen``: where the tarball publisher and the callback endpoint listen (None: the
+    config's ``[pilots] listen``, else the address routed to the CM: :attr:`address`);
     ``public_url``: the base URL the CM fetches tarballs from (default the publisher's);
     ``keep``: ``close()`` leaves the slice. Nothing starts before the first ``submit``."""
 
@@ -468,7 +470,8 @@ class CloudLabProvider(ExecutionProvider):
                  max_blocks: int = 4, parallelism: float = 1.0, max_nodes: int | None = None,
                  hardware_type: str | None = None, disk_image: str | None = None,
                  image_python: str | None = None, node_python: str | None = None,
-                 cores_per_node: int | None = None, margin: float = 5.0, listen: str = "127.0.0.1", public_url: str | None = None,
+                 cores_per_node: int | None = None, margin: float = 5.0,
+                 listen: str | None = None, public_url: str | None = None,
                  endpoint_port: int = 0, status_polling_interval: float = 2.0,
                  intervals: Mapping[str, float] | None = None, keep: bool = False) -> None:
         if (server is None) == (config is None):
@@ -536,6 +539,20 @@ class CloudLabProvider(ExecutionProvider):
     @property
     def status_polling_interval(self) -> float:
         return self._polling
+
+    @property
+    def address(self) -> str:
+        """Where the nodes reach this machine, and so where the executor's interchange
+        must listen (``HighThroughputExecutor(address=provider.address)``): ``listen``,
+        else the config's ``[pilots] listen`` (the box writes its control address there),
+        else the address that routes to the CM (:func:`~elasticslice.config.default_listen`)."""
+        if self.listen is None:
+            from elasticslice.config import load_config
+            from elasticslice.pilots.helper import pilots_listen
+            self.listen = pilots_listen(self.server if self.server is not None else
+                                        types.SimpleNamespace(config=load_config(
+                                            self.config_path)))
+        return self.listen
 
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.auto") -> str:
         """A block of ``nodes_per_block`` nodes that run ``command``; its job id."""
@@ -638,7 +655,7 @@ class CloudLabProvider(ExecutionProvider):
             raise ProviderError(f"{self.state_dir}: cannot use it as the provider's state "
                                 f"directory: {err.strerror or err}") from err
         self._lockfile = StateDirLock(self.state_dir / "state").acquire()
-        self.publisher = TarballPublisher(self.listen, public_url=self.public_url).start()
+        self.publisher = TarballPublisher(self.address, public_url=self.public_url).start()
         helper = ParslNodeHelper(self.book, self.publisher, self.state_dir / "tarballs",
                                  self._node_software(), cores=self.cores_per_node,
                                  server=self.server, image_urn=self.disk_image,
@@ -649,7 +666,7 @@ class CloudLabProvider(ExecutionProvider):
             retry_interval=1.0, nodetype=self.hardware_type, enable_delete=True,
             email=False, helper=helper, state_dir=self.state_dir / "state",
             policy=PolicyConfig(idle_timeout=float("inf")),
-            endpoint=EndpointConfig(address=self.listen, port=self.endpoint_port))
+            endpoint=EndpointConfig(address=self.address, port=self.endpoint_port))
         self.manager.start()
         atexit.register(self.close)
         log.info("CloudLab provider %s: state in %s", self.label, self.state_dir)

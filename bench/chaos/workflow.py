@@ -5,7 +5,8 @@ line in ``<ran>/<task>`` each time its work runs to the end (the node, the time)
 (:func:`completions`), not from what a process counted: a process SIGKILLed between a
 unit's end and its record does not make a rerun invisible. The tasks run on the emulator's
 nodes, which see none of this machine's files: each tells a :class:`Recorder` (plain HTTP
-on 127.0.0.1, in the chaos process) with ``curl``, and the recorder writes the line.
+at the box's control address, where its nodes reach this machine, in the chaos process) with
+``curl``, and the recorder writes the line.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ _RECORD = re.compile(r"^/ran/([\w.-]+)/([\w.-]*)/([\d.]+)$")
 class Recorder:
     """``GET /ran/<task>/<node>/<time>`` appends ``<node> <time>`` to ``ran/<task>``."""
 
-    def __init__(self, ran: Path) -> None:
+    def __init__(self, ran: Path, host: str = "127.0.0.1") -> None:
         self.ran = ran
         lock = threading.Lock()
 
@@ -42,9 +43,9 @@ class Recorder:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:

@@ -113,7 +113,7 @@ class World:
         self.emulator = EmulatorServer(self.emu_dir, port=0, seed=self.seed, **EMULATOR)
         self.emulator.start()
         self.port = self.emulator.port
-        self.recorder = Recorder(self.ran)
+        self.recorder = Recorder(self.ran, self.emulator.ctx.boot.control_address())
         self.tasks = recording_workflow(self.trace, self.workflow, self.ran, self.time_scale,
                                         self.recorder.url)
         self._deadline = time.monotonic() + self.timeout

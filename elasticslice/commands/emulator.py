@@ -135,6 +135,13 @@ def serve_cmd(ctx: click.Context, directory: Path, port: int | None, host: str |
     --host (or init --host) says otherwise; client certificates from the emulator's CA only.
     State (slices, slivers, nodes) is kept in DIR/state.db across restarts; DIR/server.json
     names the URL and pid of the running server. One server per directory.
+
+    Nodes are machines of their own: namespaces, a root from the image, and a network of
+    their own at the manifest's addresses where this machine allows it (root, ip, nsenter,
+    nft), this machine at the control address DIR/server.json names (control_address,
+    100.64.0.1 for the first emulator) and writes into the client config as [pilots]
+    listen. ELASTICSLICE_NODE_NETWORK=off: nodes share this machine's network
+    (docs/emulator.md, "The node's network").
     """
     pressure = {"slow": parse_items(slow, "--slow"), "busy": parse_items(busy, "--busy")}
     if background:

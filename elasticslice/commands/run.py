@@ -55,8 +55,9 @@ class Stopped(ElasticSliceError):
 SETTINGS: dict[str, tuple[str, str, Any, str]] = {
     "listen": ("pilots", "listen", None,
                "The address the Dask scheduler, the callback endpoint, the tarball publisher "
-               "and enrolment listen on, which the nodes reach. Config [pilots] listen. "
-               "Default: loopback when the CM runs on this machine (the box), else the "
+               "and enrolment listen on, which the nodes reach (the box's config names its "
+               "control address: its nodes are on a network of their own). Config [pilots] "
+               "listen. Default: loopback when the CM runs on this machine, else the "
                "address of the interface that routes to the CM's host."),
     "public_url": ("pilots", "public_url", None,
                    "The base URL (http or https, no query) CloudLab fetches the nodes' "

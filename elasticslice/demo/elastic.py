@@ -147,15 +147,12 @@ class ElasticDemo:
                             f"`--static` runs the single-machine demo") from err
         self.server = ProtoGeniServer(load_config(self.emu_dir / "elasticslice.conf"))
         self.started_at = time.time()   # the report's timeline starts here (waits included)
-        from elasticslice.config import default_listen
-        from elasticslice.pilots.helper import _settings
-        # where the emulator's config says its nodes reach this machine (its control
-        # network address when nodes have networks of their own), else loopback
-        listen = _settings(self.server).listen or default_listen(self.server.config.cm_urls)
+        # listens where the emulator's config says its nodes reach this machine (its
+        # control address when nodes have networks of their own), else loopback
         self.cluster = ElasticCluster(
             self.server, self.dir / "cluster", minthreshold=self.o.nodes_min,
             maxthreshold=self.o.nodes_max, margin=self.o.margin,
-            idle_timeout=self.o.idle_timeout, node_cores=self.node_cores, listen=listen)
+            idle_timeout=self.o.idle_timeout, node_cores=self.node_cores)
         self.cluster.start()
         fw = self.cluster.framework
         address = getattr(fw, "scheduler_address", None) or getattr(fw, "address", None)

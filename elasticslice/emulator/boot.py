@@ -115,7 +115,7 @@ class BootRunner:
             self._network = choice = network.choose()
             if choice.on:
                 try:
-                    self.fabric = network.Fabric().start()
+                    self.fabric = network.Fabric().start(prefer=self._last_control_address())
                 except (network.NetworkError, OSError) as err:
                     self._network = choice = network.Choice(False, str(err))
             if self.fabric is not None:
@@ -129,6 +129,15 @@ class BootRunner:
                             "127.0.0.1 services, and LAN addresses are not configured",
                             choice.reason)
         return self.fabric
+
+    def _last_control_address(self) -> str | None:
+        """The control address the client config names (``[pilots] listen``, written by
+        the last ``serve`` of this directory), if any."""
+        from elasticslice.config import load_pilot_settings
+        try:
+            return load_pilot_settings(self.ctx.directory / "elasticslice.conf").listen
+        except (ElasticSliceError, OSError):
+            return None
 
     def control_address(self) -> str:
         """Where nodes reach the control machine (the emulator's node services too)."""

@@ -2,7 +2,7 @@
 
 With ``ELASTICSLICE_NODE_NETWORK=on`` (or ``auto``: on where it works) and the rights it
 needs (root: ``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN`` in the host's namespaces; CI and this
-machine run as root) and ``ip`` from iproute2, each emulator makes:
+machine run as root), ``ip`` from iproute2 and ``nft`` from nftables, each emulator makes:
 
 - a **fabric**: a network namespace of its own (``es<pid>x<n>``), holding a bridge ``ctl``
   for the control network and one bridge ``lan<vlantag>`` per experiment LAN. Nothing in it
@@ -12,6 +12,10 @@ machine run as root) and ``ip`` from iproute2, each emulator makes:
   internet). The control machine (where the emulator, the manager and its scheduler run)
   is ``100.(64+k).0.1``: the one address that lives in the host's namespace, on a veth whose
   other end is a port of ``ctl`` (see docs/emulator.md, "The node's network", for why).
+- a **firewall** table (nftables, ``inet es<pid>x<n>``): the control network's addresses
+  take packets only from this machine itself and from the box's nodes, and nothing is
+  forwarded to or from it, so nothing of the box is reachable from beyond the machine
+  (:func:`firewall_rules`). Without ``nft`` the box does not make networks.
 - per node, a network namespace (``es<pid>x<n>-<node>``) with ``lo``, ``eth0`` on ``ctl``
   at the node's control address (the manifest's ``host@ipv4``) and ``eth1``... on the LAN
   bridges at the manifest's LAN addresses (and MACs). Its routes: its own subnets only.
@@ -19,9 +23,9 @@ machine run as root) and ``ip`` from iproute2, each emulator makes:
 The node's init is started inside its namespace (``nsenter --net``); the namespace belongs
 to the host's user namespace, so the node (root in its own) cannot change its addresses or
 routes. Deleting a node deletes its namespace; stopping the emulator deletes the fabric
-(and the host's end with it). An emulator that was killed leaves them: the next start of
-any emulator on this machine deletes those whose owner's lock (``/run/elasticslice-net/``)
-is no longer held.
+(and the host's end with it) and its firewall table. An emulator that was killed leaves
+them: the next start of any emulator on this machine deletes those whose owner's lock
+(``/run/elasticslice-net/``) is no longer held.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ from elasticslice.emulator.daemon import lock_is_held
 log = logging.getLogger(__name__)
 
 ENV_VAR = "ELASTICSLICE_NODE_NETWORK"
-DEFAULT = "off"
+DEFAULT = "auto"
 STATE_DIR = Path("/run/elasticslice-net")
 NETNS_DIR = Path("/run/netns")
 CONTROL_BASE = 64  # 100.64.0.0/10: 64 control networks of /16
@@ -82,11 +86,61 @@ def _probe() -> str:
         return "not root: the box's networks need CAP_NET_ADMIN in the host's namespace"
     if _ip() is None or shutil.which("nsenter") is None:
         return "no ip (iproute2) or nsenter (util-linux)"
+    if _nft() is None:
+        return ("no nft (nftables): without its rule the control address would answer "
+                "packets from this machine's other networks")
     return ""
 
 
+def _sbin(name: str) -> str | None:
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin")
+
+
 def _ip() -> str | None:
-    return shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin")
+    return _sbin("ip")
+
+
+def _nft() -> str | None:
+    return _sbin("nft")
+
+
+def _nft_run(script: str) -> None:
+    """``nft -f -`` with ``script``; NetworkError with what it said."""
+    proc = subprocess.run([_nft() or "nft", "-f", "-"], input=script.encode(),
+                          capture_output=True, check=False)
+    if proc.returncode != 0:
+        said = proc.stderr.decode(errors="replace").strip().replace("\n", "; ")
+        raise NetworkError(f"nft: {said or proc.returncode}")
+
+
+def firewall_rules(table: str, subnet: str, host_end: str) -> str:
+    """The nftables table that keeps an emulator's control network on this machine: packets
+    to its addresses are taken only from this machine itself (``lo``) and from the box's
+    nodes (``host_end``, the host's end of the fabric's veth), and none is forwarded to or
+    from it. Without it, Linux's weak host model answers at the control address for packets
+    arriving on any interface: a neighbour that routes 100.64.0.0/10 to this machine would
+    reach the scheduler and the callback endpoint."""
+    return (f"table inet {table} {{\n"
+            f"  chain input {{\n"
+            f"    type filter hook input priority -10; policy accept;\n"
+            f'    ip daddr {subnet} iifname != {{ "lo", "{host_end}" }} drop\n'
+            f"  }}\n"
+            f"  chain forward {{\n"
+            f"    type filter hook forward priority -10; policy accept;\n"
+            f"    ip daddr {subnet} drop\n"
+            f"    ip saddr {subnet} drop\n"
+            f"  }}\n"
+            f"}}\n")
+
+
+def _delete_table(name: str) -> None:
+    if _nft() is None:
+        return
+    proc = subprocess.run([_nft() or "nft", "delete", "table", "inet", name],
+                          capture_output=True, check=False)
+    said = proc.stderr.decode(errors="replace")
+    if proc.returncode != 0 and "No such file" not in said:
+        log.warning("cannot delete firewall table %s: %s", name, said.strip())
 
 
 def _run(args: list[str], batch: list[str] | None = None) -> None:
@@ -121,6 +175,7 @@ def reap() -> list[str]:
         for ns in NETNS_DIR.glob(f"{name}-*") if NETNS_DIR.is_dir() else []:
             _delete_netns(ns.name)
         _delete_netns(name)
+        _delete_table(name)
         lock.unlink(missing_ok=True)
         gone.append(name)
     return gone
@@ -195,7 +250,10 @@ class Fabric:
         return NETNS_DIR / f"{self.name}-{node_id}"
 
     # ---- life cycle
-    def start(self) -> Fabric:
+    def start(self, prefer: str | None = None) -> Fabric:
+        """Make the fabric. ``prefer``: the control address this box had before (a restart
+        on the same directory): kept when it is free, so nodes and a running manager that
+        listens there reach this machine at the same address again."""
         STATE_DIR.mkdir(mode=0o700, exist_ok=True)
         with open(STATE_DIR / ".lock", "a") as global_lock:
             fcntl.flock(global_lock, fcntl.LOCK_EX)
@@ -203,7 +261,7 @@ class Fabric:
             self._lock_fd = os.open(STATE_DIR / f"{self.name}.lock",
                                     os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            self.k = self._free_subnet()
+            self.k = self._free_subnet(prefer)
             host_end = self.name
             try:
                 _run(["netns", "add", self.name])
@@ -213,6 +271,7 @@ class Fabric:
                           f"addr add {self.control_ip}/16 dev {host_end}",
                           f"link set {host_end} up"])
                 _run(["-n", self.name], ["link set host master ctl", "link set host up"])
+                _nft_run(firewall_rules(self.name, f"{self.subnet}.0.0/16", host_end))
             except NetworkError:
                 self.stop()
                 raise
@@ -220,10 +279,14 @@ class Fabric:
                  "machine at %s", self.subnet, self.control_ip)
         return self
 
-    def _free_subnet(self) -> int:
+    def _free_subnet(self, prefer: str | None = None) -> int:
         out = subprocess.run([_ip() or "ip", "-o", "-4", "addr", "show"],
                              capture_output=True, text=True, check=False).stdout
         used = {int(m) - CONTROL_BASE for m in re.findall(r"inet 100\.(\d+)\.", out)}
+        wanted = re.fullmatch(r"100\.(\d+)\.0\.1", prefer or "")
+        if wanted and 0 <= int(wanted.group(1)) - CONTROL_BASE < CONTROL_NETS \
+                and int(wanted.group(1)) - CONTROL_BASE not in used:
+            return int(wanted.group(1)) - CONTROL_BASE
         for k in range(CONTROL_NETS):
             if k not in used:
                 return k
@@ -237,6 +300,7 @@ class Fabric:
         for ns in NETNS_DIR.glob(f"{self.name}-*") if NETNS_DIR.is_dir() else []:
             _delete_netns(ns.name)
         _delete_netns(self.name)  # its end of the host's veth goes with it
+        _delete_table(self.name)
         if self._lock_fd is not None:
             (STATE_DIR / f"{self.name}.lock").unlink(missing_ok=True)
             os.close(self._lock_fd)

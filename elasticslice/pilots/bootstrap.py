@@ -236,6 +236,11 @@ def main():
         if index_url:
             cmd[3:3] = ["--index-url", index_url]
             env["PIP_CONFIG_FILE"] = os.devnull
+            index = urllib.parse.urlsplit(index_url)
+            if index.scheme == "http" and index.netloc == urllib.parse.urlsplit(base).netloc:
+                # the wheelhouse's own index (its links carry each wheel's sha256, which pip
+                # checks): pip ignores plain HTTP from any host but loopback unless trusted
+                cmd[3:3] = ["--trusted-host", index.netloc]
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True)
         if done.returncode != 0:

@@ -38,7 +38,7 @@ from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
-from elasticslice.pilots.helper import PilotElasticSliceHelper
+from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
 from elasticslice.pilots.manager import PilotSliceManager
 from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.restart import ClusterFile, StatsLedger, read_json, write_json
@@ -80,7 +80,10 @@ class ClusterSnapshot:
 
 class ElasticCluster:
     """The facade: see the module docstring. ``server``: a ``ProtoGeniServer``;
-    ``state_dir``: the cluster's files (0700). ``margin``: seconds kept before a
+    ``state_dir``: the cluster's files (0700). ``listen``: where the scheduler, the
+    enrolment service, the tarball publisher and the callback endpoint listen, which the
+    nodes must reach (None: ``[pilots] listen`` of the server's config, which the box sets
+    to its control address, else the address routed to the CM). ``margin``: seconds kept before a
     revocation's deadline; ``idle_timeout``: seconds a pilot stays idle before its node is
     given back (None: never); ``intervals``: cycle intervals over :data:`DEFAULT_INTERVALS`;
     ``policy``: a :class:`PolicyConfig` (its thresholds and idle_timeout are set from the
@@ -101,7 +104,7 @@ class ElasticCluster:
 
     def __init__(self, server: Any, state_dir: Path, *, minthreshold: int = 1,
                  maxthreshold: int = 10, hardware_type: str | None = None,
-                 listen: str = "127.0.0.1", margin: float = 5.0,
+                 listen: str | None = None, margin: float = 5.0,
                  idle_timeout: float | None = 60.0, intervals: Mapping[str, float] | None = None,
                  endpoint_port: int = 0, node_python: str | None = None,
                  disk_image: str | None = None, public_url: str | None = None,
@@ -115,7 +118,8 @@ class ElasticCluster:
         self.state_dir = Path(state_dir).expanduser().resolve()
         self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
         self.hardware_type = hardware_type
-        self.listen = listen
+        # None: [pilots] listen of the server's config, else the address routed to the CM
+        self.listen = listen if listen is not None else pilots_listen(server)
         self.margin = margin
         self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
         self.endpoint_port = endpoint_port

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elasticslice.config import PilotSettings, load_pilot_settings
+from elasticslice.config import PilotSettings, default_listen, load_pilot_settings
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.pilots.ca import ClusterCA
@@ -239,3 +239,11 @@ def _settings(server: Any) -> PilotSettings:
     """``[pilots]`` of the server's config file (empty when there is none)."""
     path = getattr(getattr(server, "config", None), "path", None)
     return load_pilot_settings(path) if path is not None else PilotSettings()
+
+
+def pilots_listen(server: Any) -> str:
+    """Where the nodes reach this machine, for a cluster without ``listen`` of its own: the
+    ``[pilots] listen`` of the server's config (the box writes its control address there),
+    else :func:`~elasticslice.config.default_listen` of its CM URLs."""
+    cm_urls = getattr(getattr(server, "config", None), "cm_urls", ())
+    return _settings(server).listen or default_listen(cm_urls)

@@ -22,7 +22,7 @@ from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, adm
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
 from tests.helpers import wait_for
-from tests.hostile.netstat import LOOPBACK, listening
+from tests.hostile.netstat import listening, reachable_from_outside
 from tests.screenshots import Page, browser, has_colour
 
 #: the dashboard's "Tasks Processing" bars
@@ -123,7 +123,7 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
     from dask.distributed import Client
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
     monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
-    witness = Witness()
+    witness = Witness(emulator.control_address)
     cooldown = 3.0
     policy = dataclasses.replace(FAST_POLICY, add_cooldown=cooldown, delete_cooldown=cooldown,
                                  max_delete_per_cycle=1)
@@ -192,7 +192,7 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
             dash = urllib.parse.urlsplit(cluster.dashboard_link)
             here = listening(os.getpid(), children=True)
             assert ("127.0.0.1", dash.port) in here
-            assert {ip for ip, _ in here} <= LOOPBACK
+            assert reachable_from_outside({ip for ip, _ in here}) == set(), here
             logs = cluster.get_logs(workers=False)
             assert "Scheduler" in logs and "Manager" in logs
 

@@ -66,7 +66,12 @@ def test_doctor_passes_against_the_box(emulator: Any, tmp_path: Path) -> None:
     assert code == 0, (lines, err)
     assert [line(lines, n).split()[0] for n in NAMES] == ["ok"] * len(NAMES), lines
     assert lines[-1] == f"all {len(NAMES)} checks passed: `elasticslice run` can start"
-    assert "the CM runs on this machine (the box)" in line(lines, "addresses")
+    # the box's nodes on networks of their own: listen is the box's control address
+    assert line(lines, "addresses") == (
+        f"ok   addresses: listen {emulator.control_address} ({emulator.config_path} "
+        f"[pilots] listen): where the box's nodes reach this machine"
+        if emulator.control_address != "127.0.0.1" else
+        "ok   addresses: the CM runs on this machine (the box)")
     assert "is free (the run creates it)" in line(lines, "slice")
 
 
@@ -138,8 +143,10 @@ def test_loopback_addresses_fail_against_a_cm_elsewhere(emulator: Any, tmp_path:
     assert line(lines, "endpoint").startswith("FAIL endpoint: https://127.0.0.1:PORT/ is "
                                               "loopback: the CM cannot call it")
     assert line(lines, "cm 0").startswith("FAIL cm 0:")
-    code, lines, _ = doctor(emulator.config_path, tmp_path, "--listen", "127.0.0.1",
-                            "--public-url", "http://localhost:8080/")
+    # against the box, where its nodes reach this machine passes
+    here = emulator.control_address
+    code, lines, _ = doctor(emulator.config_path, tmp_path, "--listen", here,
+                            "--public-url", f"http://{here}:8080/")
     assert code == 0 and line(lines, "addresses").startswith("ok"), lines
 
 
@@ -147,7 +154,8 @@ def test_a_public_url_from_the_config_is_named_with_its_file(emulator: Any,
                                                             tmp_path: Path) -> None:
     elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
     config = variant(emulator, tmp_path, {"cm_urls": f"{elsewhere}/cm",
-                                          "dynslice_urls": f"{elsewhere}/dynslice"})
+                                          "dynslice_urls": f"{elsewhere}/dynslice"},
+                     drop=("listen",) if emulator.control_address != "127.0.0.1" else ())
     text = config.read_text().replace("[pilots]\n", "[pilots]\npublic_url = http://127.0.0.1:9/\n"
                                       "listen = 127.0.0.1\n", 1)
     config.write_text(text)
@@ -159,14 +167,15 @@ def test_a_public_url_from_the_config_is_named_with_its_file(emulator: Any,
 
 
 def test_a_port_taken_fails(emulator: Any, tmp_path: Path) -> None:
+    here = emulator.control_address  # the box config's listen
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind((here, 0))
         taken.listen()
         port = taken.getsockname()[1]
         code, lines, _ = doctor(emulator.config_path, tmp_path, "--endpoint-port", str(port))
         assert code == 1
         got = line(lines, "ports")
-        assert got.startswith(f"FAIL ports: cannot bind 127.0.0.1 port {port} for the callback "
+        assert got.startswith(f"FAIL ports: cannot bind {here} port {port} for the callback "
                               f"endpoint (--endpoint-port):")
         assert got.endswith("-> stop what holds the port, or choose another --endpoint-port / "
                             "[endpoint] port")

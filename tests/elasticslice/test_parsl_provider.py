@@ -23,7 +23,7 @@ from elasticslice.managers.policy import NodeState
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
-from tests.hostile.netstat import LOOPBACK, listening
+from tests.hostile.netstat import listening, reachable_from_outside
 from tests.helpers import wait_for
 
 R, N, F = NodeState.READY, NodeState.NOTREADY, NodeState.FAILED
@@ -112,6 +112,22 @@ def test_the_provider_says_what_parsl_asks_of_it() -> None:
             provider.parallelism, provider.max_nodes) == ("cl", 1.5, 2, 0, 0, 3, 0.5, 6)
     assert provider.status(["nosuch"])[0].state is P.JobState.UNKNOWN
     assert provider.cancel(["nosuch"]) == [False]
+
+
+def test_the_interchange_address_is_where_the_nodes_reach_this_machine(tmp_path: Path) -> None:
+    """``provider.address`` (what the executor's ``address`` must be): ``listen``, else the
+    config's ``[pilots] listen`` (the box's control address: its nodes cannot reach this
+    machine's 127.0.0.1), else loopback for a CM on this machine. Broke: 127.0.0.1 always."""
+    conf = tmp_path / "c.conf"
+    (tmp_path / "user.pem").write_text("not read here\n")
+    (tmp_path / "ca.pem").write_text("not read here\n")
+    base = ("[protogeni]\ncertificate = user.pem\nca_bundle = ca.pem\n"
+            "cm_urls = https://127.0.0.1:1/protogeni/xmlrpc/cm\nslice_name = s1\n")
+    conf.write_text(base + "[pilots]\nlisten = 100.64.3.1\n")
+    assert P.CloudLabProvider(config=conf).address == "100.64.3.1"
+    assert P.CloudLabProvider(config=conf, listen="10.0.0.5").address == "10.0.0.5"
+    conf.write_text(base)
+    assert P.CloudLabProvider(config=conf).address == "127.0.0.1"
 
 
 # ---------------------------------------------------------------------- blocks and nodes (fast)
@@ -242,7 +258,7 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
     from parsl.config import Config
     from parsl.executors import HighThroughputExecutor
 
-    witness = Witness()
+    witness = Witness(emulator.control_address)
     server = client_for(emulator, tmp_path / "cache")
     provider = P.CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
                                 nodes_per_block=nodes_per_block,
@@ -253,7 +269,7 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
     # loaded machine a node's manager can miss 10 s of heartbeats, and be "lost" for it
     options = {"heartbeat_period": 2, "heartbeat_threshold": 120, **executor_options}
     executor = HighThroughputExecutor(
-        label="cloudlab", address="127.0.0.1", encrypted=False, provider=provider,
+        label="cloudlab", address=provider.address, encrypted=False, provider=provider,
         max_workers_per_node=2 // nodes_per_block, poll_period=100,
         # the interchange of this Python (pytest may run without the venv's bin on PATH)
         interchange_launch_cmd=[sys.executable, "-m",
@@ -290,7 +306,7 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         # Parsl's strategy asks for a block in its place (a held block is not active)
         wait_for(lambda: len(provider.book.blocks) >= 2, timeout=60, what="a second block")
         # nothing of the provider, the executor or the nodes listens beyond this machine
-        assert {ip for ip, _ in listening(os.getpid(), children=True)} <= LOOPBACK
+        assert reachable_from_outside({ip for ip, _ in listening(os.getpid(), children=True)}) == set()
         box.gate.open()
         results = [f.result(timeout=240) for f in squares]
         assert [r[0] for r in results] == [i * i for i in range(6)]

@@ -34,7 +34,8 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
                  and "RUNNING" in [s for s, _ in units(state_dir).values()],
                  RUN_TIMEOUT, 0.2, what="two tasks done and one running")
         cluster = json.loads((state_dir / "cluster.json").read_text())
-        assert cluster["pid"] == first.pid and cluster["scheduler"].startswith("tls://127.0.0.1:")
+        assert cluster["pid"] == first.pid and cluster["scheduler"].startswith(
+            f"tls://{emulator.control_address}:")  # the box config's [pilots] listen
         agent = f"{AGENT} {cluster['scheduler']} "   # this run's agents only
         wait_for(lambda: len(processes_with(agent)) == 2, RUN_TIMEOUT, 0.2,
                  what="the agents of two nodes")

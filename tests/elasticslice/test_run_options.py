@@ -218,11 +218,13 @@ def test_a_run_uses_what_the_options_and_the_config_say(emulator: Any, tmp_path:
     assert report["timeline"]["started"] < first
     assert [v["node"] for v in report["timeline"]["pilots"].values()] == ["node-1"]
     log = (state / "run.log").read_text()
-    assert f"registered the endpoint https://127.0.0.1:{port}/ at" in log, log[-3000:]
+    here = emulator.control_address  # the box's config says listen there
+    assert f"registered the endpoint https://{here}:{port}/ at" in log, log[-3000:]
     for said in (f"endpoint_port {port} (--endpoint-port)", "node_cores 1 (--node-cores)",
                  f"margin 7.0 ({conf} [pilots] margin)",
                  f"hardware_type 'm510' ({conf} [pilots] hardware_type)",
                  "max_nodes 1 (--max-nodes)", "idle_timeout 60.0 (default)",
                  f"metrics_port {metrics} (--metrics-port)",
+                 f"listen '{here}' ({conf} [pilots] listen)" if here != "127.0.0.1" else
                  "listen '127.0.0.1' (default: loopback, the CM runs on this machine)"):
         assert said in log, said

@@ -2,16 +2,47 @@
 
 ``listening(pid)``: the (address, port) of every listening TCP socket the process (and, with
 ``children``, its descendants) holds open; IPv6 addresses in their usual text form.
-``LOOPBACK``: the addresses that are this machine only.
+``LOOPBACK``: the addresses that are this machine only. ``reachable_from_outside(addresses)``:
+those of ``addresses`` a neighbour of this machine could reach: neither loopback nor a box's
+control address that its firewall keeps to this machine and the box's nodes (the box's
+nodes are on networks of their own: docs/emulator.md, "The node's network").
 """
 from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import socket
 import struct
+import subprocess
 
 LOOPBACK = {"127.0.0.1", "::1"}
+BOX_CONTROL = ipaddress.ip_network("100.64.0.0/10")
+
+
+def _ruleset() -> str:
+    nft = shutil.which("nft", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+    if nft is None:
+        return ""
+    return subprocess.run([nft, "list", "ruleset"], capture_output=True, text=True,
+                          check=False).stdout
+
+
+def reachable_from_outside(addresses: set[str]) -> set[str]:
+    """The addresses of ``addresses`` a neighbour of this machine could reach."""
+    rules = None
+    out = set()
+    for address in addresses:
+        if address in LOOPBACK:
+            continue
+        ip = ipaddress.ip_address(address)
+        if ip in BOX_CONTROL:
+            rules = _ruleset() if rules is None else rules
+            subnet = ipaddress.ip_network(f"{address}/16", strict=False)
+            if f'ip daddr {subnet} iifname != {{ "lo", ' in rules:
+                continue
+        out.add(address)
+    return out
 _LISTEN = "0A"
 
 

@@ -19,7 +19,7 @@ from elasticslice.rpc.endpoint import ProtoGeniClientServerEndpoint
 from tests.helpers import REPO, wait_for
 from tests.elasticslice.rpc.endpointkit import Callers, post, serving
 from tests.hostile.helpers import NODES, ManagedSlice, describe
-from tests.hostile.netstat import LOOPBACK, listening
+from tests.hostile.netstat import listening, reachable_from_outside
 
 
 def _notices(node_id: str) -> list[bytes]:
@@ -58,18 +58,22 @@ def test_a_stranger_never_gets_past_tls_to_the_managers_endpoint(
     managed.assert_intact()
 
 
-def test_the_manager_and_the_emulator_listen_on_loopback_only(managed: ManagedSlice) -> None:
+def test_the_manager_and_the_emulator_listen_where_only_this_machine_reaches(
+        managed: ManagedSlice) -> None:
     manager = listening(managed.proc.pid, children=True)
     assert ("127.0.0.1", managed.port) in manager
     emulator = listening(os.getpid())
     assert ("127.0.0.1", managed.emulator.server.port) in emulator
-    assert {address for address, _ in manager | emulator} <= LOOPBACK, manager | emulator
+    assert reachable_from_outside({a for a, _ in manager | emulator}) == set(), manager | emulator
 
 
 def test_an_endpoint_address_set_in_the_config_is_where_it_listens(emulator_pki) -> None:
     # the check above can fail: listening elsewhere is seen (and only when configured)
     with serving(emulator_pki, ProtoGeniClientServerEndpoint(), host="0.0.0.0") as server:
         assert ("0.0.0.0", server.port) in listening(os.getpid())
+    assert reachable_from_outside({"0.0.0.0", "127.0.0.1"}) == {"0.0.0.0"}
+    # an address of the box's range that no box's firewall keeps to this machine
+    assert reachable_from_outside({"100.127.255.1"}) == {"100.127.255.1"}
 
 
 def _secrets(d: Path) -> list[str]:
@@ -144,7 +148,7 @@ def test_the_dask_scheduler_workers_and_a_node_agent_without_host_listen_on_loop
         port = int(fw.scheduler_address.rsplit(":", 1)[1])
         ours = listening(os.getpid(), children=True)
         assert ("127.0.0.1", port) in ours
-        assert {address for address, _ in ours} <= LOOPBACK, ours
+        assert reachable_from_outside({a for a, _ in ours}) == set(), ours
     finally:
         if agent is not None:
             stop(agent)

@@ -243,6 +243,13 @@ class RunningEmulator:
     def password(self) -> str:
         return (self.dir / "password").read_text().strip()
 
+    @property
+    def control_address(self) -> str:
+        """Where the box's nodes reach this machine: its control address when nodes are on
+        networks of their own (docs/emulator.md, "The node's network"), else 127.0.0.1."""
+        assert self.server.ctx is not None and self.server.ctx.boot is not None
+        return self.server.ctx.boot.control_address()
+
 
 def dynamic_slice(emu: Any, ep: CallbackEndpoint, policy: str = "LIFO",
                   wait: int = 0) -> tuple[Session, str, str]:

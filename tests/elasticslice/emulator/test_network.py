@@ -6,7 +6,9 @@ control machine only at the box's control address.
 """
 from __future__ import annotations
 
+import os
 import shlex
+import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -195,7 +197,6 @@ def test_the_pilot_path_works_on_the_nodes_network_and_not_on_loopback(
     scheduler listens there, the agent advertises its manifest address, and the scheduler
     reaches the worker there (client.run). A scheduler on 127.0.0.1 gets no pilot (the
     node's agent cannot enrol: that loopback is its own), and ``doctor`` says why."""
-    import socket
 
     from dask.distributed import Client
 
@@ -242,3 +243,66 @@ def test_the_pilot_path_works_on_the_nodes_network_and_not_on_loopback(
         # the scheduler reaches the worker there: client.run goes through it
         (name,) = client.run(socket.gethostname).values()
         assert name.startswith(f"{node.client_id}."), name
+
+
+@needs_network
+def test_a_neighbour_of_this_machine_cannot_reach_the_control_address(networked) -> None:
+    """By Linux's weak host model the host answers at the control address on every
+    interface: a neighbour on this machine's LAN that routes 100.64.0.0/10 here reached the
+    scheduler and the callback endpoint. The box's firewall takes packets to its control
+    network only from this machine and its nodes. The neighbour: a network namespace on a
+    veth to the host (TEST-NET-1 addresses), routing 100.64.0.0/10 to it."""
+    fabric = networked.server.ctx.boot.fabric
+    control = fabric.control_ip
+    name, host_end = f"esnb{os.getpid()}", f"esnb{os.getpid()}h"
+    base = 4 * (os.getpid() % 60)
+    here, there = f"192.0.2.{base + 1}", f"192.0.2.{base + 2}"
+    network._run(["netns", "add", name])
+    try:
+        network._run([], [f"link add {host_end} type veth peer name eth0 netns {name}",
+                          f"addr add {here}/30 dev {host_end}", f"link set {host_end} up"])
+        network._run(["-n", name], ["link set lo up", f"addr add {there}/30 dev eth0",
+                                    "link set eth0 up", f"route add 100.64.0.0/10 via {here}"])
+        with socket.create_server((control, 0)) as served, \
+                socket.create_server((here, 0)) as beside:
+            def connect(address: str, port: int) -> str:
+                return network.in_netns(name, _try_connect, address, port)
+            # the neighbour reaches this machine where it faces it, and the nodes' address
+            # of this machine from this machine itself
+            assert connect(here, beside.getsockname()[1]) == "connected"
+            assert _try_connect(control, served.getsockname()[1]) == "connected"
+            assert connect(control, served.getsockname()[1]) == "timed out"
+            network._delete_table(fabric.name)  # without the rule: the weak host model
+            assert connect(control, served.getsockname()[1]) == "connected"
+    finally:
+        network._delete_netns(name)
+
+
+def _try_connect(host: str, port: int) -> str:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return "connected"
+    except OSError as err:
+        return os.strerror(err.errno) if err.errno else str(err)
+
+
+@needs_network
+def test_a_restarted_box_keeps_its_control_address(monkeypatch, emulator_factory) -> None:
+    """A manager listening at the control address (the config's [pilots] listen) is reached
+    there again after the emulator restarts; broke: a restart took the lowest free control
+    network, another box's if that one had stopped meanwhile."""
+    from elasticslice.emulator import EmulatorServer
+    from tests.elasticslice.emulator.helpers import FAST
+    monkeypatch.setenv(network.ENV_VAR, "on")
+    first, second = emulator_factory(), emulator_factory()
+    address = second.control_address
+    assert first.control_address != address
+    first.server.stop()
+    second.server.stop()
+    again = EmulatorServer(second.dir, port=0, **FAST)
+    again.start()
+    try:
+        assert again.ctx.boot.control_address() == address
+        assert f"listen = {address}\n" in second.config_path.read_text()
+    finally:
+        again.stop()

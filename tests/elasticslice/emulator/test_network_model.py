@@ -13,9 +13,10 @@ from elasticslice.commands.run import RunSettings
 from elasticslice.emulator import network
 
 
-def test_nodes_share_the_hosts_network_unless_asked() -> None:
-    assert network.choose({}) == network.Choice(False, f"{network.ENV_VAR}=off")
-    assert not network.choose({network.ENV_VAR: "off"}).on
+def test_nodes_get_networks_of_their_own_unless_told_off() -> None:
+    assert network.choose({}) == network.choose({network.ENV_VAR: "auto"})  # the default
+    assert network.choose({network.ENV_VAR: "off"}) == network.Choice(
+        False, f"{network.ENV_VAR}=off")
 
 
 def test_an_unknown_value_is_auto_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -6,8 +6,10 @@ user (fast cycle, no cooldowns, a 1 s drain margin), closed at the end of the te
 boot the box's pilot image, which has the agent (``node_python``): quick, for the many tests
 about what happens after a pilot joined; ``stock=True`` boots the stock image as ``run`` and
 the demo do (each node builds the agent's environment from the wheelhouse).
+The cluster listens where the box's config says (``[pilots] listen``: its control address).
 ``witness``: a :class:`~tests.elasticslice.pilots.helpers.Witness` units report to (nodes see
-none of the host's files). Helpers (``Run``, ``sleepers``, ``assert_nothing_lost``...) are
+none of the host's files), at the control address of the test's ``emulator``;
+``witness_for(emulator)`` makes one for an emulator of ``emulator_factory``. Helpers (``Run``, ``sleepers``, ``assert_nothing_lost``...) are
 in :mod:`tests.elasticslice.pilots.helpers`.
 """
 from __future__ import annotations
@@ -25,11 +27,24 @@ from tests.elasticslice.pilots.helpers import Witness, pilot_image
 
 
 @pytest.fixture
-def witness() -> Iterator[Witness]:
-    """Where units on nodes say where they ran and ask whether a gate is open."""
-    made = Witness()
-    yield made
-    made.close()
+def witness_for() -> Iterator[Callable[[Any], Witness]]:
+    """``witness_for(emulator)``: a :class:`Witness` at the emulator's control address."""
+    made: list[Witness] = []
+
+    def make(emulator: Any) -> Witness:
+        made.append(Witness(emulator.control_address))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+@pytest.fixture
+def witness(emulator: Any, witness_for: Callable[[Any], Witness]) -> Witness:
+    """Where units on the test's ``emulator``'s nodes say where they ran and ask whether a
+    gate is open."""
+    return witness_for(emulator)
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@ they ran, a workload run in a thread, the node behind a pilot, what "nothing los
 Dask scheduler in a process of its own.
 
 Units run on the emulator's nodes, which see none of the host's files (a unit cannot write
-into the test's ``tmp_path``), but share its network until nodes get their own: so they
-report to a :class:`Witness`, a small HTTP server of the test on 127.0.0.1 (port 0), with
-``curl`` (in the image) and ``geni-get client_id`` for where they ran. The ``witness``
+into the test's ``tmp_path``) and, on networks of their own, reach this machine only at the
+box's control address: so they report to a :class:`Witness`, a small HTTP server of the test
+there (port 0), with ``curl`` (in the image) and ``geni-get client_id`` for where they ran. The ``witness``
 fixture (``tests/elasticslice/pilots/conftest.py``) gives a test one.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ RUN_TIMEOUT = 240.0
 
 
 class Witness:
-    """What units on nodes tell the test, over HTTP on 127.0.0.1:
+    """What units on nodes tell the test, over HTTP on ``host`` (the box's control address:
+``RunningEmulator.control_address``):
 
     - ``GET /ran/<unit>/<node>``: the unit ran to its end on ``node`` (:meth:`ran`; a unit
       that ran twice is there twice);
@@ -43,7 +44,7 @@ class Witness:
 
     HOLD = 4.0  # below the 5-s timeout of the apps that ask with urllib
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self._ran: dict[str, list[str]] = {}
         self._open: set[str] = set()
         self._lock = threading.Lock()
@@ -72,9 +73,9 @@ class Witness:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def ran(self) -> dict[str, list[str]]:
@@ -241,9 +242,10 @@ class SchedulerProcess:
 
 
 @contextlib.contextmanager
-def serve_directory(directory: Path) -> Iterator[str]:
-    """``directory`` served read-only over plain HTTP on 127.0.0.1 (port 0), as the control
-    node serves the wheelhouse to its nodes; yields the base URL (no trailing slash)."""
+def serve_directory(directory: Path, host: str = "127.0.0.1") -> Iterator[str]:
+    """``directory`` served read-only over plain HTTP on ``host`` (port 0; for the box's
+    nodes: ``RunningEmulator.control_address``), as the control node serves the wheelhouse
+    to its nodes; yields the base URL (no trailing slash)."""
     import functools
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -251,12 +253,12 @@ def serve_directory(directory: Path) -> Iterator[str]:
             pass
 
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+        (host, 0), functools.partial(Quiet, directory=str(directory)))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

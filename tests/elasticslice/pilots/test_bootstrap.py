@@ -137,7 +137,9 @@ def test_a_stock_node_builds_the_agents_environment_and_reuses_it(emulator, hous
     versions, from the image's python3 (/usr), from the wheelhouse and from the index."""
     www = tmp_path / "www"
     www.mkdir()
-    with serve_directory(house.directory) as wheels, serve_directory(www) as tarballs:
+    here = emulator.control_address
+    with serve_directory(house.directory, here) as wheels, \
+            serve_directory(www, here) as tarballs:
         s = Session(emulator)
         urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
         nodes = {}
@@ -162,7 +164,7 @@ def test_a_stock_node_builds_the_agents_environment_and_reuses_it(emulator, hous
 
 @NAMESPACES
 def test_a_stock_node_without_the_wheelhouse_or_the_python_says_so(emulator, tmp_path):
-    with serve_directory(tmp_path) as url:
+    with serve_directory(tmp_path, emulator.control_address) as url:
         s = Session(emulator)
         urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
         cases = {"gone": (env_script(f"{url}/gone/") + VERSIONS,

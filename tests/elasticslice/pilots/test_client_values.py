@@ -24,10 +24,11 @@ def small_inventory(tmp_path: Path, count: int) -> Path:
 
 
 def test_under_client_a_reclamation_takes_the_idle_pilot_not_the_busy_one(
-        emulator_factory, make_cluster, witness, tmp_path: Path) -> None:
+        emulator_factory, make_cluster, witness_for, tmp_path: Path) -> None:
     # three nodes in all: the slice holds two (the initial one and one added), one is free
     emulator = emulator_factory(max_wait=30, notify_interval=0.3,
                                 inventory=small_inventory(tmp_path, 3))
+    witness = witness_for(emulator)
     cluster = make_cluster(emulator, minthreshold=2, maxthreshold=2, idle_timeout=None)
     manager = cluster.manager
     wait_for(lambda: len(cluster.pilots()) == 2, timeout=120, what="two pilots")

@@ -41,7 +41,7 @@ class _Timeout(xmlrpc.client.SafeTransport):
 
 def as_cm(emulator: Any, tmp: Path, url: str, method: str, items: list[dict]) -> Any:
     """Call the manager's endpoint as the CM does (its certificate)."""
-    ctx: ssl.SSLContext = Callers(emulator.dir, tmp).cm()
+    ctx: ssl.SSLContext = Callers(emulator.dir, tmp).cm(url)
     proxy = xmlrpc.client.ServerProxy(url, transport=_Timeout(context=ctx))
     try:
         return getattr(proxy, method)({"nodelist": items})
@@ -119,9 +119,10 @@ def revoke_as_cm_while(cluster: Any, emulator: Any, tmp_path: Path, busy: Any,
     return pilot, watch, sent
 
 
-def test_notices_are_answered_while_addnodes_takes_30_s(witness, emulator_factory,
+def test_notices_are_answered_while_addnodes_takes_30_s(witness_for, emulator_factory,
                                                          make_cluster, tmp_path: Path) -> None:
     emulator = emulator_factory(slow={"AddNodes": 30.0})
+    witness = witness_for(emulator)
     pressure = emulator.server.pressure
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None)
     gate = closed_gate(witness)
@@ -137,8 +138,9 @@ def test_notices_are_answered_while_addnodes_takes_30_s(witness, emulator_factor
 
 
 def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(
-        witness, emulator_factory, make_cluster, tmp_path: Path) -> None:
+        witness_for, emulator_factory, make_cluster, tmp_path: Path) -> None:
     emulator = emulator_factory(busy={"AddNodes": 1.0})
+    witness = witness_for(emulator)
     pressure = emulator.server.pressure
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None)
     # as CloudLab's clients do: seconds between tries (not the suite's fast retries)
@@ -159,10 +161,11 @@ def test_notices_are_answered_while_the_client_backs_off_a_busy_cm(
 
 
 def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(
-        witness, emulator_factory, make_cluster, tmp_path: Path) -> None:
+        witness_for, emulator_factory, make_cluster, tmp_path: Path) -> None:
     """CloudLab revokes a node (its replacement's AddNodes takes 20 s), then another while
     that AddNodes is in flight: both drain, both go back early, no unit is lost."""
     emulator = emulator_factory(max_wait=15, notify_interval=1.0)
+    witness = witness_for(emulator)
     pressure = emulator.server.pressure
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
     manager = cluster.manager

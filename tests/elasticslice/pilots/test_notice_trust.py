@@ -32,7 +32,7 @@ def test_mismatched_and_foreign_notices_drain_nothing_and_count_nothing(
     wait_for(lambda: len(cluster.pilots()) == 2 and all(p.busy for p in cluster.pilots()),
              timeout=120, what="two busy pilots")
     one, two = sorted(manager.state.nodes(), key=lambda r: r.client_id)
-    cm = Callers(emulator.dir, tmp_path).cm()
+    cm = Callers(emulator.dir, tmp_path).cm(manager.endpoint_url)
 
     def notify(method: str, items: list[dict[str, Any]]) -> Any:
         return call(manager.endpoint_url, cm, method, {"nodelist": items})

@@ -18,9 +18,9 @@ from tests.elasticslice.managers.helpers import FAST_INTERVALS, client_for
 pytestmark = pytest.mark.slow
 
 
-def hold_port(port: int) -> socket.socket:
+def hold_port(host: str, port: int) -> socket.socket:
     s = socket.socket()
-    s.bind(("127.0.0.1", port))
+    s.bind((host, port))
     s.listen()
     return s
 
@@ -31,7 +31,7 @@ def test_a_closed_cluster_restarts_on_another_port_when_its_own_is_taken(
     state_dir, address = first.state_dir, first.framework.scheduler_address
     first.close()                                       # nodes given back: closed
     assert ClusterFile.load(state_dir).closed
-    taken = hold_port(ClusterFile.load(state_dir).port)
+    taken = hold_port(emulator.control_address, ClusterFile.load(state_dir).port)
     again = ElasticCluster(client_for(emulator, tmp_path / "c2"), state_dir, maxthreshold=1,
                            intervals=FAST_INTERVALS)
     try:
@@ -48,11 +48,12 @@ def test_a_closed_cluster_restarts_on_another_port_when_its_own_is_taken(
 
 def test_a_crashed_cluster_whose_port_is_taken_says_so_in_one_line(
         emulator: Any, tmp_path: Path) -> None:
-    taken = hold_port(0)
+    here = emulator.control_address  # where the cluster listens (the box config's)
+    taken = hold_port(here, 0)
     port = taken.getsockname()[1]
     state_dir = tmp_path / "cluster"
     state_dir.mkdir()
-    ClusterFile(f"tls://127.0.0.1:{port}", 1).save(state_dir)   # its process was SIGKILLed
+    ClusterFile(f"tls://{here}:{port}", 1).save(state_dir)   # its process was SIGKILLed
     cluster = ElasticCluster(client_for(emulator, tmp_path / "c"), state_dir)
     try:
         with pytest.raises(ElasticSliceError) as err:
@@ -63,5 +64,5 @@ def test_a_crashed_cluster_whose_port_is_taken_says_so_in_one_line(
         taken.close()
     assert str(err.value).startswith(f"{state_dir.resolve()}: cannot serve the Dask scheduler "
                                      f"on port {port} again (the nodes' agents rejoin "
-                                     f"tls://127.0.0.1:{port}): ")
+                                     f"tls://{here}:{port}): ")
     assert "\n" not in str(err.value)
