@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import wait_for
 
 PROC = Path("/proc")
@@ -93,8 +95,17 @@ def add_node(s: object, urn: str, cred: str, client_id: str, startup: str,
 
 def exited(s: object, urn: str, cred: str, client_id: str, timeout: float = 60) -> dict:
     """The node's details once its startup command exited (or the node failed)."""
+    last: dict = {}
+
     def done() -> dict | None:
-        detail = detail_of(s, urn, cred, client_id)
-        return detail if detail.get("execute_state") == "exited" or \
-            detail["status"] == "failed" else None
-    return wait_for(done, timeout=timeout, what=f"startup of {client_id} to exit")
+        last.update(detail_of(s, urn, cred, client_id))
+        return dict(last) if last.get("execute_state") == "exited" or \
+            last["status"] == "failed" else None
+    try:
+        return wait_for(done, timeout=timeout, what=f"startup of {client_id} to exit")
+    except pytest.fail.Exception:  # say where the node was, and what its startup said
+        node_id = str(last.get("component_urn", "")).rsplit("+", 1)[-1]
+        log = node_dir(s.emu, node_id) / "startup.log"  # type: ignore[attr-defined]
+        said = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        pytest.fail(f"timed out after {timeout}s waiting for startup of {client_id} to exit: "
+                    f"{last}; startup.log: {said}")

@@ -306,3 +306,18 @@ def test_a_restarted_box_keeps_its_control_address(monkeypatch, emulator_factory
         assert f"listen = {address}\n" in second.config_path.read_text()
     finally:
         again.stop()
+
+
+@needs_network
+def test_a_gone_emulators_firewall_table_does_not_cut_off_the_next_box() -> None:
+    """A table left without its emulator's lock (its namespaces gone, so its control network
+    looks free) dropped every packet of the next box on that network from its nodes: their
+    startup hung. The next start's reaper deletes it."""
+    name = "es4000000x1"  # no such pid: nobody holds its lock
+    network._nft_run(network.firewall_rules(name, "100.127.0.0/16", name))
+    try:
+        assert name in network._tables()
+        network.reap()
+        assert name not in network._tables()
+    finally:
+        network._delete_table(name)
