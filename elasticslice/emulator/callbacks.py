@@ -1,8 +1,12 @@
 """The emulator's calls to a client endpoint: HTTPS, with the CM's certificate.
 
 The client endpoint's server certificate must chain to the emulator's CA and match the
-URL's host; the emulator presents ``D/cm.pem`` as its client certificate, so the endpoint
-can accept only callers the emulator CA vouches for.
+URL's host; at the box's control address (nodes on networks of their own: the user's
+certificate names 127.0.0.1, not that address) it must instead name, in its subjectAltName
+URN, the user who registered the endpoint, so that another user of the CA, or a server
+certificate, holding that port gets none of the slice's callbacks. The emulator presents
+``D/cm.pem`` as its client certificate, so the endpoint can accept only callers the emulator
+CA vouches for.
 
 ``CallbackClient.fail_for(seconds)`` makes every call fail for a while as a dropped
 connection does (the chaos suite's ``callback_drop``): nothing reaches the endpoint, the
@@ -20,18 +24,34 @@ from typing import Any
 
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.store import EndpointRow
+from elasticslice.rpc import pki
 
 log = logging.getLogger(__name__)
 
 
 class _Transport(xmlrpc.client.SafeTransport):
-    def __init__(self, context: ssl.SSLContext, timeout: float) -> None:
+    """``expect_urn``: the URN the endpoint's certificate must name (else the connection is
+    refused before anything is sent)."""
+
+    def __init__(self, context: ssl.SSLContext, timeout: float,
+                 expect_urn: str | None = None) -> None:
         super().__init__(context=context)
         self._timeout = timeout
+        self._expect_urn = expect_urn
 
     def make_connection(self, host: Any) -> http.client.HTTPConnection:
         conn = super().make_connection(host)
         conn.timeout = self._timeout
+        expect, connect = self._expect_urn, conn.connect
+        if expect is not None:
+            def checked() -> None:
+                connect()
+                got = pki.peer_urn(conn.sock)  # type: ignore[arg-type]
+                if got != expect:
+                    conn.close()
+                    raise ssl.SSLError(f"the endpoint's certificate names "
+                                       f"{got or 'no URN'}, not {expect}, who registered it")
+            conn.connect = checked  # type: ignore[method-assign]
         return conn
 
 
@@ -58,13 +78,16 @@ class CallbackClient:
             self._ssl = ctx
         return self._ssl
 
+    def _at_control_address(self, url: str) -> bool:
+        box = self.ctx.boot.fabric if self.ctx.boot is not None else None
+        return box is not None and urllib.parse.urlsplit(url).hostname == box.control_ip
+
     def _context_for(self, url: str) -> ssl.SSLContext:
         """At the control machine's address on the box's control network (this machine,
-        network.py), the certificate is checked against the CA but not for that address:
-        the user's certificate names 127.0.0.1, and the control address is chosen at
-        ``serve``."""
-        box = self.ctx.boot.fabric if self.ctx.boot is not None else None
-        if box is None or urllib.parse.urlsplit(url).hostname != box.control_ip:
+        network.py), the certificate is checked against the CA but not for that address
+        (the user's certificate names 127.0.0.1, and the control address is chosen at
+        ``serve``): :meth:`_call` checks that it names the endpoint's registrant instead."""
+        if not self._at_control_address(url):
             return self._context()
         if self._ssl_box is None:
             d = self.ctx.directory
@@ -81,7 +104,9 @@ class CallbackClient:
             log.warning("%s to %s failed: the connection is down", method, endpoint.url)
             return None
         transport = _Transport(self._context_for(endpoint.url),
-                               timeout or self.ctx.settings.callback_timeout)
+                               timeout or self.ctx.settings.callback_timeout,
+                               expect_urn=endpoint.owner_urn
+                               if self._at_control_address(endpoint.url) else None)
         proxy = xmlrpc.client.ServerProxy(endpoint.url, transport=transport, allow_none=False)
         started = time.monotonic()
         try:

@@ -115,7 +115,8 @@ class CallbackEndpoint:
     that acts during the callback). With ``last_notice_delay`` a NotifyDeletePending whose
     nodes all have 0 s left is recorded that many seconds late (it is slow to arrive)."""
 
-    def __init__(self, d: Path, tmp: Path, early: bool = True, user_cert: bool = False) -> None:
+    def __init__(self, d: Path, tmp: Path, early: bool = True, user_cert: bool = False,
+                 host: str = "127.0.0.1") -> None:
         self.early = early
         self.values_delay = 0.0
         self.last_notice_delay = 0.0
@@ -127,7 +128,7 @@ class CallbackEndpoint:
         else:
             ca = (d / "ca.pem").read_bytes()
             cert, key = pki.issue_certificate(ca, (d / "ca-key.pem").read_bytes(), "endpoint",
-                                              ips=["127.0.0.1"])
+                                              ips=[host])
             (tmp / "ep.pem").write_bytes(cert + key)
             ctx.load_cert_chain(str(tmp / "ep.pem"))
         ctx.load_verify_locations(str(d / "ca.pem"))
@@ -174,8 +175,8 @@ class CallbackEndpoint:
                 sock, addr = super().get_request()
                 return ctx.wrap_socket(sock, server_side=True), addr
 
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/"
+        self.server = Server((host, 0), Handler)
+        self.url = f"https://{host}:{self.server.server_address[1]}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -321,3 +321,32 @@ def test_a_gone_emulators_firewall_table_does_not_cut_off_the_next_box() -> None
         assert name not in network._tables()
     finally:
         network._delete_table(name)
+
+
+@needs_network
+def test_at_the_control_address_only_the_registrants_certificate_gets_callbacks(
+        networked, tmp_path: Path) -> None:
+    """The CM cannot check an endpoint at the control address for its host (the user's
+    certificate names 127.0.0.1), so it checks that the certificate names the user who
+    registered the endpoint. Broke: any certificate of the box's CA there (another user's, a
+    server's) got the slice's callbacks: whoever held the port first."""
+    from tests.elasticslice.emulator.helpers import CallbackEndpoint, ok
+    control = networked.control_address
+    other = CallbackEndpoint(networked.dir, tmp_path, host=control)  # the CA's, no user URN
+    mine = CallbackEndpoint(networked.dir, tmp_path, user_cert=True, host=control)
+    try:
+        s = Session(networked)
+        urn, cred, _ = s.create()
+        callbacks = networked.server.reclaimer.callbacks
+        failures = callbacks.failures
+        for ep in (other, mine):
+            ok(s.dyn.SetSliceClientEndpoint({"slice_urn": urn, "url": ep.url,
+                                             "credentials": [cred]}))
+            if ep is other:  # the CM tried, and sent nothing
+                wait_for(lambda: callbacks.failures > failures, timeout=30,
+                         what="the CM refusing the endpoint")
+        wait_for(lambda: mine.values(), timeout=30, what="SetResourceValues at the user's")
+        assert other.calls == []
+    finally:
+        other.close()
+        mine.close()
