@@ -108,7 +108,8 @@ def user_cert_pem(d: Path) -> str:
 
 
 class CallbackEndpoint:
-    """A real HTTPS XML-RPC client endpoint (certificate from the emulator CA) that records
+    """A real HTTPS XML-RPC client endpoint on ``host`` (its certificate from the emulator
+    CA: the user's with ``user_cert``, else one for ``host`` naming ``urn``) that records
     the calls the emulator makes and answers NotifyDeletePending early or not. With
     ``values_delay`` it answers SetResourceValues that many seconds late (a slow client).
     ``on_pending(params)``, when set, runs before NotifyDeletePending is answered (a client
@@ -116,7 +117,7 @@ class CallbackEndpoint:
     nodes all have 0 s left is recorded that many seconds late (it is slow to arrive)."""
 
     def __init__(self, d: Path, tmp: Path, early: bool = True, user_cert: bool = False,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", urn: str | None = None) -> None:
         self.early = early
         self.values_delay = 0.0
         self.last_notice_delay = 0.0
@@ -128,7 +129,7 @@ class CallbackEndpoint:
         else:
             ca = (d / "ca.pem").read_bytes()
             cert, key = pki.issue_certificate(ca, (d / "ca-key.pem").read_bytes(), "endpoint",
-                                              ips=[host])
+                                              ips=[host], urn=urn)
             (tmp / "ep.pem").write_bytes(cert + key)
             ctx.load_cert_chain(str(tmp / "ep.pem"))
         ctx.load_verify_locations(str(d / "ca.pem"))

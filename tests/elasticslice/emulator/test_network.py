@@ -332,21 +332,23 @@ def test_at_the_control_address_only_the_registrants_certificate_gets_callbacks(
     server's) got the slice's callbacks: whoever held the port first."""
     from tests.elasticslice.emulator.helpers import CallbackEndpoint, ok
     control = networked.control_address
-    other = CallbackEndpoint(networked.dir, tmp_path, host=control)  # the CA's, no user URN
+    others = [CallbackEndpoint(networked.dir, tmp_path, host=control),  # a server's
+              CallbackEndpoint(networked.dir, tmp_path, host=control,  # another user's
+                               urn="urn:publicid:IDN+emulab.test+user+eve")]
     mine = CallbackEndpoint(networked.dir, tmp_path, user_cert=True, host=control)
     try:
         s = Session(networked)
         urn, cred, _ = s.create()
         callbacks = networked.server.reclaimer.callbacks
-        failures = callbacks.failures
-        for ep in (other, mine):
+        for ep in [*others, mine]:
+            failures = callbacks.failures
             ok(s.dyn.SetSliceClientEndpoint({"slice_urn": urn, "url": ep.url,
                                              "credentials": [cred]}))
-            if ep is other:  # the CM tried, and sent nothing
+            if ep is not mine:  # the CM tried, and sent nothing
                 wait_for(lambda: callbacks.failures > failures, timeout=30,
                          what="the CM refusing the endpoint")
         wait_for(lambda: mine.values(), timeout=30, what="SetResourceValues at the user's")
-        assert other.calls == []
+        assert [ep.calls for ep in others] == [[], []]
     finally:
-        other.close()
-        mine.close()
+        for ep in [*others, mine]:
+            ep.close()
