@@ -91,7 +91,7 @@ def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> 
     d, out_json = tmp_path / "run", tmp_path / "out.json"
     run = DemoRun("demo", "--dir", str(d), *FAST, "--workload",
                   str(REPO / "examples" / "workflows" / "helloworld-forkjoin-10-chameleon.json"),
-                  "--time-scale", "0.2", "--revocations", "0", "--quiet", "--report",
+                  "--time-scale", "0.05", "--revocations", "0", "--quiet", "--report",
                   str(out_json), cwd=tmp_path, command=[str(ELASTICSLICE)])
     code, out, err = run.finish()
     assert code == 0, err[-3000:]
