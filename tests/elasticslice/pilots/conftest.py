@@ -9,8 +9,9 @@ the demo do (each node builds the agent's environment from the wheelhouse).
 The cluster listens where the box's config says (``[pilots] listen``: its control address).
 ``witness``: a :class:`~tests.elasticslice.pilots.helpers.Witness` units report to (nodes see
 none of the host's files), at the control address of the test's ``emulator``;
-``witness_for(emulator)`` makes one for an emulator of ``emulator_factory``. Helpers (``Run``, ``sleepers``, ``assert_nothing_lost``...) are
-in :mod:`tests.elasticslice.pilots.helpers`.
+``witness_for(emulator)`` makes one for an emulator of ``emulator_factory``. Helpers
+(``Run``, ``sleepers``, ``assert_nothing_lost``...) are in
+:mod:`tests.elasticslice.pilots.helpers`.
 """
 from __future__ import annotations
 
