@@ -26,17 +26,23 @@ from troy.frameworks.dask.enrol import reload_worker_tls
 pytestmark = pytest.mark.slow
 
 
-async def _handshakes_while_renewing(tmp_path: Path, cluster_ca) -> tuple[int, list[str]]:  # noqa: ANN001
+async def _scheduler_and_worker(control, node):  # noqa: ANN001, ANN202
+    """A Dask scheduler (``control``'s TLS) and one worker (``node``'s), on 127.0.0.1, their
+    HTTP servers too."""
     from distributed import Scheduler, Worker
+    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                        dashboard_address="127.0.0.1:0", security=control.security())
+    w = await Worker(s.address, host="127.0.0.1", nthreads=1, dashboard=False,
+                     dashboard_address="127.0.0.1:0", security=node.security())
+    return s, w
+
+
+async def _handshakes_while_renewing(tmp_path: Path, cluster_ca) -> tuple[int, list[str]]:  # noqa: ANN001
     node = member(tmp_path / "node", cluster_ca, "node-1")
     pairs = [(Path(m.cert_file).read_bytes(), Path(m.key_file).read_bytes())
              for m in (member(tmp_path / "renewed", cluster_ca, "node-1"), node)]
     control = member(tmp_path / "control", cluster_ca, "control")
-    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False,
-                        dashboard_address="127.0.0.1:0", security=control.security())
-    w = await Worker(s.address, host="127.0.0.1", nthreads=1, dashboard=False,
-                     dashboard_address="127.0.0.1:0",
-                     security=node.security())
+    s, w = await _scheduler_and_worker(control, node)
     host, port = w.address.removeprefix("tls://").rsplit(":", 1)
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     client.check_hostname = False
@@ -90,7 +96,6 @@ async def _connects_out_after_its_first_certificate_expired(tmp_path: Path,
                                                             cluster_ca) -> str:  # noqa: ANN001
     import datetime as dt
 
-    from distributed import Scheduler, Worker
     from distributed.comm import connect
 
     from elasticslice.rpc.pki import issue_certificate
@@ -106,11 +111,7 @@ async def _connects_out_after_its_first_certificate_expired(tmp_path: Path,
     node = DaskTLS(str(home / "ca.pem"), str(home / "node.pem"), str(home / "node.key"))
     renewed = member(tmp_path / "renewed", cluster_ca, "node-1")
     control = member(tmp_path / "control", cluster_ca, "control")
-    s = await Scheduler(host="127.0.0.1", port=0, dashboard=False,
-                        dashboard_address="127.0.0.1:0", security=control.security())
-    w = await Worker(s.address, host="127.0.0.1", nthreads=1, dashboard=False,
-                     dashboard_address="127.0.0.1:0",
-                     security=node.security())
+    s, w = await _scheduler_and_worker(control, node)
     try:
         started = time.time()
         (home / "node.key").write_bytes(Path(renewed.key_file).read_bytes())
