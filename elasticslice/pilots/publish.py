@@ -6,7 +6,11 @@ ftp, a name ending ``.tar.gz``..., no query string). :class:`TarballPublisher` s
 files it is given at ``<public_url>/<token>/<name>.tar.gz``: the token is random and per
 file (32 URL-safe characters, which the rule allows), so nobody who was not given the URL
 can fetch the file, and a file withdrawn is gone. :meth:`TarballPublisher.publish_tree`
-serves a whole directory read-only the same way (under ``<public_url>/<token>/<name>/``).
+serves a whole directory read-only the same way (under ``<public_url>/<token>/<name>/``), and
+:meth:`TarballPublisher.publish_resolver` a tree whose files a function finds when they are
+asked for (a wheelhouse built for the Python a node says it has). A caller may give the token
+(``token=``) to keep a URL across restarts of the control node: CloudLab's CM fetches every
+tarball URL of a sliver again at every sliver change, for as long as its node is held.
 It listens on ``host`` (127.0.0.1 and port 0 by default: any free port; the box's CM runs
 on this machine); ``public_url`` is the base URL the CM fetches from (default: its own
 address). Plain HTTP is enough: a tarball carries no secret (its enrolment token is single
@@ -17,12 +21,16 @@ from __future__ import annotations
 import html
 import http.server
 import logging
+import math
 import mimetypes
 import os
+import re
 import secrets
 import socketserver
 import threading
 import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from elasticslice.errors import ElasticSliceError
@@ -62,6 +70,30 @@ class PublishError(ElasticSliceError):
     """A tarball cannot be published."""
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """What a resolver answers for a path it cannot serve now: ``status`` (404: not there,
+    503: being made, come back after ``retry_after`` seconds) and one line saying why, which
+    the client is sent as the body."""
+
+    status: int
+    reason: str
+    retry_after: float | None = None
+
+
+#: ``resolve(path)``: the file (or folder) a published resolver serves for ``path`` (relative
+#: to its URL, "" for its root, never with ``..`` or hidden names), an :class:`Unavailable`,
+#: or None (404)
+Resolver = Callable[[str], "Path | Unavailable | None"]
+
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+
+
+def new_token() -> str:
+    """A fresh unguessable URL segment (32 URL-safe characters: 192 bits)."""
+    return secrets.token_urlsafe(24)
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.0"
@@ -74,6 +106,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self, body: bool) -> None:
         path = self.server.publisher.lookup(self.path)
+        if isinstance(path, Unavailable):
+            self._unavailable(path, body)
+            return
         if path is not None and path.is_dir():
             self._listing(path, body)
             return
@@ -94,6 +129,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             while body and (chunk := handle.read(CHUNK)):
                 self.wfile.write(chunk)
+
+    def _unavailable(self, answer: Unavailable, body: bool) -> None:
+        data = (" ".join(answer.reason.split())[:300] + "\n").encode()
+        self.send_response(answer.status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        if answer.retry_after is not None:
+            self.send_header("Retry-After", str(max(1, math.ceil(answer.retry_after))))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
 
     def _listing(self, directory: Path, body: bool) -> None:
         """A directory of a published tree: its ``index.html``, else a list of links (what
@@ -150,6 +196,7 @@ class TarballPublisher:
         self.public_url = public_url.rstrip("/") if public_url else None
         self._files: dict[str, Path] = {}  # "/<token>/<name>" -> file
         self._trees: dict[str, Path] = {}  # "/<token>/<name>/" -> directory
+        self._resolvers: dict[str, Resolver] = {}  # "/<token>/<name>/" -> resolve(path)
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -180,6 +227,13 @@ class TarballPublisher:
         stop_serving(server, thread)
 
     @property
+    def port_bound(self) -> int:
+        """The port it listens on (started)."""
+        if self._server is None:
+            raise PublishError("the tarball publisher is not started")
+        return int(self._server.server_address[1])
+
+    @property
     def url_base(self) -> str:
         """The base of the URLs given out: ``public_url``, else :attr:`base_url`."""
         return self.public_url or self.base_url
@@ -191,9 +245,19 @@ class TarballPublisher:
                 return url[len(base):]
         return urllib.parse.urlsplit(url).path if "://" in url else url
 
-    def publish(self, path: Path, name: str) -> str:
-        """Serve ``path`` as ``<name>`` (ending in ``.tar.gz``...) at a new URL; the URL."""
-        segment = f"/{secrets.token_urlsafe(24)}/{name}"
+    @staticmethod
+    def _token(token: str | None) -> str:
+        if token is None:
+            return new_token()
+        if not TOKEN.fullmatch(token):
+            raise PublishError("a publishing token is 16-64 letters, digits, '-' or '_'")
+        return token
+
+    def publish(self, path: Path, name: str, *, token: str | None = None) -> str:
+        """Serve ``path`` as ``<name>`` (ending in ``.tar.gz``...) at a new URL (under
+        ``token``, default a new one); the URL. The file is read at each request: replace it
+        atomically to change what is served."""
+        segment = f"/{self._token(token)}/{name}"
         url = self.url_base + segment
         problem = tarball_problem(url)
         if problem:
@@ -202,40 +266,59 @@ class TarballPublisher:
             self._files[segment] = Path(path)
         return url
 
-    def publish_tree(self, directory: Path, name: str) -> str:
+    def publish_tree(self, directory: Path, name: str, *, token: str | None = None) -> str:
         """Serve ``directory`` read-only (its files and folders, nothing outside it, no
-        hidden names) under a new unguessable prefix; the URL of the tree (ending ``/``)."""
+        hidden names) under an unguessable prefix (``token``, default a new one); the URL of
+        the tree (ending ``/``)."""
         root = Path(directory).resolve()
         if not root.is_dir():
             raise PublishError(f"cannot publish {directory}: not a directory")
-        if not name or "/" in name or name in (".", "..") or tarball_problem(
-                f"http://h/{name}.tar") is not None:
-            raise PublishError(f"cannot publish a tree as {name!r}: letters, digits, . _ - only")
-        segment = f"/{secrets.token_urlsafe(24)}/{name}/"
+        segment = self._tree_segment(name, token)
         with self._lock:
             self._trees[segment] = root
         return self.url_base + segment
 
+    def publish_resolver(self, name: str, resolve: Resolver, *, token: str | None = None
+                         ) -> str:
+        """Serve what ``resolve`` finds for each path asked for under a new prefix (see
+        :data:`Resolver`); the URL of its root (ending ``/``). ``resolve`` runs on the
+        request's thread: it must answer quickly (start slow work elsewhere and answer
+        ``Unavailable(503, ..., retry_after)`` meanwhile)."""
+        segment = self._tree_segment(name, token)
+        with self._lock:
+            self._resolvers[segment] = resolve
+        return self.url_base + segment
+
+    def _tree_segment(self, name: str, token: str | None) -> str:
+        if not name or "/" in name or name in (".", "..") or tarball_problem(
+                f"http://h/{name}.tar") is not None:
+            raise PublishError(f"cannot publish a tree as {name!r}: letters, digits, . _ - only")
+        return f"/{self._token(token)}/{name}/"
+
     def withdraw(self, url: str) -> None:
         """Stop serving ``url`` (a file, or a tree)."""
         segment = self._segment(url)
+        folder = segment if segment.endswith("/") else segment + "/"
         with self._lock:
             self._files.pop(segment, None)
-            self._trees.pop(segment if segment.endswith("/") else segment + "/", None)
+            self._trees.pop(folder, None)
+            self._resolvers.pop(folder, None)
 
     def withdraw_all(self) -> None:
         """Stop serving everything."""
         with self._lock:
             self._files.clear()
             self._trees.clear()
+            self._resolvers.clear()
 
     def published(self) -> int:
-        """How many files and trees are served."""
+        """How many files, trees and resolvers are served."""
         with self._lock:
-            return len(self._files) + len(self._trees)
+            return len(self._files) + len(self._trees) + len(self._resolvers)
 
-    def lookup(self, request_path: str) -> Path | None:
-        """The file (or a tree's folder) a request path names, None if none."""
+    def lookup(self, request_path: str) -> Path | Unavailable | None:
+        """The file (or a tree's folder) a request path names, what a resolver answers for
+        it, or None if none."""
         if "?" in request_path or "#" in request_path:
             return None
         with self._lock:
@@ -243,17 +326,33 @@ class TarballPublisher:
             if found is not None:
                 return found
             trees = list(self._trees.items())
+            resolvers = list(self._resolvers.items())
+        for prefix, resolve in resolvers:
+            parts = _parts(request_path, prefix)
+            if parts is not None:
+                return resolve("/".join(parts)) if parts != [".."] else None
         for prefix, root in trees:
-            if request_path == prefix.rstrip("/"):
-                return root
-            if not request_path.startswith(prefix):
+            parts = _parts(request_path, prefix)
+            if parts is None:
                 continue
-            rest = urllib.parse.unquote(request_path[len(prefix):])
-            parts = [p for p in rest.split("/") if p]
-            if any(p.startswith(".") for p in parts):
+            if parts == [".."]:
                 return None
             target = root.joinpath(*parts).resolve() if parts else root
             if target != root and not target.is_relative_to(root):
                 return None  # a link out of the tree
             return target if target.exists() else None
         return None
+
+
+def _parts(request_path: str, prefix: str) -> list[str] | None:
+    """The path segments of ``request_path`` under the tree ``prefix`` (``[]``: its root;
+    ``[".."]``: under it but refused, a hidden or parent segment), None: not under it."""
+    if request_path == prefix.rstrip("/"):
+        return []
+    if not request_path.startswith(prefix):
+        return None
+    rest = urllib.parse.unquote(request_path[len(prefix):])
+    parts = [p for p in rest.split("/") if p]
+    if any(p.startswith(".") for p in parts):
+        return [".."]
+    return parts

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticslice.pilots.publish import PublishError, TarballPublisher
+from elasticslice.pilots.publish import PublishError, TarballPublisher, Unavailable, new_token
 from elasticslice.rspec.tarball import tarball_problem
 
 
@@ -99,3 +99,53 @@ def test_a_tree_that_is_not_a_directory_or_a_bad_name_is_refused(publisher: Tarb
         publisher.publish_tree(tree / "dask-1.0-py3-none-any.whl", "x")
     with pytest.raises(PublishError, match="letters, digits"):
         publisher.publish_tree(tree, "a b")
+
+
+def test_a_resolver_serves_what_it_finds_and_says_why_it_cannot(publisher: TarballPublisher,
+                                                                tree: Path) -> None:
+    asked: list[str] = []
+
+    def resolve(path: str) -> Path | Unavailable | None:
+        asked.append(path)
+        if path.startswith("building/"):
+            return Unavailable(503, "being built\nfor you", retry_after=2.5)
+        if path.startswith("missing/"):
+            return Unavailable(404, "no wheelhouse for Python 3.9 on aarch64")
+        return tree.joinpath(*path.split("/")) if path else tree
+
+    url = publisher.publish_resolver("wheels", resolve)
+    assert url.endswith("/wheels/") and len(url.split("/")[3]) >= 32
+    assert fetch(url + "dask-1.0-py3-none-any.whl") == b"wheel"
+    assert 'href="dask-1.0-py3-none-any.whl"' in fetch(url).decode()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        fetch(url + "building/wheels.txt")
+    assert err.value.code == 503 and err.value.headers["Retry-After"] == "3"
+    assert err.value.read() == b"being built for you\n"  # one line
+    with pytest.raises(urllib.error.HTTPError) as err:
+        fetch(url + "missing/wheels.txt")
+    assert err.value.code == 404 and b"Python 3.9 on aarch64" in err.value.read()
+    assert status(url + ".hidden") == 404 and status(url + "a/../../x") == 404
+    assert ".hidden" not in asked and not any(".." in p for p in asked)
+    publisher.withdraw(url)
+    assert status(url + "dask-1.0-py3-none-any.whl") == 404 and publisher.published() == 0
+
+
+def test_a_given_token_keeps_the_url_across_publishers(tmp_path: Path) -> None:
+    """A restarted control node serves the nodes' tarball at the URL the CM already has."""
+    (tmp_path / "slice.tar.gz").write_bytes(b"v1")
+    token = new_token()
+    first = TarballPublisher().start()
+    try:
+        url = first.publish(tmp_path / "slice.tar.gz", "slice.tar.gz", token=token)
+        port = first.port_bound
+    finally:
+        first.stop()
+    again = TarballPublisher(port=port).start()
+    try:
+        assert again.publish(tmp_path / "slice.tar.gz", "slice.tar.gz", token=token) == url
+        (tmp_path / "slice.tar.gz").write_bytes(b"v2")  # read at each request
+        assert fetch(url) == b"v2"
+        with pytest.raises(PublishError, match="16-64 letters"):
+            again.publish(tmp_path / "slice.tar.gz", "x.tar.gz", token="short")
+    finally:
+        again.stop()
