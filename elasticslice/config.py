@@ -290,7 +290,10 @@ def _check_url(url: str, err, key: str) -> None:  # noqa: ANN001
 
 PILOTS_SECTION = "pilots"
 PILOT_KEYS = ("disk_image", "node_python", "listen", "public_url", "hardware_type",
-              "node_cores", "margin", "idle_timeout", "agent_timeout", "metrics_port")
+              "node_cores", "margin", "idle_timeout", "agent_timeout", "metrics_port",
+              "scheduler_port", "enrol_port", "publish_port")
+#: the ports nodes (and CloudLab's ops server: publish_port) reach on the control node
+FIXED_PORT_KEYS = ("scheduler_port", "enrol_port", "publish_port")
 #: what ``idle_timeout`` takes for "never give an idle pilot's node back"
 NEVER = ("none", "off", "never")
 _HWTYPE_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$")
@@ -309,8 +312,11 @@ class PilotSettings:
     ``node_cores`` (cores a pilot offers; None: what the node has); ``margin`` (seconds kept
     before a revocation's deadline); ``idle_timeout`` (seconds an idle pilot's node is kept;
     ``math.inf``: never); ``agent_timeout`` (seconds a ready node's agent has to join);
-    ``metrics_port`` (the manager's Prometheus metrics on 127.0.0.1; 0: any free port).
-    A key that is not set is None. The emulator's own config names its pilot image."""
+    ``metrics_port`` (the manager's Prometheus metrics on 127.0.0.1; 0: any free port);
+    ``scheduler_port``, ``enrol_port``, ``publish_port`` (fixed ports for the Dask scheduler,
+    the enrolment service and the tarball publisher, e.g. for a firewall; None: the ones the
+    state directory used last, else any free one). A key that is not set is None. The
+    emulator's own config names its pilot image."""
 
     disk_image: str | None = None
     node_python: str | None = None
@@ -322,6 +328,9 @@ class PilotSettings:
     idle_timeout: float | None = None
     agent_timeout: float | None = None
     metrics_port: int | None = None
+    scheduler_port: int | None = None
+    enrol_port: int | None = None
+    publish_port: int | None = None
 
 
 def bounded_int(raw: str, low: int, high: int, what: str) -> int:
@@ -367,7 +376,7 @@ def pilot_value(key: str, raw: str) -> object:
         return raw
     if key == "node_cores":
         return bounded_int(raw, 1, 4096, "an integer")
-    if key == "metrics_port":
+    if key == "metrics_port" or key in FIXED_PORT_KEYS:
         return port_number(raw)
     if key == "idle_timeout" and raw.lower() in NEVER:
         return math.inf

@@ -28,11 +28,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import enum
-import io
 import logging
 import re
 import shlex
-import tarfile
 import threading
 import time
 import types
@@ -51,8 +49,11 @@ from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, PolicyConfig
 from elasticslice.managers.records import PendingDelete
+from elasticslice.pilots.failures import NodeFailures
+from elasticslice.pilots.helper import script_head
 from elasticslice.pilots.manager import EarlyReleases
-from elasticslice.rpc import pki
+from elasticslice.pilots.slicetar import NAME as SLICE_TARBALL
+from elasticslice.pilots.slicetar import NODES, Member, SliceTarball
 
 log = logging.getLogger(__name__)
 
@@ -191,28 +192,40 @@ class BlockBook:
 
 
 class ParslNodeHelper(SimpleElasticSliceHelper):
-    """Nodes named ``parsl-<n>``, each bound to a block when it is asked for, with an
-    install tarball (at ``/``, published by ``publisher``) holding ``start.sh``: build the
-    environment (``env_lines``), then run the block's worker command. No secret is in it:
-    the executor runs unencrypted on the control node's loopback (see docs/parsl.md)."""
+    """Nodes named ``parsl-<n>``, each bound to a block when it is asked for. The slice's
+    nodes share one install tarball (at ``/``, published by ``publisher`` under ``token``:
+    :mod:`elasticslice.pilots.slicetar`) holding ``start.sh`` (build the environment,
+    ``env_lines``, then run the node's block's worker command) and each held node's command
+    (``nodes/<client_id>/command``). No secret is in it: the executor runs unencrypted on the
+    control node's address (see docs/parsl.md). ``failures``: where nodes that failed to
+    start are named; ``report_url``: where their start scripts say why."""
 
     def __init__(self, book: BlockBook, publisher: Any, tarball_dir: Path, env_lines: str,
-                 *, cores: int | None = None, server: Any = None, **options: Any) -> None:
+                 *, cores: int | None = None, server: Any = None, token: str | None = None,
+                 report_url: str | None = None, failures: NodeFailures | None = None,
+                 **options: Any) -> None:
         super().__init__(server, None, node_prefix="parsl",
                          startup_command=f"sh {INSTALL_PATH}/start.sh", **options)
         self.book = book
         self.publisher = publisher
-        self.tarball_dir = Path(tarball_dir)
+        self.token = token
+        self.report_url = report_url
         self.env_lines = env_lines
         self.cores = cores
-        self._urls: dict[str, str] = {}
+        self.failures = failures if failures is not None else NodeFailures()
+        self.slice_tarball = SliceTarball(Path(tarball_dir) / SLICE_TARBALL, INSTALL_PATH,
+                                          {}, private=False)
+        self._url: str | None = None
 
-    def start_script(self, block: Block) -> str:
+    def start_script(self) -> str:
         cores = f"export PARSL_CORES={int(self.cores)}\n" if self.cores else ""
-        return (f"#!/bin/sh\n"
-                f"# {block.name}: this node runs Parsl's worker pool for block "
-                f"{block.block_id or block.job_id}\n"
-                f'here=$(cd "$(dirname "$0")" && pwd)\n'
+        head = script_head("this node runs Parsl's worker pool for its block", INSTALL_PATH,
+                           self.report_url)
+        return (f"{head}"
+                f'cmd=$(cat "$here/{NODES}/$name/command" 2>/dev/null) && '
+                f'printf "%s" "$cmd" > "$here/command" || '
+                f'cmd=$(cat "$here/command" 2>/dev/null) || '
+                f'fail "no Parsl block for $name in the tarball"\n'
                 f"{self.env_lines.rstrip()}\n"
                 f'mkdir -p "$here/bin"\n'
                 f"cat > \"$here/bin/process_worker_pool.py\" <<PARSL_POOL\n"
@@ -223,26 +236,19 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
                 f'export PATH="$here/bin:$(dirname "$py"):$PATH"\n'
                 f"{cores}"
                 f'cd "$here"\n'
-                f"exec /bin/sh -c {shlex.quote(block.command)}\n")
+                f'[ -s "$err" ] && cat "$err" >&3\n'
+                f"trap - EXIT\n"
+                f"exec 2>&3 3>&-\n"
+                f'exec /bin/sh -c "$cmd"\n')
 
-    def tarball(self, client_id: str, block: Block) -> Path:
-        script = self.start_script(block).encode()
-        top = INSTALL_PATH.strip("/")
-        buf = io.BytesIO()
-        now = int(time.time())
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            parts = top.split("/")
-            for depth in range(1, len(parts) + 1):
-                info = tarfile.TarInfo("/".join(parts[:depth]))
-                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, now
-                tar.addfile(info)
-            info = tarfile.TarInfo(f"{top}/start.sh")
-            info.size, info.mode, info.mtime = len(script), 0o700, now
-            tar.addfile(info, io.BytesIO(script))
-        self.tarball_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self.tarball_dir / f"{client_id}.tar.gz"
-        pki.write_private_file(path, buf.getvalue())
-        return path
+    def tarball_url(self) -> str:
+        """The slice's tarball URL (published once; the file made now if it is not there)."""
+        if self._url is None:
+            self.slice_tarball.set_common({"start.sh": Member(self.start_script().encode(),
+                                                              0o755)})
+            self._url = self.publisher.publish(self.slice_tarball.path, SLICE_TARBALL,
+                                               token=self.token)
+        return self._url
 
     def node_spec(self, client_id: str) -> Any:
         spec = super().node_spec(client_id)
@@ -250,17 +256,27 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
         if block is None:  # the sliver's first node with no block yet: it runs nothing
             spec.executes = []
             return spec
-        url = self.publisher.publish(self.tarball(client_id, block), f"{client_id}.tar.gz")
-        self._urls[client_id] = url
+        url = self.tarball_url()
+        self.slice_tarball.set_node(client_id, {"command": Member(block.command.encode())})
         spec.installs = [*spec.installs, (url, "/")]
         return spec
 
+    def handle_added_node(self, node: dict[str, Any], status: str) -> None:
+        if status == "failed":
+            self.failures.failed(str(node.get("client_id")), str(node.get("node_id") or ""),
+                                 "failed (the CM says; see the manager's log)")
+
     def handle_deleted_node(self, node: dict[str, Any]) -> None:
         cid = str(node.get("client_id") or "")
-        url = self._urls.pop(cid, None)
+        self.failures.forget(cid)
+        self.slice_tarball.drop_node(cid)
+
+    def close(self, *, remove: bool) -> None:
+        url, self._url = self._url, None
         if url is not None:
             self.publisher.withdraw(url)
-        (self.tarball_dir / f"{cid}.tar.gz").unlink(missing_ok=True)
+        if remove:
+            self.slice_tarball.path.unlink(missing_ok=True)
 
 
 class BlockDrainer:
@@ -462,7 +478,10 @@ class CloudLabProvider(ExecutionProvider):
     ``listen``: where the tarball publisher and the callback endpoint listen (None: the
     config's ``[pilots] listen``, else the address routed to the CM: :attr:`address`);
     ``public_url``: the base URL the CM fetches tarballs from (default the publisher's);
-    ``keep``: ``close()`` leaves the slice. Nothing starts before the first ``submit``."""
+    ``publish_port``: a fixed port for the publisher (default: the one this state directory
+    used last, else any free one: the slice's tarball keeps its URL across restarts);
+    ``keep``: ``close()`` leaves the slice. Nothing starts before the first ``submit``.
+    Nodes that failed to start are named with their cause in :attr:`failures`."""
 
     def __init__(self, server: Any = None, state_dir: str | Path | None = None, *,
                  config: str | Path | None = None, label: str = "cloudlab",
@@ -473,7 +492,8 @@ class CloudLabProvider(ExecutionProvider):
                  cores_per_node: int | None = None, margin: float = 5.0,
                  listen: str | None = None, public_url: str | None = None,
                  endpoint_port: int = 0, status_polling_interval: float = 2.0,
-                 intervals: Mapping[str, float] | None = None, keep: bool = False) -> None:
+                 intervals: Mapping[str, float] | None = None, keep: bool = False,
+                 publish_port: int | None = None) -> None:
         if (server is None) == (config is None):
             raise ProviderError("CloudLabProvider needs the CloudLab client (server=) or "
                                 "the path of its config file (config=), one of them")
@@ -521,6 +541,12 @@ class CloudLabProvider(ExecutionProvider):
         self.executor: Any = None
         self.manager: ParslSliceManager | None = None
         self.publisher: Any = None
+        self.helper: ParslNodeHelper | None = None
+        self._published: Any = None
+        self.publish_port = None if publish_port is None else _count(
+            "publish_port", publish_port, 0)
+        #: nodes that failed to start, with the cause their start script sent
+        self.failures = NodeFailures()
         self._lock = threading.Lock()
         self._lockfile: Any = None
         self._own_server = False
@@ -643,7 +669,7 @@ class CloudLabProvider(ExecutionProvider):
 
     def _start(self) -> None:
         from elasticslice.managers.statedir import StateDirLock
-        from elasticslice.pilots.publish import TarballPublisher
+        from elasticslice.pilots.slicetar import PublishedSlice
         if self.server is None:
             from elasticslice.config import load_config
             from elasticslice.rpc.client import ProtoGeniServer
@@ -655,11 +681,17 @@ class CloudLabProvider(ExecutionProvider):
             raise ProviderError(f"{self.state_dir}: cannot use it as the provider's state "
                                 f"directory: {err.strerror or err}") from err
         self._lockfile = StateDirLock(self.state_dir / "state").acquire()
-        self.publisher = TarballPublisher(self.address, public_url=self.public_url).start()
-        helper = ParslNodeHelper(self.book, self.publisher, self.state_dir / "tarballs",
-                                 self._node_software(), cores=self.cores_per_node,
-                                 server=self.server, image_urn=self.disk_image,
-                                 nodetype=self.hardware_type)
+        self._published = PublishedSlice(self.state_dir, self.address,
+                                         port=self.publish_port, public_url=self.public_url)
+        self.publisher = self._published.start()
+        token = self._published.token
+        helper = ParslNodeHelper(
+            self.book, self.publisher, self.state_dir / "tarballs", self._node_software(),
+            cores=self.cores_per_node, server=self.server, image_urn=self.disk_image,
+            nodetype=self.hardware_type, token=token, failures=self.failures,
+            report_url=self.publisher.accept_reports("report", self._on_report, token=token))
+        self.helper = helper
+        helper.tarball_url()  # served before any sliver change: the CM fetches it again
         self.manager = ParslSliceManager(
             self.server, book=self.book, executor=self._find_executor, margin=self.margin,
             minthreshold=0, maxthreshold=self.max_nodes, manage_intervals=self.intervals,
@@ -670,6 +702,15 @@ class CloudLabProvider(ExecutionProvider):
         self.manager.start()
         atexit.register(self.close)
         log.info("CloudLab provider %s: state in %s", self.label, self.state_dir)
+
+    def _on_report(self, data: dict[str, Any], peer: str) -> None:
+        """A node's start failed, it says why (a claim: the CM's status decides)."""
+        client_id = data.get("client_id")
+        manager = self.manager
+        if isinstance(client_id, str) and manager is not None and \
+                manager.holdings.holds(client_id) and \
+                self.failures.report(client_id, data.get("line")):
+            manager.wake("update_sliver_status")
 
     def _node_software(self) -> str:
         """sh lines building the nodes' environment (the agent's wheelhouse and Parsl), or
@@ -687,7 +728,8 @@ class CloudLabProvider(ExecutionProvider):
             raise ProviderError(f"CloudLabProvider: cannot tell the Python of the image "
                                 f"{self.disk_image or '(default)'}: give image_python")
         house = Wheelhouse.for_python(version, extra=("parsl",))
-        url = self.publisher.publish_tree(house.directory, "wheelhouse")
+        url = self.publisher.publish_tree(house.directory, "wheelhouse",
+                                          token=self._published.token)
         return env_script(url, target=f"{INSTALL_PATH}/env")
 
     def stats(self) -> dict[str, int]:
@@ -722,9 +764,13 @@ class CloudLabProvider(ExecutionProvider):
                             log.warning("cannot give the slice back at %s: %s", cm.url, err)
                 manager.state.close()
         finally:
-            if self.publisher is not None:
-                self.publisher.stop()
-                self.publisher = None
+            if self.helper is not None:
+                self.helper.close(remove=manager is not None and give_back)
+                self.helper = None
+            if self._published is not None:
+                self._published.stop()
+                self._published = None
+            self.publisher = None
             lock, self._lockfile = self._lockfile, None
             if lock is not None:
                 lock.release()

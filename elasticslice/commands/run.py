@@ -87,6 +87,20 @@ SETTINGS: dict[str, tuple[str, str, Any, str]] = {
                      "Serve the manager's Prometheus metrics on 127.0.0.1:PORT/metrics (0: any "
                      "free port; the run names the URL). Config [pilots] metrics_port. "
                      "Default: none (off)."),
+    "scheduler_port": ("pilots", "scheduler_port", None,
+                       "A fixed port for the Dask scheduler, which the nodes' agents join "
+                       "(TLS). Config [pilots] scheduler_port. Default: the port this "
+                       "--state-dir used last, else any free one."),
+    "enrol_port": ("pilots", "enrol_port", None,
+                   "A fixed port for the enrolment service (HTTPS), where nodes get and "
+                   "renew their certificates. Config [pilots] enrol_port. Default: the port "
+                   "this --state-dir used last, else any free one."),
+    "publish_port": ("pilots", "publish_port", None,
+                     "A fixed port for the tarball publisher (HTTP), where CloudLab's ops "
+                     "server fetches the slice's tarball at every sliver change and nodes "
+                     "fetch their software. Config [pilots] publish_port. Default: the port "
+                     "this --state-dir used last (its URL must not change while nodes are "
+                     "held), else any free one."),
     "endpoint_port": ("endpoint", "port", 0,
                       "The callback endpoint's port (0: any free port; open it to the CM). "
                       "Config [endpoint] port. Default: 0."),
@@ -113,7 +127,8 @@ def setting_options(f: Any) -> Any:
     for name, (section, key, _default, text) in reversed(SETTINGS.items()):
         metavar = {"listen": "ADDRESS", "public_url": "URL", "image": "URN",
                    "hardware_type": "TYPE", "node_cores": "N", "endpoint_port": "PORT",
-                   "metrics_port": "PORT"}.get(name, "SECONDS")
+                   "metrics_port": "PORT", "scheduler_port": "PORT", "enrol_port": "PORT",
+                   "publish_port": "PORT"}.get(name, "SECONDS")
         f = click.option(option_name(name), name, default=None, metavar=metavar,
                          help=text)(f)
     return f
@@ -134,6 +149,9 @@ class RunSettings:
     idle_timeout: float
     agent_timeout: float
     metrics_port: int | None
+    scheduler_port: int | None
+    enrol_port: int | None
+    publish_port: int | None
     endpoint_port: int
     max_nodes: int
     node_python: str | None
@@ -167,6 +185,8 @@ class RunSettings:
             listen=self.listen, margin=self.margin,
             idle_timeout=None if math.isinf(self.idle_timeout) else self.idle_timeout,
             endpoint_port=self.endpoint_port, metrics_port=self.metrics_port,
+            scheduler_port=self.scheduler_port, enrol_port=self.enrol_port,
+            publish_port=self.publish_port,
             disk_image=self.image,
             node_python=self.node_python, node_cores=self.node_cores,
             manager_options=options)
@@ -314,6 +334,8 @@ def follow(cluster: Any, run: Any, timeout: float | None) -> Any:
         if timeout is not None and now - started > timeout:
             raise Stopped(f"not finished within --timeout {timeout:g} s")
         line = progress_line(cluster, run.progress(), now - started)
+        for failure in cluster.failures.fresh():  # at once, once each, with its cause
+            click.echo(f"[{now - started:6.1f}s] {failure.line()}", err=True)
         body = line.split("] ", 1)[1]
         if body != shown and now - shown_at >= PROGRESS_EVERY or not shown:
             click.echo(line, err=True)
@@ -368,7 +390,9 @@ def summary(data: dict[str, Any]) -> str:
             f"{data['nodes_peak']} nodes at most; {s['revocations']} revocation(s): "
             f"{s['early_releases']} released early, {s['forced_releases']} forced; "
             f"{s['restarts']} restart(s), {s['units_requeued']} units requeued, "
-            f"{s['units_lost']} lost")
+            f"{s['units_lost']} lost"
+            + (f"; {len(data['node_failures'])} node(s) failed to start (the report names "
+               f"them)" if data.get("node_failures") else ""))
 
 
 def check_options(state_dir: Path | None, time_scale: float, timeout: float | None,
@@ -521,6 +545,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
                                name="run-workload", events=False).start()
         follow(cluster, run, timeout)
         data = make_report(workload, time.time() - started, cluster.stats(), outputs, base)
+        data["node_failures"] = [f.to_json() for f in cluster.failures.all()]
         from elasticslice.pilots.timeline import run_timeline
         data["timeline"] = run_timeline(cluster, started)   # what troy plot marks
     except KeyboardInterrupt:

@@ -39,6 +39,10 @@ class Observer:
         self.last_status: dict[str, Any] = {}
         self.full_pass = 0  # the manage_once running (0: none)
         self.full_advertisement_in: dict[str, int] = {}
+        #: added nodes that failed to start one after another (a success resets it), and
+        #: when the last one failed: the policy backs off from adding (see ``_adds``)
+        self.failed_in_a_row = 0
+        self.last_failed_at: float | None = None
         self._views: tuple[int, tuple[NodeView, ...]] | None = None
 
     # -- SliverStatus ---------------------------------------------------------------------
@@ -59,7 +63,9 @@ class Observer:
         for node in status.nodes:
             cid = node.client_id
             seen.add(cid)
-            value = NodeState.from_cm(node.status).value
+            # a startup command that exited non-zero fails the node as a failed boot does
+            value = (NodeState.FAILED if node.startup_failed
+                     else NodeState.from_cm(node.status)).value
             nid = node_id_of(node.component_id)
             rec = state.node(cm.url, cid) if cid not in records else records[cid]
             if rec is not None and rec.gone_at is None and rec.state == value and \
@@ -75,6 +81,7 @@ class Observer:
             changes += 1
             if value in DONE_STATES:
                 settled.append((rec, value))
+                self._count_start(rec, value, node, now)
         self.helper.note_client_ids(seen)
         for cid, rec in records.items():
             if cid not in seen and cid not in in_flight:
@@ -82,6 +89,19 @@ class Observer:
                 changes += 1
         self._settled(settled)
         return changes
+
+    def _count_start(self, rec: Any, value: str, node: Any, now: float) -> None:
+        if value == NodeState.FAILED.value and not rec.initial:
+            self.failed_in_a_row += 1
+            self.last_failed_at = now
+        elif value == NodeState.READY.value and (
+                not node.execute_state or node.execute_state == "exited"):
+            self.started()  # no startup command, or one that ended well
+
+    def started(self) -> None:
+        """A node started as its experiment wants (its agent joined...): the run of
+        failures, if any, is over."""
+        self.failed_in_a_row = 0
 
     def _settled(self, settled: list[tuple[Any, str]]) -> None:
         for rec, value in settled:
@@ -151,7 +171,8 @@ class Observer:
         return Observed(now=self.clock(), nodes=nodes, availability=dict(self.availability),
                         last_add=self._meta_float("last_add"),
                         last_delete=self._meta_float("last_delete"), adding=adding,
-                        deleting=deleting, **demand)
+                        deleting=deleting, failed_in_a_row=self.failed_in_a_row,
+                        last_failed_at=self.last_failed_at, **demand)
 
     def _meta_float(self, key: str) -> float | None:
         raw = self.state.get_meta(key)

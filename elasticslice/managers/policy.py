@@ -118,6 +118,8 @@ class Observed:
     demand_cores: int | None = None  # cores the work wants now (None: no opinion in cores)
     waiting_cores: int = 0           # cores of work not released yet (``lookahead`` counts)
     cores_per_node: int | None = None  # None: no node told its size yet
+    failed_in_a_row: int = 0          # added nodes that failed to start, one after another
+    last_failed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ class PolicyConfig:
     lookahead: float = 0.0               # share of ``waiting_cores`` that counts as demand
     agent_grace: float | None = None     # a held node's agent gone this long: replaced
     agent_timeout: float | None = None   # a ready node no agent joined this long: replaced
+    failures_before_backoff: int = 3     # nodes failing to start in a row before adds pause
+    failure_backoff: float = 60.0        # the first pause (s); doubles with each failure more
+    failure_backoff_max: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,17 @@ def _replacements(observed: Observed, config: PolicyConfig,
     return out, reasons
 
 
+def failure_pause(observed: Observed, config: PolicyConfig) -> float:
+    """Seconds adds still wait because nodes keep failing to start: after
+    ``failures_before_backoff`` in a row, ``failure_backoff`` from the last failure, twice as
+    long with each failure more, at most ``failure_backoff_max`` (0: no pause)."""
+    extra = observed.failed_in_a_row - config.failures_before_backoff
+    if config.failures_before_backoff <= 0 or extra < 0 or observed.last_failed_at is None:
+        return 0.0
+    wait = min(config.failure_backoff * 2 ** min(extra, 30), config.failure_backoff_max)
+    return max(0.0, observed.last_failed_at + wait - observed.now)
+
+
 def _since(now: float, then: float | None) -> float:
     return math.inf if then is None else now - then
 
@@ -287,6 +303,10 @@ def _adds(observed: Observed, config: PolicyConfig, count: int,
         return {}, ["nothing to add: at the wanted count"]
     below_min = count < config.minthreshold
     now = observed.now
+    pause = failure_pause(observed, config)
+    if pause > 0:  # more nodes would fail as the last ones did: each costs a boot
+        return {}, [f"{observed.failed_in_a_row} added nodes in a row failed to start: no "
+                    f"add for {pause:.0f}s more (the log and the run name their causes)"]
     if not below_min:
         if _since(now, observed.last_add) < config.add_cooldown:
             return {}, [f"add cooldown: last add {now - observed.last_add:.0f}s ago "

@@ -38,10 +38,12 @@ from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
+from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
 from elasticslice.pilots.manager import PilotSliceManager
 from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.restart import ClusterFile, StatsLedger, read_json, write_json
+from elasticslice.pilots.slicetar import PublishedSlice
 from troy.states import FINAL_STATES, State
 
 log = logging.getLogger(__name__)
@@ -93,11 +95,16 @@ class ElasticCluster:
     of the server's config; see :class:`PilotElasticSliceHelper`); without a
     ``node_python`` each node builds the agent's environment with its image's ``python3``
     (version ``image_python``; None: known from the image) from the wheelhouse this cluster
-    publishes (the README's "Node software"). Each node's tarball is
-    served to the CM by a :class:`TarballPublisher` on ``listen``; ``public_url``: the base
-    URL the CM fetches tarballs from (None: the publisher's own address). Nodes enrol at an
+    publishes (the README's "Node software"). The slice's one tarball is
+    served to the CM by a :class:`TarballPublisher` on ``listen``, at a URL kept across
+    restarts (:class:`~elasticslice.pilots.slicetar.PublishedSlice`); ``public_url``: the base
+    URL the CM fetches it from (None: the publisher's own address). Nodes enrol at an
     :class:`EnrolmentService` on ``listen`` (HTTPS, the cluster CA's certificate) and get
     certificates valid ``cert_lifetime`` seconds, renewed while the node is held.
+    ``scheduler_port``, ``enrol_port``, ``publish_port``: fixed ports for the scheduler, the
+    enrolment service and the publisher (for a firewall; None: the ones this state directory
+    used last, else any free one). Nodes that fail to start are named with their cause in
+    :attr:`failures`.
     ``metrics_port``: serve the manager's Prometheus metrics (:mod:`elasticslice.metrics`)
     on ``metrics_listen``:``metrics_port`` (0: any free port; None: no endpoint), from
     :meth:`start` to :meth:`close`; :attr:`metrics_url` is where."""
@@ -113,7 +120,9 @@ class ElasticCluster:
                  session: Any = None, keep: bool = False,
                  manager_options: Mapping[str, Any] | None = None,
                  framework_options: Mapping[str, Any] | None = None,
-                 metrics_port: int | None = None, metrics_listen: str = "127.0.0.1") -> None:
+                 metrics_port: int | None = None, metrics_listen: str = "127.0.0.1",
+                 scheduler_port: int | None = None, enrol_port: int | None = None,
+                 publish_port: int | None = None) -> None:
         self.server = server
         self.state_dir = Path(state_dir).expanduser().resolve()
         self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
@@ -128,7 +137,12 @@ class ElasticCluster:
         self.public_url = public_url    # None: the publisher's own base URL
         self.cert_lifetime = cert_lifetime
         self.image_python = image_python  # None: known from the image (bootstrap.image_python)
-        self.publisher: TarballPublisher | None = None  # serves the nodes' tarballs
+        self.scheduler_port, self.enrol_port = scheduler_port, enrol_port
+        self.publish_port = publish_port
+        self.publisher: TarballPublisher | None = None  # serves the slice's tarball
+        self._published: PublishedSlice | None = None
+        #: the nodes that failed to start, with their cause (the CM's word and the node's)
+        self.failures = NodeFailures()
         self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
         self._condemned: set[str] = set()  # nodes whose token was seen twice: never adopted
         base = policy or default_policy(maxthreshold)
@@ -189,6 +203,8 @@ class ElasticCluster:
         # doomed pilot holds nothing that has not started
         options = {"adopt_workers": True, "listen": self.listen, "prefetch": 0,
                    **self.framework_options}
+        if self.scheduler_port is not None:
+            options.setdefault("port", self.scheduler_port)
         if previous is not None:  # the agents rejoin the address they were given
             options.setdefault("port", previous.port)
         try:
@@ -205,20 +221,26 @@ class ElasticCluster:
             self._recover()
         self._saving.clear()
         threading.Thread(target=self._save_loop, name="cluster-stats", daemon=True).start()
-        # the CM fetches the tarballs from it
-        self.publisher = TarballPublisher(self.listen, public_url=self.public_url).start()
+        # the CM fetches the slice's tarball from it, at the URL the last process served
+        self._published = PublishedSlice(self.state_dir, self.listen, port=self.publish_port,
+                                         public_url=self.public_url)
+        self.publisher = self._published.start()
+        token = self._published.token
+        report_url = self.publisher.accept_reports("report", self._on_report, token=token)
         self.enrolment = self._start_enrolment()
         scheduler = self.framework.scheduler_address
         host = scheduler.removeprefix("tls://").rsplit(":", 1)[0]
         self.helper = PilotElasticSliceHelper(
             self.ca, scheduler, self.state_dir / "tarballs",
-            publisher=self.publisher, enrolment=self.enrolment,
+            publisher=self.publisher, enrolment=self.enrolment, token=token,
+            report_url=report_url,
             enrol_url=f"https://{host}:{self.enrolment.bound_port}", server=self.server,
             node_python=self.node_python, image_urn=self.disk_image,
             nodetype=self.hardware_type)
-        self.helper.forget_all()  # tarballs a killed process left: their tokens are void
+        self.helper.forget_all()  # tokens a killed process left are void
         if not self.helper.has_environment:  # the node builds it from our wheelhouse
             self.helper.env_lines = self._node_software()
+        self.helper.tarball_url()  # served before any sliver change: the CM fetches it again
         self.manager = self.new_manager()
         self.manager.start()
         # agents that rejoined before the manager existed were refused: they are ours if
@@ -273,7 +295,9 @@ class ElasticCluster:
                 "give its version (image_python) or an image with the agent ([pilots] "
                 "node_python)")
         house = Wheelhouse.for_python(version)
-        url = self.publisher.publish_tree(house.directory, "wheelhouse")
+        url = self.publisher.publish_tree(house.directory, "wheelhouse",
+                                          token=self._published.token if self._published
+                                          else None)
         return env_script(url, python="python3")
 
     ENROL_FILE = "enrol.json"
@@ -286,21 +310,39 @@ class ElasticCluster:
             port = int((read_json(path) or {}).get("port", 0))
         except (ElasticSliceError, ValueError, TypeError):
             port = 0
+        if self.enrol_port is not None:
+            port = self.enrol_port
 
         def make(at: int) -> EnrolmentService:
             return EnrolmentService(self.ca, self.listen, at, is_held=self._is_held,
                                     cert_lifetime=self.cert_lifetime,
-                                    on_alarm=self._on_alarm).start()
+                                    on_alarm=self._on_alarm,
+                                    on_enrolled=self._enrolled).start()
         try:
             service = make(port)
         except EnrolmentError as err:
-            if not port:
+            if not port or self.enrol_port is not None:
                 raise
             log.warning("the enrolment port %d is taken (%s): the nodes' agents cannot renew "
                         "there", port, err)
             service = make(0)
         write_json(path, {"port": service.bound_port})
         return service
+
+    def _enrolled(self, client_id: str) -> None:
+        helper = self.helper
+        if helper is not None:
+            helper.enrolled(client_id)
+
+    def _on_report(self, data: dict[str, Any], peer: str) -> None:
+        """A node's start failed, it says why (a claim: the CM's status decides)."""
+        client_id = data.get("client_id")
+        manager = self.manager
+        if not (isinstance(client_id, str) and manager is not None
+                and manager.holds(client_id)):
+            return
+        if self.failures.report(client_id, data.get("line")):
+            manager.wake("update_sliver_status")
 
     def _is_held(self, client_id: str) -> bool:
         manager = self.manager
@@ -344,7 +386,8 @@ class ElasticCluster:
             endpoint=EndpointConfig(address=self.listen, port=self.endpoint_port))
         options.update(self.manager_options)
         return PilotSliceManager(self.server, framework=self.framework, session=self.session,
-                                 margin=self.margin, node_cores=self.node_cores, **options)
+                                 margin=self.margin, node_cores=self.node_cores,
+                                 failures=self.failures, **options)
 
     def _add_framework(self, options: dict[str, Any], previous: ClusterFile | None) -> Any:
         """The ``dask`` framework; on the port of a cluster that was closed (no agent waits
@@ -464,14 +507,15 @@ class ElasticCluster:
         finally:
             if manager is not None:
                 manager.state.close()
-            if self.helper is not None:  # every token, tarball and URL goes
-                self.helper.forget_all()
+            if self.helper is not None:  # the tokens go; the tarball too with the slice
+                self.helper.close(remove=manager is not None and not keep)
             if self.enrolment is not None:
                 self.enrolment.stop()
                 self.enrolment = None
-            if self.publisher is not None:
-                self.publisher.stop()
-                self.publisher = None
+            if self._published is not None:
+                self._published.stop()
+                self._published = None
+            self.publisher = None
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.release()

@@ -172,12 +172,15 @@ class EnrolmentService:
     ``ca``: the cluster CA; ``listen``/``port``: where it serves HTTPS (port 0: any free);
     ``is_held(client_id)``: whether the manager holds (or is adding) that node;
     ``cert_lifetime``: seconds a node certificate is valid; ``on_alarm(client_id, why)``:
-    called (on the request's thread) when a token is presented a second time."""
+    called (on the request's thread) when a token is presented a second time;
+    ``on_enrolled(client_id)``: called (on the request's thread) when a node got its first
+    certificate (its token is spent: the slice's tarball stops carrying it)."""
 
     def __init__(self, ca: ClusterCA, listen: str = "127.0.0.1", port: int = 0, *,
                  is_held: Callable[[str], bool] = lambda client_id: False,
                  cert_lifetime: float = 3600.0,
-                 on_alarm: Callable[[str, str], None] | None = None) -> None:
+                 on_alarm: Callable[[str, str], None] | None = None,
+                 on_enrolled: Callable[[str], None] | None = None) -> None:
         if not cert_lifetime > 0:
             raise ValueError(f"cert_lifetime must be > 0 seconds, not {cert_lifetime!r}")
         self.ca = ca
@@ -185,6 +188,7 @@ class EnrolmentService:
         self.is_held = is_held
         self.cert_lifetime = float(cert_lifetime)
         self.on_alarm = on_alarm
+        self.on_enrolled = on_enrolled
         self._tokens: dict[str, _Token] = {}   # sha256 of the token -> its binding
         self._forgotten: set[str] = set()
         self._lock = threading.Lock()
@@ -295,6 +299,11 @@ class EnrolmentService:
         cert = self._certify(client_id, body)
         self.enrolled += 1
         log.info("node %s enrolled (certificate valid %g s)", client_id, self.cert_lifetime)
+        if self.on_enrolled is not None:
+            try:
+                self.on_enrolled(client_id)
+            except Exception:  # noqa: BLE001 - the node has its certificate
+                log.exception("enrolment: the handler of %s's enrolment failed", client_id)
         return {"certificate": cert.decode()}
 
     def _certify(self, client_id: str, body: dict[str, Any]) -> bytes:

@@ -40,6 +40,7 @@ from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, NodeView, Observed, PolicyConfig, \
     wanted_nodes
 from elasticslice.managers.records import PendingDelete
+from elasticslice.pilots.failures import NodeFailures, what_failed
 from elasticslice.pilots.values import changed as values_changed
 from elasticslice.pilots.values import node_values, pilot_work
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, GeniCode
@@ -254,13 +255,16 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     released that counts as demand; ``agent_grace``: seconds a held node may stay without
     the agent that once ran there (an agent restarting with its node comes back well
     within) before it is replaced; ``agent_timeout``: the same for a ready node whose agent
-    never joined. Other options as :class:`SimpleElasticSliceManager`."""
+    never joined; ``failures``: where nodes that failed are named with their cause
+    (:class:`~elasticslice.pilots.failures.NodeFailures`; default one of its own). Other
+    options as :class:`SimpleElasticSliceManager`."""
 
     def __init__(self, server: Any, *, framework: PilotFramework, session: Any,
                  margin: float = 5.0, node_cores: int | None = None, lookahead: float = 0.0,
                  agent_grace: float = 15.0, agent_timeout: float = 120.0,
-                 **options: Any) -> None:
+                 failures: NodeFailures | None = None, **options: Any) -> None:
         self.framework = framework
+        self.failures = failures if failures is not None else NodeFailures()
         self.session = session
         self.margin = margin
         self.watch = PilotWatch(framework, clock=lambda: self.clock(), node_cores=node_cores)
@@ -291,6 +295,8 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     def accepts(self, name: str | None, address: str, resources: Any = None) -> bool:
         """The framework's ``adopt_filter``: only agents named after a node we hold."""
         ok = bool(name) and self.holds(str(name))
+        if ok:
+            self.observer.started()  # an agent joined: nodes do start
         if not ok and address not in self._refused:
             self._refused.add(address)
             log.warning("worker %s (%r) is not one of our nodes: not adopted, no units",
@@ -416,6 +422,10 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     def handle_added_node(self, node: dict[str, Any], status: str) -> None:
         super().handle_added_node(node, status)
         pilot = self.pilot_of(node.get("client_id"))
+        if status == "failed":
+            entry = self.observer.node_status(str(node.get("client_id")), self.cms)
+            self.failures.failed(str(node.get("client_id")), str(node.get("node_id") or ""),
+                                 what_failed(entry))
         if status == "ready":
             log.info("node %s ready: %s", node.get("client_id"),
                      f"pilot {pilot.id} adopted" if pilot else "waiting for its agent")
@@ -424,6 +434,7 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
 
     def handle_deleted_node(self, node: dict[str, Any]) -> None:
         super().handle_deleted_node(node)
+        self.failures.forget(str(node.get("client_id")))
         self.drainer.lose(node.get("client_id"), "node gone")
 
     def delete_nodes(self, cm: Any = None) -> Any:

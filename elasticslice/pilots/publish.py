@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import http.server
+import json
 import logging
 import math
 import mimetypes
@@ -39,6 +40,7 @@ from elasticslice.rspec.tarball import tarball_problem
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 16
+MAX_REPORT = 4096  # bytes of one POST to an inbox
 
 
 def server_url(server: socketserver.BaseServer, scheme: str) -> str:
@@ -86,6 +88,9 @@ class Unavailable:
 #: or None (404)
 Resolver = Callable[[str], "Path | Unavailable | None"]
 
+#: ``on_post(data, peer_address)``: what an inbox does with a POSTed JSON object
+Inbox = Callable[[dict, str], None]
+
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
 
@@ -103,6 +108,36 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_HEAD(self) -> None:  # noqa: N802
         self._serve(body=False)
+
+    def do_POST(self) -> None:  # noqa: N802
+        """A small JSON object for an inbox (:meth:`TarballPublisher.accept_reports`)."""
+        inbox = self.server.publisher.inbox(self.path)
+        if inbox is None:
+            self.send_error(404)
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        if not 0 < length <= MAX_REPORT:
+            self.send_error(413 if length > MAX_REPORT else 411)
+            return
+        try:
+            data = json.loads(self.rfile.read(length))
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            self.send_error(400, "expected a JSON object")
+            return
+        try:
+            inbox(data, str(self.client_address[0]))
+        except Exception:  # noqa: BLE001 - never a traceback to a node
+            log.exception("publisher: an inbox failed")
+            self.send_error(500)
+            return
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _serve(self, body: bool) -> None:
         path = self.server.publisher.lookup(self.path)
@@ -197,6 +232,7 @@ class TarballPublisher:
         self._files: dict[str, Path] = {}  # "/<token>/<name>" -> file
         self._trees: dict[str, Path] = {}  # "/<token>/<name>/" -> directory
         self._resolvers: dict[str, Resolver] = {}  # "/<token>/<name>/" -> resolve(path)
+        self._inboxes: dict[str, Inbox] = {}  # "/<token>/<name>" -> on_post(data, peer)
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -289,6 +325,19 @@ class TarballPublisher:
             self._resolvers[segment] = resolve
         return self.url_base + segment
 
+    def accept_reports(self, name: str, on_post: Inbox, *, token: str | None = None) -> str:
+        """Take POSTs of small JSON objects (at most :data:`MAX_REPORT` bytes) at a new URL:
+        ``on_post(data, peer_address)`` on the request's thread (quick); the URL. What nodes
+        say there is a claim, not a fact: act on it only with what the CM says."""
+        segment = f"/{self._token(token)}/{name}"
+        with self._lock:
+            self._inboxes[segment] = on_post
+        return self.url_base + segment
+
+    def inbox(self, request_path: str) -> Inbox | None:
+        with self._lock:
+            return self._inboxes.get(request_path)
+
     def _tree_segment(self, name: str, token: str | None) -> str:
         if not name or "/" in name or name in (".", "..") or tarball_problem(
                 f"http://h/{name}.tar") is not None:
@@ -301,6 +350,7 @@ class TarballPublisher:
         folder = segment if segment.endswith("/") else segment + "/"
         with self._lock:
             self._files.pop(segment, None)
+            self._inboxes.pop(segment, None)
             self._trees.pop(folder, None)
             self._resolvers.pop(folder, None)
 
@@ -310,11 +360,13 @@ class TarballPublisher:
             self._files.clear()
             self._trees.clear()
             self._resolvers.clear()
+            self._inboxes.clear()
 
     def published(self) -> int:
-        """How many files, trees and resolvers are served."""
+        """How many files, trees, resolvers and inboxes are served."""
         with self._lock:
-            return len(self._files) + len(self._trees) + len(self._resolvers)
+            return (len(self._files) + len(self._trees) + len(self._resolvers)
+                    + len(self._inboxes))
 
     def lookup(self, request_path: str) -> Path | Unavailable | None:
         """The file (or a tree's folder) a request path names, what a resolver answers for

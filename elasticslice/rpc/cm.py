@@ -53,6 +53,12 @@ class NodeStatus:
     def failed(self) -> bool:
         return self.status == "failed"
 
+    @property
+    def startup_failed(self) -> bool:
+        """Its startup command exited non-zero (the node may be up, but it is not what its
+        experiment asked for)."""
+        return self.execute_state == "exited" and self.execute_status not in (None, "", "0")
+
 
 @dataclass
 class SliverStatus:

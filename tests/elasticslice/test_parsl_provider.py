@@ -149,15 +149,33 @@ def test_new_nodes_fill_the_oldest_open_block_and_a_failed_add_reopens_its_slots
 
 
 def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
-    """start.sh, run by a real sh: the environment's lines set py, the worker pool's name
-    runs this Python's module, and the block's command runs as given (quoted once)."""
-    helper = P.ParslNodeHelper(P.BlockBook(), None, tmp_path / "tarballs",
-                             f"py={sys.executable}\n", cores=3)
-    block = P.Block("a", "block-0", "echo \"cores=$PARSL_CORES\"; "
-                  "process_worker_pool.py -c 'import sys; print(sys.argv[1:])' --block_id=0",
-                  1, block_id="0")
-    script = tmp_path / "start.sh"
-    script.write_text(helper.start_script(block))
+    """start.sh, run by a real sh: it finds its block's command in the slice's tarball under
+    its name (geni-get's), the environment's lines set py, the worker pool's name runs this
+    Python's module, and the block's command runs as given (quoted once); after a reboot
+    (the tarball unchanged, its nodes' files taken) it runs the command it kept."""
+    from elasticslice.pilots.publish import TarballPublisher
+    publisher = TarballPublisher().start()
+    try:
+        helper = P.ParslNodeHelper(P.BlockBook(), publisher, tmp_path / "tarballs",
+                                   f"py={sys.executable}\n", cores=3)
+        block = P.Block("a", "block-0", "echo \"cores=$PARSL_CORES\"; "
+                        "process_worker_pool.py -c 'import sys; print(sys.argv[1:])' "
+                        "--block_id=0", 1, block_id="0")
+        helper.book.add(block)
+        spec = helper.node_spec("parsl-1")
+        assert spec.installs == [(helper.tarball_url(), "/")]
+        import tarfile
+        with tarfile.open(helper.slice_tarball.path) as tar:
+            tar.extractall(tmp_path / "node", filter="data")
+    finally:
+        publisher.stop()
+    here = tmp_path / "node" / "local" / "parsl"
+    script = here / "start.sh"
+    script.write_text(script.read_text().replace("here=/local/parsl", f"here={here}"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "geni-get").write_text("#!/bin/sh\necho parsl-1\n")
+    (bin_dir / "geni-get").chmod(0o755)
     # the worker pool's module stands in for what the node's environment holds
     fake = tmp_path / "parsl" / "executors" / "high_throughput"
     fake.mkdir(parents=True)
@@ -165,12 +183,19 @@ def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Pa
         (folder / "__init__.py").write_text("")
     (fake / "process_worker_pool.py").write_text(
         "import sys; print('pool', sys.argv[1:])\n")
+    import shutil
     import subprocess
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    for boot in ("first", "reboot"):
+        done = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert done.returncode == 0, (boot, done.stderr)
+        assert done.stdout.splitlines() == [
+            "cores=3", "pool ['-c', 'import sys; print(sys.argv[1:])', '--block_id=0']"], boot
+        shutil.rmtree(here / "nodes", ignore_errors=True)
     done = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
-        "cores=3", "pool ['-c', 'import sys; print(sys.argv[1:])', '--block_id=0']"]
+                          env={**env, "PATH": "/usr/bin:/bin"})  # no geni-get
+    assert done.returncode == 1 and done.stderr.strip().endswith("geni-get client_id failed")
 
 
 def test_the_nodes_wheelhouse_with_parsl_is_one_of_its_own(tmp_path: Path) -> None:

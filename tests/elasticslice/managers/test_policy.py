@@ -399,3 +399,25 @@ def test_simulation_follows_demand_with_boot_delay():
 
 def test_policysim_doctest():
     assert doctest.testmod(policysim).failed == 0
+
+
+# --- nodes that keep failing to start ---------------------------------------------------------
+
+def test_adds_pause_after_nodes_fail_to_start_in_a_row_and_the_pause_doubles():
+    """A broken image or wheelhouse: every node added fails its startup. Without a pause the
+    policy replaced them as fast as the CM answered (200 boots in a test run)."""
+    config = PolicyConfig(minthreshold=2, maxthreshold=4, failure_backoff=60.0,
+                          failure_backoff_max=200.0)
+    held = nodes(1)
+    assert decide(seen(held, failed_in_a_row=2, last_failed_at=NOW - 1), config).add == {CM: 3}
+    paused = decide(seen(held, failed_in_a_row=3, last_failed_at=NOW - 1), config)
+    assert not paused.add  # even below minthreshold: another node would fail the same way
+    assert any("3 added nodes in a row failed to start: no add for 59s" in r
+               for r in paused.reasons)
+    assert decide(seen(held, failed_in_a_row=3, last_failed_at=NOW - 61), config).add == {CM: 3}
+    assert not decide(seen(held, failed_in_a_row=4, last_failed_at=NOW - 61), config).add
+    assert decide(seen(held, failed_in_a_row=4, last_failed_at=NOW - 121), config).add
+    assert not decide(seen(held, failed_in_a_row=9, last_failed_at=NOW - 199), config).add
+    assert decide(seen(held, failed_in_a_row=9, last_failed_at=NOW - 201), config).add  # max
+    off = PolicyConfig(minthreshold=2, maxthreshold=4, failures_before_backoff=0)
+    assert decide(seen(held, failed_in_a_row=50, last_failed_at=NOW), off).add == {CM: 3}

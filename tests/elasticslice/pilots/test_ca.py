@@ -74,7 +74,16 @@ def test_a_member_name_that_is_not_a_file_name_is_refused(tmp_path: Path) -> Non
         ca.issue("..")
 
 
-def test_node_tarball_carries_no_key_only_the_ca_a_token_and_the_script(
+def read_tarball(url: str) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
+    """The members of a tarball as the CM fetches it: name -> (info, bytes)."""
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        data = resp.read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: (m, tar.extractfile(m).read() if m.isfile() else b"")
+                for m in tar.getmembers()}
+
+
+def test_the_slice_shares_one_tarball_with_no_key_and_each_pending_token(
         tmp_path: Path) -> None:
     ca = ClusterCA.open(tmp_path / "pki")
     publisher = TarballPublisher().start()
@@ -82,44 +91,51 @@ def test_node_tarball_carries_no_key_only_the_ca_a_token_and_the_script(
     try:
         helper = PilotElasticSliceHelper(ca, "tls://127.0.0.1:4321", tmp_path / "tarballs",
                                          publisher=publisher, enrolment=enrolment,
-                                         node_python="/opt/venv/bin/python")
-        args = helper.get_add_args(1)
-        (cid, node), = args.items()
-        startup = str(node)
-        assert "PRIVATE KEY" not in startup and "token" not in startup
-        assert node["startup"][0] == "sh /local/pilot/start.sh"
-        url, = node["tarballs"]  # a bare URL: CloudLab installs it at /
+                                         node_python="/opt/venv/bin/python",
+                                         report_url="http://127.0.0.1:1/t/report")
+        args = helper.get_add_args(2)
+        assert sorted(args) == ["node-1", "node-2"]
+        urls = {cid: node["tarballs"] for cid, node in args.items()}
+        assert urls["node-1"] == urls["node-2"]  # one URL: one fetch per sliver change
+        url, = urls["node-1"]  # a bare URL: CloudLab installs it at /
         assert tarball_problem(url) is None and url.startswith(publisher.base_url)
-        assert "?" not in url
-        kept = tmp_path / "tarballs" / f"{cid}.tar.gz"
+        for node in args.values():  # one string, as CloudLab's AddNodes reads it
+            assert node["startup"] == "sh /local/pilot/start.sh"
+            assert "PRIVATE KEY" not in str(node) and "token" not in str(node)
+        kept = tmp_path / "tarballs" / "slice.tar.gz"
         assert mode(kept) == 0o600 and mode(kept.parent) == 0o700
-        with urllib.request.urlopen(url, timeout=30) as resp:  # as the CM fetches it
-            data = resp.read()
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            members = {m.name: m for m in tar.getmembers()}
-            script = tar.extractfile("local/pilot/start.sh").read().decode()
-            contents = b"".join(tar.extractfile(m).read() for m in tar.getmembers()
-                                if m.isfile())
-            token = tar.extractfile("local/pilot/token").read().decode()
-        assert set(members) == {"local", "local/pilot", *(f"local/pilot/{n}" for n in (
-            "ca.pem", "token", "start.sh"))}
+        members = read_tarball(url)
+        assert set(members) == {"local", "local/pilot", "local/pilot/ca.pem",
+                                "local/pilot/start.sh", "local/pilot/nodes",
+                                *(f"local/pilot/nodes/node-{i}{f}" for i in (1, 2)
+                                  for f in ("", "/token"))}
+        contents = b"".join(data for _, data in members.values())
         assert b"PRIVATE KEY" not in contents  # no key of anyone
         assert contents.count(b"BEGIN CERTIFICATE") == 1  # the CA's only, no node's
-        assert members["local/pilot/token"].mode == 0o600
-        assert token not in script and token not in startup
-        assert enrolment.tokens() == 1
+        info, token = members["local/pilot/nodes/node-1/token"]
+        assert info.mode == 0o600 and info.uname == "root" and info.uid == 0
+        assert members["local/pilot/nodes"][0].mode == 0o700
+        script = members["local/pilot/start.sh"][1].decode()
+        assert members["local/pilot/start.sh"][0].mode == 0o755  # run by the node's user
+        assert token.decode() not in script and enrolment.tokens() == 2
         assert 'name=$(geni-get client_id)' in script and "ELASTICSLICE_CLIENT_ID" not in script
         assert "ELASTICSLICE_NODE_IP" not in script  # a real node has no such variable
         assert "py=/opt/venv/bin/python\n" in script
+        assert 'asroot cat "$here/nodes/$name/token" > "$here/token"' in script
         assert (f'"$py" -m troy.frameworks.dask.enrol {enrolment.url} "$here/token" '
                 f'"$here/ca.pem" "$name" "$here"') in script
         assert ('exec "$py" -m troy.frameworks.dask node tls://127.0.0.1:4321 '
                 '"$cores" "$name" ${host:+"$host"}') in script
         assert f"export TROY_NODE_RENEW_URL={enrolment.url}" in script
-        assert not list((tmp_path / "pki").rglob(f"{cid}*"))  # nothing of the node's kept
-        helper.handle_deleted_node({"client_id": cid})
-        assert not kept.exists()  # the token goes with the node, and its URL with it
-        assert enrolment.tokens() == 0
+        assert not list((tmp_path / "pki").rglob("node-*"))  # nothing of the node's kept
+        helper.enrolled("node-1")  # its token spent: gone from the tarball
+        assert "local/pilot/nodes/node-1/token" not in read_tarball(url)
+        helper.handle_deleted_node({"client_id": "node-2"})
+        assert set(read_tarball(url)) == {"local", "local/pilot", "local/pilot/ca.pem",
+                                          "local/pilot/start.sh"}
+        assert enrolment.tokens() == 1  # node-1's, spent with its enrolment in real life
+        helper.close(remove=True)
+        assert not kept.exists()
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(url, timeout=30)
     finally:
@@ -135,13 +151,15 @@ def test_a_node_python_of_several_words_runs_through_a_wrapper(tmp_path: Path) -
         helper = PilotElasticSliceHelper(ca, "tls://127.0.0.1:4321", tmp_path / "tarballs",
                                          publisher=publisher, enrolment=enrolment,
                                          node_python="env X=1 python3")
-        with tarfile.open(helper.tarball("node-1")) as tar:
-            wrapper = tar.extractfile("local/pilot/python").read().decode()
-            script = tar.extractfile("local/pilot/start.sh").read().decode()
+        members = read_tarball(helper.tarball_url())
+        wrapper = members["local/pilot/python"][1].decode()
         assert wrapper == '#!/bin/sh\nexec env X=1 python3 "$@"\n'
-        assert 'py="$here/python"' in script
+        assert members["local/pilot/python"][0].mode == 0o755
+        assert 'py="$here/python"' in members["local/pilot/start.sh"][1].decode()
+        helper.get_add_args(1)
         helper.forget_all()
-        assert not list((tmp_path / "tarballs").iterdir()) and enrolment.tokens() == 0
+        assert enrolment.tokens() == 0
+        assert "local/pilot/nodes" not in read_tarball(helper.tarball_url())
     finally:
         enrolment.stop()
         publisher.stop()

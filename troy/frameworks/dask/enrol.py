@@ -11,6 +11,12 @@ and exits 0; on failure one line on stderr, exit 1.
 
     python -m troy.frameworks.dask.enrol --advertise CLIENT_ID < manifest.xml
 
+    python -m troy.frameworks.dask.enrol --valid CERT_FILE
+
+exits 0 when the certificate in CERT_FILE is valid for at least :data:`VALID_MARGIN` more
+seconds (a rebooted node starts its agent with it, which renews it), else 1 with one line
+saying when it expired: a node down longer than its certificate's life cannot renew it.
+
 prints the address this node's agent should advertise: its own host or interface address in
 the sliver's manifest (``geni-get manifest``) when that address is configured on this node;
 nothing when none is (the agent then uses the address it reaches the scheduler from).
@@ -385,7 +391,24 @@ def advertised_address(manifest: str, client_id: str) -> str | None:
 
 # ---------------------------------------------------------------------- command line
 USAGE = ("usage: python -m troy.frameworks.dask.enrol URL TOKEN_FILE CA_FILE CLIENT_ID OUT_DIR\n"
-         "       python -m troy.frameworks.dask.enrol --advertise CLIENT_ID < MANIFEST")
+         "       python -m troy.frameworks.dask.enrol --advertise CLIENT_ID < MANIFEST\n"
+         "       python -m troy.frameworks.dask.enrol --valid CERT_FILE")
+VALID_MARGIN = 60.0  # seconds a certificate must still be valid for the agent to use it
+
+
+def still_valid(cert_file: Path, now: float | None = None) -> str | None:
+    """None when the certificate is valid for :data:`VALID_MARGIN` more seconds, else why
+    not (one line)."""
+    try:
+        ends = _cert_info(str(cert_file))[2]
+    except (OSError, ValueError) as err:
+        return f"cannot read the node's certificate {cert_file}: {err}"
+    left = ends - (time.time() if now is None else now)
+    if left >= VALID_MARGIN:
+        return None
+    when = dt.datetime.fromtimestamp(ends, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return (f"the node's certificate {'expired' if left <= 0 else 'expires'} at {when}: "
+            f"it cannot be renewed (the node was down longer than its lifetime)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         if found:
             print(found)
         return 0
+    if len(args) == 2 and args[0] == "--valid":
+        why = still_valid(Path(args[1]))
+        if why:
+            print(why, file=sys.stderr)
+        return 1 if why else 0
     if len(args) != 5:
         print(USAGE, file=sys.stderr)
         return 2
