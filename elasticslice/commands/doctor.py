@@ -239,8 +239,16 @@ def check_addresses(settings: RunSettings, cm_local: bool, box: str | None = Non
         return ok("addresses", f"{where}: the CM runs on this machine (the box), so its "
                                f"nodes reach this machine on any of its addresses")
     bad = []
-    if ipaddress.ip_address(listen).is_loopback:
+    address = ipaddress.ip_address(listen)
+    if address.is_loopback:
         bad.append(f"listen {listen} ({settings.sources['listen']}) is loopback")
+    elif address.is_private:
+        return fail("addresses", f"listen {listen} ({settings.sources['listen']}) is a private "
+                    f"address: CloudLab's nodes reach the scheduler and enrolment at that very "
+                    f"address (a NAT's port forward does not change what the nodes are "
+                    f"told; public_url rewrites only the publisher's URLs)",
+                    "run the control node where its own address is public: a CloudLab node "
+                    "(examples/cloudlab/control-node.py) or a server with a public address")
     if public and _loopback(urlsplit(public).hostname or ""):
         bad.append(f"public_url {public} ({settings.sources['public_url']}) is loopback")
     if bad:
@@ -248,7 +256,7 @@ def check_addresses(settings: RunSettings, cm_local: bool, box: str | None = Non
                                                   "reach this machine there",
                     "set --listen / [pilots] listen to this machine's public address (and "
                     "--public-url / [pilots] public_url to a URL CloudLab can fetch from)")
-    return ok("addresses", f"{where}: not loopback")
+    return ok("addresses", f"{where}: not loopback, not private")
 
 
 def check_ports(settings: RunSettings) -> Check:
@@ -259,16 +267,24 @@ def check_ports(settings: RunSettings) -> Check:
                     "give --listen / [pilots] listen an address of one of this machine's "
                     "interfaces (the public one, on a CloudLab control node)")
     family = socket.AF_INET6 if ":" in listen else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((listen, port))
-        except OSError as err:
-            return fail("ports", f"cannot bind {listen} port {port} for the callback endpoint "
-                                 f"({settings.sources['endpoint_port']}): "
-                                 f"{err.strerror or err}",
-                        "stop what holds the port, or choose another --endpoint-port / "
-                        "[endpoint] port")
+    fixed = [("endpoint_port", "the callback endpoint", "--endpoint-port / [endpoint] port"),
+             ("scheduler_port", "the Dask scheduler", "--scheduler-port / [pilots] "
+                                                      "scheduler_port"),
+             ("enrol_port", "enrolment", "--enrol-port / [pilots] enrol_port"),
+             ("publish_port", "the tarball publisher", "--publish-port / [pilots] "
+                                                       "publish_port")]
+    for name, what, option in fixed:
+        value = getattr(settings, name)
+        if not value:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((listen, value))
+            except OSError as err:
+                return fail("ports", f"cannot bind {listen} port {value} for {what} "
+                                     f"({settings.sources[name]}): {err.strerror or err}",
+                            f"stop what holds the port, or choose another {option}")
     metrics = settings.metrics_port
     if metrics:   # served on 127.0.0.1 (never elsewhere by default)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -281,11 +297,11 @@ def check_ports(settings: RunSettings) -> Check:
                                      f"{err.strerror or err}",
                             "stop what holds the port, or choose another --metrics-port / "
                             "[pilots] metrics_port")
-    endpoint = f"port {port} for the endpoint, " if port else ""
-    return ok("ports", f"{listen}: {endpoint}free ports for the rest (endpoint, scheduler, "
-                       f"publisher, enrolment) can be bound" if not port else
-              f"{listen}: {endpoint}free ports for the scheduler, publisher and enrolment "
-              f"can be bound")
+    given = [f"{getattr(settings, n)} for {w}" for n, w, _ in fixed if getattr(settings, n)]
+    rest = [w for n, w, _ in fixed if not getattr(settings, n)]
+    return ok("ports", f"{listen}: " + "; ".join(
+        [*(["ports " + ", ".join(given)] if given else []),
+         *([f"free ports for {', '.join(rest)}"] if rest else [])]) + " can be bound")
 
 
 def image_python(settings: RunSettings, cm_local: bool) -> str | None:

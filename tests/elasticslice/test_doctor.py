@@ -150,6 +150,47 @@ def test_loopback_addresses_fail_against_a_cm_elsewhere(emulator: Any, tmp_path:
     assert code == 0 and line(lines, "addresses").startswith("ok"), lines
 
 
+def test_a_private_listen_address_behind_nat_fails_against_a_cm_elsewhere(
+        emulator: Any, tmp_path: Path) -> None:
+    """Behind a NAT the scheduler's and enrolment's addresses are given to the nodes as they
+    are (public_url rewrites only the publisher's URLs): the nodes would dial a private
+    address. doctor refuses it; the box's own control address (private to this machine, and
+    where its nodes are) passes against the box."""
+    elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
+    config = variant(emulator, tmp_path, {"cm_urls": f"{elsewhere}/cm",
+                                          "dynslice_urls": f"{elsewhere}/dynslice"})
+    code, lines, _ = doctor(config, tmp_path, "--listen", "192.168.7.2", "--public-url",
+                            "http://ctl.example.org:8080/")
+    assert code == 1
+    got = line(lines, "addresses")
+    assert got.startswith("FAIL addresses: listen 192.168.7.2 (--listen) is a private "
+                          "address: CloudLab's nodes reach the scheduler and enrolment at "
+                          "that very address")
+    assert "-> run the control node where its own address is public" in got
+
+
+def test_fixed_ports_are_checked_and_named(emulator: Any, tmp_path: Path) -> None:
+    here = emulator.control_address
+    with socket.socket() as taken:
+        taken.bind((here, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        free = closed_port()
+        code, lines, _ = doctor(emulator.config_path, tmp_path, "--publish-port", str(port),
+                                "--scheduler-port", str(free))
+        assert code == 1
+        assert line(lines, "ports") == (
+            f"FAIL ports: cannot bind {here} port {port} for the tarball publisher "
+            f"(--publish-port): Address already in use -> stop what holds the port, or "
+            f"choose another --publish-port / [pilots] publish_port")
+    code, lines, _ = doctor(emulator.config_path, tmp_path, "--publish-port", str(port),
+                            "--enrol-port", str(free))
+    assert code == 0, lines
+    assert line(lines, "ports") == (
+        f"ok   ports: {here}: ports {free} for enrolment, {port} for the tarball publisher; "
+        f"free ports for the callback endpoint, the Dask scheduler can be bound")
+
+
 def test_a_public_url_from_the_config_is_named_with_its_file(emulator: Any,
                                                             tmp_path: Path) -> None:
     elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
