@@ -140,6 +140,7 @@ def agent_script(scheduler: str, node_python: str, enrol_url: str,
             f'asroot rm -rf "$here/{NODES}" || fail "cannot remove $here/{NODES}"\n'
             f"# --- the agent's Python: these lines set py ---\n"
             f"{python.rstrip()}\n"
+            f'command -v "$py" >/dev/null 2>&1 || fail "no $py on this image"\n'
             f"# --- the address to advertise (meanwhile): the manifest's, if configured here ---\n"
             f'(geni-get manifest 2>/dev/null | "$py" -m troy.frameworks.dask.enrol --advertise '
             f'"$name" > "$here/address" || :) &\n'

@@ -50,6 +50,7 @@ from troy.states import FINAL_STATES
 log = logging.getLogger(__name__)
 
 DEMAND_UNITS = ("cores", "nodes")
+BOOTING = (NodeState.NOTREADY, NodeState.CHANGING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +124,8 @@ class PilotWatch:
 
     def decorate(self, views: tuple[NodeView, ...]) -> tuple[NodeView, ...]:
         """The policy's views with busy, idle_since and the agent's absence from the pilots
-        (a node still booting has no agent yet, and is not missing one)."""
+        (a node still booting, or booting again after a reboot, has no agent yet, and is not
+        missing one)."""
         now = self.clock()
         out, missing = [], set()
         other = self._activity()
@@ -137,8 +139,8 @@ class PilotWatch:
                     since = None if busy else max(since or 0.0, last or 0.0) or None
                 out.append(dataclasses.replace(view, busy=busy, idle_since=since))
                 continue
-            if pilot is None and view.state is not NodeState.READY:
-                out.append(view)
+            if view.state in BOOTING or (pilot is None and view.state is not NodeState.READY):
+                out.append(view)  # booting, or booting again after a reboot: no agent yet
                 continue
             missing.add(view.client_id)
             since = self._agentless.setdefault(view.client_id, now)
