@@ -60,19 +60,28 @@ def test_an_archived_tarball_is_useless_and_its_replay_replaces_the_node(
     cluster = ElasticCluster(server, tmp_path / "cluster", minthreshold=2, maxthreshold=3,
                              idle_timeout=None, intervals=FAST_INTERVALS, margin=1.0,
                              cert_lifetime=8.0, policy=dataclasses.replace(FAST_POLICY))
+    archive: dict[str, bytes] = {}   # every version of the slice's tarball, as archived
     try:
         cluster.start()
+        url = cluster.helper.tarball_url()
+        write = cluster.helper.slice_tarball.write
+
+        def archived() -> Path:   # what an attacker who read the experiment's archive has
+            path = write()
+            for cid in cluster.helper.slice_tarball.nodes():
+                archive.setdefault(cid, path.read_bytes())
+            return path
+        cluster.helper.slice_tarball.write = archived  # type: ignore[method-assign]
         wait_for(lambda: len(cluster.pilots()) == 2, timeout=180, what="2 pilots")
-        urls = dict(cluster.helper._urls)
-        assert sorted(urls) == ["node-1", "node-2"]
-        copies = {cid: stored_tarball(emulator, url) for cid, url in urls.items()}
-        for cid, data in copies.items():
-            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                names = {m.name.rsplit("/", 1)[-1] for m in tar.getmembers() if m.isfile()}
-                blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers()
-                                if m.isfile())
-            assert names == {"ca.pem", "token", "start.sh"}, (cid, names)
-            assert b"PRIVATE KEY" not in blob  # nothing to steal in the archive
+        assert "node-2" in archive, sorted(archive)
+        # the CM keeps one copy of the one URL, fetched again at each change: once the
+        # nodes enrolled it holds no token, and never a key
+        with tarfile.open(fileobj=io.BytesIO(stored_tarball(emulator, url))) as tar:
+            blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
+            names = {m.name for m in tar.getmembers() if m.isfile()}
+        assert b"PRIVATE KEY" not in blob  # nothing to steal in the archive
+        assert names <= {"local/pilot/ca.pem", "local/pilot/start.sh",
+                         *(f"local/pilot/nodes/node-{i}/token" for i in range(3, 9))}, names
         assert private_files(cluster.state_dir) == ["pki/ca.key", "pki/members/enrolment.key",
                                                     "pki/members/scheduler.key"]
 
@@ -84,13 +93,14 @@ def test_an_archived_tarball_is_useless_and_its_replay_replaces_the_node(
                  what="node-1's listener serving a renewed certificate")
         assert cluster.enrolment.renewed >= 1
 
-        # The archived copy of node-2's tarball, presented by whoever read it: refused.
-        with tarfile.open(fileobj=io.BytesIO(copies["node-2"])) as tar:
+        # The archived copy with node-2's token, presented by whoever read it: refused.
+        with tarfile.open(fileobj=io.BytesIO(archive["node-2"])) as tar:
             tar.extractall(tmp_path / "thief", filter="data")
         stolen = tmp_path / "thief" / "local" / "pilot"
         result = subprocess.run(
             [sys.executable, "-m", "troy.frameworks.dask.enrol", cluster.enrolment.url,
-             str(stolen / "token"), str(stolen / "ca.pem"), "node-2", str(stolen)],
+             str(stolen / "nodes" / "node-2" / "token"), str(stolen / "ca.pem"), "node-2",
+             str(stolen)],
             capture_output=True, text=True, timeout=120)
         assert result.returncode == 1 and "enrolment token already used" in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -102,11 +112,7 @@ def test_an_archived_tarball_is_useless_and_its_replay_replaces_the_node(
         wait_for(lambda: len(cluster.pilots()) == 2
                  and "node-2" not in {p.worker_name for p in cluster.pilots()},
                  timeout=180, what="a new node's pilot in node-2's place")
-        assert "node-2" not in cluster.helper._urls  # its URL withdrawn, its tarball gone
-        assert not (cluster.state_dir / "tarballs" / "node-2.tar.gz").exists()
-        with pytest.raises(Exception):
-            import urllib.request
-            urllib.request.urlopen(urls["node-2"], timeout=30)
+        assert "node-2" not in cluster.helper.slice_tarball.nodes()  # no token of it
         keys = private_files(cluster.state_dir)
         assert {k.rsplit("/", 1)[-1] for k in keys} <= CONTROL_KEYS, keys
     finally:
@@ -114,5 +120,8 @@ def test_an_archived_tarball_is_useless_and_its_replay_replaces_the_node(
         server.close()
     # After close(): no tarball, no token, no URL, no node key anywhere on the control node.
     assert not list((tmp_path / "cluster" / "tarballs").iterdir())
+    with pytest.raises(Exception):
+        import urllib.request
+        urllib.request.urlopen(url, timeout=30)
     keys = private_files(tmp_path / "cluster")
     assert {k.rsplit("/", 1)[-1] for k in keys} <= CONTROL_KEYS, keys
