@@ -143,11 +143,15 @@ def probe(path: str) -> Interpreter:
     try:
         done = subprocess.run([path, "-I", "-S", "-c", PROBE], capture_output=True, text=True,
                               timeout=30, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-        data = json.loads(done.stdout) if done.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, ValueError) as err:
+    except (OSError, subprocess.SubprocessError) as err:
         raise ImageError(f"{where}: not a Python interpreter ({err})") from err
+    try:
+        data = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        data = None
     if not isinstance(data, dict):
-        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}, "
+                                                      "no answer a Python 3 gives"])[-1]
         raise ImageError(f"{where}: not a Python 3 interpreter ({said[:200]})")
     if data.get("implementation") != "cpython" or not VERSION.fullmatch(data["version"]):
         raise ImageError(f"{where}: {data.get('implementation')} {data.get('version')}, "
@@ -311,7 +315,7 @@ def build_layer(target: Path, python: Interpreter | None, arch: str) -> None:
             for rel in _masks(python):
                 _whiteout(staging / rel)
         if arch != HOST_ARCH:
-            stdlib = Path(python.stdlib) if python is not None else Path(f"/usr/lib/python{version}")
+            stdlib = Path(python.stdlib if python else f"/usr/lib/python{version}")
             (lib / "sitecustomize.py").write_text(
                 sitecustomize(arch, stdlib / "sitecustomize.py"), encoding="utf-8")
         for folder, dirs, _ in os.walk(staging):
