@@ -275,7 +275,8 @@ def add_user_cmd(directory: Path, uid: str) -> None:
 @emulator.group("image")
 def image_group() -> None:
     """Disk images nodes boot from: the stock image (the host's system, read-only) and
-    custom images laid over it (docs/emulator.md, "The node image")."""
+    custom images laid over it, each with its python3 and architecture (docs/emulator.md,
+    "Custom images")."""
 
 
 @image_group.command("add")
