@@ -14,13 +14,13 @@ from types import FrameType
 
 import click
 
+from elasticslice.commands.emulator_image import DIR_OPTION, image_group
 from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.emulator.admin import reclamation_report
 from elasticslice.emulator.daemon import (DEFAULT_LOG, STOP_TIMEOUT, start_background,
                                           stop_emulator)
 from elasticslice.emulator.pressure import Pressure, parse_items
-from elasticslice.emulator.images import Images
 from elasticslice.emulator.pace import PROFILES
 from elasticslice.emulator.server import access
 from elasticslice.emulator.setup import (DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER,
@@ -29,10 +29,6 @@ from elasticslice.emulator.store import Store
 from elasticslice.errors import ElasticSliceError
 
 log = logging.getLogger(__name__)
-
-DIR_OPTION = click.option("--dir", "directory", required=True, envvar="ELASTICSLICE_EMULATOR_DIR",
-                          type=click.Path(file_okay=False, path_type=Path),
-                          help="The emulator directory (env: ELASTICSLICE_EMULATOR_DIR).")
 
 
 @click.group("emulator")
@@ -50,6 +46,9 @@ def emulator() -> None:
     report reads its state and works offline too. Nodes are machines booted from an image
     (image add makes custom ones); serve --latency cloudlab keeps CloudLab's pace.
     """
+
+
+emulator.add_command(image_group)
 
 
 @emulator.command("init")
@@ -270,37 +269,6 @@ def add_user_cmd(directory: Path, uid: str) -> None:
     click.echo(f"user {files.urn}")
     click.echo(f"certificate and key: {files.pem} (passphrase in {files.password})")
     click.echo(f"client config: {files.config}")
-
-
-@emulator.group("image")
-def image_group() -> None:
-    """Disk images nodes boot from: the stock image (the host's system, read-only) and
-    custom images laid over it (docs/emulator.md, "The node image")."""
-
-
-@image_group.command("add")
-@DIR_OPTION
-@click.argument("name")
-@click.argument("source", type=click.Path(file_okay=False, exists=True, path_type=Path))
-def image_add_cmd(directory: Path, name: str, source: Path) -> None:
-    """Copy folder SOURCE into DIR as custom image NAME, laid over the stock image.
-
-    Nodes whose disk_image is its URN (printed) boot from it; no other node sees its files.
-    SOURCE holds the files as they are on the node (usr/local/..., opt/..., root/...).
-    Works whether or not the server runs (it reads the images at each boot)."""
-    cfg = load_config(directory)
-    urn = Images(directory.resolve(), cfg.identity, cfg.project).add(name, source)
-    click.echo(f"image {name}: {urn}")
-
-
-@image_group.command("list")
-@DIR_OPTION
-def image_list_cmd(directory: Path) -> None:
-    """The custom images of DIR and their URNs."""
-    cfg = load_config(directory)
-    images = Images(directory.resolve(), cfg.identity, cfg.project)
-    for name in images.names():
-        click.echo(f"{name:24} {images.urn(name)}")
 
 
 @emulator.command("revoke")

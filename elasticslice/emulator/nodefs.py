@@ -125,22 +125,34 @@ def hostname(fqdn: str, client_id: str) -> str:
 
 def machine_spec(node: NodeDir, image: Image | None, box: Path | None, host: str,
                  hide: list[str]) -> dict[str, Any]:
-    """What the node's init mounts (see :mod:`elasticslice.emulator.nodeinit`)."""
+    """What the node's init mounts (see :mod:`elasticslice.emulator.nodeinit`): the image's
+    folders (layers, top first: the node's tarball files, the box's, the image's own, its
+    system layer, the host's), the standard library of an image's own python3 over
+    ``/usr/lib/python3.X``, and read-only binds (the image's other top-level folders, its
+    python3's binary and libpython over their placeholders, the node's ``geni`` folder)."""
+    tops = [node.layer, box, image.root if image else None, image.system if image else None]
+
+    def layers(rel: str) -> list[str]:
+        return [str(top / rel) for top in tops
+                if top is not None and (top / rel).is_dir() and not (top / rel).is_symlink()]
+
     image_dirs = []
     for name in STOCK_DIRS:
         on_host = Path("/") / name
         if on_host.is_symlink() or not on_host.is_dir():
             continue
-        tops = [node.layer, box, image.root if image else None]
-        layers = [str(top / name) for top in tops
-                  if top is not None and (top / name).is_dir() and not (top / name).is_symlink()]
-        image_dirs.append([name, [*layers, str(on_host)]])
+        image_dirs.append([name, [*layers(name), str(on_host)]])
+    python = image.python if image is not None else None
+    if python is not None and python.stdlib_mount():
+        image_dirs.append([python.lib, [*layers(python.lib), python.stdlib]])
     binds = []
     if image is not None:
         for entry in sorted(image.root.iterdir()):
             if entry.is_dir() and not entry.is_symlink() and entry.name not in (
                     *STOCK_DIRS, *PRIVATE_DIRS, *RESERVED_DIRS):
                 binds.append([entry.name, str(entry)])
+    if python is not None:
+        binds += [[rel, source] for rel, source in python.files()]
     binds.append([GENI_MOUNT, str(node.geni)])
     return {"root": str(node.root), "image": image_dirs, "links": host_links(),
             "binds": binds, "hide": hide, "hostname": host, "cwd": "/"}

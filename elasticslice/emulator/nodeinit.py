@@ -6,9 +6,11 @@ project's site-packages), SPEC being JSON: ``root`` (the node's own ``/``, a dir
 the host), ``commands`` (``[[shell, command], ...]``), ``status_fd`` (a pipe: one exit
 status per line, closed when the commands are done), ``isolate`` and, with it, what the
 machine is made of (:func:`elasticslice.emulator.nodefs.machine_spec`): ``image`` (per
-image directory, its layers, top first, the host's own last), ``links`` (``bin -> usr/bin``
-where the host has them), ``binds`` (read-only folders: a custom image's own top-level
-folders, the node's ``geni`` folder), ``hide`` (folders to cover if the image shows them),
+image folder, ``usr``... and the standard library of an image's own python3, its layers,
+top first, the host's own last), ``links`` (``bin -> usr/bin``
+where the host has them), ``binds`` (read-only folders and files: a custom image's own
+top-level folders, its own python3's binary and libpython over the placeholders of its
+system layer, the node's ``geni`` folder), ``hide`` (folders to cover if the image shows them),
 ``hostname`` and ``cwd``; ``lifeline_fd`` (the read end of a pipe whose write end only the
 emulator's process holds: end of file when that process is gone).
 
@@ -173,7 +175,8 @@ def build(spec: dict) -> None:
             if not os.path.lexists(path):
                 os.symlink(target, path)
     for rel, source in spec.get("binds", []):
-        bind_readonly(source, _dir(root, rel.strip("/")))
+        rel = rel.strip("/")
+        bind_readonly(source, _dir(root, rel) if os.path.isdir(source) else _file(root, rel))
     _dev(root)
     _proc(root)
     if spec.get("hostname"):

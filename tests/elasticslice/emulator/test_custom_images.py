@@ -3,11 +3,16 @@
 and no other node sees its files."""
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+
 import pytest
 from click.testing import CliRunner
 
 from elasticslice.cli import cli
 from elasticslice.emulator import isolate
+from elasticslice.emulator.imagepython import HOST_ARCH
 from tests.elasticslice.emulator.helpers import Session, ok
 from tests.elasticslice.emulator.node_helpers import add_node, exited
 
@@ -77,3 +82,63 @@ def test_a_bad_image_is_one_line_and_exit_1(emulator, tmp_path):
     result = runner.invoke(cli, ["emulator", "image", "add", "--dir", str(emulator.dir),
                                  "no spaces", str(tmp_path)])
     assert result.exit_code == 1 and "image name" in result.output
+
+
+def _emulator_dir(emulator_pki, tmp_path):
+    """An emulator directory (no server: ``image add`` and ``list`` work offline)."""
+    d = tmp_path / "emu"
+    shutil.copytree(emulator_pki, d)
+    return d
+
+
+def test_image_list_shows_each_images_python3_and_arch_the_stock_ones_too(emulator_pki,
+                                                                          tmp_path):
+    d = _emulator_dir(emulator_pki, tmp_path)
+    runner = CliRunner()
+    for args in (["MYIMAGE", str(_image(tmp_path))], ["ARM", "--arch", "aarch64"],
+                 ["SYSPY", "--python", "/usr/bin/python3"]):
+        result = runner.invoke(cli, ["emulator", "image", "add", "--dir", str(d), *args])
+        assert result.exit_code == 0, result.output
+    stock = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % "
+                            "sys.version_info[:2])"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    listed = runner.invoke(cli, ["emulator", "image", "list", "--dir", str(d), "--json"])
+    data = json.loads(listed.stdout)
+    assert data["stock"] == {"name": "(stock)", "urn": "", "python3": stock,
+                             "arch": HOST_ARCH, "interpreter": None}
+    seen = {i["name"]: (i["python3"], i["arch"], i["interpreter"]) for i in data["images"]}
+    assert seen == {"ARM": (stock, "aarch64", None), "MYIMAGE": (stock, HOST_ARCH, None),
+                    "SYSPY": (stock, HOST_ARCH, "/usr/bin/python3"),
+                    "ELASTICSLICE-PILOT": (stock, HOST_ARCH, None)}
+    registry = json.loads((d / "images.json").read_text())
+    assert registry["ARM"]["arch"] == "aarch64"
+    assert registry["SYSPY"]["python"]["version"] == stock
+    table = runner.invoke(cli, ["emulator", "image", "list", "--dir", str(d)]).stdout
+    assert [line.split()[:3] for line in table.splitlines()] == [
+        ["NAME", "PYTHON3", "ARCH"], ["(stock)", stock, HOST_ARCH], ["ARM", stock, "aarch64"],
+        ["ELASTICSLICE-PILOT", stock, HOST_ARCH], ["MYIMAGE", stock, HOST_ARCH],
+        ["SYSPY", stock, HOST_ARCH]]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--python", "{tmp}/nothing"], "--python {tmp}/nothing: no such file"),
+    (["--python", "{tmp}/notes.txt"], "--python {tmp}/notes.txt: not executable"),
+    (["--python", "{tmp}/script"], "--python {tmp}/script: not a Python 3 interpreter"),
+    (["--python", "3.99"], "--python 3.99: no Python 3.99 on this machine"),
+    (["--python", "/usr/bin/python3", "--arch", "sparc"], "--arch sparc: unknown architecture"),
+    ([], "image BAD: give its folder (DIR), --python or --arch"),
+], ids=["no-file", "not-executable", "not-python", "no-such-version", "arch", "nothing"])
+def test_a_bad_python_or_arch_is_one_line_naming_it_and_exit_1(emulator_pki, tmp_path, args,
+                                                               said):
+    d = _emulator_dir(emulator_pki, tmp_path)
+    (tmp_path / "notes.txt").write_text("not a program\n")
+    (tmp_path / "script").write_text("#!/bin/sh\necho hello\n")
+    (tmp_path / "script").chmod(0o755)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    result = CliRunner().invoke(cli, ["emulator", "image", "add", "--dir", str(d), "BAD", *args])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    said = said.replace("{tmp}", str(tmp_path))
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {said}"), result.stderr
+    assert "BAD" not in json.loads((d / "images.json").read_text())
+    assert not (d / "images" / "BAD").exists()
