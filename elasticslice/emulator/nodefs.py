@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 GENI_MOUNT = "var/emulab/boot/geni"
 HOST_NAME_MAX = 64
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a node id, safe as a folder
 RUNLOG = re.compile(r"^/var/emulab/logs/runlog\.[A-Za-z0-9]{6}$")
 RUNLOG_LIMIT = 1 << 20  # what runlog_text reads at most: the end of a longer runlog
 
