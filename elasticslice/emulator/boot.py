@@ -348,13 +348,14 @@ class BootRunner:
         node_dir.geni.mkdir(exist_ok=True)
         geniget.write_node_config(node_dir.geni, self.ctx.node_config_url,
                                   str(node.attrs.get("geni_key", "")))
+        choice = self.isolation()
+        spec = startup.startup_spec(self.ctx, node, node_dir, image, choice)  # /etc first
         host = nodefs.hostname(str(node.attrs.get("hostname", "")), node.client_id)
         machine = nodefs.machine_spec(node_dir, image, self.box, host,
                                       hide=[str(self.ctx.directory.resolve())])
-        choice = self.isolation()
         env = startup.node_environment(self.ctx, node, node_dir, image, choice.isolated,
                                        self.node_address(node.node_id))
-        return machine, env, startup.startup_spec(self.ctx, node, node_dir, image, choice)
+        return machine, env, spec
 
     def _wire(self, node: NodeRow) -> str | None:
         """The node's network namespace, on its networks (None: the host's network)."""

@@ -92,7 +92,8 @@ def send_request(sock, request, fds):
     message = struct.pack("!I", len(payload)) + payload
     sent = sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                      struct.pack(f"{len(fds)}i", *fds))])
-    sock.sendall(message[sent:])
+    if sent < len(message):
+        sock.sendall(message[sent:])
 
 
 def main(argv):
@@ -127,11 +128,15 @@ def main(argv):
         signal.signal(sig, forward)
     try:
         sock.connect(SOCKET)
+    except OSError as err:
+        fail(f"cannot reach the box's sudo service ({SOCKET}): {err.strerror or err}")
+    unsent = None
+    try:
         send_request(sock, {"argv": command, "user": opts["user"], "env": dict(os.environ),
                             "settings": settings, "preserve_env": opts["preserve_env"],
                             "set_home": opts["set_home"]}, fds)
-    except OSError as err:
-        fail(f"cannot reach the box's sudo service ({SOCKET}): {err.strerror or err}")
+    except OSError as err:  # it may have answered (and closed) first: a refusal says why
+        unsent = err
     for signum in pending:
         forward(signum, None)
     buffer = b""
@@ -139,8 +144,11 @@ def main(argv):
         try:
             chunk = sock.recv(65536)
         except OSError as err:
-            fail(f"the box's sudo service went away: {err.strerror or err}")
+            chunk, unsent = b"", unsent or err
         if not chunk:
+            if unsent is not None:
+                fail(f"cannot reach the box's sudo service ({SOCKET}): "
+                     f"{unsent.strerror or unsent}")
             fail("the box's sudo service went away before the command ended")
         buffer += chunk
     reply = json.loads(buffer.split(b"\n", 1)[0].decode("utf-8"))
