@@ -14,8 +14,8 @@ runlog. Deleting a node kills every process it started and wipes its folder (Clo
 reimages a node it takes back).
 
 A reboot (:meth:`BootRunner.reboot`; ``rc.startcmd``'s ``doboot`` at every boot) is a
-shutdown (SIGTERM to every process of the node, SIGKILL :data:`SHUTDOWN_GRACE` seconds
-later; ``notready``, rawstate SHUTDOWN), then a boot that takes :data:`REBOOT_FRACTION` of
+shutdown (SIGTERM to every process of the node, SIGKILL 3 s later:
+:meth:`elasticslice.emulator.nodeprocs.NodeProcesses.stop`; ``notready``, rawstate SHUTDOWN), then a boot that takes :data:`REBOOT_FRACTION` of
 the node's boot time (``changing``, BOOTING) on the disk the node left: only the tarballs
 whose kept copy changed since the node installed them are installed again, then the
 startup command runs again, with a new runlog.
@@ -29,13 +29,13 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 
 from elasticslice.emulator import (geniget, isolate, network, nodefs, nodeusers, orphans,
                                    startup, tarfiles)
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.geni import GeniFault
 from elasticslice.emulator.images import Images
+from elasticslice.emulator.nodeprocs import NodeProcesses
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
 from elasticslice.emulator.tarfiles import TarfileStore
 from elasticslice.errors import ElasticSliceError
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 CHANGING_AT = 0.3
 REBOOT_FRACTION = 0.5  # a reboot loads no image: half the node's boot time (an estimate)
-SHUTDOWN_GRACE = 3.0   # seconds between a node's SIGTERM and its SIGKILL
 
 
 class BootRunner:
@@ -55,10 +54,7 @@ class BootRunner:
         self.ctx = ctx
         self._queue: list[tuple[float, str, str, str]] = []  # due, node, sliver, stage
         self._cond = threading.Condition()
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._groups: dict[str, set[int]] = {}
-        self._generation: dict[str, int] = {}  # reboots of each node (under _procs_lock)
-        self._procs_lock = threading.Lock()
+        self.procs = NodeProcesses()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._isolation: isolate.Choice | None = None
@@ -135,9 +131,7 @@ class BootRunner:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with self._procs_lock:
-            node_ids = list(set(self._procs) | set(self._groups))
-        for node_id in node_ids:
+        for node_id in self.procs.node_ids():
             self.kill(node_id)
         if self.fabric is not None:
             tarfiles.BOX_HOSTS.discard(self.fabric.control_ip)
@@ -261,7 +255,7 @@ class BootRunner:
             if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
                 raise GeniFault(GeniCode.BUSY, f"{node_id} is booting; reboot it once it is "
                                                "up")
-            generation = self._next_generation(node_id)
+            generation = self.procs.next_generation(node_id)
             attrs = {k: v for k, v in node.attrs.items() if k != "error"}
             attrs["rebooted"] = True
             executes = bool(attrs.get("executes"))
@@ -275,20 +269,11 @@ class BootRunner:
                          name=f"reboot-{node_id}").start()
         return node
 
-    def _next_generation(self, node_id: str) -> int:
-        with self._procs_lock:
-            self._generation[node_id] = self._generation.get(node_id, 0) + 1
-            return self._generation[node_id]
-
-    def _current(self, node_id: str, generation: int) -> bool:
-        with self._procs_lock:
-            return self._generation.get(node_id, 0) == generation
-
     def _restart(self, node: NodeRow, generation: int) -> None:
         """The shutdown, then the boot from its timer (a DeleteNodes meanwhile ends it)."""
         try:
             self.kill(node.node_id)
-            if self._stopping or not self._current(node.node_id, generation):
+            if self._stopping or self.procs.generation(node.node_id) != generation:
                 return
             now = self.ctx.clock()
             if self.ctx.store.update_node(node.node_id, node.sliver_urn, boot_started=now):
@@ -312,7 +297,7 @@ class BootRunner:
 
     def _run_startup(self, node: NodeRow) -> None:
         node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
-        generation = self._generation_of(node.node_id)  # a reboot makes the next one
+        generation = self.procs.generation(node.node_id)  # a reboot makes the next one
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.RUNNING, execute_status=None)
         proc, read = self._spawn(node, node_dir)
@@ -320,7 +305,7 @@ class BootRunner:
             status = 127
         else:
             status_read = startup.read_report(read, node_dir.add_runlog)
-            if self._stopping or not self._current(node.node_id, generation):
+            if self._stopping or self.procs.generation(node.node_id) != generation:
                 return  # a restart or the reboot runs it again
             if status_read is None:  # the node died before its command was done
                 code = proc.wait()
@@ -331,13 +316,7 @@ class BootRunner:
         log.info("node %s startup exited with %s", node.node_id, status)
         if proc is not None:
             proc.wait()  # with namespaces, the node lives on while its daemons do
-            with self._procs_lock:
-                if self._procs.get(node.node_id) is proc:
-                    del self._procs[node.node_id]
-
-    def _generation_of(self, node_id: str) -> int:
-        with self._procs_lock:
-            return self._generation.get(node_id, 0)
+            self.procs.done(node.node_id, proc)
 
     def _startup_spec(self, node: NodeRow, node_dir: nodefs.NodeDir
                       ) -> tuple[dict, dict[str, str], dict]:
@@ -392,44 +371,22 @@ class BootRunner:
         finally:
             os.close(write)
         orphans.record(node_dir.path, proc.pid)
-        with self._procs_lock:
-            self._procs[node.node_id] = proc
-            self._groups.setdefault(node.node_id, set()).add(proc.pid)
+        self.procs.add(node.node_id, proc)
         if self._stopping or not self._belongs(node):
             # deleted (or stopping) while we were starting it: it must not survive
             orphans.signal_group(proc.pid, signal.SIGKILL)
         return proc, read
 
     def kill(self, node_id: str, wipe: bool = False) -> None:
-        """Stop the node's processes: every process group it started, daemons too (SIGTERM,
-        then SIGKILL :data:`SHUTDOWN_GRACE` seconds later)."""
-        with self._procs_lock:
-            proc = self._procs.pop(node_id, None)
-            groups = self._groups.pop(node_id, set())
-        alive = set(groups)
-        for pgid in groups:
-            if not orphans.signal_group(pgid, signal.SIGTERM):
-                alive.discard(pgid)
-        deadline = time.monotonic() + SHUTDOWN_GRACE
-        while alive and time.monotonic() < deadline:
-            alive = {g for g in alive if orphans.group_alive(g)}
-            if alive:
-                time.sleep(0.05)
-        for pgid in alive:
-            orphans.signal_group(pgid, signal.SIGKILL)
-        if proc is not None:
-            try:
-                proc.wait(timeout=SHUTDOWN_GRACE)
-            except subprocess.TimeoutExpired:
-                log.warning("node %s: startup process %s would not die", node_id, proc.pid)
+        """Shut the node down (:meth:`NodeProcesses.stop`: every process group it started,
+        daemons too) and take it off its networks; ``wipe``: its folder too (it left its
+        slice)."""
+        self.procs.stop(node_id)
         if self.fabric is not None:
             self.fabric.remove(node_id)
         if wipe:
-            with self._procs_lock:
-                self._generation.pop(node_id, None)
+            self.procs.forget(node_id)
             shutil.rmtree(self.ctx.node_dir(node_id), ignore_errors=True)
 
     def running(self, node_id: str) -> bool:
-        with self._procs_lock:
-            groups = set(self._groups.get(node_id, set()))
-        return any(orphans.group_alive(g) for g in groups)
+        return self.procs.running(node_id)
