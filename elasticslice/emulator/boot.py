@@ -257,7 +257,9 @@ class BootRunner:
                                                "up")
             generation = self.procs.next_generation(node_id)
             attrs = {k: v for k, v in node.attrs.items() if k != "error"}
-            attrs["rebooted"] = True
+            # its disk as it left it; one that failed before it was ever up is imaged again
+            attrs["rebooted"] = bool(attrs.get("rebooted")) or node.boot_state is \
+                BootState.READY
             executes = bool(attrs.get("executes"))
             store.update_node(node_id, node.sliver_urn, boot_state=BootState.NOTREADY,
                               boot_started=self.ctx.clock(), attrs=attrs,

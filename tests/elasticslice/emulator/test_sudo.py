@@ -5,6 +5,7 @@ script run as the user could not become root where it must."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -95,6 +96,7 @@ print(s.recv(1000).decode().strip())
 """
 
 
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="no setpriv (util-linux) here")
 def test_a_process_of_a_uid_that_is_not_a_node_user_is_refused(emulator, file_server):
     """An attacker on the node with a uid of its own (4242: made by root with setpriv, as a
     service account would be): the box's sudo client, and a raw connection sending a
