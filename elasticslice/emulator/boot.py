@@ -121,7 +121,7 @@ class BootRunner:
                 self.schedule(node)
             elif node.boot_state is BootState.READY and node.attrs.get("executes"):
                 # A restarted emulator is a power cycle: startup commands run again.
-                threading.Thread(target=self._execute, args=(node,), daemon=True).start()
+                threading.Thread(target=self._execute, args=(node, 0), daemon=True).start()
         self._thread = threading.Thread(target=self._run, name="emulator-boot", daemon=True)
         self._thread.start()
 
@@ -214,6 +214,7 @@ class BootRunner:
 
     def _boot(self, node: NodeRow) -> None:
         node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
+        generation = self.procs.generation(node.node_id)  # before a reboot can begin
         try:
             image = self.images.resolve(node.disk_image)
             if not node.attrs.get("rebooted"):
@@ -231,7 +232,7 @@ class BootRunner:
                 execute_state=ExecState.PENDING if executes else ExecState.NONE):
             return
         if executes:
-            self._execute(node)
+            self._execute(node, generation)
 
     def _owners(self) -> nodefs.Owners:
         """A tarball member's owner on the host: the node's uid through its uid map (out of
@@ -286,9 +287,11 @@ class BootRunner:
                 log.exception("reboot of node %s failed", node.node_id)
 
     # ---- the execute service
-    def _execute(self, node: NodeRow) -> None:
+    def _execute(self, node: NodeRow, generation: int) -> None:
+        """Run the node's startup command, unless a reboot (``generation``: the boot it is
+        of) overtook it."""
         try:
-            self._run_startup(node)
+            self._run_startup(node, generation)
         except Exception:  # e.g. the store closed under us while the emulator stops
             if not self._stopping:
                 log.exception("startup of node %s failed", node.node_id)
@@ -297,12 +300,13 @@ class BootRunner:
         current = self.ctx.store.get_node(node.node_id)
         return current is not None and current.sliver_urn == node.sliver_urn
 
-    def _run_startup(self, node: NodeRow) -> None:
+    def _run_startup(self, node: NodeRow, generation: int) -> None:
         node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
-        generation = self.procs.generation(node.node_id)  # a reboot makes the next one
+        if self.procs.generation(node.node_id) != generation:
+            return  # rebooted before it started: the reboot runs it
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.RUNNING, execute_status=None)
-        proc, read = self._spawn(node, node_dir)
+        proc, read = self._spawn(node, node_dir, generation)
         if proc is None:
             status = 127
         else:
@@ -347,7 +351,7 @@ class BootRunner:
         lans = network.lans_of(node.interfaces, sliver.links if sliver is not None else [])
         return str(fabric.add(node.node_id, lans))
 
-    def _spawn(self, node: NodeRow, node_dir: nodefs.NodeDir
+    def _spawn(self, node: NodeRow, node_dir: nodefs.NodeDir, generation: int
                ) -> tuple[subprocess.Popen[bytes] | None, int]:
         """Start the node's first process; it and the read end of its status pipe."""
         isolation = self.isolation().isolation
@@ -374,8 +378,9 @@ class BootRunner:
             os.close(write)
         orphans.record(node_dir.path, proc.pid)
         self.procs.add(node.node_id, proc)
-        if self._stopping or not self._belongs(node):
-            # deleted (or stopping) while we were starting it: it must not survive
+        if self._stopping or not self._belongs(node) or \
+                self.procs.generation(node.node_id) != generation:
+            # deleted, rebooted (or stopping) while we were starting it: it must not survive
             orphans.signal_group(proc.pid, signal.SIGKILL)
         return proc, read
 
