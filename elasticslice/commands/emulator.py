@@ -329,7 +329,8 @@ def reboot_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
     stay. SliverStatus shows it notready (rawstate SHUTDOWN), then changing (BOOTING) for
     half its boot time, then ready; tarballs whose copy at the CM changed are installed
     again, then its startup command runs again, with a new runlog (`emulator log`).
-    A node that is not in a slice, or still booting, reboots nothing.
+    An unknown node, one not in a slice or one still booting is one line and exit 1,
+    and then no node of the command reboots.
     """
     result = AdminClient(directory).call("Reboot", nodes=list(node_ids))
     for node_id, what in result.items():
