@@ -22,9 +22,10 @@ class Kind(str, Enum):
     REVOKE_NOW = "revoke_now"              # ... with no notice (max_wait_time 0)
     EMULATOR_RESTART = "emulator_restart"  # the emulator stops and starts (same dir and port)
     CALLBACK_DROP = "callback_drop"        # the manager's callback endpoint refuses for a while
+    REBOOT = "reboot"                      # CloudLab reboots a node holding a pilot
 
 
-KILLS = frozenset({Kind.MANAGER_RESTART, Kind.PILOT_KILL, Kind.EMULATOR_RESTART})
+KILLS = frozenset({Kind.MANAGER_RESTART, Kind.PILOT_KILL, Kind.EMULATOR_RESTART, Kind.REBOOT})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +49,9 @@ class Fault:
 def make_schedule(seed: int, window: float = 12.0) -> list[Fault]:
     """The faults of one run, ordered by time, within ``window`` seconds of the start:
     every run restarts the manager, kills a pilot, turns on faulty answers, revokes a node
-    (short or zero notice) and drops the callback endpoint; one run in two also restarts
-    the emulator."""
+    (short or zero notice), drops the callback endpoint and reboots a node holding a pilot;
+    one run in two also restarts the emulator. (The reboot is drawn last: the other faults
+    of a seed are what they were before it existed.)"""
     rng = random.Random(seed)
 
     def when(lo: float = 1.0) -> float:
@@ -66,4 +68,5 @@ def make_schedule(seed: int, window: float = 12.0) -> list[Fault]:
     ]
     if rng.random() < 0.5:
         faults.append(Fault(when(3.0), Kind.EMULATOR_RESTART))
+    faults.append(Fault(when(2.0), Kind.REBOOT, pick=rng.randrange(1 << 30)))
     return sorted(faults, key=lambda f: (f.at, f.kind.value))

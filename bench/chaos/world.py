@@ -233,7 +233,7 @@ class World:
                    Kind.EMULATOR_FAULTS: self.faulty_answers,
                    Kind.REVOKE_SHORT: self.revoke, Kind.REVOKE_NOW: self.revoke,
                    Kind.EMULATOR_RESTART: self.restart_emulator,
-                   Kind.CALLBACK_DROP: self.drop_callbacks}[fault.kind]
+                   Kind.CALLBACK_DROP: self.drop_callbacks, Kind.REBOOT: self.reboot}[fault.kind]
         return bool(handler(fault))
 
     def restart_manager(self, fault: Fault) -> bool:
@@ -327,4 +327,27 @@ class World:
         if emulator is None or getattr(emulator, "reclaimer", None) is None:
             return False
         emulator.reclaimer.callbacks.fail_for(fault.duration)
+        return True
+
+    def reboot(self, fault: Fault) -> bool:
+        """``emulator reboot`` of one node holding a pilot (its agent joined the cluster's
+        scheduler): its processes get SIGTERM, then SIGKILL; its disk stays; its startup
+        command runs again at the end of the reboot, and the agent rejoins with what it has
+        on its disk, or the manager replaces the node."""
+        emulator = self.emulator
+        scheduler = self.cluster_file().get("scheduler")
+        pilots = set(agent_pids(str(scheduler))) if scheduler else set()
+        if emulator is None or emulator.ctx is None or not pilots:
+            return False
+        nodes = sorted(n.node_id for n in emulator.ctx.store.nodes()
+                       if n.holder.value == "slice" and n.client_id in pilots)
+        if not nodes:
+            return False
+        node = nodes[fault.pick % len(nodes)]
+        try:
+            self.admin().call("Reboot", nodes=[node])
+        except ElasticSliceError as err:  # e.g. it is still booting
+            log.warning("chaos: reboot %s failed: %s", node, err)
+            return False
+        log.warning("chaos: reboot of %s", node)
         return True

@@ -42,9 +42,10 @@ def emulator() -> None:
       elasticslice --config ~/emu/elasticslice.conf getversion
       elasticslice emulator stop  --dir ~/emu
 
-    Admin commands (revoke, load, status) reach the server running on the same --dir;
-    report reads its state and works offline too. Nodes are machines booted from an image
-    (image add makes custom ones); serve --latency cloudlab keeps CloudLab's pace.
+    Admin commands (revoke, reboot, load, status) reach the server running on the same
+    --dir; report and log read its directory and work offline too. Nodes are machines
+    booted from an image (image add makes custom ones); serve --latency cloudlab keeps
+    CloudLab's pace.
     """
 
 
@@ -284,6 +285,53 @@ def revoke_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
     result = AdminClient(directory).call("Revoke", nodes=list(node_ids))
     for node_id, what in result.items():
         click.echo(f"{node_id}: {what}")
+
+
+@emulator.command("reboot")
+@DIR_OPTION
+@click.argument("node_ids", nargs=-1, required=True)
+def reboot_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
+    """Reboot nodes of slices by NODE_ID (e.g. ms0101), as CloudLab reboots a node.
+
+    Every process of the node gets SIGTERM, then SIGKILL 3 s later; its disk and addresses
+    stay. SliverStatus shows it notready (rawstate SHUTDOWN), then changing (BOOTING) for
+    half its boot time, then ready; tarballs whose copy at the CM changed are installed
+    again, then its startup command runs again, with a new runlog (`emulator log`).
+    An unknown node, one not in a slice or one still booting is one line and exit 1,
+    and then no node of the command reboots.
+    """
+    result = AdminClient(directory).call("Reboot", nodes=list(node_ids))
+    for node_id, what in result.items():
+        click.echo(f"{node_id}: {what}")
+
+
+@emulator.command("log")
+@DIR_OPTION
+@click.argument("node_id")
+def log_cmd(directory: Path, node_id: str) -> None:
+    """Print the runlog of node NODE_ID: what its last startup command printed, ending with
+    `<command> returned <status>` (CloudLab's /var/emulab/logs/runlog.XXXXXX on the node).
+
+    Reads DIR: works whether or not the server is running.
+    """
+    from elasticslice.emulator.nodefs import NODE_NAME, NodeDir
+    load_config(directory)
+    if not NODE_NAME.fullmatch(node_id):
+        raise ElasticSliceError(f"{node_id!r} is not a node id (e.g. ms0101)")
+    if not (directory / "state.db").exists():
+        raise ElasticSliceError(f"{directory}: no state yet (the emulator never ran here)")
+    store = Store(directory / "state.db").open()
+    try:
+        known = store.get_node(node_id) is not None
+    finally:
+        store.close()
+    if not known:
+        raise ElasticSliceError(f"no node {node_id} in {directory}")
+    text = NodeDir(directory / "nodes" / node_id).runlog_text()
+    if text is None:
+        raise ElasticSliceError(f"node {node_id} has no runlog (no startup command has run "
+                                "on it since it was given to its slice)")
+    click.echo(text, nl=False)
 
 
 @emulator.command("load")

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from elasticslice.config import load_config
 from elasticslice.emulator import EmulatorServer, init_emulator
+from elasticslice.emulator.nodefs import NodeDir
 from elasticslice.demo.console import DemoError, port_open, rel, stop_emulator
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import NodeStatus
@@ -231,9 +232,11 @@ class Demo:
         if ns.failed:
             raise DemoError(f"node {ns.client_id} failed to boot: {ns.error or ns.rawstate}")
         if ns.execute_state == "exited" and ns.execute_status not in ("0", None):
-            log_path = self.dir / "nodes" / demo_node.node_id / "startup.log"
+            said = (NodeDir(self.dir / "nodes" / demo_node.node_id).runlog_text() or "")
+            last = " / ".join(said.strip().splitlines()[-3:]) or "(its runlog is empty)"
             raise DemoError(f"startup command of {ns.client_id} exited with "
-                            f"{ns.execute_status} (see {rel(log_path)})")
+                            f"{ns.execute_status}: {last} (all of it: elasticslice emulator "
+                            f"log --dir {rel(self.dir)} {demo_node.node_id})")
 
     def show_startup(self, client_ids: list[str]) -> None:
         """Show that the startup command really ran: the file it wrote on its node (its

@@ -1,8 +1,8 @@
 """Admin calls on ``/protogeni/xmlrpc/admin``: only the emulator's own admin certificate.
 
-``Revoke {nodes: [node_id...]}``, ``SetLoad {busy: N}``, ``Report {}``, ``Status {}``. The
-``elasticslice emulator revoke|load|report|status`` commands use them; ``report`` can also
-read the state file directly when no server runs.
+``Revoke {nodes: [node_id...]}``, ``Reboot {nodes: [node_id...]}``, ``SetLoad {busy: N}``,
+``Report {}``, ``Status {}``. The ``elasticslice emulator revoke|reboot|load|report|status``
+commands use them; ``report`` can also read the state file directly when no server runs.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from elasticslice.emulator import pool
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.dispatch import Call, Service
 from elasticslice.emulator.geni import GeniFault, require
-from elasticslice.emulator.store import Store
+from elasticslice.emulator.store import BootState, Holder, Store
 from elasticslice.rpc.codes import GeniCode
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def reclamation_report(store: Store) -> list[dict[str, Any]]:
 
 class AdminService(Service):
     module = "admin"
-    METHODS = frozenset({"Revoke", "SetLoad", "Report", "Status"})
+    METHODS = frozenset({"Revoke", "Reboot", "SetLoad", "Report", "Status"})
 
     def __init__(self, ctx: Context, reclaimer: Reclaimer) -> None:
         self.ctx = ctx
@@ -48,6 +48,27 @@ class AdminService(Service):
         if not nodes or not all(isinstance(n, str) for n in nodes):
             raise GeniFault(GeniCode.BADARGS, "nodes must be a list of node ids")
         return self.reclaimer.revoke(nodes)
+
+    def Reboot(self, call: Call) -> Any:  # noqa: N802
+        """Reboot nodes of slices (:meth:`elasticslice.emulator.boot.BootRunner.reboot`):
+        every node is checked first, so one that cannot be rebooted reboots none."""
+        nodes = require(call.params, "nodes", list)
+        if not nodes or not all(isinstance(n, str) and n for n in nodes):
+            raise GeniFault(GeniCode.BADARGS, "nodes must be a list of node ids")
+        boot = self.ctx.boot
+        if boot is None:
+            raise GeniFault(GeniCode.ERROR, "this emulator boots no nodes")
+        for node_id in dict.fromkeys(nodes):
+            row = self.ctx.store.get_node(node_id)
+            if row is None:
+                raise GeniFault(GeniCode.SEARCHFAILED, f"No such node: {node_id}")
+            if row.holder is not Holder.SLICE:
+                raise GeniFault(GeniCode.BADARGS, f"{node_id} is not in a slice")
+            if row.boot_state in (BootState.NOTREADY, BootState.CHANGING):
+                raise GeniFault(GeniCode.BUSY, f"{node_id} is booting; reboot it once it is "
+                                               "up")
+        return {node_id: f"rebooting ({boot.reboot(node_id).client_id})"
+                for node_id in dict.fromkeys(nodes)}
 
     def SetLoad(self, call: Call) -> Any:  # noqa: N802
         busy = require(call.params, "busy", int)

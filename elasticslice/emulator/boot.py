@@ -1,86 +1,50 @@
-"""Booting nodes and the execute service.
+"""Booting nodes, their startup command, and reboots.
 
 A node given to a slice is ``notready``; after 30% of its boot time it is ``changing``;
 then its disk is imaged (:mod:`elasticslice.emulator.nodefs`: a fresh root, the custom
-image's files for it), its install tarballs are unpacked from the CM's kept copies
-(:mod:`elasticslice.emulator.tarfiles`) and the node is ``ready`` (or ``failed`` when a
-tarball cannot be installed, its image cannot be used, or fault injection says so); then its
-startup commands run, as a separate machine booted from its image
-(:mod:`elasticslice.emulator.isolate`) or, where Linux does not allow that, in their own
-process group. Their exit status is the node's ``execute_status``. Deleting a node kills
-every process it started and wipes its folder (CloudLab reimages a node it takes back).
+image's files for it), its install tarballs are unpacked from the CM's kept copies as
+install-tarfile does (:func:`elasticslice.emulator.nodefs.install_changed`) and the node is
+``ready`` (or ``failed`` when a tarball cannot be installed, its image cannot be used, or
+fault injection says so); then its startup command runs as runstartup runs it
+(:mod:`elasticslice.emulator.startup`, :mod:`elasticslice.emulator.nodeexec`): as the
+experiment's creator, on a separate machine booted from its image
+(:mod:`elasticslice.emulator.isolate`) or, where Linux does not allow that, in its own
+process group. Its exit status is the node's ``execute_status``; its output, the node's
+runlog. Deleting a node kills every process it started and wipes its folder (CloudLab
+reimages a node it takes back).
+
+A reboot (:meth:`BootRunner.reboot`; ``rc.startcmd``'s ``doboot`` at every boot) is a
+shutdown (SIGTERM to every process of the node, SIGKILL 3 s later:
+:meth:`elasticslice.emulator.nodeprocs.NodeProcesses.stop`; ``notready``, rawstate SHUTDOWN), then a boot that takes :data:`REBOOT_FRACTION` of
+the node's boot time (``changing``, BOOTING) on the disk the node left: only the tarballs
+whose kept copy changed since the node installed them are installed again, then the
+startup command runs again, with a new runlog.
 """
 from __future__ import annotations
 
 import heapq
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
 import threading
-import time
-from pathlib import Path
 
-from elasticslice.emulator import geniget, isolate, network, nodefs, orphans, tarfiles
+from elasticslice.emulator import (geniget, isolate, network, nodefs, nodeusers, orphans,
+                                   startup, tarfiles)
 from elasticslice.emulator.context import Context
-from elasticslice.emulator.images import STOCK_DIRS, Image, Images
+from elasticslice.emulator.geni import GeniFault
+from elasticslice.emulator.images import Images
+from elasticslice.emulator.nodeprocs import NodeProcesses
 from elasticslice.emulator.store import BootState, ExecState, Holder, NodeRow
 from elasticslice.emulator.tarfiles import TarfileStore
 from elasticslice.errors import ElasticSliceError
+from elasticslice.rpc.codes import GeniCode
 
 log = logging.getLogger(__name__)
 
-SHELLS = {"sh": "/bin/sh", "bash": "/bin/bash"}
 CHANGING_AT = 0.3
-NOT_LOCALISED = {*STOCK_DIRS, "tmp", "proc", "dev", "sys"}
-
-
-def localise(command: str, names: list[str], root: Path) -> str:
-    """Without namespaces only: point a command's absolute paths into the node's own tree
-    (``/local/...`` -> ``<root>/local/...``) for the top-level ``names`` the node has."""
-    for name in names:
-        clean = "/" + name.strip("/")
-        if clean == "/" or name in NOT_LOCALISED:
-            continue
-        pattern = r"(?<![\w./-])" + re.escape(clean) + r"(?=/|\s|$|;|&|\|)"
-        command = re.sub(pattern, lambda _m: str(root) + clean, command)
-    return command
-
-
-def node_environment(ctx: Context, node: NodeRow, node_dir: nodefs.NodeDir,
-                     image: Image | None, isolated: bool = True,
-                     address: str = "127.0.0.1") -> dict[str, str]:
-    """The whole environment of a node's startup commands (nothing of the emulator's).
-    The ``ELASTICSLICE_*`` variables are an extension of the box: CloudLab nodes have
-    ``geni-get``."""
-    env = {
-        "PATH": isolate.NODE_PATH,
-        "HOME": "/root",
-        "LANG": "C.UTF-8",
-        "ELASTICSLICE_NODE_ID": node.node_id,
-        "ELASTICSLICE_CLIENT_ID": node.client_id,
-        "ELASTICSLICE_HOSTNAME": str(node.attrs.get("hostname", "")),
-        "ELASTICSLICE_NODE_IP": address,
-        "ELASTICSLICE_CORES": str(node.cores),
-        "ELASTICSLICE_MEMORY": str(node.memory),
-        "ELASTICSLICE_HARDWARE_TYPE": node.hardware_type,
-        "ELASTICSLICE_SLICE_URN": node.slice_urn,
-        "ELASTICSLICE_SLIVER_URN": node.sliver_urn,
-        "ELASTICSLICE_NODE_DIR": str(node_dir.path),
-    }
-    if not isolated:  # the fallback: the layers only through the environment
-        env["HOME"] = str(node_dir.root / "root")
-        tops = [node_dir.layer, ctx.directory / "box", image.root if image else None]
-        paths = [str(t / sub) for t in tops if t is not None
-                 for sub in ("usr/local/bin", "usr/bin") if (t / sub).is_dir()]
-        env["PATH"] = os.pathsep.join([*paths, isolate.NODE_PATH])
-        sites = [str(p) for t in tops if t is not None
-                 for p in sorted(t.glob("usr/local/lib/python3*/dist-packages"))]
-        if sites:
-            env["PYTHONPATH"] = os.pathsep.join(sites)
-    return env
+REBOOT_FRACTION = 0.5  # a reboot loads no image: half the node's boot time (an estimate)
 
 
 class BootRunner:
@@ -90,9 +54,7 @@ class BootRunner:
         self.ctx = ctx
         self._queue: list[tuple[float, str, str, str]] = []  # due, node, sliver, stage
         self._cond = threading.Condition()
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._groups: dict[str, set[int]] = {}
-        self._procs_lock = threading.Lock()
+        self.procs = NodeProcesses()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._isolation: isolate.Choice | None = None
@@ -159,7 +121,7 @@ class BootRunner:
                 self.schedule(node)
             elif node.boot_state is BootState.READY and node.attrs.get("executes"):
                 # A restarted emulator is a power cycle: startup commands run again.
-                threading.Thread(target=self._execute, args=(node,), daemon=True).start()
+                threading.Thread(target=self._execute, args=(node, 0), daemon=True).start()
         self._thread = threading.Thread(target=self._run, name="emulator-boot", daemon=True)
         self._thread.start()
 
@@ -169,18 +131,19 @@ class BootRunner:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with self._procs_lock:
-            node_ids = list(set(self._procs) | set(self._groups))
-        for node_id in node_ids:
+        for node_id in self.procs.node_ids():
             self.kill(node_id)
         if self.fabric is not None:
             tarfiles.BOX_HOSTS.discard(self.fabric.control_ip)
             self.fabric.stop()
 
     def boot_seconds(self, node: NodeRow) -> float:
-        """How long the node takes to boot (drawn at allocation under a latency profile)."""
+        """How long the node takes to boot (drawn at allocation under a latency profile);
+        a reboot, :data:`REBOOT_FRACTION` of that."""
         value = node.attrs.get("boot_seconds")
-        return float(value) if isinstance(value, (int, float)) else self.ctx.settings.boot_delay
+        seconds = float(value) if isinstance(value, (int, float)) else \
+            self.ctx.settings.boot_delay
+        return seconds * REBOOT_FRACTION if node.attrs.get("rebooted") else seconds
 
     def schedule(self, node: NodeRow) -> None:
         """Queue the node's next boot step (from its current state and its boot time)."""
@@ -251,11 +214,14 @@ class BootRunner:
 
     def _boot(self, node: NodeRow) -> None:
         node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
+        generation = self.procs.generation(node.node_id)  # before a reboot can begin
         try:
             image = self.images.resolve(node.disk_image)
-            nodefs.prepare(node_dir, image)
-            for url, path in node.tarballs:
-                nodefs.install(self.tarfiles.kept(node.slice_urn, url), url, path, node_dir)
+            if not node.attrs.get("rebooted"):
+                nodefs.prepare(node_dir, image)  # a reboot keeps the disk as the node left it
+            nodefs.install_changed(node_dir, node.tarballs,
+                                   lambda url: self.tarfiles.kept(node.slice_urn, url),
+                                   self._owners())
             nodefs.settle(node_dir)
         except (ElasticSliceError, OSError) as err:
             self._fail(node, str(err))
@@ -266,12 +232,66 @@ class BootRunner:
                 execute_state=ExecState.PENDING if executes else ExecState.NONE):
             return
         if executes:
-            self._execute(node)
+            self._execute(node, generation)
+
+    def _owners(self) -> nodefs.Owners:
+        """A tarball member's owner on the host: the node's uid through its uid map (out of
+        the node's range: root's, as a failed chown leaves it); without node users, root's."""
+        if self.isolation().users:
+            return lambda n: nodeusers.host_id(n) if 0 <= n < nodeusers.NODE_IDS else 0
+        return lambda _n: 0
+
+    # ---- reboots
+    def reboot(self, node_id: str) -> NodeRow:
+        """Reboot a node of a slice: it shuts down now (``notready``, rawstate SHUTDOWN) and
+        boots again on a background thread (see the module docstring). SEARCHFAILED: no such
+        node; BADARGS: not in a slice; BUSY: it is booting already."""
+        store = self.ctx.store
+        with self.ctx.lock:  # not while the CM gives it to, or takes it from, a slice
+            node = store.get_node(node_id)
+            if node is None:
+                raise GeniFault(GeniCode.SEARCHFAILED, f"No such node: {node_id}")
+            if node.holder is not Holder.SLICE:
+                raise GeniFault(GeniCode.BADARGS, f"{node_id} is not in a slice")
+            if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
+                raise GeniFault(GeniCode.BUSY, f"{node_id} is booting; reboot it once it is "
+                                               "up")
+            generation = self.procs.next_generation(node_id)
+            attrs = {k: v for k, v in node.attrs.items() if k != "error"}
+            # its disk as it left it; one that failed before it was ever up is imaged again
+            attrs["rebooted"] = bool(attrs.get("rebooted")) or node.boot_state is \
+                BootState.READY
+            executes = bool(attrs.get("executes"))
+            store.update_node(node_id, node.sliver_urn, boot_state=BootState.NOTREADY,
+                              boot_started=self.ctx.clock(), attrs=attrs,
+                              execute_state=ExecState.PENDING if executes else ExecState.NONE,
+                              execute_status=None)
+            node = store.get_node(node_id) or node
+        log.info("node %s: rebooting", node_id)
+        threading.Thread(target=self._restart, args=(node, generation), daemon=True,
+                         name=f"reboot-{node_id}").start()
+        return node
+
+    def _restart(self, node: NodeRow, generation: int) -> None:
+        """The shutdown, then the boot from its timer (a DeleteNodes meanwhile ends it)."""
+        try:
+            self.kill(node.node_id)
+            if self._stopping or self.procs.generation(node.node_id) != generation:
+                return
+            now = self.ctx.clock()
+            if self.ctx.store.update_node(node.node_id, node.sliver_urn, boot_started=now):
+                node.boot_started = now
+                self.schedule(node)
+        except Exception:  # e.g. the store closed under us while the emulator stops
+            if not self._stopping:
+                log.exception("reboot of node %s failed", node.node_id)
 
     # ---- the execute service
-    def _execute(self, node: NodeRow) -> None:
+    def _execute(self, node: NodeRow, generation: int) -> None:
+        """Run the node's startup command, unless a reboot (``generation``: the boot it is
+        of) overtook it."""
         try:
-            self._run_startup(node)
+            self._run_startup(node, generation)
         except Exception:  # e.g. the store closed under us while the emulator stops
             if not self._stopping:
                 log.exception("startup of node %s failed", node.node_id)
@@ -280,51 +300,47 @@ class BootRunner:
         current = self.ctx.store.get_node(node.node_id)
         return current is not None and current.sliver_urn == node.sliver_urn
 
-    def _run_startup(self, node: NodeRow) -> None:
+    def _run_startup(self, node: NodeRow, generation: int) -> None:
         node_dir = nodefs.NodeDir(self.ctx.node_dir(node.node_id))
-        isolated = self.isolation().isolation is isolate.Isolation.NAMESPACES
-        names = [] if isolated or not node_dir.root.is_dir() else \
-            [entry.name for entry in node_dir.root.iterdir()]
-        commands = [[SHELLS.get(shell, "/bin/sh"),
-                     command if isolated else localise(command, names, node_dir.root)]
-                    for shell, command in node.attrs.get("executes") or []]
+        if self.procs.generation(node.node_id) != generation:
+            return  # rebooted before it started: the reboot runs it
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.RUNNING, execute_status=None)
-        proc, statuses = self._spawn(node, node_dir, commands)
+        proc, read = self._spawn(node, node_dir, generation)
         if proc is None:
             status = 127
         else:
-            reported = _statuses(statuses, len(commands))
-            if self._stopping:
-                return  # the state stays "running": a restart runs it again
-            if reported and (reported[-1] != 0 or len(reported) == len(commands)):
-                status = reported[-1]
-            else:  # the node died before its commands were done
+            status_read = startup.read_report(read, node_dir.add_runlog)
+            if self._stopping or self.procs.generation(node.node_id) != generation:
+                return  # a restart or the reboot runs it again
+            if status_read is None:  # the node died before its command was done
                 code = proc.wait()
-                status = code if code >= 0 else 128 - code
+                status_read = code if code >= 0 else 128 - code
+            status = status_read
         self.ctx.store.update_node(node.node_id, node.sliver_urn,
                                    execute_state=ExecState.EXITED, execute_status=status)
         log.info("node %s startup exited with %s", node.node_id, status)
         if proc is not None:
             proc.wait()  # with namespaces, the node lives on while its daemons do
-            with self._procs_lock:
-                if self._procs.get(node.node_id) is proc:
-                    del self._procs[node.node_id]
+            self.procs.done(node.node_id, proc)
 
-    def _machine(self, node: NodeRow, node_dir: nodefs.NodeDir
-                 ) -> tuple[dict, dict[str, str]]:
-        """What the node's init builds, and the startup commands' environment."""
+    def _startup_spec(self, node: NodeRow, node_dir: nodefs.NodeDir
+                      ) -> tuple[dict, dict[str, str], dict]:
+        """What the node's init builds, the startup command's environment, and what it
+        runs as whom (:func:`elasticslice.emulator.startup.startup_spec`)."""
         image = self.images.resolve(node.disk_image)
         node_dir.root.mkdir(parents=True, exist_ok=True)
         node_dir.geni.mkdir(exist_ok=True)
         geniget.write_node_config(node_dir.geni, self.ctx.node_config_url,
                                   str(node.attrs.get("geni_key", "")))
+        choice = self.isolation()
+        spec = startup.startup_spec(self.ctx, node, node_dir, image, choice)  # /etc first
         host = nodefs.hostname(str(node.attrs.get("hostname", "")), node.client_id)
         machine = nodefs.machine_spec(node_dir, image, self.box, host,
                                       hide=[str(self.ctx.directory.resolve())])
-        isolated = self.isolation().isolation is isolate.Isolation.NAMESPACES
-        return machine, node_environment(self.ctx, node, node_dir, image, isolated,
-                                         self.node_address(node.node_id))
+        env = startup.node_environment(self.ctx, node, node_dir, image, choice.isolated,
+                                       self.node_address(node.node_id))
+        return machine, env, spec
 
     def _wire(self, node: NodeRow) -> str | None:
         """The node's network namespace, on its networks (None: the host's network)."""
@@ -335,14 +351,14 @@ class BootRunner:
         lans = network.lans_of(node.interfaces, sliver.links if sliver is not None else [])
         return str(fabric.add(node.node_id, lans))
 
-    def _spawn(self, node: NodeRow, node_dir: nodefs.NodeDir, commands: list[list[str]]
+    def _spawn(self, node: NodeRow, node_dir: nodefs.NodeDir, generation: int
                ) -> tuple[subprocess.Popen[bytes] | None, int]:
         """Start the node's first process; it and the read end of its status pipe."""
         isolation = self.isolation().isolation
         try:
-            machine, env = self._machine(node, node_dir)
+            machine, env, spec = self._startup_spec(node, node_dir)
             netns = self._wire(node)
-        except (ElasticSliceError, OSError, network.NetworkError) as err:
+        except (ElasticSliceError, OSError, ValueError, network.NetworkError) as err:
             log.warning("node %s: cannot boot its machine: %s", node.node_id, err)
             return None, -1
         read, write = os.pipe()
@@ -350,96 +366,34 @@ class BootRunner:
         try:
             with open(node_dir.log, "ab") as logfile:
                 proc = subprocess.Popen(
-                    isolate.node_command(isolation, machine, commands, write, netns,
-                                         lifeline),
+                    isolate.node_command(isolation, machine, spec, write, netns, lifeline),
                     cwd=node_dir.root, env=env,
                     stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
                     start_new_session=True, pass_fds=(write, lifeline))
         except OSError as err:
-            log.warning("node %s: cannot start its startup commands: %s", node.node_id, err)
+            log.warning("node %s: cannot start its startup command: %s", node.node_id, err)
             os.close(read)
             return None, -1
         finally:
             os.close(write)
         orphans.record(node_dir.path, proc.pid)
-        with self._procs_lock:
-            self._procs[node.node_id] = proc
-            self._groups.setdefault(node.node_id, set()).add(proc.pid)
-        if self._stopping or not self._belongs(node):
-            # deleted (or stopping) while we were starting it: it must not survive
-            _signal_group(proc.pid, signal.SIGKILL)
+        self.procs.add(node.node_id, proc)
+        if self._stopping or not self._belongs(node) or \
+                self.procs.generation(node.node_id) != generation:
+            # deleted, rebooted (or stopping) while we were starting it: it must not survive
+            orphans.signal_group(proc.pid, signal.SIGKILL)
         return proc, read
 
     def kill(self, node_id: str, wipe: bool = False) -> None:
-        """Stop the node's startup processes: every process group it started, daemons too."""
-        with self._procs_lock:
-            proc = self._procs.pop(node_id, None)
-            groups = self._groups.pop(node_id, set())
-        alive = set(groups)
-        for pgid in groups:
-            if not _signal_group(pgid, signal.SIGTERM):
-                alive.discard(pgid)
-        deadline = time.monotonic() + 3.0
-        while alive and time.monotonic() < deadline:
-            alive = {g for g in alive if _group_alive(g)}
-            if alive:
-                time.sleep(0.05)
-        for pgid in alive:
-            _signal_group(pgid, signal.SIGKILL)
-        if proc is not None:
-            try:
-                proc.wait(timeout=3.0)
-            except subprocess.TimeoutExpired:
-                log.warning("node %s: startup process %s would not die", node_id, proc.pid)
+        """Shut the node down (:meth:`NodeProcesses.stop`: every process group it started,
+        daemons too) and take it off its networks; ``wipe``: its folder too (it left its
+        slice)."""
+        self.procs.stop(node_id)
         if self.fabric is not None:
             self.fabric.remove(node_id)
         if wipe:
+            self.procs.forget(node_id)
             shutil.rmtree(self.ctx.node_dir(node_id), ignore_errors=True)
 
     def running(self, node_id: str) -> bool:
-        with self._procs_lock:
-            groups = set(self._groups.get(node_id, set()))
-        return any(_group_alive(g) for g in groups)
-
-
-def _statuses(fd: int, count: int) -> list[int]:
-    """Exit statuses the node reports (one a line) until its commands are done: ``count``
-    of them or a failure (not EOF: the ``unshare`` around the node holds the pipe too)."""
-    reported: list[int] = []
-    with os.fdopen(fd, encoding="ascii") as lines:
-        for line in lines:
-            if line.strip().isdigit():
-                reported.append(int(line))
-                if reported[-1] != 0 or len(reported) >= count:
-                    break
-    return reported
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process group has a live (not zombie) member; zombies whose parent never
-    reaps them (no init in a container) would otherwise look alive forever."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return _signal_group(pgid, 0)
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to a process group; False when the group no longer exists."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
-    return True
+        return self.procs.running(node_id)

@@ -53,13 +53,16 @@ class Refusal(Exception):
 
 
 def install_client(box: Path) -> Path:
-    """Put ``geni-get`` in the box's layer of the image (``/usr/bin/geni-get``)."""
+    """Put ``geni-get`` in the box's layer of the image (``/usr/bin/geni-get``), and the
+    box's ``sudo`` next to it (:func:`elasticslice.emulator.nodeusers.install_sudo`)."""
+    from elasticslice.emulator.nodeusers import install_sudo
     target = box / "usr" / "bin" / "geni-get"
     target.parent.mkdir(parents=True, exist_ok=True)
     staged = target.with_name(".geni-get.tmp")
     shutil.copyfile(CLIENT_SOURCE, staged)
     staged.chmod(0o755)
     staged.replace(target)
+    install_sudo(box)
     return target
 
 

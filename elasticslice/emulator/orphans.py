@@ -69,3 +69,30 @@ def _runs_for(pgid: int, sandbox: Path) -> bool:
         except OSError:
             continue
     return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process group has a live (not zombie) member; zombies whose parent never
+    reaps them (no init in a container) would otherwise look alive forever."""
+    if not PROC.is_dir():
+        return signal_group(pgid, 0)
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a process group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

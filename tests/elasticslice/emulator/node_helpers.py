@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -72,6 +73,12 @@ def host_pid(sandbox: Path, pid: int) -> int | None:
     return None
 
 
+def as_root(command: str) -> str:
+    """``command`` as root of the node: a startup command runs as the experiment's creator,
+    who has passwordless sudo, as on CloudLab."""
+    return f"sudo sh -c {shlex.quote(command)}"
+
+
 def node_dir(emu: object, node_id: str) -> Path:
     """The host's folder of a node (``D/nodes/<node>``: its ``root/`` is the node's ``/``)."""
     return emu.dir / "nodes" / node_id  # type: ignore[attr-defined]
@@ -105,7 +112,18 @@ def exited(s: object, urn: str, cred: str, client_id: str, timeout: float = 60) 
         return wait_for(done, timeout=timeout, what=f"startup of {client_id} to exit")
     except pytest.fail.Exception:  # say where the node was, and what its startup said
         node_id = str(last.get("component_urn", "")).rsplit("+", 1)[-1]
-        log = node_dir(s.emu, node_id) / "startup.log"  # type: ignore[attr-defined]
-        said = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
         pytest.fail(f"timed out after {timeout}s waiting for startup of {client_id} to exit: "
-                    f"{last}; startup.log: {said}")
+                    f"{last}; {said_by(node_dir(s.emu, node_id))}")  # type: ignore[attr-defined]
+
+
+def runlog(sandbox: Path) -> str:
+    """The node's runlog (its startup command's output, as runstartup writes it)."""
+    from elasticslice.emulator.nodefs import NodeDir
+    return NodeDir(sandbox).runlog_text() or ""
+
+
+def said_by(sandbox: Path) -> str:
+    """What a node said: its init (startup.log) and its startup command (its runlog)."""
+    log = sandbox / "startup.log"
+    init = log.read_text(errors="replace")[-2000:] if log.exists() else "(none)"
+    return f"startup.log: {init or '(empty)'}; runlog: {runlog(sandbox)[-2000:] or '(none)'}"

@@ -14,7 +14,7 @@ from elasticslice.cli import cli
 from elasticslice.emulator import isolate
 from elasticslice.emulator.imagepython import HOST_ARCH
 from tests.elasticslice.emulator.helpers import Session, ok
-from tests.elasticslice.emulator.node_helpers import add_node, exited
+from tests.elasticslice.emulator.node_helpers import add_node, as_root, exited
 
 pytestmark = pytest.mark.slow
 needs_namespaces = pytest.mark.skipif(
@@ -42,9 +42,9 @@ def test_a_custom_images_files_are_seen_only_by_nodes_booted_from_it(emulator, t
     assert result.exit_code == 0, result.output
     urn = result.output.split()[-1]
     assert urn == "urn:publicid:IDN+emulab.test+image+elasticslice//MYIMAGE"
-    look = ("mytool > /out 2>&1; cat /opt/app/data.txt >> /out 2>&1; "
-            "cat /root/.settings >> /out 2>&1; echo more >> /root/.settings; "
-            f"ls -A {emulator.dir}/images >> /out 2>&1; true")
+    look = as_root("mytool > /out 2>&1; cat /opt/app/data.txt >> /out 2>&1; "
+                   "cat /root/.settings >> /out 2>&1; echo more >> /root/.settings; "
+                   f"ls -A {emulator.dir}/images >> /out 2>&1; true")
     s = Session(emulator)
     urn_slice, cred, _ = s.create()
     mine = add_node(s, urn_slice, cred, "custom", look, diskimage=urn)

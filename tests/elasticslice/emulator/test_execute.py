@@ -13,8 +13,8 @@ def _node_id(s, urn, cred, client_id):
 
 def test_tarball_and_startup_run_with_node_identity(emulator, file_server):
     make_tarball(file_server.root / "app.tgz", {
-        "local/bin/hello.sh": "#!/bin/sh\nenv | grep ^ELASTICSLICE_ > /env.txt\n"
-                              "geni-get client_id > /who.txt\nexit 7\n"})
+        "local/bin/hello.sh": "#!/bin/sh\nenv | grep ^ELASTICSLICE_ > /tmp/env.txt\n"
+                              "geni-get client_id > /tmp/who.txt\nexit 7\n"})
     s = Session(emulator)
     urn, cred, _ = s.create()
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {
@@ -24,7 +24,7 @@ def test_tarball_and_startup_run_with_node_identity(emulator, file_server):
                     "exited" and d, timeout=20, what="startup to exit")
     assert done["execute_status"] == 7 and done["status"] == "ready"
     node_id = _node_id(s, urn, cred, "w1")
-    root = node_dir(emulator, node_id) / "root"
+    root = node_dir(emulator, node_id) / "root" / "tmp"  # the user writes there
     assert (root / "who.txt").read_text() == "w1\n"  # geni-get: what a node asks
     env = dict(line.split("=", 1) for line in (root / "env.txt").read_text().splitlines())
     # the box's documented extension, for the same facts
@@ -36,13 +36,13 @@ def test_tarball_and_startup_run_with_node_identity(emulator, file_server):
 
 def test_rspec_execute_service_runs_and_reports_running(emulator):
     rspec = """<rspec xmlns="http://www.geni.net/resources/rspec/3" type="request">
-      <node client_id="a"><services><execute shell="bash" command="geni-get client_id > who; sleep 60"/></services></node>
+      <node client_id="a"><services><execute shell="bash" command="geni-get client_id > /tmp/who; sleep 60"/></services></node>
       <node client_id="b"/></rspec>"""
     s = Session(emulator)
     urn, cred, _ = s.create(rspec=rspec)
     wait_for(lambda: detail_of(s, urn, cred, "a").get("execute_state") == "running",
              timeout=20, what="startup running")
-    who = node_dir(emulator, _node_id(s, urn, cred, "a")) / "root" / "who"
+    who = node_dir(emulator, _node_id(s, urn, cred, "a")) / "root" / "tmp" / "who"
     wait_for(lambda: who.exists() and who.read_text().strip(), timeout=10, what="startup output")
     assert who.read_text().strip() == "a"
 
@@ -51,9 +51,9 @@ def test_deleting_a_node_kills_its_processes_and_wipes_it(emulator):
     s = Session(emulator)
     urn, cred, _ = s.create()
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {
-        "w1": {"startup": "sleep 300 & echo $! > daemon.pid; sleep 300"}}}))
+        "w1": {"startup": "sleep 300 & echo $! > /tmp/daemon.pid; sleep 300"}}}))
     folder = node_dir(emulator, _node_id(s, urn, cred, "w1"))
-    pid_file = folder / "root" / "daemon.pid"
+    pid_file = folder / "root" / "tmp" / "daemon.pid"
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=20,
              what="daemon started")
     pid = host_pid(folder, int(pid_file.read_text()))  # the node has its own PIDs

@@ -22,10 +22,10 @@ LAN = """<rspec xmlns="http://www.geni.net/resources/rspec/3" type="request">
 def test_geni_get_client_id_and_manifest_give_the_nodes_own(emulator):
     s = Session(emulator)
     urn, cred, _ = s.create(rspec=LAN)
-    commands = ("geni-get client_id > /client_id; geni-get manifest > /manifest; "
-                "geni-get slice_urn > /slice_urn; geni-get -a > /all; "
-                "geni-get commands > /commands; geni-get control_mac > /mac; "
-                "geni-get sliverstatus > /sliverstatus; geni-get status > /status")
+    commands = ("geni-get client_id > /tmp/client_id; geni-get manifest > /tmp/manifest; "
+                "geni-get slice_urn > /tmp/slice_urn; geni-get -a > /tmp/all; "
+                "geni-get commands > /tmp/commands; geni-get control_mac > /tmp/mac; "
+                "geni-get sliverstatus > /tmp/sliverstatus; geni-get status > /tmp/status")
     nodes = {}
     for cid in ("w1", "w2"):
         nodes[cid] = add_node(s, urn, cred, cid, commands,
@@ -33,7 +33,7 @@ def test_geni_get_client_id_and_manifest_give_the_nodes_own(emulator):
                                      "netmask": "255.255.255.0"}])
     for cid, node in nodes.items():
         assert exited(s, urn, cred, cid)["execute_status"] == 0
-        root = node / "root"
+        root = node / "root" / "tmp"  # the user writes there
         assert (root / "client_id").read_text() == f"{cid}\n"
         assert (root / "slice_urn").read_text() == f"{urn}\n"
         manifest = parse((root / "manifest").read_text())
@@ -55,13 +55,13 @@ def test_geni_get_client_id_and_manifest_give_the_nodes_own(emulator):
 def test_geni_get_refuses_what_a_node_cannot_have(emulator):
     s = Session(emulator)
     urn, cred, _ = s.create()
-    commands = ("geni-get key > /key 2> /key.err; echo $? > /key.status; "
-                "geni-get certificate 2> /cert.err; echo $? > /cert.status; "
-                "geni-get param foo 2> /param.err; echo $? > /param.status; "
-                "geni-get nosuch 2> /nosuch.err; echo $? > /nosuch.status")
+    commands = ("geni-get key > /tmp/key 2> /tmp/key.err; echo $? > /tmp/key.status; "
+                "geni-get certificate 2> /tmp/cert.err; echo $? > /tmp/cert.status; "
+                "geni-get param foo 2> /tmp/param.err; echo $? > /tmp/param.status; "
+                "geni-get nosuch 2> /tmp/nosuch.err; echo $? > /tmp/nosuch.status")
     node = add_node(s, urn, cred, "w1", commands)
     assert exited(s, urn, cred, "w1")["execute_status"] == 0
-    root = node / "root"
+    root = node / "root" / "tmp"  # the user writes there
     for name, said in (("key", "not available"), ("cert", "not available"),
                        ("param", "undefined parameter"), ("nosuch", "unknown request")):
         assert (root / f"{name}.status").read_text() == "1\n"

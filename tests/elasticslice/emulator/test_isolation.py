@@ -20,8 +20,8 @@ from elasticslice.emulator import EmulatorServer, isolate
 from elasticslice.rspec import NodeSpec, build_request
 from tests.helpers import REPO, process_alive, wait_for
 from tests.elasticslice.emulator.helpers import Session, ok
-from tests.elasticslice.emulator.node_helpers import (add_node, exited, host_pid, node_pids,
-                                                      serve)
+from tests.elasticslice.emulator.node_helpers import (add_node, as_root, exited, host_pid,
+                                                      node_pids, serve)
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,8 @@ DOCUMENTED_ENV = {"PATH", "HOME", "LANG", "ELASTICSLICE_NODE_ID", "ELASTICSLICE_
                   "ELASTICSLICE_MEMORY", "ELASTICSLICE_HARDWARE_TYPE",
                   "ELASTICSLICE_SLICE_URN", "ELASTICSLICE_SLIVER_URN", "ELASTICSLICE_NODE_DIR"}
 # a daemon the classic way: forked off, its own session, deaf to SIGTERM
-DAEMON = "setsid -f sh -c 'trap \"\" TERM; echo $$ > daemon.pid; exec sleep 300' </dev/null"
+DAEMON = ("setsid -f sh -c 'trap \"\" TERM; echo $$ > /tmp/daemon.pid; exec sleep 300' "
+          "</dev/null")
 
 
 def _slice(s: Session) -> tuple[str, str]:
@@ -50,7 +51,7 @@ _add, _exited = add_node, exited
 
 def _daemon(sandbox: Path) -> int:
     """The host PID of the node's daemon, once it runs in a session of its own."""
-    pid_file = sandbox / "root" / "daemon.pid"  # the node's /daemon.pid
+    pid_file = sandbox / "root" / "tmp" / "daemon.pid"  # the node's /tmp/daemon.pid
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30,
              what="daemon started")
     # The pid is written just before ``exec sleep``: while the exec runs, the process's
@@ -91,7 +92,7 @@ def test_startup_command_cannot_read_the_emulators_keys_or_state(emulator):
               f"ls -A {d} >> found 2>/dev/null; echo done >> found")
     s = Session(emulator)
     urn, cred = _slice(s)
-    node = _add(s, urn, cred, "hostile", attack)
+    node = _add(s, urn, cred, "hostile", as_root(attack))  # root of the node: it has sudo
     _exited(s, urn, cred, "hostile")
     assert all((d / name).is_file() for name in SECRETS)  # there to be read, from outside
     assert (node / "root" / "found").read_text().splitlines() == ["done"]
@@ -102,12 +103,12 @@ def test_startup_command_cannot_read_the_emulators_keys_or_state(emulator):
 def test_startup_environment_is_exactly_the_documented_one(emulator, monkeypatch):
     monkeypatch.setenv("PROTOGENI_PASSPHRASE", "hunter2")
     monkeypatch.setenv("ELASTICSLICE_EMULATOR_SECRET", "s3cret")
-    dump = "import json, os; json.dump(dict(os.environ), open('/env.json', 'w'))"
+    dump = "import json, os; json.dump(dict(os.environ), open('/tmp/env.json', 'w'))"
     s = Session(emulator)
     urn, cred = _slice(s)
     node = _add(s, urn, cred, "w1", f"exec python3 -c \"{dump}\"")
     assert _exited(s, urn, cred, "w1")["execute_status"] == 0  # the image's python3
-    env = json.loads((node / "root" / "env.json").read_text())
+    env = json.loads((node / "root" / "tmp" / "env.json").read_text())
     assert set(env) - {"PWD"} == DOCUMENTED_ENV  # the shell adds PWD
     assert "hunter2" not in json.dumps(env) and "s3cret" not in json.dumps(env)
     assert env["HOME"] == "/root" and env["ELASTICSLICE_NODE_DIR"] == str(node)
@@ -199,20 +200,22 @@ def test_node_is_isolated_without_privileges():
     try:
         node = nodefs.NodeDir(top / "emu" / "nodes" / "n1")
         nodefs.prepare(node, None)
-        shutil.copy(isolate.NODE_INIT, top / "nodeinit.py")
+        for source in isolate.NODE_FILES:  # the init and its siblings
+            shutil.copy(source, top / source.name)
         (top / "emu" / "ca-key.pem").write_text("secret")
         for path in [top, *top.rglob("*")]:
             os.chown(path, 65534, 65534)
         top.chmod(0o755)
         (top / "emu" / "ca-key.pem").chmod(0o600)
         machine = nodefs.machine_spec(node, None, None, "n1", [str(top / "emu")])
-        spec = {**machine, "isolate": True, "status_fd": 1, "commands": [
-            ["/bin/sh", f"test -x /usr/bin/env && cat {top}/emu/ca-key.pem > /seen 2>&1"]]}
+        spec = {**machine, "isolate": True, "status_fd": 1,
+                "command": f"test -x /usr/bin/env && cat {top}/emu/ca-key.pem > /seen 2>&1"}
         result = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare",
              *isolate.UNSHARE_ARGS, "--", SYSTEM_PYTHON, "-I", "-S", str(top / "nodeinit.py"),
              json.dumps(spec)], cwd=node.root, capture_output=True, timeout=60, check=False)
-        assert result.stdout == b"1\n", result.stderr  # the status it reports: cat failed
+        # what it reports: its runlog, then the status: cat failed
+        assert result.stdout.split(b"\n")[1:] == [b"1", b""], result.stderr
         assert "No such file" in (node.root / "seen").read_text()
         assert (node.root / "seen").stat().st_uid == 65534  # root in the node, nobody outside
     finally:

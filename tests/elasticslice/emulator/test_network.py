@@ -30,8 +30,9 @@ needs_network = pytest.mark.skipif(not CHOICE.on, reason=f"no box networks here:
                                                          f"{CHOICE.reason}")
 
 # A node's program: answers its host name on port 7000 of every address it has; once the
-# test writes /target (addresses, a line), tries each and writes /result (one line each:
-# the address, then its host name or the error), and keeps serving.
+# test writes /tmp/target (addresses, a line), tries each and writes /tmp/result (one line
+# each: the address, then its host name or the error), and keeps serving. It runs as the
+# experiment's user: /tmp is where it may write.
 PROBE = r"""
 import os, socket, threading, time
 srv = socket.socket()
@@ -44,20 +45,20 @@ def serve():
         conn.sendall(socket.gethostname().encode())
         conn.close()
 threading.Thread(target=serve, daemon=True).start()
-open("/listening", "w").close()
-while not os.path.exists("/target"):
+open("/tmp/listening", "w").close()
+while not os.path.exists("/tmp/target"):
     time.sleep(0.05)
 lines = []
-for address in open("/target").read().split():
+for address in open("/tmp/target").read().split():
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=3) as conn:
             lines.append(address + " " + (conn.recv(100).decode() or "connected"))
     except OSError as err:
         lines.append(address + " " + (os.strerror(err.errno) if err.errno else str(err)))
-with open("/result.tmp", "w") as out:
+with open("/tmp/result.tmp", "w") as out:
     out.write("\n".join(lines) + "\n")
-os.rename("/result.tmp", "/result")
+os.rename("/tmp/result.tmp", "/tmp/result")
 time.sleep(300)
 """
 STARTUP = f"python3 -c {shlex.quote(PROBE)}"
@@ -80,9 +81,9 @@ def _addresses(manifest: str, client_id: str) -> list[str]:
 
 
 def _root(emu, s: Session, urn: str, cred: str, client_id: str) -> Path:
-    """The node's ``/`` (on the host), once its program listens."""
+    """The node's ``/tmp`` (on the host), once its program listens."""
     node_id = detail_of(s, urn, cred, client_id)["component_urn"].rsplit("+", 1)[-1]
-    root = node_dir(emu, node_id) / "root"
+    root = node_dir(emu, node_id) / "root" / "tmp"
     wait_for((root / "listening").exists, timeout=60, what=f"{client_id} listening")
     return root
 
@@ -140,15 +141,15 @@ def test_a_node_reaches_the_control_machine_only_at_its_address(networked):
     """geni-get (the box's tmcd) answers at the control address; the host's loopback is
     the node's own; the node has no route out."""
     s = Session(networked)
-    startup = ("geni-get client_id > /name; ip -o -4 route > /routes; "
-               "ip -o -4 addr > /addrs; " + STARTUP)
+    startup = ("geni-get client_id > /tmp/name; ip -o -4 route > /tmp/routes; "
+               "ip -o -4 addr > /tmp/addrs; " + STARTUP)
     urn, cred, (_, manifest) = s.create("solo", build_request(
         [NodeSpec("n", executes=[("sh", startup)])]))
     control = networked.server.ctx.boot.control_address()
     got = _ask(networked, s, urn, cred, "n", [f"127.0.0.1:{networked.server.port}",
                                              "192.0.2.1:80"])
     root = node_dir(networked, detail_of(s, urn, cred, "n")["component_urn"]
-                    .rsplit("+", 1)[-1]) / "root"
+                    .rsplit("+", 1)[-1]) / "root" / "tmp"
     assert (root / "name").read_text().strip() == "n"
     assert f"inet {_addresses(manifest, 'n')[0]}/" in (root / "addrs").read_text()
     routes = (root / "routes").read_text()

@@ -18,7 +18,7 @@ from elasticslice.emulator import isolate
 from elasticslice.rspec import NodeSpec, build_request
 from tests.helpers import REPO, wait_for
 from tests.elasticslice.emulator.helpers import Session
-from tests.elasticslice.emulator.node_helpers import add_node, exited
+from tests.elasticslice.emulator.node_helpers import add_node, as_root, exited
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     isolate.choose({}).isolation is not isolate.Isolation.NAMESPACES,
@@ -41,11 +41,11 @@ def _state_dir(parent: Path) -> Path:
 
 
 def _tries(paths: list[Path | str]) -> str:
-    """A command trying to read each path (a file, or a folder's listing): what it read
-    goes to /found, then "done"."""
+    """A command trying to read each path (a file, or a folder's listing) as root of the node
+    (the user has sudo): what it read goes to /found, then "done"."""
     tries = [f"(cat '{p}' || ls -A '{p}') >/dev/null 2>&1 && echo 'READ {p}' >> /found"
              for p in paths]
-    return "; ".join([*tries, "echo done >> /found"])
+    return as_root("; ".join([*tries, "echo done >> /found"]))
 
 
 def test_a_node_reads_nothing_of_the_host_but_its_image(emulator, tmp_path):
@@ -76,8 +76,8 @@ def test_a_node_reads_nothing_of_another_node(emulator):
     s = Session(emulator)
     urn, cred = _slice(s)
     mine = "/tmp/mine /var/tmp/mine /root/mine /local/mine /mine"
-    first = add_node(s, urn, cred, "a", f"mkdir -p /local; for f in {mine}; do echo a > $f; "
-                                        "done; sleep 300")
+    first = add_node(s, urn, cred, "a", as_root(f"mkdir -p /local; for f in {mine}; do "
+                                                "echo a > $f; done; sleep 300"))
     written = first / "root" / "local" / "mine"
     wait_for(written.exists, timeout=30, what="node a's files")
     # a's files by the same paths on b, and by a's folder on the host
@@ -93,13 +93,13 @@ def test_python3_on_a_node_is_the_images_own(emulator):
                                   text=True, check=True).stdout.split()[1]
     s = Session(emulator)
     urn, cred = _slice(s)
-    script = ("python3 -c 'import sys; print(sys.executable, sys.version.split()[0])' > /py; "
-              f"test -e '{sys.executable}' && echo 'VENV PYTHON' >> /py; "
-              "python3 -c 'import troy' 2>/dev/null && echo 'PROJECT ON STOCK IMAGE' >> /py; "
-              "true")
+    script = ("python3 -c 'import sys; print(sys.executable, sys.version.split()[0])' > "
+              f"/tmp/py; test -e '{sys.executable}' && echo 'VENV PYTHON' >> /tmp/py; "
+              "python3 -c 'import troy' 2>/dev/null && echo 'PROJECT ON STOCK IMAGE' >> "
+              "/tmp/py; true")
     node = add_node(s, urn, cred, "py", script)
     assert exited(s, urn, cred, "py")["execute_status"] == 0
-    assert (node / "root" / "py").read_text().split("\n") == \
+    assert (node / "root" / "tmp" / "py").read_text().split("\n") == \
         [f"/usr/bin/python3 {image_python}", ""]
 
 
@@ -110,13 +110,14 @@ def test_the_image_is_read_only_and_the_rest_is_the_nodes_own(emulator):
               "for d in /tmp /var/tmp /root /local /; do touch $d/w || echo CANNOT-$d >> /seen; "
               "done; ls -A / > /listing; hostname > /name; test -c /dev/null || echo NODEV >> "
               "/seen; geni-get client_id > /who; true")
-    node = add_node(s, urn, cred, "w1", script)
+    node = add_node(s, urn, cred, "w1", as_root(script))  # root of the node (the user has sudo)
     assert exited(s, urn, cred, "w1")["execute_status"] == 0
     root = node / "root"
     assert not (root / "seen").exists(), (root / "seen").read_text()
     listing = set((root / "listing").read_text().split())
     allowed = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc",
-               "tmp", "var", "root", "local", "run", "w", "seen", "listing", "name", "who"}
+               "tmp", "var", "root", "local", "run", "users", "w", "seen", "listing", "name",
+               "who"}
     assert listing <= allowed and {"usr", "etc", "tmp", "root", "proc"} <= listing, listing
     assert (root / "name").read_text().startswith("w1.")
     assert (root / "who").read_text() == "w1\n"

@@ -51,7 +51,7 @@ def test_pick_nodes_by_type_and_by_id(tmp_path):
 
 
 def test_without_namespaces_paths_of_the_nodes_tree_point_into_its_root(tmp_path):
-    from elasticslice.emulator.boot import localise
+    from elasticslice.emulator.startup import localise
     names = ["local", "usr", "tmp", "root"]   # what the node's root folder holds
     assert localise("sh /local/repo/start.sh && ls /local", names, tmp_path) == \
         f"sh {tmp_path}/local/repo/start.sh && ls {tmp_path}/local"

@@ -19,7 +19,7 @@ from elasticslice.pilots.bootstrap import env_script
 from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
 from elasticslice.rspec import NodeSpec, build_request
 from tests.elasticslice.emulator.helpers import Session
-from tests.elasticslice.emulator.node_helpers import add_node, exited
+from tests.elasticslice.emulator.node_helpers import add_node, exited, runlog
 from tests.elasticslice.pilots.helpers import serve_directory
 
 NAMESPACES = pytest.mark.skipif(
@@ -152,14 +152,14 @@ def test_a_stock_node_builds_the_agents_environment_and_reuses_it(emulator, hous
                                    "sh /local/pilot/start.sh", tarballs=[url])
         for name, node in nodes.items():
             detail = exited(s, urn, cred, name, timeout=120)
-            log = (node / "startup.log").read_text()
+            log = runlog(node)
             assert detail["execute_status"] == 0, log
-            lines = log.splitlines()
+            lines = log.splitlines()[:-1]  # the last: "<command> returned 0" (runstartup's)
             assert len(lines) == 4, log
             assert lines[0].startswith("pilot environment: built in /local/pilot/env in ")
             assert lines[1] == lines[3] == control_versions()
             assert lines[2] == "pilot environment: /local/pilot/env is complete"
-        assert "pins from the index" in (nodes["index"] / "startup.log").read_text()
+        assert "pins from the index" in runlog(nodes["index"])
 
 
 @NAMESPACES
@@ -174,9 +174,10 @@ def test_a_stock_node_without_the_wheelhouse_or_the_python_says_so(emulator, tmp
                           "pilot environment: no python3.99 on this image")}
         nodes = {name: add_node(s, urn, cred, name, script) for name, (script, _) in
                  cases.items()}
-        for name, (_, line) in cases.items():
+        for name, (script, line) in cases.items():
             assert exited(s, urn, cred, name)["execute_status"] == 1
-            assert (nodes[name] / "startup.log").read_text() == line + "\n"
+            # the line, then runstartup's "<command> returned <status>"
+            assert runlog(nodes[name]) == f"{line}\n{script} returned 1\n"
 
 
 def other_python() -> tuple[str | None, str]:
