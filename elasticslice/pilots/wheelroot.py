@@ -49,7 +49,8 @@ from elasticslice.pilots.wheelhouse import (Wheelhouse, WheelhouseError, this_pl
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER = 5.0  # seconds a node is told to wait while its wheelhouse is built
+RETRY_AFTER = 2.0  # seconds a node waits before asking again (an ask is cheap)
+MIN_REASON = "the node agent needs Python %d.%d or later" % wheeltags.MIN_PYTHON
 Node = tuple[tuple[int, int], str, "tuple[int, int] | None"]
 
 
@@ -147,8 +148,7 @@ class WheelhouseRoot:
         except ValueError as err:
             return Unavailable(404, str(err))
         if node[0] < wheeltags.MIN_PYTHON:
-            return Unavailable(404, "the node agent needs Python %d.%d or later"
-                               % wheeltags.MIN_PYTHON)
+            return Unavailable(404, MIN_REASON)
         with self._lock:
             house = self._chosen.get(tag) or self._choose(tag, node)
             if house is None:
@@ -215,6 +215,8 @@ class WheelhouseRoot:
             major, minor = (int(x) for x in python.split(".")[:2])
             tag = wheeltags.node_tag((major, minor), platform)
             wheeltags.parse_node_tag(tag)
+            if (major, minor) < wheeltags.MIN_PYTHON:
+                raise ValueError(MIN_REASON)
         except ValueError as err:
             raise WheelhouseError(f"no wheelhouse for Python {python} on {platform}: "
                                   f"{err}") from None
