@@ -8,7 +8,9 @@ returns, as ``python3 - LAYOUT MODE URL TARGET WAIT [INDEX_URL]`` with this modu
   that fits it, ``URL/<cpXY-manylinux_2_N_MACHINE>/``; the control node answers 503 with
   ``Retry-After`` while it builds it (the installer waits up to ``WAIT`` seconds, with a
   line now and then) and 404 with its reason when it cannot (one line naming the node's
-  Python and machine and that reason). ``house``: ``URL`` is one wheelhouse.
+  Python and machine and that reason). A 404 without a reason where ``URL`` is one
+  wheelhouse (``URL/wheels.txt``: a control node that publishes a single one) takes that
+  one, whose wheels are then checked as any. ``house``: ``URL`` is one wheelhouse.
 - ``MODE`` ``wheels``: every wheel from the wheelhouse; ``index``: the pins from the package
   index (``INDEX_URL``, default pip's; a relative one is the wheelhouse's, e.g. ``simple/``)
   with pip run from the wheelhouse's own pip wheel, the project's wheel from the wheelhouse.
@@ -142,6 +144,9 @@ class Installer:
             try:
                 return get(self.house + "wheels.txt").decode()
             except Answer as answer:
+                if answer.code == 404 and answer.reason == "HTTP 404" and \
+                        self.house != self.base.rstrip("/") + "/" and self.one_wheelhouse():
+                    return self.fetch("wheels.txt").decode()
                 if answer.code == 404:
                     raise Failed("the control node has no wheelhouse for Python %s: %s"
                                  % (about, answer.reason)) from None
@@ -169,6 +174,16 @@ class Installer:
                     raise Failed("cannot fetch wheels.txt from the wheelhouse at %s: %s"
                                  % (where(self.house), getattr(err, "reason", err))) from None
             time.sleep(0.5 * errors)
+
+    def one_wheelhouse(self) -> bool:
+        """A 404 without a reason for the node's name: whether the URL is one wheelhouse
+        (a control node that publishes a single one); if so, it is the node's."""
+        try:
+            get(self.base.rstrip("/") + "/wheels.txt")
+        except (Answer, OSError):
+            return False
+        self.house = self.base.rstrip("/") + "/"
+        return True
 
     def manifest(self) -> Tuple[str, List[Entry], Dict[str, Entry]]:
         text = self.wheels_txt()

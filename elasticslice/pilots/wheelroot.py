@@ -30,6 +30,8 @@ grows (and across restarts of the control node, given the same ``token``). With
     url = root.publish(publisher, token=token)   # "http://HOST:PORT/<token>/wheelhouse/"
     lines = env_script(url)                      # start.sh: the node asks for its own
 
+or, all of it for the image the nodes boot, :func:`serve_for_image`.
+
 The builds run in one daemon thread, started when the first is asked for (nothing happens
 in the constructor); :meth:`close` stops it after the build it is in.
 """
@@ -270,3 +272,25 @@ class WheelhouseRoot:
         log.info("wheelhouse %s ready for the nodes (%s, %.1f s)", tag,
                  "built" if house.built else "from the cache", time.monotonic() - started)
         return house, None
+
+
+def serve_for_image(publisher: TarballPublisher, *, image_urn: str | None, cm_local: bool,
+                    image_python: str | None = None, extra: tuple[str, ...] = (),
+                    token: str | None = None) -> tuple[WheelhouseRoot, str]:
+    """A root published on ``publisher`` (under ``token``) with its builds started: this
+    control node's own wheelhouse, and the one nodes of ``image_urn`` most likely ask for
+    (its Python: ``image_python``, else :func:`~elasticslice.pilots.bootstrap.image_python`;
+    its platform: :func:`~elasticslice.pilots.bootstrap.image_platform`) when known and
+    built here. The root and its URL, for :func:`~elasticslice.pilots.bootstrap.env_script`;
+    :meth:`WheelhouseRoot.close` it with the publisher."""
+    from elasticslice.pilots.bootstrap import image_platform
+    from elasticslice.pilots.bootstrap import image_python as python_of
+    root = WheelhouseRoot(extra=extra)
+    root.build_ahead()
+    version = image_python or python_of(image_urn, cm_local)
+    if version is not None:
+        try:
+            root.build_ahead(version, image_platform(image_urn, cm_local))
+        except WheelhouseError as err:  # the nodes are told, one line each
+            log.warning("nodes of %s: %s", image_urn or "the default image", err)
+    return root, root.publish(publisher, token=token)

@@ -104,7 +104,9 @@ def test_an_arm64_node_refuses_an_x86_64_wheel(tmp_path: Path) -> None:
     tag = wheeltags.node_tag(node[0], wheeltags.platform_tag("aarch64", node[2]))
     (ours / tag).symlink_to(house.directory)
     with serve_directory(ours) as url:
-        for where, root in ((url, True), (f"{url}/{tag}", False)):
+        # its root, the one wheelhouse (root=False), and the one wheelhouse where a root is
+        # expected (a control node that publishes only one: the node takes it)
+        for where, root in ((url, True), (f"{url}/{tag}", False), (f"{url}/{tag}", True)):
             done = run_node(env_script(where, python=sys.executable, root=root,
                                        target=str(tmp_path / "env")) + AGENT,
                             tmp_path, env={"_PYTHON_HOST_PLATFORM": "linux-aarch64"})

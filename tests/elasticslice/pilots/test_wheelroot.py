@@ -115,3 +115,31 @@ def test_a_failed_build_is_404_with_its_reason_then_tried_again(
         assert root.resolve(f"{tag}/wheels.txt").status == 503  # tried again
     finally:
         root.close()
+
+
+@pytest.mark.slow
+def test_served_for_an_image_it_builds_ahead_what_its_nodes_ask_for(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The box's nodes boot this machine's python3: its wheelhouse is built at once; a
+    standard image whose Python the agent cannot run is one warning, and nothing built for
+    it."""
+    from elasticslice.pilots.wheelroot import serve_for_image
+    publisher = TarballPublisher().start()
+    roots = []
+    try:
+        root, url = serve_for_image(publisher, image_urn=None, cm_local=True)
+        roots.append(root)
+        assert url.startswith(publisher.base_url) and url.endswith("/wheelhouse/")
+        assert root.wheelhouse(timeout=240).python == this_python()
+        old, _ = serve_for_image(publisher, cm_local=False, image_urn=(
+            "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU20-64-STD"))
+        roots.append(old)
+        assert any("nodes of urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU20-64-STD: "
+                   "no wheelhouse for Python 3.8 on manylinux_2_31_x86_64: the node agent "
+                   "needs Python 3.10 or later" in r.getMessage() for r in caplog.records)
+        assert old.wheelhouse(timeout=240).python == this_python()
+        assert f"ready=['{OWN}']" in repr(old)
+    finally:
+        publisher.stop()
+        for root in roots:
+            root.close()
