@@ -97,8 +97,8 @@ def env_script(wheelhouse_url: str | None, *, python: str = "python3",
 
     ``wheelhouse_url``: a wheelhouse *root* (:class:`~elasticslice.pilots.wheelroot.
     WheelhouseRoot`; the node asks for the wheelhouse of its Python and machine under it,
-    waiting up to ``wait`` seconds while the control node builds it), or with ``root=False``
-    one wheelhouse. ``index``: the third-party pins from the package index (``index_url``,
+    waiting up to ``wait`` seconds while the control node builds it; a URL that turns out to
+    be one wheelhouse is taken as the node's), or with ``root=False`` one wheelhouse. ``index``: the third-party pins from the package index (``index_url``,
     default pip's; a relative one, e.g. ``simple/``, is the node's wheelhouse's own index).
     None: the image already has the agent (``node_python``), and the lines only set ``py``
     to ``python``. An environment already complete at ``target`` (a reboot) is used without
