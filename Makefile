@@ -100,6 +100,7 @@ $(PY310_VENV)/.installed-stamp: setup.cfg pyproject.toml | $(STAMP)
 	  { $(PY310_VENV)/bin/python -m ensurepip -q && $(PY310_VENV)/bin/python -m pip install -q -e '.[test]'; }
 	@touch $@
 test-py310: $(PY310_VENV)/.installed-stamp
+	@$(PY310_VENV)/bin/python -m compileall -q -j 2 elasticslice troy bench tests
 	$(TMP_ENV) $(PY310_VENV)/bin/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist worksteal -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(STAMP) netns
