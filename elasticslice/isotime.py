@@ -2,7 +2,7 @@
 
 ``datetime.fromisoformat`` reads a ``Z`` suffix and fractions of any length only from
 Python 3.11; on 3.10 it takes exactly what ``isoformat`` writes. :func:`parse_iso` takes
-``Z`` (or ``z``) for UTC and a fraction of 1 to 6 digits on both.
+``Z`` for UTC and a fraction of 1 to 6 digits on both.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def parse_iso(text: str) -> datetime:
     it is not a date and time)."""
     raw = text.strip()
     if sys.version_info < (3, 11):
-        if raw[-1:] in ("Z", "z"):
+        if raw.endswith("Z"):
             raw = raw[:-1] + "+00:00"
         match = _FRACTION.match(raw)
         if match:
