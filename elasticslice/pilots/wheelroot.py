@@ -66,7 +66,8 @@ class WheelhouseRoot:
     """The wheelhouses this control node serves (see the module's doc). ``extra``: installed
     distributions the nodes need besides the agent's (``("parsl",)``); ``cache``: where
     wheelhouses are kept (default the virtualenv's, :func:`~elasticslice.pilots.wheelhouse.
-    cache_root`); ``clock``: monotonic seconds (tests pass their own)."""
+    cache_root`); ``clock``: monotonic seconds, for when a failed build is tried again (tests
+    pass their own)."""
 
     def __init__(self, *, extra: tuple[str, ...] = (), cache: Path | str | None = None,
                  retry_failed_after: float = 600.0,
@@ -100,8 +101,8 @@ class WheelhouseRoot:
     def build_ahead(self, python: str | None = None, platform: str | None = None) -> str:
         """Build the wheelhouse for Python ``python`` (default this one's) on ``platform``
         (default this machine's) in the background, unless built or on its way; its name
-        (``cp310-manylinux_2_35_x86_64``). A Python or platform the root does not build is a
-        :class:`WheelhouseError`."""
+        (``cp310-manylinux_2_35_x86_64``). A Python or platform the root does not build (or
+        the agent does not run on) is a :class:`WheelhouseError`."""
         tag = self._tag(python or this_python(), platform or this_platform())
         with self._lock:
             if tag not in self._ready:
@@ -115,13 +116,13 @@ class WheelhouseRoot:
         built first if needed, waiting up to ``timeout`` seconds (None: as long as it takes);
         :class:`WheelhouseError` with the reason its build failed, or on the timeout."""
         tag = self.build_ahead(python, platform)
-        deadline = None if timeout is None else self._clock() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._wake:
             while tag not in self._ready:
                 failed = self._failed.get(tag)
                 if failed is not None:
                     raise WheelhouseError(failed.reason)
-                left = None if deadline is None else deadline - self._clock()
+                left = None if deadline is None else deadline - time.monotonic()
                 if self._closed or (left is not None and left <= 0):
                     raise WheelhouseError(f"the wheelhouse {tag} is not built yet")
                 self._wake.wait(timeout=left if left is None else min(left, 1.0))
