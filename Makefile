@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast bytecode browser netns demo bench chaos wheelhouse clean
+.PHONY: test test-fast test-py310 bytecode browser netns demo bench chaos wheelhouse clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@# uv resolves, downloads and byte-compiles in parallel: a fresh .venv in ~12 s where pip
@@ -86,6 +86,22 @@ netns:
 # The fast tier, for every edit: unit and in-process tests (no emulator, Dask or demo)
 test-fast: $(STAMP) bytecode
 	$(TMP_ENV) $(BIN)/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# The fast tier on Python 3.10, the oldest the project runs on (Ubuntu 22.04's): a venv of
+# its own in $(VENV)/py310 from PY310 (pyenv's 3.10, else python3.10 on PATH), made once.
+# tests/test_python_versions.py imports every module there when it exists.
+PY310 ?= $(lastword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) $(shell command -v python3.10 2>/dev/null))
+PY310_VENV := $(VENV)/py310
+$(PY310_VENV)/.installed-stamp: setup.cfg pyproject.toml | $(STAMP)
+	@test -n "$(PY310)" || { echo "test-py310: no python3.10 here (make test-py310 PY310=...)"; exit 1; }
+	@test -x $(PY310_VENV)/bin/python || $(BIN)/uv venv -q --python $(PY310) $(PY310_VENV) 2>/dev/null || \
+	  $(PY310) -m venv $(PY310_VENV)
+	@$(BIN)/uv pip install -q --python $(PY310_VENV)/bin/python --compile-bytecode -e '.[test]' pip 2>/dev/null || \
+	  { $(PY310_VENV)/bin/python -m ensurepip -q && $(PY310_VENV)/bin/python -m pip install -q -e '.[test]'; }
+	@touch $@
+test-py310: $(PY310_VENV)/.installed-stamp
+	@$(PY310_VENV)/bin/python -m compileall -q -j 2 elasticslice troy bench tests
+	$(TMP_ENV) $(PY310_VENV)/bin/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist worksteal -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(STAMP) netns
 	$(BIN)/python bin/demo $(DEMO_ARGS)

@@ -238,7 +238,7 @@ def measure(repeats: int) -> dict[str, Any]:
         box = Box(root, clock, www)
         try:
             url = f"{clock.url}/wheelhouse"
-            build = env_script(url)
+            build = env_script(url, root=False)  # one wheelhouse, served as a folder
             names = [box.node(start_script(clock, build), runs=2 if i == 0 else 1)
                      for i in range(repeats)]
             builds = [box.span(f"{n}-1") for n in names]

@@ -39,8 +39,8 @@ from elasticslice.errors import ElasticSliceError, RPCError
 from elasticslice.pilots import bootstrap
 
 STOCK_PYTHON = bootstrap.STOCK_PYTHON
-#: the oldest Python the node agent runs on (the project's own floor)
-MIN_NODE_PYTHON = (3, 11)
+#: the oldest Python the node agent runs on (the project's own floor, setup.cfg's)
+MIN_NODE_PYTHON = bootstrap.MIN_NODE_PYTHON
 
 
 @dataclass
@@ -319,8 +319,8 @@ def wheelhouse_check(version: str) -> tuple[bool, str, str]:
     if tuple(int(x) for x in version.split(".")[:2]) < MIN_NODE_PYTHON:
         return (False, f"the image's Python {version} is older than the node agent needs "
                        f"({'.'.join(map(str, MIN_NODE_PYTHON))})",
-                "use a newer image (UBUNTU24-64-STD has Python 3.12), or an image with the "
-                "agent's environment and [pilots] node_python")
+                "use a newer image (UBUNTU22-64-STD has Python 3.10, UBUNTU24-64-STD 3.12), "
+                "or an image with the agent's environment and [pilots] node_python")
     try:
         from elasticslice.pilots.wheelhouse import Wheelhouse  # type: ignore[import-not-found]
     except ImportError:

@@ -12,6 +12,7 @@ from elasticslice.emulator.context import Context
 from elasticslice.emulator.dispatch import Call, Service
 from elasticslice.emulator.geni import GeniFault, optional, require
 from elasticslice.emulator.store import SliceRow
+from elasticslice.isotime import parse_iso
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import Credential
 
@@ -42,7 +43,7 @@ def parse_expiration(value: Any, name: str = "expiration") -> dt.datetime:
             continue
     if when is None:
         try:
-            when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+            when = parse_iso(text)
         except ValueError as err:
             raise GeniFault(GeniCode.BADARGS, f"Could not parse {name}: {text}") from err
     if when.tzinfo is None:

@@ -38,6 +38,7 @@ from cryptography import x509
 from lxml import etree
 
 from elasticslice.errors import CredentialError
+from elasticslice.isotime import parse_iso
 from elasticslice.rpc import pki, xmldsig
 from elasticslice.rpc.xmldsig import DS_NS, XML_ID
 
@@ -97,7 +98,7 @@ def parse_expires(text: str) -> dt.datetime:
     """``YYYY-MM-DDTHH:MM:SSZ`` (also fractions and ``+00:00``) → aware UTC datetime."""
     raw = (text or "").strip()
     try:
-        when = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        when = parse_iso(raw)
         if when.tzinfo is None:  # the servers write UTC
             when = when.replace(tzinfo=dt.timezone.utc)
         return when.astimezone(dt.timezone.utc)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from elasticslice.errors import RSpecError
+from elasticslice.isotime import parse_iso
 from elasticslice.rspec.model import (
     NS_EMULAB, NS_V2, NS_V3, SLIVER_TYPE_ALIASES, Interface, Link, Login, Node, RSpec, RSpecType,
     rspec_type_problem,
@@ -75,7 +76,7 @@ def _datetime(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        parsed = datetime.fromisoformat(value.strip())
+        parsed = parse_iso(value)
     except ValueError as err:
         raise _RootProblem(f"expires={value!r} is not an ISO-8601 date and time") from err
     if parsed.tzinfo is None:  # RSpec times are UTC unless they say otherwise

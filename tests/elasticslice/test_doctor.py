@@ -245,7 +245,7 @@ def test_an_image_whose_python_cannot_run_the_agent_fails(emulator: Any,
     assert code == 1
     got = line(lines, "wheelhouse")
     assert got.startswith("FAIL wheelhouse: the image's Python 3.8 is older than the node "
-                          "agent needs (3.11)")
+                          "agent needs (3.10)")
     assert "-> use a newer image" in got
     code, lines, _ = doctor(variant(emulator, tmp_path, drop=("node_python",)), tmp_path,
                             "--image",

@@ -1,12 +1,12 @@
 """A node booted from the stock image builds the node agent's environment with its own
-python3 from the control node's wheelhouse, served over HTTP: the versions the control node
-runs, reused on a second run, one line and exit status 1 when something is missing."""
+python3 from the control node's wheelhouse root, served over HTTP: the versions the control
+node runs, reused on a second run, one line and exit status 1 when something is missing.
+(The root against other Pythons, ARM64, reboots and the experiment's user:
+test_node_install.py.)"""
 from __future__ import annotations
 
 import importlib.metadata as md
 import io
-import json
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from elasticslice.emulator import isolate
-from elasticslice.pilots.bootstrap import env_script
+from elasticslice.pilots import wheeltags
+from elasticslice.pilots.bootstrap import env_script, installer
+from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
+from elasticslice.pilots.wheelroot import WheelhouseRoot
 from elasticslice.rspec import NodeSpec, build_request
 from tests.elasticslice.emulator.helpers import Session
 from tests.elasticslice.emulator.node_helpers import add_node, exited, runlog
@@ -61,6 +64,10 @@ def test_what_is_not_a_url_or_a_folder_is_refused() -> None:
         env_script("file:///srv/wheelhouse")
     with pytest.raises(ValueError, match="index_url must be an http"):
         env_script("http://h/w/", index=True, index_url="ftp://mirror/simple")
+    with pytest.raises(ValueError, match="index_url must be an http"):
+        env_script("http://h/w/", index=True, index_url="/simple/")
+    with pytest.raises(ValueError, match="wait must be seconds"):
+        env_script("http://h/w/", wait=-1)
     with pytest.raises(ValueError, match="target must be an absolute path"):
         env_script("http://h/w/", target="local/env")
     with pytest.raises(ValueError, match="python must be a command"):
@@ -70,7 +77,8 @@ def test_what_is_not_a_url_or_a_folder_is_refused() -> None:
 def test_a_wheelhouse_that_is_not_there_is_one_line_and_exit_1(tmp_path: Path) -> None:
     """The path of the URL (the publisher's unguessable prefix) is not printed."""
     with serve_directory(tmp_path) as url:
-        done = run_host(env_script(f"{url}/unguessable/", target=str(tmp_path / "env"))
+        done = run_host(env_script(f"{url}/unguessable/", target=str(tmp_path / "env"),
+                                   root=False)
                         + 'echo "reached with $py"\n', tmp_path)
     assert done.returncode == 1
     assert done.stderr == (f"pilot environment: cannot fetch wheels.txt from the wheelhouse "
@@ -87,8 +95,8 @@ def test_a_wheel_that_is_not_the_one_listed_is_refused(tmp_path: Path) -> None:
                                       f"{sys.version_info[1]} platform x\n"
                                       f"{'0' * 64} 14 tblib-1-py3-none-any.whl\n")
     with serve_directory(house) as url:
-        done = run_host(env_script(url, python=sys.executable, target=str(tmp_path / "env")),
-                        tmp_path)
+        done = run_host(env_script(url, python=sys.executable, target=str(tmp_path / "env"),
+                                   root=False), tmp_path)
     assert done.returncode == 1
     assert done.stderr == (f"pilot environment: tblib-1-py3-none-any.whl from the wheelhouse "
                            f"at {url}/... does not match its sha256\n")
@@ -99,12 +107,28 @@ def test_a_wheelhouse_for_another_python_is_refused(tmp_path: Path) -> None:
     house.mkdir()
     (house / "wheels.txt").write_text("# python 2.7 platform x\n")
     with serve_directory(house) as url:
-        done = run_host(env_script(url, python=sys.executable, target=str(tmp_path / "env")),
-                        tmp_path)
+        done = run_host(env_script(url, python=sys.executable, target=str(tmp_path / "env"),
+                                   root=False), tmp_path)
     mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert done.stderr.startswith(f"pilot environment: the wheelhouse is for Python 2.7, this "
                                   f"node's {sys.executable} is {mine}")
+
+
+def test_an_image_too_old_for_the_agent_says_so_in_one_line(tmp_path: Path) -> None:
+    """The installer parses on every python3 an image may have (Ubuntu 18.04's 3.6 on), so an
+    old one is told why in one line, before anything is fetched."""
+    old = sorted(Path.home().glob(".pyenv/versions/3.[6-9].*/bin/python3"))
+    if not old:
+        pytest.skip("no Python 3.6 to 3.9 on this machine (pyenv)")
+    for python in old:
+        done = run_host(env_script("http://127.0.0.1:9/root/", python=str(python),
+                                   target=str(tmp_path / "env")), tmp_path)
+        version = python.parent.parent.name.rsplit(".", 1)[0]
+        assert (done.returncode, done.stderr) == (1, (
+            f"pilot environment: this node's {python} is Python {version}; the node agent "
+            f"needs Python 3.10 or later\n")), python
+    assert installer().isascii() and "from __future__" not in installer()
 
 
 # ------------------------------------------------------------- on the stock image ----------
@@ -134,32 +158,41 @@ def tarball(directory: Path, script: str) -> str:
 @NAMESPACES
 def test_a_stock_node_builds_the_agents_environment_and_reuses_it(emulator, house, tmp_path):
     """Twice on the node: built, then found complete; both print the control node's
-    versions, from the image's python3 (/usr), from the wheelhouse and from the index."""
+    versions, from the image's python3 (/usr), from the wheelhouse root (built ahead, as a
+    cluster does) and with the pins from an index (the wheelhouse's own: ``simple/``)."""
     www = tmp_path / "www"
     www.mkdir()
     here = emulator.control_address
-    with serve_directory(house.directory, here) as wheels, \
-            serve_directory(www, here) as tarballs:
-        s = Session(emulator)
-        urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
-        nodes = {}
-        for name, script in (
-                ("wheels", env_script(wheels) + VERSIONS),
-                ("index", env_script(wheels, index=True, index_url=f"{wheels}/simple/")
-                 + VERSIONS)):
-            url = f"{tarballs}/{tarball(www, SHEBANG + script)}"
-            nodes[name] = add_node(s, urn, cred, name, "sh /local/pilot/start.sh && "
-                                   "sh /local/pilot/start.sh", tarballs=[url])
-        for name, node in nodes.items():
-            detail = exited(s, urn, cred, name, timeout=120)
-            log = runlog(node)
-            assert detail["execute_status"] == 0, log
-            lines = log.splitlines()[:-1]  # the last: "<command> returned 0" (runstartup's)
-            assert len(lines) == 4, log
-            assert lines[0].startswith("pilot environment: built in /local/pilot/env in ")
-            assert lines[1] == lines[3] == control_versions()
-            assert lines[2] == "pilot environment: /local/pilot/env is complete"
-        assert "pins from the index" in runlog(nodes["index"])
+    root = WheelhouseRoot()
+    root.build_ahead(house.python)
+    assert root.wheelhouse(house.python, timeout=120).directory == house.directory
+    publisher = TarballPublisher(here).start()
+    try:
+        wheels = root.publish(publisher)
+        with serve_directory(www, here) as tarballs:
+            s = Session(emulator)
+            urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
+            nodes = {}
+            for name, script in (
+                    ("wheels", env_script(wheels) + VERSIONS),
+                    ("index", env_script(wheels, index=True, index_url="simple/")
+                     + VERSIONS)):
+                url = f"{tarballs}/{tarball(www, SHEBANG + script)}"
+                nodes[name] = add_node(s, urn, cred, name, "sh /local/pilot/start.sh && "
+                                       "sh /local/pilot/start.sh", tarballs=[url])
+            for name, node in nodes.items():
+                detail = exited(s, urn, cred, name, timeout=120)
+                log = runlog(node)
+                assert detail["execute_status"] == 0, log
+                lines = log.splitlines()[:-1]  # the last: "<command> returned 0" (runstartup's)
+                assert len(lines) == 4, log
+                assert lines[0].startswith("pilot environment: built in /local/pilot/env in ")
+                assert lines[1] == lines[3] == control_versions()
+                assert lines[2] == "pilot environment: /local/pilot/env is complete"
+            assert "pins from the index" in runlog(nodes["index"])
+    finally:
+        publisher.stop()
+        root.close()
 
 
 @NAMESPACES
@@ -167,9 +200,14 @@ def test_a_stock_node_without_the_wheelhouse_or_the_python_says_so(emulator, tmp
     with serve_directory(tmp_path, emulator.control_address) as url:
         s = Session(emulator)
         urn, cred, _ = s.create(rspec=build_request([NodeSpec("base")]))
+        image = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(*sys.version_info"
+                                "[:2], sep='.')"], capture_output=True, text=True, check=True)
         cases = {"gone": (env_script(f"{url}/gone/") + VERSIONS,
-                          f"pilot environment: cannot fetch wheels.txt from the wheelhouse at "
-                          f"{url}/...: HTTP 404"),
+                          f"pilot environment: the control node has no wheelhouse for Python "
+                          f"{image.stdout.strip()} on {wheeltags.machine()}: HTTP 404"),
+                 "nohouse": (env_script(f"{url}/gone/", root=False) + VERSIONS,
+                             f"pilot environment: cannot fetch wheels.txt from the wheelhouse "
+                             f"at {url}/...: HTTP 404"),
                  "nopy": (env_script(url, python="python3.99") + VERSIONS,
                           "pilot environment: no python3.99 on this image")}
         nodes = {name: add_node(s, urn, cred, name, script) for name, (script, _) in
@@ -178,38 +216,3 @@ def test_a_stock_node_without_the_wheelhouse_or_the_python_says_so(emulator, tmp
             assert exited(s, urn, cred, name)["execute_status"] == 1
             # the line, then runstartup's "<command> returned <status>"
             assert runlog(nodes[name]) == f"{line}\n{script} returned 1\n"
-
-
-def other_python() -> tuple[str | None, str]:
-    """A Python of another minor version than this one, and its version ("3.12")."""
-    candidates = [shutil.which(f"python3.{m}") for m in (12, 13, 10)]
-    candidates += [str(p) for m in (12, 13, 10)
-                   for p in sorted(Path.home().glob(f".pyenv/versions/3.{m}.*/bin/python3.{m}"))]
-    for path in filter(None, candidates):
-        done = subprocess.run([path, "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
-                              capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            return path, done.stdout.strip()
-    return None, ""
-
-
-@pytest.mark.slow
-def test_a_wheelhouse_for_another_python_builds_its_environment(tmp_path):
-    """The control node's Python differs from the image's: the wheels come from the package
-    index for the image's version (pip download), and that Python imports the agent."""
-    other, version = other_python()
-    if other is None:
-        pytest.skip("no Python 3.10, 3.12 or 3.13 runs on this machine")
-    try:
-        house = Wheelhouse.for_python(version, root=tmp_path / "cache")
-    except WheelhouseError as err:
-        pytest.skip(f"the package index has no wheels for Python {version} here: {err}")
-    assert house.method == "download" and house.pins["dask"] == md.version("dask")
-    assert json.loads((house.directory / "wheelhouse.json").read_text())["python"] == version
-    with serve_directory(house.directory) as url:
-        done = run_host(env_script(url, python=other, target=str(tmp_path / "env"))
-                        + '"$py" -c "import sys, troy.frameworks.dask.agent, distributed; '
-                          'print(*sys.version_info[:2], distributed.__version__)"\n', tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == f"{version.replace('.', ' ')} " \
-                                           f"{md.version('distributed')}"

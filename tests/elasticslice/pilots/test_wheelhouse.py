@@ -182,3 +182,40 @@ def test_make_wheelhouse_says_where_it_is_or_why_not(house: Wheelhouse, monkeypa
     out = capsys.readouterr().out
     assert out.startswith(f"{house.directory}: {len(house.wheels)} wheels, ")
     assert "from the cache in" in out
+    with pytest.raises(SystemExit):
+        wheelhouse.main(["--help"])
+    shown = capsys.readouterr().out
+    for words in ("--extra NAME", "--python 3.10 --platform manylinux_2_35_x86_64",
+                  "--python 3.12 --platform manylinux_2_39_aarch64",
+                  str(house.directory.parent)):
+        assert words in shown, words
+
+
+CONFLICT = """\
+Collecting tornado>=6.2.0 (from distributed)
+The conflict is caused by:
+    distributed 2026.8.0 depends on tornado>=6.2.0
+    The user requested (constraint) tornado==6.6.1
+
+Additionally, some packages in these conflicts have no matching distributions available for your environment:
+    tornado
+
+ERROR: Cannot install distributed==2026.8.0 because these package versions have conflicting dependencies.
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/
+"""
+OFFLINE = """\
+WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after connection broken by 'NewConnectionError("HTTPConnection(host='127.0.0.1', port=9): Failed to establish a new connection: [Errno 111] Connection refused")': /simple/psutil/
+ERROR: Could not find a version that satisfies the requirement psutil==5.9.8 (from versions: none)
+ERROR: No matching distribution found for psutil==5.9.8
+"""
+
+
+def test_what_pip_download_said_is_one_line() -> None:
+    """What the node is told when its wheelhouse cannot be had (pip's output as pip 25 and
+    26 write it, stdout then stderr)."""
+    from elasticslice.pilots.wheeldownload import pip_reason
+    assert pip_reason(CONFLICT) == ("pip download: no wheel of tornado==6.6.1 for this Python "
+                                    "and platform")
+    assert pip_reason(OFFLINE) == ("pip download: No matching distribution found for "
+                                   "psutil==5.9.8 (offline?)")
+    assert pip_reason("") == "pip download: it failed"
