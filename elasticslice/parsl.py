@@ -543,6 +543,7 @@ class CloudLabProvider(ExecutionProvider):
         self.publisher: Any = None
         self.helper: ParslNodeHelper | None = None
         self._published: Any = None
+        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node
         self.publish_port = None if publish_port is None else _count(
             "publish_port", publish_port, 0)
         #: nodes that failed to start, with the cause their start script sent
@@ -713,23 +714,19 @@ class CloudLabProvider(ExecutionProvider):
             manager.wake("update_sliver_status")
 
     def _node_software(self) -> str:
-        """sh lines building the nodes' environment (the agent's wheelhouse and Parsl), or
-        naming the image's Python that has Parsl (``node_python``)."""
+        """sh lines building the nodes' environment (the agent's wheelhouse and Parsl: each
+        node gets the wheelhouse of its own Python and machine), or naming the image's
+        Python that has Parsl (``node_python``)."""
         from elasticslice.config import cm_is_local
-        from elasticslice.pilots.bootstrap import env_script, image_python
-        from elasticslice.pilots.wheelhouse import Wheelhouse
+        from elasticslice.pilots.bootstrap import env_script
+        from elasticslice.pilots.wheelroot import serve_for_image
         if self.node_python is not None:
             return env_script(None, python=self.node_python)
-        version = self.image_python
-        if version is None:
-            urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
-            version = image_python(self.disk_image, bool(urls) and all(map(cm_is_local, urls)))
-        if version is None:
-            raise ProviderError(f"CloudLabProvider: cannot tell the Python of the image "
-                                f"{self.disk_image or '(default)'}: give image_python")
-        house = Wheelhouse.for_python(version, extra=("parsl",))
-        url = self.publisher.publish_tree(house.directory, "wheelhouse",
-                                          token=self._published.token)
+        urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
+        self.wheelroot, url = serve_for_image(
+            self.publisher, image_urn=self.disk_image, image_python=self.image_python,
+            cm_local=bool(urls) and all(map(cm_is_local, urls)), extra=("parsl",),
+            token=self._published.token)
         return env_script(url, target=f"{INSTALL_PATH}/env")
 
     def stats(self) -> dict[str, int]:
@@ -771,6 +768,9 @@ class CloudLabProvider(ExecutionProvider):
                 self._published.stop()
                 self._published = None
             self.publisher = None
+            root, self.wheelroot = self.wheelroot, None
+            if root is not None:
+                root.close()
             lock, self._lockfile = self._lockfile, None
             if lock is not None:
                 lock.release()

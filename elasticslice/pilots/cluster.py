@@ -141,6 +141,7 @@ class ElasticCluster:
         self.publish_port = publish_port
         self.publisher: TarballPublisher | None = None  # serves the slice's tarball
         self._published: PublishedSlice | None = None
+        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node
         #: the nodes that failed to start, with their cause (the CM's word and the node's)
         self.failures = NodeFailures()
         self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
@@ -279,25 +280,17 @@ class ElasticCluster:
 
     def _node_software(self) -> str:
         """The ``start.sh`` lines that build the agent's environment on a node from the
-        wheelhouse for the image's Python (built once, cached; published read-only)."""
+        wheelhouse root: each node gets the wheelhouse of its own Python and machine (the
+        image's expected one built ahead, when known), at a URL kept across restarts."""
         from elasticslice.config import cm_is_local
-        from elasticslice.pilots.bootstrap import env_script, image_python
-        from elasticslice.pilots.wheelhouse import Wheelhouse
+        from elasticslice.pilots.bootstrap import env_script
+        from elasticslice.pilots.wheelroot import serve_for_image
         assert self.helper is not None and self.publisher is not None
-        version = self.image_python
-        if version is None:
-            urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
-            local = bool(urls) and all(cm_is_local(u) for u in urls)
-            version = image_python(self.helper.image_urn, local)
-        if version is None:
-            raise ElasticSliceError(
-                f"cannot tell the Python of the image {self.helper.image_urn or '(default)'}: "
-                "give its version (image_python) or an image with the agent ([pilots] "
-                "node_python)")
-        house = Wheelhouse.for_python(version)
-        url = self.publisher.publish_tree(house.directory, "wheelhouse",
-                                          token=self._published.token if self._published
-                                          else None)
+        urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
+        self.wheelroot, url = serve_for_image(
+            self.publisher, image_urn=self.helper.image_urn, image_python=self.image_python,
+            cm_local=bool(urls) and all(cm_is_local(u) for u in urls),
+            token=self._published.token if self._published is not None else None)
         return env_script(url, python="python3")
 
     ENROL_FILE = "enrol.json"
@@ -516,6 +509,9 @@ class ElasticCluster:
                 self._published.stop()
                 self._published = None
             self.publisher = None
+            root, self.wheelroot = self.wheelroot, None
+            if root is not None:
+                root.close()
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.release()
