@@ -87,7 +87,7 @@ def test_node_tarball_carries_no_key_only_the_ca_a_token_and_the_script(
         (cid, node), = args.items()
         startup = str(node)
         assert "PRIVATE KEY" not in startup and "token" not in startup
-        assert node["startup"][0] == "sh /local/pilot/start.sh"
+        assert node["startup"] == "sh /local/pilot/start.sh"  # one string (AddNodes)
         url, = node["tarballs"]  # a bare URL: CloudLab installs it at /
         assert tarball_problem(url) is None and url.startswith(publisher.base_url)
         assert "?" not in url
