@@ -310,9 +310,9 @@ def _tarball_urls(cid: str, value: Any, key: str) -> list[str]:
     for index, item in enumerate(value):
         where = f"{key}[{index}]"
         if isinstance(item, (list, tuple)):
-            raise BadAddNodesArgs("a [url, path] pair: CloudLab's CM installs AddNodes tarballs"
-                                  " at / and would paste the pair as the URL ARRAY(0x...) "
-                                  "(send the URL)", key=where)
+            raise BadAddNodesArgs("a list, such as a [url, path] pair: CloudLab's CM installs "
+                                  "AddNodes tarballs at / and would paste it as the URL "
+                                  "ARRAY(0x...) (send the URL)", key=where)
         out.append(_str(item, where))
     return out
 

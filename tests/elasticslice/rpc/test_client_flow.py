@@ -10,6 +10,7 @@ from elasticslice.errors import RPCError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
 from elasticslice.rspec import parse
+from elasticslice.rspec.parse import count_nodes
 from tests.helpers import wait_for
 
 from .helpers import genilib_request, hours
@@ -39,10 +40,14 @@ def test_slice_life_through_the_api(emu):
         assert {n.client_id for n in status.nodes} == {"node0", "node1"}
         assert all(n.component_id.startswith("urn:publicid:IDN+") for n in status.nodes)
 
-        manifest = server.add_nodes(add_nodes_arguments(["node2", "node3"], "m400", None))
+        free = count_nodes(server.discover_resources(available=True)).free_by_type
+        args = add_nodes_arguments(["node2", "node3"], "m400", None, free)
+        assert all(set(a) == {"node"} and a["node"] in free["m400"] for a in args.values())
+        manifest = server.add_nodes(args)  # AddNodes has no type: free m400s by name
         assert {"node2", "node3"} <= {n.client_id for n in parse(manifest).nodes}
         status = wait_for(_ready(server, 4), timeout=20, what="four nodes ready")
-        assert "m400" in {n.hardware_type for n in parse(manifest).nodes}
+        assert {n.hardware_type for n in parse(manifest).nodes
+                if n.client_id in ("node2", "node3")} == {"m400"}
 
         manifest = server.delete_nodes(["node0", "node2"])
         assert {n.client_id for n in parse(manifest).nodes} == {"node1", "node3"}
