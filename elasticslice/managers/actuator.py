@@ -26,6 +26,7 @@ from elasticslice.managers.policy import NodeState
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
 from elasticslice.rspec.addnodes import check_add_args, pin_add_args
+from elasticslice.rspec.parse import count_nodes
 
 log = logging.getLogger("elasticslice.managers.manager")
 
@@ -120,10 +121,11 @@ class Actuator:
 
         CloudLab's AddNodes reads five keys and no hardware type: a node the helper wants of
         a type (``hardware_type``) is asked for as ``node`` = a free node of that type from
-        the CM's last advertisement, each a different one; when fewer are free than wanted,
-        the others are left out (logged) and the policy asks again on a later cycle."""
+        the CM's last advertisement (read again when it has too few), each a different one;
+        when fewer are free than wanted, the others are left out (logged) and the policy
+        asks again on a later cycle."""
         self.helper.note_client_ids(list(args))
-        args, left_out = pin_add_args(args, self.free.of(cm.url))
+        args, left_out = self._pin(cm, args)
         if left_out:
             log.warning("no free node of the wanted type at %s for %s (AddNodes names a free "
                         "node of a type: the last advertisement has none left); adding %d",
@@ -152,6 +154,17 @@ class Actuator:
         self.state.set_meta("last_add", repr(now))
         self.notify(f"added {len(cids)} node(s)", f"AddNodes at {cm.url}: {' '.join(cids)}")
         return len(cids)
+
+    def _pin(self, cm: Any, args: dict[str, dict[str, Any]]
+             ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The wire struct of ``args`` (a wanted type as a free node's name); when the
+        names known run short, the CM's advertisement is read once more first."""
+        wire, left_out = pin_add_args(args, self.free.of(cm.url))
+        if left_out:
+            ad = count_nodes(cm.discover_resources(available=True), f"advertisement of {cm.url}")
+            self.free.set(cm.url, ad.free_by_type)
+            wire, left_out = pin_add_args(args, self.free.of(cm.url))
+        return wire, left_out
 
     def delete(self, cm: Any, cids: list[str], why: str = "") -> int:
         """The helper's delete commands, then DeleteNodes of ``cids``; how many went."""

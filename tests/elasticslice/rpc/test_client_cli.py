@@ -31,6 +31,13 @@ def test_cli_slice_life(emu, tmp_path):
     assert "added 2 node(s): node-0 node-1" in out
     wait_for(lambda: (s := sliver_status(emu))["status"] == "ready" and len(s["nodes"]) == 4,
              timeout=20, what="four nodes ready")
+    added = [n["component_id"].rsplit("+", 1)[-1] for n in sliver_status(emu)["nodes"]
+             if n["client_id"].startswith("node-")]
+    assert all(name.startswith("ms01") for name in added), added  # free m400s, by name
+    short = run_cli(emu, "add-nodes", "11", "--hardware-type", "xl170", ok=False)
+    assert short.exit_code == 1 and "Traceback" not in short.output
+    assert "--hardware-type xl170: 10 free node(s) of that type at the CM, 11 asked for" in \
+        short.output and len(short.output.strip().splitlines()) == 1
     assert "deleted 2" in run_cli(emu, "delete-nodes", "node0", "node-1").output
     assert {n["client_id"] for n in sliver_status(emu)["nodes"]} == {"node1", "node-0"}
 

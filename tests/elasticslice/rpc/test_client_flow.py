@@ -9,7 +9,7 @@ from elasticslice.commands.client import add_nodes_arguments
 from elasticslice.errors import RPCError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
-from elasticslice.rspec import parse
+from elasticslice.rspec import BadAddNodesArgs, parse
 from elasticslice.rspec.parse import count_nodes
 from tests.helpers import wait_for
 
@@ -162,3 +162,20 @@ def test_sliver_credential_keys_and_delete_sliver(emu):
         with pytest.raises(RPCError) as info:
             server.sliver_status()
         assert info.value.code == GeniCode.SEARCHFAILED
+
+
+def test_add_nodes_refuses_what_cloudlabs_cm_would_misread_before_any_call(emu):
+    """The client sent ``[command, shell]`` whenever a shell was set, ``[url, path]`` pairs,
+    LAN structs and ``hardware_type``: CloudLab's CM would have run ``ARRAY(0x...)``."""
+    with emu.client() as server:
+        server.register_slice(expiration=hours(2))
+        server.create_sliver(genilib_request("a"))
+        for node, key in (({"startup": ["uptime", "sh"]}, "nodes[w].startup"),
+                          ({"startup": "echo 'x'"}, "nodes[w].startup"),
+                          ({"hardware_type": "m400"}, "nodes[w].hardware_type"),
+                          ({"tarballs": [["http://h/a.tgz", "/opt"]]}, "nodes[w].tarballs[0]"),
+                          ({"lans": [{"name": "lan0"}]}, "nodes[w].lans[0]")):
+            with pytest.raises(BadAddNodesArgs) as info:  # not an RPCError: never sent
+                server.add_nodes({"w": node})
+            assert info.value.key == key and "\n" not in str(info.value)
+        assert [n.client_id for n in server.sliver_status().nodes] == ["a"]
