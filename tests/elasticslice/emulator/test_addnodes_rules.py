@@ -28,7 +28,7 @@ def _add(s: Session, urn: str, cred: str, nodes: dict) -> dict:
     ({"hardware_type": "m400"}, GeniCode.BADARGS,
      "nodes[w1].hardware_type: unknown key: CloudLab's CM reads only"),
     ({"tarballs": [["http://127.0.0.1:1/a.tgz", "/opt"]]}, GeniCode.BADARGS,
-     "nodes[w1].tarballs[0]: a [url, path] pair"),
+     "nodes[w1].tarballs[0]: a list, such as a [url, path] pair"),
     ({"tarballs": "http://127.0.0.1:1/a.tgz"}, GeniCode.BADARGS,
      "tarballs for w1 is not a list"),
     ({"lans": [{"name": "lan0", "address": "10.9.0.1"}]}, GeniCode.BADARGS,
