@@ -117,7 +117,7 @@ class SliverOps:
             self.tarfiles.drop(staging)  # committed to the sliver, or not wanted
 
     def _create(self, slice_row: SliceRow, owner_urn: str, request: RSpec,
-                keys: list[dict[str, Any]], staging: Any) -> Change:
+                keys: list[dict[str, Any]], staging: Staging) -> Change:
         ctx = self.ctx
         with ctx.lock:
             if ctx.store.get_sliver(slice_row.urn) is not None:

@@ -82,10 +82,12 @@ class KeptCopy:
 
 @dataclass
 class Staging:
-    """The copies one tarfiles step fetched (URL -> file), not yet the sliver's."""
+    """The copies one tarfiles step fetched (URL -> file, and its MD5), not yet the
+    sliver's."""
 
     path: Path
     files: dict[str, Path] = field(default_factory=dict)
+    md5: dict[str, str] = field(default_factory=dict)
 
 
 class TarfileStore:
@@ -139,6 +141,7 @@ class TarfileStore:
                 target = staging.path / stored_name(url)
                 fetch(url, target, refused_waits=self.latency.refused_waits())
                 staging.files[url] = target
+                staging.md5[url] = _md5(target)  # here, not under the sliver lock
         except BaseException:
             self.drop(staging)
             raise
@@ -156,7 +159,7 @@ class TarfileStore:
         now = self.clock()
         for url, path in staging.files.items():
             name = stored_name(url)
-            md5 = _md5(path)
+            md5 = staging.md5[url]
             entry = index.get(name)
             into.mkdir(parents=True, exist_ok=True)
             if entry is None or entry["md5"] != md5 or not (into / name).exists():

@@ -12,6 +12,11 @@ A node's disk image (``disk_image@name``, ``AddNodes``' ``diskimage``) is an ima
 ``urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD``: CloudLab refuses anything
 else (such as the placeholder ``URN``). :func:`image_problem` is that rule, applied where
 client_ids are checked, and by ``rspec build``.
+
+A node's execute services are held to CloudLab's CM's rules (``protogeni/lib/GeniCM.pm.in``):
+no empty command; one execute (an RSpec node's, or AddNodes' ``startup``) passes
+``TBcheck_dbslot(cmd, "virt_nodes", "startupcmd")`` (:func:`startup_problem`); several must
+each name the shell sh or csh (:func:`executes_problem`).
 """
 from __future__ import annotations
 
