@@ -52,7 +52,7 @@ def _calls(b: ProtoGeniServer) -> list[tuple[str, Callable[[], object]]]:
 
     def add_delete() -> None:
         name = f"x{next(serial)}"
-        b.add_nodes({name: {"hardware_type": "m400"}})
+        b.add_nodes({name: {}})
         b.delete_nodes([name])
 
     return [("RenewSlice", lambda: b.cm().renew_slice(renew_to)),

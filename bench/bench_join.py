@@ -188,16 +188,18 @@ class Box:
         self.count += 1
         name = f"n{self.count}"
         buf = io.BytesIO()
+        # the runs in a script of their own: CloudLab's AddNodes breaks on an '&' in startup
+        runs_sh = "".join(f"sh /local/pilot/start.sh {name}-{i} || exit 1\n"
+                          for i in range(1, runs + 1))
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             for path, data, mode in [("local/pilot/start.sh", script.encode(), 0o755),
+                                     ("local/pilot/runs.sh", runs_sh.encode(), 0o755),
                                      *((p, d, 0o644) for p, d in (extra or {}).items())]:
                 info = tarfile.TarInfo(path)
                 info.size, info.mode = len(data), mode
                 tar.addfile(info, io.BytesIO(data))
         (self.www / f"{name}.tar.gz").write_bytes(buf.getvalue())
-        startup = " && ".join(f"sh /local/pilot/start.sh {name}-{i}"
-                              for i in range(1, runs + 1))
-        spec: dict[str, Any] = {"startup": startup,
+        spec: dict[str, Any] = {"startup": "sh /local/pilot/runs.sh",
                                 "tarballs": [f"{self.clock.url}/{name}.tar.gz"]}
         if image:
             spec["diskimage"] = image

@@ -1,4 +1,5 @@
-"""The goals of ``python -m bench``: issue 22's table, one row per figure, with pass/miss.
+"""The goals of ``python -m bench``: issue 22's table (and later issues' rows), one row per
+figure, with pass/miss.
 
 :data:`GOALS` maps a figure's key (as its benchmark writes it to ``latest.json``) to a
 :class:`Goal`: the benchmark that makes it, the measure's label, the direction (``<=``,
@@ -108,6 +109,12 @@ GOALS: dict[str, Goal] = {
         "drain", "notice -> answer p99, CM holding AddNodes 30 s", "<=", 200.0, "ms"),
     "busy_cm_answer_p99_ms": Goal(
         "drain", "notice -> answer p99, CM answering AddNodes BUSY", "<=", 200.0, "ms"),
+    # bench_addnodes (issue 33): AddNodes on the box at CloudLab's pace, the slice holding
+    # 1 to 64 nodes. CloudLab's CM fetches every tarball URL of the sliver again at each
+    # AddNodes: with one URL the whole slice shares, the call must not grow with the slice.
+    "addnodes_shared_url_largest_over_smallest": Goal(
+        "addnodes", "AddNodes time, most nodes held / fewest, one URL the slice shares",
+        "<=", 1.10, "x"),
 }
 
 

@@ -38,8 +38,9 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert "Traceback" not in out + err and err == ""
     for n in range(1, 6):
         assert f"[{n}/5] " in out
-    assert len(started) == 4 and {p.parent.parent.name for p in started} == \
-        {"ms1001", "ms1002", "ms1003", "ms1004"}
+    names = {p.parent.parent.name for p in started}  # m510s; the added ones free ones by name
+    assert len(started) == 4 and {"ms1001", "ms1002"} <= names and \
+        all(n.startswith("ms10") for n in names)
     assert all(c.startswith("node-") and "cores=8" in c for c in contents)
     assert "SliverStatus: sliver ready     ready 2/2  startup done 2/2" in out
     assert "node-0: exit 0; run/nodes/ms1001/root/started: node-0.elastic.elasticslice" in out

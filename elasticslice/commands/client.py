@@ -23,7 +23,8 @@ from elasticslice.errors import RPCError, RSpecError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import SliverStatus
-from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args, request_problem
+from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args, pin_add_args, request_problem
+from elasticslice.rspec.parse import count_nodes
 from elasticslice.rspec import parse as parse_rspec
 from elasticslice.rspec import validate as validate_rspec
 from elasticslice.rspec.rules import image_problem
@@ -220,10 +221,21 @@ def sliver_status(ctx: click.Context, as_json: bool, cm: str | None, wait: bool,
 
 
 def add_nodes_arguments(client_ids: list[str], hardware_type: str | None,
-                        disk_image: str | None) -> dict[str, dict[str, Any]]:
-    """The AddNodes ``nodes`` struct for new raw nodes (via the RSpec library)."""
-    return add_nodes_args([NodeSpec(client_id=c, hardware_type=hardware_type,
+                        disk_image: str | None,
+                        free: dict[str, list[str]] | None = None) -> dict[str, dict[str, Any]]:
+    """The AddNodes ``nodes`` struct for new raw nodes (via the RSpec library). CloudLab's
+    AddNodes has no hardware type: with one, each node names a different free node of that
+    type from ``free`` (hardware type -> free node names, the CM's advertisement); too few
+    free is one line, before any call."""
+    args = add_nodes_args([NodeSpec(client_id=c, hardware_type=hardware_type,
                                     disk_image=disk_image) for c in client_ids])
+    wire, left_out = pin_add_args(args, free or {})
+    if left_out:
+        have = len((free or {}).get(hardware_type or "", []))
+        raise click.ClickException(
+            f"--hardware-type {hardware_type}: {have} free node(s) of that type at the CM, "
+            f"{len(client_ids)} asked for (AddNodes names a free node of a type)")
+    return wire
 
 
 def _disk_image(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -247,7 +259,10 @@ def _new_client_ids(existing: set[str], count: int, prefix: str) -> list[str]:
 @click.command("add-nodes", cls=_SliceCommand)
 @click.argument("count", type=click.IntRange(min=1, max=10000), metavar="N")
 @click.option("--hardware-type", "-t", default=None, metavar="T",
-              help="Hardware type of the new nodes (e.g. m400, m510). Default: the CM's choice.")
+              help="Hardware type of the new nodes (e.g. m400, m510): each is asked for by "
+                   "the name of a free node of that type (one DiscoverResources first; "
+                   "CloudLab's AddNodes has no type). Default: any free node, the CM's "
+                   "choice.")
 @click.option("--disk-image", default=None, metavar="URN", callback=_disk_image,
               help="Disk image URN for the nodes, e.g. "
                    "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD.")
@@ -265,7 +280,9 @@ def add_nodes(ctx: click.Context, count: int, hardware_type: str | None,
     server = _server(ctx)
     existing = {n.client_id for n in server.sliver_status(cm=_which(cm)).nodes}
     ids = _new_client_ids(existing, count, prefix)
-    server.add_nodes(add_nodes_arguments(ids, hardware_type, disk_image), cm=_which(cm))
+    free = count_nodes(server.discover_resources(available=True, cm=_which(cm)),
+                       "the CM's advertisement").free_by_type if hardware_type else None
+    server.add_nodes(add_nodes_arguments(ids, hardware_type, disk_image, free), cm=_which(cm))
     click.echo(f"added {len(ids)} node(s): {' '.join(ids)}")
     if wait:
         wait_ready(server, _which(cm), timeout, client_ids=ids)

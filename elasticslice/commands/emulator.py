@@ -96,7 +96,8 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
               help="Longest wait (s) before a reclaimed node is taken by force.")
 @click.option("--fault-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Fraction of calls answering BUSY, 503 or slowly, and of boots failing.")
-@click.option("--seed", type=int, default=None, help="Seed for faults and the tenant load.")
+@click.option("--seed", type=int, default=None,
+              help="Seed for faults, the tenant load, the pace and the mapper's draws.")
 @click.option("--tenant-load", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Mean fraction of nodes other tenants want (0: off).")
 @click.option("--tenant-interval", type=click.FloatRange(0.01), default=5.0, show_default=True,
@@ -111,7 +112,8 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
                    "Repeatable.")
 @click.option("--latency", type=click.Choice(PROFILES), default="none", show_default=True,
               help="cloudlab: CreateSliver and AddNodes take 10-40 s, DeleteNodes 5-10 s, "
-                   "boots 3-8 min (estimates, docs/emulator.md), times --time-scale.")
+                   "boots 3-8 min (estimates, docs/emulator.md), each tarball URL the "
+                   "sliver holds 1.2-1.5 s at each of those calls, times --time-scale.")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="Multiply the --latency cloudlab figures by this "
                                       "(0.01: minutes become seconds).")

@@ -27,7 +27,7 @@ from elasticslice.emulator.nodefs import NodeDir
 from elasticslice.demo.console import DemoError, port_open, rel, stop_emulator
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import NodeStatus
-from elasticslice.rspec import NodeSpec, add_nodes_args, build_request, parse
+from elasticslice.rspec import NodeSpec, add_nodes_args, build_request, parse, pin_add_args
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,16 @@ class Demo:
                     "AddNodes")
         assert self.server is not None
         specs = self.node_specs(range(first, first + n))
-        manifest = self.server.add_nodes(add_nodes_args(specs))
+        # AddNodes has no hardware type (CloudLab's CM reads five keys): each node names a
+        # free node of the type, from the advertisement
+        free = parse(self.server.discover_resources(available=True),
+                     source="DiscoverResources").nodes
+        args, left_out = pin_add_args(add_nodes_args(specs), {self.hardware_type: [
+            x.component_name or "" for x in free
+            if x.available and self.hardware_type in x.hardware_types]})
+        if left_out:
+            raise DemoError(f"{n} {self.hardware_type} nodes wanted, {n - len(left_out)} free")
+        manifest = self.server.add_nodes(args)
         self.take_manifest(manifest, "AddNodes")
         self.c.detail("AddNodes", ", ".join(f"{s.client_id} -> {self.node(s.client_id).node_id}"
                                             for s in specs))

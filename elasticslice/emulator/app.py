@@ -59,7 +59,7 @@ class EmulatorServer:
                                  max_wait=max_wait, tenant_load=tenant_load,
                                  tenant_interval=tenant_interval,
                                  allow_remote_endpoints=allow_remote_endpoints,
-                                 latency=Latency(latency, time_scale, seed))
+                                 latency=Latency(latency, time_scale, seed), seed=seed)
         try:
             self.faults = FaultInjector(fault_rate, seed, slow_seconds=slow_seconds,
                                         boot_rate=boot_failure_rate)

@@ -16,7 +16,7 @@ from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import BootState, Holder, SliceRow, SliverRow
 from elasticslice.errors import RSpecError
 from elasticslice.rpc.codes import GeniCode
-from elasticslice.rspec import nodespecs_from_add_args, parse
+from elasticslice.rspec import AddNodesXMLError, nodespecs_from_add_args, parse
 
 log = logging.getLogger(__name__)
 
@@ -220,20 +220,32 @@ class ComponentManager(Service):
         return 1
 
     def AddNodes(self, call: Call) -> Any:  # noqa: N802
+        """As GeniCMV2.pm.in ``AddNodes`` reads it (:mod:`elasticslice.rspec.addnodes`): five
+        keys per node, a value that breaks the CM's XML is ERROR, the rest BADARGS; a named
+        physical node must exist and be free; then the mapper and the tarfiles step."""
         _, sliver = self._authorised(call, need_sliver=True)
         assert sliver is not None
+        if "nodes" not in call.params:
+            raise GeniFault(GeniCode.BADARGS, "Missing argument: nodes")
         try:
-            specs = nodespecs_from_add_args(require(call.params, "nodes", dict))
+            specs = nodespecs_from_add_args(call.params["nodes"])
+        except AddNodesXMLError as err:
+            raise GeniFault(GeniCode.ERROR, str(err)) from err
         except RSpecError as err:
             raise GeniFault(GeniCode.BADARGS, str(err)) from err
         for spec in specs:
-            for _, path in spec.installs:
-                if path != "/":  # CloudLab's AddNodes takes URL strings, installed at /
-                    log.warning("AddNodes %s: a [url, %s] tarball pair is an emulator "
-                                "extension: CloudLab's CM installs AddNodes tarballs at /",
-                                spec.client_id, path)
+            if spec.component_id:
+                self._check_physical_node(spec.component_id)
         change = self.slivers.add(sliver, specs)
         return mf.manifest(self.ctx, change.sliver, change.nodes)
+
+    def _check_physical_node(self, name: str) -> None:
+        """GeniCMV2.pm.in ``AddNodes``: ``Node->Lookup``, then ``IsReserved``."""
+        node = self.ctx.store.get_node(name)
+        if node is None:
+            raise GeniFault(GeniCode.BADARGS, f"Physical node {name} does not exist")
+        if node.holder is not Holder.FREE or name in self.slivers.reaper.busy():
+            raise GeniFault(GeniCode.BADARGS, f"Physical node {name} is not available")
 
     def DeleteNodes(self, call: Call) -> Any:  # noqa: N802
         _, sliver = self._authorised(call, need_sliver=True)
@@ -241,7 +253,7 @@ class ComponentManager(Service):
         nodes = require(call.params, "nodes", list)
         if not nodes or not all(isinstance(n, str) for n in nodes):
             raise GeniFault(GeniCode.BADARGS, "Malformed argument: nodes (client_ids)")
-        change = self.slivers.delete_nodes(sliver, nodes)
+        change = self.slivers.delete_nodes(sliver, nodes, tarfiles=True)
         change.teardown.wait()  # outside the lock: the caller waits, nobody else does
         return mf.manifest(self.ctx, change.sliver, change.nodes)
 

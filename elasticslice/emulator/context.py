@@ -33,6 +33,7 @@ class Settings:
     callback_timeout: float = 10.0
     values_timeout: float = 2.0  # a SetResourceValues push to a client endpoint
     latency: Latency = field(default_factory=Latency)  # serve --latency / --time-scale
+    seed: int | None = None  # serve --seed: the mapper's draws (and the faults', the pace's)
 
 
 @dataclass

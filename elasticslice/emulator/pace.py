@@ -16,11 +16,22 @@ DeleteNodes        5 - 10      estimate: the nodes are freed and their VLANs tor
                                it returns; not measured here
 a node's boot      180 - 480   estimate: CloudLab's manual says physical nodes take "a few
                                minutes" to boot and load their image; not measured here
+a tarball URL      1.2 - 1.5   the tarfiles step, per distinct URL of the sliver, at every
+                               CreateSliver, AddNodes and DeleteNodes: tarfiles_setup runs
+                               one ``sshtb`` to the ops server per URL, where
+                               fetchtar.proxy sleeps 1 s before its ``wget`` (source:
+                               tbsetup/tarfiles_setup.in, fetchtar.proxy.in); the ssh and
+                               wget's own time are an estimate
+a refused fetch    1, 2, .. 19 wget --retry-connrefused --waitretry=30 (20 tries): a refused
+                               connection is tried again after 1 s, 2 s, ... (190 s in all)
 =================  ==========  =============================================================
 
-Only the four figures above change; everything else answers at once, as without a profile.
-The delay of a call is spent before the call is handled, holding nothing (no lock a callback
-or another call needs).
+Only the figures above change; everything else answers at once, as without a profile
+(without one a tarball URL costs only its real fetch and a refused connection fails the
+call at once: stricter). The delay of a call is spent before the call is handled, the
+tarfiles step's outside the sliver lock: neither holds anything a callback or another call
+needs. Calls, boots and fetches draw from separate seeded streams, so with ``--seed`` the
+k-th AddNodes takes the same time however many nodes booted or URLs were fetched before it.
 """
 from __future__ import annotations
 
@@ -35,6 +46,10 @@ PROFILES = ("none", "cloudlab")
 CLOUDLAB_CALLS = {"CreateSliver": (10.0, 40.0), "AddNodes": (10.0, 40.0),
                   "DeleteNodes": (5.0, 10.0)}
 CLOUDLAB_BOOT = (180.0, 480.0)
+CLOUDLAB_FETCH = (1.2, 1.5)  # one fetchtar.proxy over ssh: sleep(1), then wget
+WGET_TRIES = 20              # wget's default --tries
+WGET_WAITRETRY = 30.0        # --waitretry=30: 1 s, 2 s, ... up to 30 s between tries
+STREAMS = ("call", "boot", "fetch")
 
 
 @dataclass
@@ -45,7 +60,7 @@ class Latency:
     profile: str = "none"
     time_scale: float = 1.0
     seed: int | None = None
-    _rng: random.Random = field(init=False, repr=False)
+    _rngs: dict[str, random.Random] = field(init=False, repr=False)
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -55,23 +70,37 @@ class Latency:
         if not self.time_scale > 0:
             raise ConfigError(f"time scale must be above 0, not {self.time_scale}",
                               key="time-scale")
-        self._rng = random.Random(self.seed)
+        self._rngs = {kind: random.Random(None if self.seed is None else f"{self.seed}:{kind}")
+                      for kind in STREAMS}
 
-    def _draw(self, low: float, high: float) -> float:
+    def _draw(self, kind: str, low: float, high: float) -> float:
         with self._lock:
-            return self._rng.uniform(low, high) * self.time_scale
+            return self._rngs[kind].uniform(low, high) * self.time_scale
 
     def call_seconds(self, method: str) -> float:
         """How long ``method`` takes before it is handled (0: at once)."""
         if self.profile != "cloudlab" or method not in CLOUDLAB_CALLS:
             return 0.0
-        return self._draw(*CLOUDLAB_CALLS[method])
+        return self._draw("call", *CLOUDLAB_CALLS[method])
 
     def boot_seconds(self) -> float | None:
         """A node's boot time (None: the emulator's ``--boot-delay``)."""
         if self.profile != "cloudlab":
             return None
-        return self._draw(*CLOUDLAB_BOOT)
+        return self._draw("boot", *CLOUDLAB_BOOT)
+
+    def fetch_seconds(self) -> float:
+        """What one tarball URL's fetchtar.proxy costs before its fetch (0: nothing)."""
+        if self.profile != "cloudlab":
+            return 0.0
+        return self._draw("fetch", *CLOUDLAB_FETCH)
+
+    def refused_waits(self) -> list[float]:
+        """The waits before each new try of a fetch whose connection was refused (wget
+        --retry-connrefused --waitretry=30, 20 tries); none without a profile."""
+        if self.profile != "cloudlab":
+            return []
+        return [min(float(k), WGET_WAITRETRY) * self.time_scale for k in range(1, WGET_TRIES)]
 
     def pause(self, method: str) -> None:
         """Spend ``method``'s time (the dispatcher's hook)."""

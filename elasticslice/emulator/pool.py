@@ -1,12 +1,14 @@
 """The emulator's physical nodes: the inventory file and the pool they are taken from.
 
 An inventory is INI: one section per hardware type (``count``, ``cores``, ``memory`` in MiB,
-``prefix`` for node names) and an ``[inventory]`` section (``default_hardware_type``,
-``images``). The pool maps requests to free nodes; it never blocks and never waits.
+``prefix`` for node names) and an ``[inventory]`` section (``default_hardware_type``: what
+``demo --static`` asks for; ``images``). The pool maps requests to free nodes; it never
+blocks and never waits.
 """
 from __future__ import annotations
 
 import configparser
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,9 +168,15 @@ class NodeRequest:
 
 
 def pick_nodes(store: Store, inventory: Inventory, requests: list[NodeRequest],
-               reloading: set[str] | frozenset[str] = frozenset()) -> list[NodeRow]:
+               reloading: set[str] | frozenset[str] = frozenset(),
+               rng: random.Random | None = None) -> list[NodeRow]:
     """Free nodes for ``requests`` (same order), or the GENI refusal CloudLab would give.
 
+    A request naming a node gets that node; one with a hardware type the first free nodes of
+    that type; one with neither (every AddNodes node without ``node``, an RSpec node without
+    a type) ANY free node of any type, drawn at random with ``rng`` (seeded by ``serve
+    --seed``): CloudLab's CM gives such a node the type ``pc`` (GeniCM.pm.in: "Need some
+    kind of default"), the class every PC type belongs to, and its mapper picks among them.
     Nodes in ``reloading`` (their last slice's processes are still being stopped) are not
     free yet."""
     free = [n for n in store.nodes(holder=Holder.FREE) if n.node_id not in reloading]
@@ -193,12 +201,16 @@ def pick_nodes(store: Store, inventory: Inventory, requests: list[NodeRequest],
             taken.add(node_id)
             picked[i] = node
     wanted: dict[str, list[int]] = {}
+    anything: list[int] = []
     for i, req in enumerate(requests):
         if picked[i] is None:
-            hw = req.hardware_type or inventory.default_type
-            if hw not in inventory.types:
-                raise GeniFault(GeniCode.SEARCHFAILED, f"No such hardware type: {hw}")
-            wanted.setdefault(hw, []).append(i)
+            if req.hardware_type is None:
+                anything.append(i)
+                continue
+            if req.hardware_type not in inventory.types:
+                raise GeniFault(GeniCode.SEARCHFAILED,
+                                f"No such hardware type: {req.hardware_type}")
+            wanted.setdefault(req.hardware_type, []).append(i)
     for hw, slots in wanted.items():
         available = [n for n in free if n.hardware_type == hw and n.node_id not in taken]
         if len(available) < len(slots):
@@ -207,6 +219,15 @@ def pick_nodes(store: Store, inventory: Inventory, requests: list[NodeRequest],
                             f"{len(available)} available")
         for slot, node in zip(slots, available):
             taken.add(node.node_id)
+            picked[slot] = node
+    if anything:
+        available = [n for n in free if n.node_id not in taken]
+        if len(available) < len(anything):
+            raise GeniFault(GeniCode.INSUFFICIENT_NODES,
+                            f"Not enough free nodes: {len(anything)} requested, "
+                            f"{len(available)} available")
+        for slot, node in zip(anything, (rng or random.Random()).sample(available,
+                                                                        len(anything))):
             picked[slot] = node
     return [n for n in picked if n is not None]
 

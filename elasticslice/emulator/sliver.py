@@ -2,13 +2,17 @@
 
 Every read-modify-write of a sliver or of the pool runs under ``ctx.lock`` and starts by
 re-reading the sliver there (a copy read before the lock may be stale: another call may
-have changed or deleted it meanwhile). Nothing slow happens under the lock: the processes
-of nodes that leave a slice are killed by the :class:`Reaper` afterwards. Hooks in
-``release_hooks`` hear about every node that leaves a slice (the reclaimer uses them).
+have changed or deleted it meanwhile). Nothing slow happens under the lock: the tarfiles
+step (every tarball URL the sliver will hold after a client's CreateSliver, AddNodes or
+DeleteNodes, fetched again: :mod:`~elasticslice.emulator.tarfiles`) runs between a first
+check under the lock and the change under it, and the processes of nodes that leave a slice
+are killed by the :class:`Reaper` afterwards. Hooks in ``release_hooks`` hear about every
+node that leaves a slice (the reclaimer uses them).
 """
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +25,7 @@ from elasticslice.emulator.geni import GeniFault
 from elasticslice.emulator.manifest import mac_for
 from elasticslice.emulator.reaper import Reaper, Teardown
 from elasticslice.emulator.store import BootState, Holder, NodeRow, SliceRow, SliverRow
-from elasticslice.emulator.tarfiles import TarfileStore
+from elasticslice.emulator.tarfiles import Staging, TarfileStore
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import RSpec, RSpecType
 
@@ -48,7 +52,8 @@ class SliverOps:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.reaper = Reaper(ctx)
-        self.tarfiles = TarfileStore(ctx.directory)
+        self.tarfiles = TarfileStore(ctx.directory, ctx.settings.latency, ctx.clock)
+        self.rng = random.Random(ctx.settings.seed)  # the mapper's draws (serve --seed)
         self.release_hooks: list[Callable[[NodeRow, str], None]] = []
 
     def current(self, sliver: SliverRow) -> SliverRow:
@@ -71,7 +76,14 @@ class SliverOps:
 
     def _pick(self, wanted: list[pool.NodeRequest]) -> list[NodeRow]:
         return pool.pick_nodes(self.ctx.store, self.ctx.inventory, wanted,
-                               reloading=self.reaper.busy())
+                               reloading=self.reaper.busy(), rng=self.rng)
+
+    def _held_urls(self, slice_urn: str, leaving: set[str] = frozenset()) -> list[str]:
+        """Every tarball URL of the slice's nodes (but those in ``leaving``), each once."""
+        return list(dict.fromkeys(
+            url for n in self.ctx.store.nodes(slice_urn=slice_urn)
+            if n.holder is Holder.SLICE and n.client_id not in leaving
+            for url, _ in n.tarballs))
 
     # ---- creation
     def create(self, slice_row: SliceRow, owner_urn: str, request: RSpec,
@@ -94,15 +106,18 @@ class SliverOps:
                                                       f"interface {ref}")
         if ctx.store.get_sliver(slice_row.urn) is not None:  # before fetching anything
             raise GeniFault(GeniCode.REFUSED, "Must delete existing sliver first")
-        # the tarfiles step: fetched before anything is allocated, outside the lock
-        staging = self.tarfiles.stage(url for n in request.nodes for url, _ in n.installs)
+        with ctx.lock:  # the mapper first (nothing fetched in vain), as on CloudLab
+            self._pick([pool.NodeRequest(n.client_id or "", n.hardware_type, n.component_id)
+                        for n in request.nodes])
+        # the tarfiles step: every URL fetched before anything is allocated, outside the lock
+        staging = self.tarfiles.fetch_all(url for n in request.nodes for url, _ in n.installs)
         try:
             return self._create(slice_row, owner_urn, request, keys, staging)
         finally:
-            self.tarfiles.drop(staging)  # adopted by the sliver, or not wanted
+            self.tarfiles.drop(staging)  # committed to the sliver, or not wanted
 
     def _create(self, slice_row: SliceRow, owner_urn: str, request: RSpec,
-                keys: list[dict[str, Any]], staging: Any) -> Change:
+                keys: list[dict[str, Any]], staging: Staging) -> Change:
         ctx = self.ctx
         with ctx.lock:
             if ctx.store.get_sliver(slice_row.urn) is not None:
@@ -136,31 +151,43 @@ class SliverOps:
                     row.attrs["routable_control_ip"] = req_node.routable_control_ip
                 ctx.store.put_sliver(sliver)
                 ctx.store.put_nodes(rows)
-            self.tarfiles.adopt(staging, slice_row.urn)
+            self.tarfiles.commit(staging, slice_row.urn, self._held_urls(slice_row.urn))
             change = self._change(sliver)
         self._boot(rows)
         log.info("sliver %s for %s: %d nodes", sliver.sliver_urn, slice_row.urn, len(rows))
         return change
 
     def add(self, sliver: SliverRow, specs: list[Any]) -> Change:
-        """AddNodes: ``specs`` are :class:`elasticslice.rspec.NodeSpec` records."""
+        """AddNodes: ``specs`` are :class:`elasticslice.rspec.NodeSpec` records. The
+        tarfiles step fetches every URL of the sliver's nodes and of the new ones."""
+        with self.ctx.lock:  # what can be refused at once is, before anything is fetched
+            self._check_add(self.current(sliver), specs)
+            held = self._held_urls(sliver.slice_urn)
+        staging = self.tarfiles.fetch_all(held + [url for s in specs for url, _ in s.installs])
+        try:
+            return self._add(sliver, specs, staging)
+        finally:
+            self.tarfiles.drop(staging)
+
+    def _check_add(self, sliver: SliverRow, specs: list[Any]) -> list[NodeRow]:
+        """The new nodes' client_ids and LANs checked and nodes mapped (not yet held)."""
+        current = self.ctx.store.nodes(slice_urn=sliver.slice_urn)
+        self._check_client_ids([s.client_id for s in specs], {n.client_id for n in current})
+        names = {link["client_id"] for link in sliver.links}
+        for spec in specs:
+            for lan in spec.lans:
+                if lan not in names:
+                    raise GeniFault(GeniCode.BADARGS, f"No such {lan} (a LAN asked for by "
+                                                      f"node {spec.client_id})")
+        return self._pick([pool.NodeRequest(s.client_id, s.hardware_type, s.component_id)
+                           for s in specs])
+
+    def _add(self, sliver: SliverRow, specs: list[Any], staging: Staging) -> Change:
         ctx = self.ctx
-        # the tarfiles step: the sliver's new URLs fetched before anything is allocated
-        self.tarfiles.add(sliver.slice_urn, (url for s in specs for url, _ in s.installs))
         with ctx.lock:
             sliver = self.current(sliver)
-            current = ctx.store.nodes(slice_urn=sliver.slice_urn)
-            self._check_client_ids([s.client_id for s in specs],
-                                   {n.client_id for n in current})
+            rows = self._check_add(sliver, specs)
             by_name = {link["client_id"]: link for link in sliver.links}
-            for spec in specs:
-                for lan in spec.lans:
-                    if lan not in by_name:
-                        raise GeniFault(GeniCode.BADARGS, f"No such lan: {lan} "
-                                                          f"(node {spec.client_id})")
-            wanted = [pool.NodeRequest(s.client_id, s.hardware_type, s.component_id)
-                      for s in specs]
-            rows = self._pick(wanted)
             now = ctx.clock()
             logins = self._logins(sliver.creator_urn, sliver.keys)
             with ctx.store.transaction():
@@ -174,6 +201,7 @@ class SliverOps:
                                  logins, now)
                 ctx.store.put_sliver(sliver)
                 ctx.store.put_nodes(rows)
+            self.tarfiles.commit(staging, sliver.slice_urn, self._held_urls(sliver.slice_urn))
             change = self._change(sliver)
         self._boot(rows)
         return change
@@ -247,25 +275,49 @@ class SliverOps:
 
     # ---- deletion
     def delete_nodes(self, sliver: SliverRow, client_ids: list[str], *, reason: str = "client",
-                     allow_all: bool = False) -> Change:
-        """DeleteNodes (and reclamations): the nodes leave now; their teardown runs on."""
+                     allow_all: bool = False, tarfiles: bool = False) -> Change:
+        """DeleteNodes (and reclamations): the nodes leave now; their teardown runs on. With
+        ``tarfiles`` (a client's DeleteNodes, not the dynamic-slice server's reclamations)
+        the tarfiles step runs first: every URL of the nodes that stay is fetched again,
+        and when one cannot be, the call fails and the nodes stay."""
+        if not tarfiles:
+            return self._delete_nodes(sliver, client_ids, reason, allow_all, None)
+        with self.ctx.lock:
+            self._doomed(self.current(sliver), client_ids, allow_all)
+            held = self._held_urls(sliver.slice_urn, leaving=set(client_ids))
+        staging = self.tarfiles.fetch_all(held)
+        try:
+            return self._delete_nodes(sliver, client_ids, reason, allow_all, staging)
+        finally:
+            self.tarfiles.drop(staging)
+
+    def _doomed(self, sliver: SliverRow, client_ids: list[str], allow_all: bool
+                ) -> list[NodeRow]:
+        current = {n.client_id: n for n in self.ctx.store.nodes(slice_urn=sliver.slice_urn)}
+        for cid in client_ids:
+            if cid not in current:
+                raise GeniFault(GeniCode.BADARGS, f"No such node in sliver: {cid}")
+        doomed = [current[c] for c in dict.fromkeys(client_ids)]
+        if len(doomed) == len(current) and not allow_all:
+            raise GeniFault(GeniCode.BADARGS, "Not allowed to delete all nodes; "
+                                              "use DeleteSliver")
+        return doomed
+
+    def _delete_nodes(self, sliver: SliverRow, client_ids: list[str], reason: str,
+                      allow_all: bool, staging: Staging | None) -> Change:
         ctx = self.ctx
         with ctx.lock:
             sliver = self.current(sliver)
-            current = {n.client_id: n for n in ctx.store.nodes(slice_urn=sliver.slice_urn)}
-            for cid in client_ids:
-                if cid not in current:
-                    raise GeniFault(GeniCode.BADARGS, f"No such node in sliver: {cid}")
-            doomed = [current[c] for c in dict.fromkeys(client_ids)]
-            if len(doomed) == len(current) and not allow_all:
-                raise GeniFault(GeniCode.BADARGS, "Not allowed to delete all nodes; "
-                                                  "use DeleteSliver")
+            doomed = self._doomed(sliver, client_ids, allow_all)
             gone = {i["client_id"] for n in doomed for i in n.interfaces}
             for link in sliver.links:
                 link["interfaces"] = [i for i in link["interfaces"] if i not in gone]
             with ctx.store.transaction():
                 ctx.store.put_sliver(sliver)
                 teardown = self.release(doomed, reason)
+            if staging is not None:
+                self.tarfiles.commit(staging, sliver.slice_urn,
+                                     self._held_urls(sliver.slice_urn))
             return self._change(sliver, teardown)
 
     def delete_sliver(self, sliver: SliverRow, reason: str = "client", *,

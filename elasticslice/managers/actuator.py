@@ -20,10 +20,13 @@ from elasticslice.errors import ElasticSliceError, RPCError, TransportError
 from elasticslice.managers.cycle import one_line
 from elasticslice.managers.deletes import DeleteJob
 from elasticslice.managers.holdings import Holdings, node_id_of
+from elasticslice.managers.observer import FreeNodes
 from elasticslice.managers.ownership import own_slice
 from elasticslice.managers.policy import NodeState
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
+from elasticslice.rspec.addnodes import check_add_args, pin_add_args
+from elasticslice.rspec.parse import count_nodes
 
 log = logging.getLogger("elasticslice.managers.manager")
 
@@ -39,12 +42,13 @@ def iso_utc(ts: float | None) -> str:
 class Actuator:
     """Calls through ``server`` (a ``ProtoGeniServer``) at ``cms``; records in ``state``
     and ``holdings``; ``helper`` says what the sliver and new nodes are; ``notify(subject,
-    body)`` mails."""
+    body)`` mails; ``free``: the free nodes' names per type (the observer's), from which a
+    node of a wanted hardware type is asked for by name."""
 
     def __init__(self, server: Any, state: Any, holdings: Holdings, helper: Any,
                  cms: Sequence[Any], *, clock: Callable[[], float],
                  notify: Callable[[str, str], None], renew_hours: float,
-                 delete_commands_timeout: float) -> None:
+                 delete_commands_timeout: float, free: FreeNodes | None = None) -> None:
         self.server = server
         self.state = state
         self.holdings = holdings
@@ -54,6 +58,7 @@ class Actuator:
         self.notify = notify
         self.renew_hours = renew_hours
         self.delete_commands_timeout = delete_commands_timeout
+        self.free = free or FreeNodes()  # the observer's, from the CMs' advertisements
         self._lock = threading.Lock()   # the set below only, never across a call
         self._in_flight: set[int] = set()
 
@@ -112,16 +117,33 @@ class Actuator:
             self.state.finish_intent(intent, now=self.clock(), outcome=outcome)
 
     def add(self, cm: Any, args: dict[str, dict[str, Any]]) -> int:
-        """AddNodes of ``args`` (the helper's struct); how many were added."""
+        """AddNodes of ``args`` (the helper's struct); how many were added.
+
+        CloudLab's AddNodes reads five keys and no hardware type: a node the helper wants of
+        a type (``hardware_type``) is asked for as ``node`` = a free node of that type from
+        the CM's last advertisement (read again when it has too few), each a different one;
+        when fewer are free than wanted, the others are left out (logged) and the policy
+        asks again on a later cycle."""
+        self.helper.note_client_ids(list(args))
+        args, left_out = self._pin(cm, args)
+        if left_out:
+            log.warning("no free node of the wanted type at %s for %s (AddNodes names a free "
+                        "node of a type: the last advertisement has none left); adding %d",
+                        cm.url, " ".join(left_out), len(args))
+        if not args:
+            return 0
+        check_add_args(args)  # what the CM would refuse: one line, before any call
         cids = list(args)
-        self.helper.note_client_ids(cids)
+        pinned = [str(a["node"]) for a in args.values() if isinstance(a, dict) and "node" in a]
         intent = self._begin("add", cm, cids)
         log.info("adding %d node(s) at %s: %s", len(cids), cm.url, " ".join(cids))
         try:
             manifest = cm.add_nodes(args)
         except RPCError as err:
+            self.free.take(cm.url, pinned)  # taken meanwhile, perhaps: the next pick differs
             self._settle_failed(intent, err)
             raise
+        self.free.take(cm.url, pinned)
         now = self.clock()
         self.holdings.record_manifest(cm.url, manifest, now, initial=False, only=cids)
         for cid in cids:  # a manifest without them (or unreadable): still ours, not ready yet
@@ -132,6 +154,17 @@ class Actuator:
         self.state.set_meta("last_add", repr(now))
         self.notify(f"added {len(cids)} node(s)", f"AddNodes at {cm.url}: {' '.join(cids)}")
         return len(cids)
+
+    def _pin(self, cm: Any, args: dict[str, dict[str, Any]]
+             ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The wire struct of ``args`` (a wanted type as a free node's name); when the
+        names known run short, the CM's advertisement is read once more first."""
+        wire, left_out = pin_add_args(args, self.free.of(cm.url))
+        if left_out:
+            ad = count_nodes(cm.discover_resources(available=True), f"advertisement of {cm.url}")
+            self.free.set(cm.url, ad.free_by_type)
+            wire, left_out = pin_add_args(args, self.free.of(cm.url))
+        return wire, left_out
 
     def delete(self, cm: Any, cids: list[str], why: str = "") -> int:
         """The helper's delete commands, then DeleteNodes of ``cids``; how many went."""

@@ -33,7 +33,8 @@ from pathlib import Path
 from elasticslice.config import ENV_PREFIX, _bool, _check_url, _number, read_ini
 from elasticslice.errors import ConfigError
 from elasticslice.managers.policy import PolicyConfig
-from elasticslice.rspec.rules import command_problem
+from elasticslice.rspec.addnodes import XML_BREAKERS
+from elasticslice.rspec.rules import command_problem, startup_problem
 from elasticslice.rspec.tarball import tarball_problem
 
 MANAGER = "manager"
@@ -297,8 +298,13 @@ def _intervals(values: Mapping[str, str], err: Err) -> dict[str, float]:
 
 def _command(values: Mapping[str, str], err: Err) -> str | None:
     command = values.get("startup_command") or None
-    problem = command_problem(command) if command else None
-    if problem:  # no node could run it (and AddNodes would refuse it)
+    problem = (command_problem(command) or startup_problem(command)) if command else None
+    if command and not problem:
+        breaks = next((c for c in XML_BREAKERS if c in command), None)
+        if breaks:
+            problem = (f"{breaks!r} would break CloudLab's AddNodes XML (put the command in a "
+                       "script of the node's tarball)")
+    if problem:  # no node could run it, or CloudLab's CM refuses it
         raise err("startup_command", problem)
     return command
 
@@ -314,6 +320,9 @@ def _tarballs(values: Mapping[str, str], err: Err) -> tuple[tuple[str, str], ...
         problem = tarball_problem(parts[0])  # the one rule (elasticslice.rspec.tarball)
         if problem:
             raise err("tarballs", f"each line must be 'URL /install/path': {problem}")
+        if parts[1] != "/":  # the manager's new nodes come by AddNodes
+            raise err("tarballs", f"install path {parts[1]!r}: CloudLab's AddNodes installs "
+                                  "tarballs at / only (root the tarball's files at /)")
         out.append((parts[0], parts[1]))
     return tuple(out)
 

@@ -51,7 +51,12 @@ class ElasticSliceHelper:
 
     def get_add_args(self, count: int = 1) -> dict[str, dict[str, Any]]:
         """``count`` new nodes as the CM v2 ``AddNodes`` ``nodes`` struct
-        ``{client_id: {diskimage, hardware_type, startup, tarballs, lans, node}}``."""
+        ``{client_id: {diskimage, startup, tarballs, lans, node}}`` (CloudLab's CM reads
+        these five: ``startup`` one command string, run with ``/bin/sh``; ``tarballs`` URL
+        strings, each installed at ``/``; ``lans`` LAN names; ``node`` a physical node
+        name). A node may also wish for a ``hardware_type``: the manager asks for it as
+        ``node`` = a free node of that type from the CM's advertisement (CloudLab's AddNodes
+        has no hardware type) and never sends the key."""
         raise NotImplementedError("this helper cannot add nodes")
 
     def get_delete_commands(self, nodelist: list[dict[str, Any]]) -> list[str]:
@@ -73,9 +78,12 @@ _SUFFIX = re.compile(r"-(\d+)$")
 
 class SimpleElasticSliceHelper(ElasticSliceHelper):
     """A default helper: ``num_pcs`` raw PCs named ``<node_prefix>-<n>``, each with
-    ``image_urn``, ``nodetype`` (hardware type), ``tarballs`` ((url, install path) pairs)
-    and ``startup_command``; ``num_lans`` LANs ``<lan_prefix>-<n>`` joined by every node
-    (``multiplex_lans``: link multiplexing on)."""
+    ``image_urn``, ``nodetype`` (hardware type: in the sliver's RSpec, and for added nodes
+    a free node of that type by name), ``tarballs`` ((url, install path) pairs; added nodes
+    take ``/`` only, as CloudLab's AddNodes installs them) and ``startup_command`` (one
+    command, run with ``/bin/sh``: printable ASCII, at most 255 characters, no ``'``, ``<``
+    or ``&``, which would break the CM's AddNodes XML); ``num_lans`` LANs
+    ``<lan_prefix>-<n>`` joined by every node (``multiplex_lans``: link multiplexing on)."""
 
     def __init__(self, server: Any = None, config: Any = None, num_pcs: int = 1,
                  image_urn: str | None = None, num_lans: int = 0, multiplex_lans: bool = False,

@@ -147,7 +147,8 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                                  notify=self.notify, wake=self.wake)
         self.actuator = Actuator(server, self.state, self.holdings, self, self.cms, clock=now,
                                  notify=self.notify, renew_hours=self.renew_hours,
-                                 delete_commands_timeout=delete_commands_timeout)
+                                 delete_commands_timeout=delete_commands_timeout,
+                                 free=self.observer.free)
         self.renewer = Renewer(server, self.state, self.cms,
                                ensure_slice=self.actuator.ensure_slice, clock=now,
                                notify=self.notify, renew_hours=self.renew_hours,

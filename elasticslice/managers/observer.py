@@ -7,7 +7,8 @@ the cycle calls it one method at a time, and nothing a callback needs waits for 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from elasticslice.managers.holdings import Holdings, node_dict, node_id_of
@@ -18,6 +19,34 @@ log = logging.getLogger("elasticslice.managers.manager")
 
 DONE_STATES = (NodeState.READY.value, NodeState.FAILED.value)
 Decorate = Callable[[tuple[NodeView, ...]], tuple[NodeView, ...]]
+
+
+class FreeNodes:
+    """The free nodes' names per CM and hardware type, from the last advertisement read:
+    what AddNodes' ``node`` takes to get a node of a type (CloudLab's AddNodes has no
+    hardware type). The actuator takes names out as it asks for them, so the next AddNodes
+    before a new advertisement asks for others; a name taken by someone meanwhile costs one
+    refused AddNodes, and the next advertisement forgets it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_cm: dict[str, dict[str, list[str]]] = {}
+
+    def set(self, cm: str, by_type: Mapping[str, Sequence[str]]) -> None:
+        with self._lock:
+            self._by_cm[cm] = {kind: list(names) for kind, names in by_type.items()}
+
+    def of(self, cm: str) -> dict[str, list[str]]:
+        """Hardware type -> free node names at ``cm`` (a copy; empty: none known)."""
+        with self._lock:
+            return {kind: list(names) for kind, names in self._by_cm.get(cm, {}).items()}
+
+    def take(self, cm: str, names: Iterable[str]) -> None:
+        """``names`` are not free any more (asked for, by us or anyone)."""
+        gone = set(names)
+        with self._lock:
+            for kind, free in self._by_cm.get(cm, {}).items():
+                free[:] = [n for n in free if n not in gone]
 
 
 class Observer:
@@ -35,6 +64,7 @@ class Observer:
         self.notify = notify
         self.wake = wake
         self.availability: dict[str, dict[str, Availability]] = {}
+        self.free = FreeNodes()  # the free nodes' names, for AddNodes' node
         self.totals: dict[str, dict[str, int]] = {}
         self.last_status: dict[str, Any] = {}
         self.full_pass = 0  # the manage_once running (0: none)
@@ -116,9 +146,9 @@ class Observer:
 
     # -- DiscoverResources ------------------------------------------------------------------
     def resources(self, cm: Any, *, available: bool) -> None:
-        """Availability per hardware type ("*": all nodes). The full advertisement counts
-        free nodes too: in one ``manage_once`` the available-only one right after it is
-        skipped."""
+        """Availability per hardware type ("*": all nodes), and the free nodes' names per
+        type (:class:`FreeNodes`). The full advertisement counts free nodes too: in one
+        ``manage_once`` the available-only one right after it is skipped."""
         if available and cm.url not in self.totals:
             self.resources(cm, available=False)
             return
@@ -138,6 +168,7 @@ class Observer:
             self.full_advertisement_in[cm.url] = self.full_pass
             avail = dict(ad.available_by_type)
             avail["*"] = ad.available
+        self.free.set(cm.url, ad.free_by_type)
         totals = self.totals[cm.url]
         self.availability[cm.url] = {t: Availability(min(avail.get(t, 0), total), total)
                                      for t, total in totals.items()}

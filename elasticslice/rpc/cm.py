@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from elasticslice.errors import RPCError
+from elasticslice.rspec.addnodes import check_add_args
 
 if TYPE_CHECKING:
     from elasticslice.rpc.client import ProtoGeniServer
@@ -216,8 +217,12 @@ class ComponentManager:
             lambda c: self.call("DeleteSliver", {"sliver_urn": sliver_urn, "credentials": [c]}))
 
     def add_nodes(self, nodes: dict[str, dict[str, Any]]) -> str:
-        """AddNodes ``{client_id: {diskimage, hardware_type, startup, tarballs, lans, node}}``;
-        returns the updated manifest."""
+        """AddNodes ``{client_id: {diskimage, startup, tarballs, lans, node}}`` (the five keys
+        CloudLab's CM reads: one startup string, tarball URLs, LAN names, a physical node
+        name); returns the updated manifest. What the CM would refuse or misread is
+        refused here first (:class:`~elasticslice.rspec.BadAddNodesArgs`, one line naming
+        ``nodes[<client_id>].<key>``), before any call."""
+        check_add_args(nodes)
         return str(self._slice_call("AddNodes", {"nodes": nodes}))
 
     def delete_nodes(self, client_ids: list[str]) -> str:

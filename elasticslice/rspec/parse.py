@@ -15,7 +15,7 @@ import gc
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from elasticslice.errors import RSpecError
@@ -300,7 +300,8 @@ class NodeCounts:
     """What :func:`count_nodes` reads from an advertisement: how many nodes, how many say
     ``available now="true"`` and how many do not say false; per hardware type (an
     advertisement's only: empty for other RSpec types, as :func:`parse` leaves them), the
-    nodes and the available ones (a node of two types counts in each)."""
+    nodes and the available ones (a node of two types counts in each), and the available
+    ones' names."""
 
     type: RSpecType
     nodes: int
@@ -308,6 +309,10 @@ class NodeCounts:
     not_unavailable: int
     total_by_type: dict[str, int]
     available_by_type: dict[str, int]
+    #: per hardware type, the names of the nodes that say ``available now="true"``
+    #: (``component_name``, else the last part of ``component_id``): what AddNodes' ``node``
+    #: takes to get a node of a type
+    free_by_type: dict[str, list[str]] = field(default_factory=dict)
 
 
 class _CountTarget(SafeTarget):
@@ -327,6 +332,8 @@ class _CountTarget(SafeTarget):
         available: bool | None = None
         total: dict[str, int] = {}
         free: dict[str, int] = {}
+        names: dict[str, list[str]] = {}
+        name = ""
         counts = [0, 0, 0, 0]  # nodes, available, not unavailable, sliver_ids seen
 
         def finish() -> None:
@@ -337,20 +344,22 @@ class _CountTarget(SafeTarget):
                 counts[1] += 1
             if available is not False:
                 counts[2] += 1
-            for name in types:
-                total[name] = total.get(name, 0) + 1
+            for kind in types:
+                total[kind] = total.get(kind, 0) + 1
                 if available:
-                    free[name] = free.get(name, 0) + 1
+                    free[kind] = free.get(kind, 0) + 1
+                    if name:
+                        names.setdefault(kind, []).append(name)
 
         def start(tag: str, a: dict[str, str]) -> None:
-            nonlocal depth, rtype, node_tag, hw_tag, avail_tag, in_node, types, available
+            nonlocal depth, rtype, node_tag, hw_tag, avail_tag, in_node, types, available, name
             depth += 1
             if depth == 3:
                 if in_node:
                     if tag == hw_tag:
-                        name = a.get("name")
-                        if name:
-                            types.append(name)
+                        kind = a.get("name")
+                        if kind:
+                            types.append(kind)
                     elif tag == avail_tag:
                         now = a.get("now")
                         available = None if now is None else _BOOL.get(now.strip())
@@ -359,6 +368,8 @@ class _CountTarget(SafeTarget):
                     finish()
                 if tag == node_tag:
                     in_node, types, available = True, [], None
+                    name = a.get("component_name") or \
+                        (a.get("component_id") or "").rsplit("+", 1)[-1]
                     if a.get("sliver_id"):
                         counts[3] = 1
             elif depth == 1:
@@ -383,7 +394,8 @@ class _CountTarget(SafeTarget):
             ad = rtype is RSpecType.ADVERTISEMENT
             by_type = dict(sorted(total.items())) if ad else {}
             return NodeCounts(rtype, counts[0], counts[1], counts[2], by_type,
-                              {name: free.get(name, 0) for name in by_type})
+                              {kind: free.get(kind, 0) for kind in by_type},
+                              {kind: names[kind] for kind in by_type if kind in names})
 
         self.start, self.end, self.close = start, end, close
 

@@ -12,6 +12,11 @@ A node's disk image (``disk_image@name``, ``AddNodes``' ``diskimage``) is an ima
 ``urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD``: CloudLab refuses anything
 else (such as the placeholder ``URN``). :func:`image_problem` is that rule, applied where
 client_ids are checked, and by ``rspec build``.
+
+A node's execute services are held to CloudLab's CM's rules (``protogeni/lib/GeniCM.pm.in``):
+no empty command; one execute (an RSpec node's, or AddNodes' ``startup``) passes
+``TBcheck_dbslot(cmd, "virt_nodes", "startupcmd")`` (:func:`startup_problem`); several must
+each name the shell sh or csh (:func:`executes_problem`).
 """
 from __future__ import annotations
 
@@ -93,9 +98,50 @@ def command_problem(command: str) -> str | None:
     return None
 
 
+# R7: GeniCM.pm.in checks a single startup command with TBcheck_dbslot($cmd, "virt_nodes",
+# "startupcmd") (db/emutil.pm.in), which sql/database-fill.sql redirects to html_tinytext:
+# regex ^[\040-\176]*$ (printable ASCII) and at most 256 characters. The column is a MySQL
+# tinytext (255 bytes): the box keeps the stricter 255. Perl's ``$`` would let one trailing
+# newline through the regex; the box refuses every newline (stricter).
+STARTUP_CHARS = re.compile(r"[\x20-\x7e]*")
+MAX_STARTUP = 255
+# R6: GeniCM.pm.in, several execute services: "Support only sh and csh".
+EXECUTE_SHELLS = frozenset({"sh", "csh", "/bin/sh", "/bin/csh"})
+
+
+def startup_problem(command: str) -> str | None:
+    """Why CloudLab's CM refuses ``command`` as a node's one startup command (None: it
+    takes it): TBcheck_dbslot's "Illegal Characters" or "Too Long"."""
+    if not STARTUP_CHARS.fullmatch(command):
+        at = next(i for i, ch in enumerate(command) if not " " <= ch <= "~")
+        return (f"Invalid startup command: Illegal Characters ({command[at]!r} at character "
+                f"{at + 1}: only printable ASCII, no newline or tab)")
+    if len(command) > MAX_STARTUP:
+        return (f"Invalid startup command: Too Long ({len(command)} characters; at most "
+                f"{MAX_STARTUP})")
+    return None
+
+
+def executes_problem(executes: Iterable[tuple[str, str]]) -> str | None:
+    """Why CloudLab's CM refuses a node's execute services (GeniCM.pm.in): an empty command;
+    one execute whose command fails :func:`startup_problem`; several, one of whose shells is
+    not sh or csh. None: it takes them."""
+    pairs = list(executes)
+    if any(not command for _, command in pairs):
+        return "Invalid service command: no command provided"
+    if len(pairs) == 1:
+        return startup_problem(pairs[0][1])
+    for shell, _ in pairs:
+        if shell not in EXECUTE_SHELLS:
+            return (f"Invalid shell in execute ({shown(shell)!r}: with several execute "
+                    "services only sh, csh, /bin/sh or /bin/csh)")
+    return None
+
+
 def request_problem(rspec: RSpec) -> str | None:
     """The first node client_id of a request that breaks the rule, the first disk image that
-    is not an image URN, or the first node execute a node could not run (None: all good, or not a request). The emulator's
+    is not an image URN, or the first node execute a node could not run or CloudLab's CM
+    refuses (:func:`executes_problem`; None: all good, or not a request). The emulator's
     CreateSliver answers it with BADARGS."""
     if rspec.type is not RSpecType.REQUEST:
         return None
@@ -111,4 +157,7 @@ def request_problem(rspec: RSpec) -> str | None:
             problem = command_problem(command)
             if problem:
                 return f"node {shown(node.client_id)}: execute: {problem}"
+        problem = executes_problem(node.executes)
+        if problem:
+            return f"node {shown(node.client_id)}: {problem}"
     return None

@@ -197,7 +197,7 @@ class CallbackEndpoint:
 def stubborn_startup(marker: str) -> str:
     """A startup command that ignores SIGTERM (so a teardown must wait and SIGKILL it) and
     keeps ``marker`` in its command line (see :func:`processes_with`)."""
-    return f"trap '' TERM; : {marker}; while :; do sleep 1; done"
+    return f'trap "" TERM; : {marker}; while :; do sleep 1; done'
 
 
 def processes_with(marker: str) -> list[int]:
@@ -278,11 +278,16 @@ def make_tarball(path: Path, files: dict[str, str], mode: int = 0o755) -> Path:
 
 class FileServer:
     """Plain HTTP on 127.0.0.1 (port 0) serving a folder, as a web server the CM fetches
-    tarballs from; ``fetches`` counts the GETs of each path."""
+    tarballs from; ``fetches`` counts the GETs of each path, ``most_at_once`` the most GETs
+    in flight together (each held ``hold`` seconds before it is answered)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.fetches: dict[str, int] = {}
+        self.hold = 0.0
+        self.most_at_once = 0
+        self._at_once = 0
+        self._lock = threading.Lock()
         server = self
 
         class Handler(http.server.SimpleHTTPRequestHandler):
@@ -291,8 +296,17 @@ class FileServer:
 
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
-                server.fetches[path] = server.fetches.get(path, 0) + 1
-                super().do_GET()
+                with server._lock:
+                    server.fetches[path] = server.fetches.get(path, 0) + 1
+                    server._at_once += 1
+                    server.most_at_once = max(server.most_at_once, server._at_once)
+                try:
+                    if server.hold:
+                        time.sleep(server.hold)
+                    super().do_GET()
+                finally:
+                    with server._lock:
+                        server._at_once -= 1
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -305,3 +319,61 @@ class FileServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+_SCRIPTS: FileServer | None = None
+_SCRIPTS_LOCK = threading.Lock()
+
+
+def _scripts() -> FileServer:
+    """One web server per test process for :func:`startup_args`' tarballs (127.0.0.1: the
+    CM fetches from this machine), living as long as the process: the CM fetches every URL
+    of a sliver again at each change."""
+    global _SCRIPTS
+    with _SCRIPTS_LOCK:
+        if _SCRIPTS is None:
+            import atexit
+            import shutil
+            import tempfile
+            root = Path(tempfile.mkdtemp(prefix="box-startup-"))
+            atexit.register(shutil.rmtree, root, True)
+            _SCRIPTS = FileServer(root)
+        return _SCRIPTS
+
+
+def as_script(command: str) -> tuple[str, str | None]:
+    """``(startup, tarball URL or None)``: ``command`` itself when CloudLab's CM takes it as
+    a node's startup command in AddNodes (printable ASCII, at most 255 characters, no
+    ``'``, ``<`` or ``&``), else what a CloudLab user does: the command in a script of a
+    tarball (``/local/box-startup/<sha>.sh``, served over HTTP), started by ``sh <script>``."""
+    import hashlib
+
+    from elasticslice.rspec.addnodes import XML_BREAKERS
+    from elasticslice.rspec.rules import startup_problem
+    if startup_problem(command) is None and not any(c in command for c in XML_BREAKERS):
+        return command, None
+    name = hashlib.sha256(command.encode()).hexdigest()[:16]
+    server = _scripts()
+    tarball = server.root / f"{name}.tgz"
+    if not tarball.exists():
+        make_tarball(tarball.with_suffix(".part"), {f"local/box-startup/{name}.sh":
+                                                    command + "\n"})
+        tarball.with_suffix(".part").replace(tarball)
+    return f"sh /local/box-startup/{name}.sh", f"{server.url}/{tarball.name}"
+
+
+def startup_args(command: str, tarballs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """AddNodes arguments running ``command`` at boot (:func:`as_script`), after
+    ``tarballs``."""
+    startup, url = as_script(command)
+    urls = [*tarballs, *([url] if url else [])]
+    return {"startup": startup, **({"tarballs": urls} if urls else {})}
+
+
+def script_node(client_id: str, command: str, **spec: Any) -> Any:
+    """A request :class:`~elasticslice.rspec.NodeSpec` running ``command`` at boot (a
+    script when CloudLab's startup rule would refuse it: :func:`as_script`)."""
+    from elasticslice.rspec import NodeSpec
+    startup, url = as_script(command)
+    installs = list(spec.pop("installs", [])) + ([(url, "/")] if url else [])
+    return NodeSpec(client_id, installs=installs, executes=[("sh", startup)], **spec)

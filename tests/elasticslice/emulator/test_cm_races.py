@@ -62,7 +62,7 @@ def test_simultaneous_add_nodes_on_one_lan_never_share_an_address(emulator):
     urn, cred, _ = s.create()
     args = {"slice_urn": urn, "credentials": [cred]}
     calls = [lambda cm, i=i: cm.AddNodes({**args, "nodes": {
-        f"x{i}": {"hardware_type": "m400", "lans": ["lan0"]}}}) for i in range(30)]
+        f"x{i}": {"lans": ["lan0"]}}}) for i in range(30)]
     answers = _together(emulator, calls)
     assert [a["code"] for a in answers] == [0] * 30, [a["output"] for a in answers]
     for answer in answers:  # every manifest handed out is consistent in itself
@@ -81,13 +81,12 @@ def test_mixed_add_and_delete_nodes_leave_each_lan_with_its_nodes_interfaces(emu
     s = Session(emulator)
     urn, cred, _ = s.create()
     args = {"slice_urn": urn, "credentials": [cred]}
-    doomed = {f"d{i}": {"hardware_type": "m400", "lans": ["lan0"]} for i in range(25)}
+    doomed = {f"d{i}": {"lans": ["lan0"]} for i in range(25)}
     ok(s.cm.AddNodes({**args, "nodes": doomed}))
     calls: list[Callable[[Any], dict]] = []
     for i in range(25):
-        kind = "m510" if i < 15 else "xl170"
-        calls.append(lambda cm, i=i, kind=kind: cm.AddNodes({**args, "nodes": {
-            f"a{i}": {"hardware_type": kind, "lans": ["lan0"]}}}))
+        calls.append(lambda cm, i=i: cm.AddNodes({**args, "nodes": {
+            f"a{i}": {"lans": ["lan0"]}}}))
         calls.append(lambda cm, i=i: cm.DeleteNodes({**args, "nodes": [f"d{i}"]}))
     answers = _together(emulator, calls)
     assert [a["code"] for a in answers] == [0] * 50, [a["output"] for a in answers]

@@ -3,7 +3,7 @@ real processes on the node's machine, exit status in SliverStatus, killed on del
 from __future__ import annotations
 
 from tests.helpers import process_alive, wait_for
-from tests.elasticslice.emulator.helpers import Session, make_tarball, ok
+from tests.elasticslice.emulator.helpers import Session, make_tarball, ok, startup_args
 from tests.elasticslice.emulator.node_helpers import detail_of, host_pid, node_dir
 
 
@@ -18,7 +18,7 @@ def test_tarball_and_startup_run_with_node_identity(emulator, file_server):
     s = Session(emulator)
     urn, cred, _ = s.create()
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {
-        "w1": {"hardware_type": "d430", "tarballs": [f"{file_server.url}/app.tgz"],
+        "w1": {"node": "pc01", "tarballs": [f"{file_server.url}/app.tgz"],
                "startup": "sh /local/bin/hello.sh"}}}))
     done = wait_for(lambda: (d := detail_of(s, urn, cred, "w1")).get("execute_state") ==
                     "exited" and d, timeout=20, what="startup to exit")
@@ -51,7 +51,7 @@ def test_deleting_a_node_kills_its_processes_and_wipes_it(emulator):
     s = Session(emulator)
     urn, cred, _ = s.create()
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {
-        "w1": {"startup": "sleep 300 & echo $! > /tmp/daemon.pid; sleep 300"}}}))
+        "w1": startup_args("sleep 300 & echo $! > /tmp/daemon.pid; sleep 300")}}))
     folder = node_dir(emulator, _node_id(s, urn, cred, "w1"))
     pid_file = folder / "root" / "tmp" / "daemon.pid"
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=20,

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from elasticslice.emulator import network
-from elasticslice.rspec import LinkSpec, NodeSpec, build_request
+from elasticslice.rspec import LinkSpec, build_request
 from troy.frameworks.dask.framework import scheduler_workers
 from tests.helpers import wait_for
-from tests.elasticslice.emulator.helpers import Session
+from tests.elasticslice.emulator.helpers import Session, script_node
 from tests.elasticslice.emulator.node_helpers import detail_of, node_dir
 
 pytestmark = pytest.mark.slow
@@ -102,8 +102,7 @@ def _ask(emu, s: Session, urn: str, cred: str, client_id: str, targets: list[str
 
 
 def _lan_slice(s: Session, name: str, nodes: list[str]) -> tuple[str, str, str]:
-    specs = [NodeSpec(n, interfaces=[(f"{n}:if0", None, None)], executes=[("sh", STARTUP)])
-             for n in nodes]
+    specs = [script_node(n, STARTUP, interfaces=[(f"{n}:if0", None, None)]) for n in nodes]
     urn, cred, (_, manifest) = s.create(name, build_request(
         specs, [LinkSpec("lan0", [f"{n}:if0" for n in nodes])]))
     return urn, cred, manifest
@@ -144,7 +143,7 @@ def test_a_node_reaches_the_control_machine_only_at_its_address(networked):
     startup = ("geni-get client_id > /tmp/name; ip -o -4 route > /tmp/routes; "
                "ip -o -4 addr > /tmp/addrs; " + STARTUP)
     urn, cred, (_, manifest) = s.create("solo", build_request(
-        [NodeSpec("n", executes=[("sh", startup)])]))
+        [script_node("n", startup)]))
     control = networked.server.ctx.boot.control_address()
     got = _ask(networked, s, urn, cred, "n", [f"127.0.0.1:{networked.server.port}",
                                              "192.0.2.1:80"])

@@ -39,7 +39,8 @@ def test_pick_nodes_by_type_and_by_id(tmp_path):
     sync_nodes(store, inv)
     picked = pick_nodes(store, inv, [NodeRequest("a", "d430"), NodeRequest("b", None),
                                      NodeRequest("c", None, "urn:publicid:IDN+x+node+hp03")])
-    assert [n.hardware_type for n in picked] == ["d430", "m510", "xl170"]
+    assert [picked[0].hardware_type, picked[2].hardware_type] == ["d430", "xl170"]
+    assert picked[1].hardware_type in inv.types  # no type: any free node (test_mapper.py)
     assert picked[2].node_id == "hp03"
     with pytest.raises(GeniFault) as info:
         pick_nodes(store, inv, [NodeRequest(f"x{i}", "d430") for i in range(9)])

@@ -1,8 +1,9 @@
 """Tarballs as CloudLab moves them: the CM fetches each one itself, by a URL that passes
-tbsetup/tarfiles_setup's rule, before CreateSliver or AddNodes returns; a URL that fails the
-rule or the fetch fails the call with BADARGS "Could not setup tarfiles: ..." and nothing
-is allocated; the same URL is fetched once per sliver. (The box took file:// paths, query
-strings and any loopback URL, and a tarball it could not fetch only failed its node later.)
+tbsetup/tarfiles_setup's rule, before CreateSliver, AddNodes or DeleteNodes returns, every
+URL of the sliver again at every such change; a URL that fails the rule or the fetch fails
+the call with BADARGS "Could not setup tarfiles: ..." and nothing changes. (The box took
+file:// paths, query strings and any loopback URL, and a tarball it could not fetch only
+failed its node later; then it fetched a URL once per sliver, and never on DeleteNodes.)
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from elasticslice.emulator.adminclient import AdminClient
+from elasticslice.emulator.tarfiles import TarfileStore
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import NodeSpec, build_request
 from tests.helpers import spare_port, wait_for
@@ -63,40 +65,95 @@ def test_a_bad_tarball_fails_create_sliver_and_add_nodes_and_allocates_nothing(
     assert [d["client_id"] for d in s.status(urn, cred)["details"].values()] == ["base"]
 
 
-def test_the_same_url_is_fetched_once_per_sliver_even_when_its_file_changes(
+def _add(s: Session, urn: str, cred: str, nodes: dict) -> dict:
+    return s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": nodes})
+
+
+def _delete(s: Session, urn: str, cred: str, cids: list[str]) -> dict:
+    return s.cm.DeleteNodes({"slice_urn": urn, "credentials": [cred], "nodes": cids})
+
+
+def _cids(s: Session, urn: str, cred: str) -> set[str]:
+    return {d["client_id"] for d in s.status(urn, cred)["details"].values()}
+
+
+def test_every_url_the_sliver_holds_is_fetched_again_at_every_change(emulator, file_server):
+    """R13 (GeniCM.pm.in SliverWorkAux runs tarfiles_setup on CreateSliver, AddNodes and
+    DeleteNodes; tarfiles_setup fetches every URL of every node of the experiment) and R14
+    (``%tofetch`` is keyed by URL: a URL many nodes share is one fetch; one after another).
+    The box fetched a URL once per sliver, and never on DeleteNodes."""
+    for name in ("a", "b"):
+        make_tarball(file_server.root / f"{name}.tgz", {f"local/{name}": name})
+    a, b = f"{file_server.url}/a.tgz", f"{file_server.url}/b.tgz"
+    file_server.hold = 0.05  # so fetches made together would overlap
+    s = Session(emulator)
+    urn, cred, _ = s.create(rspec=build_request([NodeSpec("n1", installs=[(a, "/")]),
+                                                 NodeSpec("n2", installs=[(a, "/")])]))
+    assert file_server.fetches == {"/a.tgz": 1}  # two nodes, one URL: one fetch
+    ok(_add(s, urn, cred, {"n3": {"tarballs": [b]}}))
+    assert file_server.fetches == {"/a.tgz": 2, "/b.tgz": 1}
+    ok(_add(s, urn, cred, {"n4": {}, "n5": {"tarballs": [a, b]}}))
+    assert file_server.fetches == {"/a.tgz": 3, "/b.tgz": 2}
+    ok(_delete(s, urn, cred, ["n3", "n5"]))  # b is held by no node after it
+    assert file_server.fetches == {"/a.tgz": 4, "/b.tgz": 2}
+    ok(_delete(s, urn, cred, ["n4"]))
+    assert file_server.fetches == {"/a.tgz": 5, "/b.tgz": 2}
+    assert file_server.most_at_once == 1  # one after another
+
+
+def test_a_url_that_cannot_be_fetched_any_more_fails_the_change_and_changes_nothing(
+        emulator, file_server):
+    """R13: a failed tarfiles step fails AddNodes and DeleteNodes alike (BADARGS "Could not
+    setup tarfiles"), and nothing changes: no node added, none deleted, the kept copies as
+    they were. A reclamation (the dynamic-slice server's own delete) does not run it."""
+    make_tarball(file_server.root / "keep.tgz", {"local/version": "one\n"})
+    make_tarball(file_server.root / "gone.tgz", {"local/gone": "x"})
+    keep, gone = f"{file_server.url}/keep.tgz", f"{file_server.url}/gone.tgz"
+    s = Session(emulator)
+    urn, cred, _ = s.create(rspec=build_request([
+        NodeSpec("n1", installs=[(keep, "/")]), NodeSpec("n2", installs=[(gone, "/")]),
+        NodeSpec("n3")]))
+    kept = TarfileStore(emulator.dir).record(urn, keep)
+    assert kept is not None and kept.path == TarfileStore(emulator.dir).kept(urn, keep)
+    make_tarball(file_server.root / "keep.tgz", {"local/version": "two\n"})  # changed
+    (file_server.root / "gone.tgz").unlink()  # and the other cannot be fetched any more
+    for answer in (_add(s, urn, cred, {"n4": {}}), _delete(s, urn, cred, ["n1"])):
+        assert answer["code"] == GeniCode.BADARGS, answer
+        assert answer["output"].startswith("Could not setup tarfiles: ") and \
+            gone in answer["output"]
+    assert _cids(s, urn, cred) == {"n1", "n2", "n3"}
+    assert TarfileStore(emulator.dir).record(urn, keep) == kept  # not replaced by "two"
+    ok(_delete(s, urn, cred, ["n2"]))  # the node holding the URL may go: the rest refetch
+    assert _cids(s, urn, cred) == {"n1", "n3"}
+    now = TarfileStore(emulator.dir).record(urn, keep)
+    assert now is not None and now.md5 != kept.md5 and now.changed_at >= kept.changed_at
+    assert now.path == kept.path  # the same path: nodes find it there at every boot
+    assert not TarfileStore(emulator.dir).kept(urn, gone).exists()  # held by no node
+    # a reclamation is the dynamic-slice server's, not a client's change: no tarfiles step
+    (file_server.root / "keep.tgz").unlink()
+    node = detail_of(s, urn, cred, "n3")["component_urn"].rsplit("+", 1)[-1]
+    AdminClient(emulator.dir).call("Revoke", nodes=[node])
+    wait_for(lambda: _cids(s, urn, cred) == {"n1"}, timeout=30, what="n3 reclaimed")
+
+
+def test_an_unchanged_file_keeps_its_copy_and_a_changed_one_is_installed_by_new_nodes(
         emulator, file_server):
     make_tarball(file_server.root / "app.tgz", {"local/version": "one\n"})
     url = f"{file_server.url}/app.tgz"
     s = Session(emulator)
     urn, cred, _ = s.create(rspec=build_request([NodeSpec("n1", installs=[(url, "/")])]))
-    make_tarball(file_server.root / "app.tgz", {"local/version": "two\n"})  # changed
-    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],
-                      "nodes": {"n2": {"tarballs": [url]}}}))
+    first = TarfileStore(emulator.dir).record(urn, url)
+    ok(_add(s, urn, cred, {"n2": {}}))  # fetched again, the same bytes: the copy stays
+    again = TarfileStore(emulator.dir).record(urn, url)
+    assert again is not None and first is not None
+    assert (again.md5, again.changed_at) == (first.md5, first.changed_at)
+    assert again.fetched_at >= first.fetched_at
+    make_tarball(file_server.root / "app.tgz", {"local/version": "two\n"})
+    ok(_add(s, urn, cred, {"n3": {"tarballs": [url]}}))
 
     def version(client_id: str) -> str | None:
         node = detail_of(s, urn, cred, client_id)["component_urn"].rsplit("+", 1)[-1]
         path = node_dir(emulator, node) / "root" / "local" / "version"
         return path.read_text() if path.exists() else None
-    assert wait_for(lambda: version("n1"), timeout=30, what="n1 installed") == "one\n"
-    assert wait_for(lambda: version("n2"), timeout=30, what="n2 installed") == "one\n"
-    assert file_server.fetches == {"/app.tgz": 1}
-    # a new sliver fetches it again, and sees the new file
-    ok(s.cm.DeleteSlice({"slice_urn": urn, "credentials": [cred], "blocking": True,
-                         "cancel": True}))
-    ok(s.cm.CreateSliver({"slice_urn": urn, "credentials": [cred],
-                          "rspec": build_request([NodeSpec("n1", installs=[(url, "/")])])}))
-    assert wait_for(lambda: version("n1"), timeout=30, what="n1 installed") == "two\n"
-    assert file_server.fetches == {"/app.tgz": 2}
-
-
-def test_an_addnodes_url_path_pair_is_installed_at_its_path_as_an_extension(
-        emulator, file_server):
-    make_tarball(file_server.root / "app.tgz", {"bin/run": "#!/bin/sh\n"})
-    s = Session(emulator)
-    urn, cred, _ = s.create()
-    ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred],
-                      "nodes": {"w1": {"tarballs": [[f"{file_server.url}/app.tgz",
-                                                     "/opt/app"]]}}}))
-    node = detail_of(s, urn, cred, "w1")["component_urn"].rsplit("+", 1)[-1]
-    wait_for(lambda: (node_dir(emulator, node) / "root/opt/app/bin/run").exists(), timeout=30,
-             what="the tarball at /opt/app")
+    assert wait_for(lambda: version("n3"), timeout=30, what="n3 installed") == "two\n"
+    assert file_server.fetches == {"/app.tgz": 3}

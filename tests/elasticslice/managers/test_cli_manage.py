@@ -181,7 +181,7 @@ def test_the_code_blocks_of_docs_manager_md_run(emulator, tmp_path: Path,
     monkeypatch.setenv("HOME", str(tmp_path))
     mcfg = load_manager_config(conf, env={})
     assert mcfg.maxthreshold == 10 and mcfg.intervals["add_nodes"] == 300
-    assert mcfg.tarballs == (("https://example.org/exp.tar.gz", "/local"),)
+    assert mcfg.tarballs == (("https://example.org/exp.tar.gz", "/"),)
     # The status example has the shape `status --json` prints.
     (doc,) = re.findall(r"```json\n(.*?)```", text, flags=re.S)
     assert set(json.loads(doc)) == {"slice", "nodes", "cycle"}

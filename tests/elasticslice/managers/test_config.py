@@ -70,8 +70,8 @@ cmlist = wisc, 0
 num_pcs = 3
 image_urn = urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD
 startup_command = /local/run.sh --fast
-tarballs = https://example.org/app.tar.gz /opt/app
-    https://example.org/data.tgz /data
+tarballs = https://example.org/app.tar.gz /
+    https://example.org/data.tgz /
 node_prefix = worker
 lan_prefix = net
 num_lans = 2
@@ -102,8 +102,8 @@ interval.get_system_state = 15
     assert cfg.cmlist == ("wisc", "0") and cfg.num_pcs == 3
     assert cfg.image_urn.endswith("UBUNTU22-64-STD")
     assert cfg.startup_command == "/local/run.sh --fast"
-    assert cfg.tarballs == (("https://example.org/app.tar.gz", "/opt/app"),
-                            ("https://example.org/data.tgz", "/data"))
+    assert cfg.tarballs == (("https://example.org/app.tar.gz", "/"),
+                            ("https://example.org/data.tgz", "/"))
     assert (cfg.node_prefix, cfg.lan_prefix, cfg.num_lans, cfg.multiplex_lans) == (
         "worker", "net", 2, True)
     assert cfg.state_dir == tmp_path / "state"
@@ -174,6 +174,9 @@ def test_bad_value_from_the_environment_names_the_variable(tmp_path):
     ("image_urn = ubuntu", "image_urn", "not a URN"),
     ("tarballs = https://x/a.tgz", "tarballs", "URL /install/path"),
     ("tarballs = file:///a.tgz /opt", "tarballs", "URL /install/path"),
+    ("tarballs = https://x/a.tgz /opt", "tarballs", "AddNodes installs tarballs at / only"),
+    ("startup_command = echo 'hi'", "startup_command", "would break CloudLab's AddNodes XML"),
+    (f"startup_command = {'x' * 256}", "startup_command", "Invalid startup command: Too Long"),
     ("node_prefix = 9node", "node_prefix", "invalid name"),
     ("lan_prefix = lan_x", "lan_prefix", "invalid name"),
     ("num_lans = x", "num_lans", "not an integer"),

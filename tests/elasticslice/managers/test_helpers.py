@@ -35,7 +35,7 @@ def test_add_args_never_reuse_a_client_id_and_are_valid_addnodes_args() -> None:
     helper.note_client_ids(["node-1", "node-7", "other-99"])
     args = helper.get_add_args(2)
     assert list(args) == ["node-8", "node-9"]
-    assert args["node-8"] == {"startup": ["echo hi", "sh"], "lans": ["lan-1"]}
+    assert args["node-8"] == {"startup": "echo hi", "lans": ["lan-1"]}
     assert [s.client_id for s in nodespecs_from_add_args(args)] == ["node-8", "node-9"]
     assert list(helper.get_add_args(1)) == ["node-10"]
     assert helper.get_add_args(0) == {}

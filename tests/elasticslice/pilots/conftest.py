@@ -57,6 +57,9 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., ElasticCluster]]:
         if not stock:
             options.setdefault("disk_image", pilot_image(emulator))
             options.setdefault("node_python", "python3")
+        # 8-core nodes, as the tests count cores (a node of no type may be any: the CM's
+        # choice); added ones by the names of free m510s (AddNodes has no hardware type)
+        options.setdefault("hardware_type", "m510")
         options.setdefault("intervals", FAST_INTERVALS)
         options.setdefault("margin", 1.0)
         options.setdefault("policy", dataclasses.replace(FAST_POLICY, max_delete_per_cycle=1))

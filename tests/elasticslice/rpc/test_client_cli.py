@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -31,6 +32,14 @@ def test_cli_slice_life(emu, tmp_path):
     assert "added 2 node(s): node-0 node-1" in out
     wait_for(lambda: (s := sliver_status(emu))["status"] == "ready" and len(s["nodes"]) == 4,
              timeout=20, what="four nodes ready")
+    added = [n["component_id"].rsplit("+", 1)[-1] for n in sliver_status(emu)["nodes"]
+             if n["client_id"].startswith("node-")]
+    assert all(name.startswith("ms01") for name in added), added  # free m400s, by name
+    short = run_cli(emu, "add-nodes", "11", "--hardware-type", "xl170", ok=False)
+    assert short.exit_code == 1 and "Traceback" not in short.output
+    assert re.search(r"--hardware-type xl170: \d+ free node\(s\) of that type at the CM, "
+                     r"11 asked for", short.output), short.output  # (one of ours may be one)
+    assert len(short.output.strip().splitlines()) == 1
     assert "deleted 2" in run_cli(emu, "delete-nodes", "node0", "node-1").output
     assert {n["client_id"] for n in sliver_status(emu)["nodes"]} == {"node1", "node-0"}
 

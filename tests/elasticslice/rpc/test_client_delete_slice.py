@@ -97,7 +97,7 @@ def test_other_slices_answer_while_a_slice_with_stubborn_processes_is_torn_down(
 
     def add_and_delete() -> dict:
         name = f"b{next(extra)}"
-        ok(other.cm.AddNodes({**b_args, "nodes": {name: {"hardware_type": "m400"}}}))
+        ok(other.cm.AddNodes({**b_args, "nodes": {name: {}}}))
         return other.cm.DeleteNodes({**b_args, "nodes": [name]})
 
     calls = [("RenewSlice", lambda: other.cm.RenewSlice({**b_args, "expiration": renew_to})),

@@ -9,7 +9,8 @@ from elasticslice.commands.client import add_nodes_arguments
 from elasticslice.errors import RPCError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
-from elasticslice.rspec import parse
+from elasticslice.rspec import BadAddNodesArgs, parse
+from elasticslice.rspec.parse import count_nodes
 from tests.helpers import wait_for
 
 from .helpers import genilib_request, hours
@@ -39,10 +40,14 @@ def test_slice_life_through_the_api(emu):
         assert {n.client_id for n in status.nodes} == {"node0", "node1"}
         assert all(n.component_id.startswith("urn:publicid:IDN+") for n in status.nodes)
 
-        manifest = server.add_nodes(add_nodes_arguments(["node2", "node3"], "m400", None))
+        free = count_nodes(server.discover_resources(available=True)).free_by_type
+        args = add_nodes_arguments(["node2", "node3"], "m400", None, free)
+        assert all(set(a) == {"node"} and a["node"] in free["m400"] for a in args.values())
+        manifest = server.add_nodes(args)  # AddNodes has no type: free m400s by name
         assert {"node2", "node3"} <= {n.client_id for n in parse(manifest).nodes}
         status = wait_for(_ready(server, 4), timeout=20, what="four nodes ready")
-        assert "m400" in {n.hardware_type for n in parse(manifest).nodes}
+        assert {n.hardware_type for n in parse(manifest).nodes
+                if n.client_id in ("node2", "node3")} == {"m400"}
 
         manifest = server.delete_nodes(["node0", "node2"])
         assert {n.client_id for n in parse(manifest).nodes} == {"node1", "node3"}
@@ -157,3 +162,20 @@ def test_sliver_credential_keys_and_delete_sliver(emu):
         with pytest.raises(RPCError) as info:
             server.sliver_status()
         assert info.value.code == GeniCode.SEARCHFAILED
+
+
+def test_add_nodes_refuses_what_cloudlabs_cm_would_misread_before_any_call(emu):
+    """The client sent ``[command, shell]`` whenever a shell was set, ``[url, path]`` pairs,
+    LAN structs and ``hardware_type``: CloudLab's CM would have run ``ARRAY(0x...)``."""
+    with emu.client() as server:
+        server.register_slice(expiration=hours(2))
+        server.create_sliver(genilib_request("a"))
+        for node, key in (({"startup": ["uptime", "sh"]}, "nodes[w].startup"),
+                          ({"startup": "echo 'x'"}, "nodes[w].startup"),
+                          ({"hardware_type": "m400"}, "nodes[w].hardware_type"),
+                          ({"tarballs": [["http://h/a.tgz", "/opt"]]}, "nodes[w].tarballs[0]"),
+                          ({"lans": [{"name": "lan0"}]}, "nodes[w].lans[0]")):
+            with pytest.raises(BadAddNodesArgs) as info:  # not an RPCError: never sent
+                server.add_nodes({"w": node})
+            assert info.value.key == key and "\n" not in str(info.value)
+        assert [n.client_id for n in server.sliver_status().nodes] == ["a"]

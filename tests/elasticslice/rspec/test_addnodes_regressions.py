@@ -2,6 +2,8 @@
 answer (100 KB of it), and a trailing newline slipped through the client_id pattern."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from elasticslice.rspec import BadAddNodesArgs, NodeSpec, add_nodes_args, nodespecs_from_add_args
@@ -23,20 +25,18 @@ def test_bad_client_ids_are_refused_both_ways(cid):
 
 
 @pytest.mark.parametrize("args, key, words", [
-    # broke: accepted, then the node failed to boot: "Argument list too long"
-    ({"startup": "true;" * 14000}, "nodes[n].startup", "70000 bytes, more than the limit"),
-    ({"startup": ["true;" * 14000, "sh"]}, "nodes[n].startup[0]", "more than the limit"),
-    ({"startup": "true\0"}, "nodes[n].startup", "NUL"),
-    # broke: accepted, and the address went into the manifest as given
-    ({"lans": [{"name": "lan0", "address": "999.1.1.1"}]}, "nodes[n].lans[0].address",
-     "expected an IPv4 address"),
-    ({"lans": [{"name": "lan0", "address": "10.0.0.1", "netmask": "255.0.255.0"}]},
-     "nodes[n].lans[0].netmask", "expected an IPv4 netmask"),
+    # broke: accepted, then the node failed to boot: "Argument list too long" (and CloudLab's
+    # CM refuses any startup command over its tinytext column)
+    ({"startup": "true;" * 14000}, "nodes[n].startup", "Too Long (70000 characters"),
+    ({"startup": "true\0"}, "nodes[n].startup", "Illegal Characters"),
+    # broke: a LAN struct's address went into the manifest as given (CloudLab's CM takes
+    # LAN names only and gives the address itself)
+    ({"lans": [{"name": "lan0", "address": "999.1.1.1"}]}, "nodes[n].lans[0]",
+     "LAN names only"),
 ])
-def test_startup_commands_no_node_could_run_and_bad_lan_addresses_are_refused(args, key, words):
-    with pytest.raises(BadAddNodesArgs, match=words) as err:
+def test_startup_commands_no_node_could_run_and_lan_addresses_are_refused(args, key, words):
+    with pytest.raises(BadAddNodesArgs, match=re.escape(words)) as err:
         nodespecs_from_add_args({"n": args})
     assert err.value.key == key
-    good = {"startup": "true", "lans": [{"name": "l", "address": "10.0.0.1",
-                                          "netmask": "255.255.255.0"}]}
+    good = {"startup": "true", "lans": ["l"]}
     assert nodespecs_from_add_args({"n": good})[0].executes == [("sh", "true")]

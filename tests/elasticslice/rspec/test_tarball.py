@@ -3,7 +3,6 @@ emulator's CM, rspec validate, the manager config's tarballs and the client's Ad
 from __future__ import annotations
 
 import hashlib
-import logging
 from pathlib import Path
 
 import pytest
@@ -48,12 +47,13 @@ def test_the_testbed_keeps_a_tarball_as_the_md5_of_its_url() -> None:
     assert stored_name(url) == f"{hashlib.md5(url.encode()).hexdigest()}.tar.gz"
 
 
-def test_add_nodes_args_send_bare_urls_and_a_pair_only_for_another_path(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="elasticslice.rspec")
-    spec = NodeSpec("n1", installs=[("https://h/a.tgz", "/"), ("https://h/b.tgz", "/opt/b")])
-    assert add_nodes_args([spec])["n1"]["tarballs"] == ["https://h/a.tgz",
-                                                         ["https://h/b.tgz", "/opt/b"]]
-    assert any("installs tarballs at / on CloudLab" in r.getMessage() for r in caplog.records)
+def test_add_nodes_args_send_bare_urls_and_refuse_another_path() -> None:
+    """GeniCMV2.pm.in AddNodes: ``<install url='$tarball' install_path='/'/>`` (the box took
+    a ``[url, path]`` pair as an extension of its own)."""
+    spec = NodeSpec("n1", installs=[("https://h/a.tgz", "/"), ("https://h/c.tgz", "")])
+    assert add_nodes_args([spec])["n1"]["tarballs"] == ["https://h/a.tgz", "https://h/c.tgz"]
+    with pytest.raises(BadAddNodesArgs, match=r"nodes\[n1\]\.tarballs\[0\]: .*at /"):
+        add_nodes_args([NodeSpec("n1", installs=[("https://h/b.tgz", "/opt/b")])])
     with pytest.raises(BadAddNodesArgs, match=r"nodes\[n1\]\.tarballs\[0\]: .*file://"):
         add_nodes_args([NodeSpec("n1", installs=[("file:///x.tgz", "/")])])
 
