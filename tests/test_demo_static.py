@@ -28,7 +28,7 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     wait_for(lambda: run.saw("[4/5]") or run.proc.poll() is not None, 60, what="step 4")
     os.kill(run.proc.pid, signal.SIGSTOP)
     try:
-        started = sorted(d.glob("nodes/*/root/started"))
+        started = sorted(d.glob("nodes/*/root/tmp/started"))
         contents = [p.read_text() for p in started]
         assert not run.saw("[5/5]")
     finally:
@@ -38,12 +38,13 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert "Traceback" not in out + err and err == ""
     for n in range(1, 6):
         assert f"[{n}/5] " in out
-    names = {p.parent.parent.name for p in started}  # m510s; the added ones free ones by name
+    names = {p.parent.parent.parent.name for p in started}  # m510s; the added ones free ones by name
     assert len(started) == 4 and {"ms1001", "ms1002"} <= names and \
         all(n.startswith("ms10") for n in names)
-    assert all(c.startswith("node-") and "cores=8" in c for c in contents)
+    assert all(c.startswith("node-") and "cores=8" in c and c.endswith(" user=elastic")
+               for c in contents)  # run as the experiment's user, as on CloudLab
     assert "SliverStatus: sliver ready     ready 2/2  startup done 2/2" in out
-    assert "node-0: exit 0; run/nodes/ms1001/root/started: node-0.elastic.elasticslice" in out
+    assert "node-0: exit 0; run/nodes/ms1001/root/tmp/started: node-0.elastic.elasticslice" in out
     table = [line.split() for line in out.splitlines() if line.strip().startswith("node-")
              and line.strip().endswith("ready")]
     assert [row[0] for row in table] == ["node-0", "node-1", "node-2", "node-3"]
@@ -60,7 +61,7 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert all(n["started"].startswith(n["hostname"]) for n in report["nodes"])
     assert [n["released_by"] for n in report["nodes"]] == \
         ["DeleteSlice", "DeleteSlice", "DeleteNodes", "DeleteNodes"]
-    assert not list(d.glob("nodes/*/root/started"))    # released nodes are wiped
+    assert not list(d.glob("nodes/*/root/tmp/started"))    # released nodes are wiped
     assert not port_open(emulator_port(report))
     assert leftovers(run.proc.pid, d) == []
 

@@ -34,10 +34,11 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_WORKFLOW = REPO / "examples" / "workflows" / "montage-chameleon-2mass-005d-001.json"
 STEPS = 5
-# What each node runs at boot: it writes its name and cores into its own /started (the box's
-# nodes say their emulated cores in $ELASTICSLICE_CORES; on CloudLab `nproc` answers).
-STARTUP = ('printf "%s cores=%s\\n" "$(hostname)" "${ELASTICSLICE_CORES:-$(nproc)}" '
-           '> /started; nproc')
+# What each node runs at boot, as the experiment's user (as CloudLab runs it): it writes its
+# name, cores and user into its own /tmp/started (the box's nodes say their emulated cores
+# in $ELASTICSLICE_CORES; on CloudLab `nproc` answers).
+STARTUP = ('printf "%s cores=%s user=%s\\n" "$(hostname)" "${ELASTICSLICE_CORES:-$(nproc)}" '
+           '"$(id -un)" > /tmp/started; nproc')
 POLL = 0.2
 
 
@@ -240,10 +241,10 @@ class Demo:
 
     def show_startup(self, client_ids: list[str]) -> None:
         """Show that the startup command really ran: the file it wrote on its node (its
-        ``/started``, in the node's root folder on this machine)."""
+        ``/tmp/started``, in the node's root folder on this machine)."""
         for cid in client_ids:
             x = self.node(cid)
-            path = self.dir / "nodes" / x.node_id / "root" / "started"
+            path = self.dir / "nodes" / x.node_id / "root" / "tmp" / "started"
             try:
                 x.started = path.read_text(encoding="utf-8").strip()
             except OSError as err:

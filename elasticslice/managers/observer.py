@@ -73,6 +73,7 @@ class Observer:
         #: when the last one failed: the policy backs off from adding (see ``_adds``)
         self.failed_in_a_row = 0
         self.last_failed_at: float | None = None
+        self.startup_failed: set[tuple[str, str]] = set()  # (cm, client_id)
         self._views: tuple[int, tuple[NodeView, ...]] | None = None
 
     # -- SliverStatus ---------------------------------------------------------------------
@@ -121,6 +122,11 @@ class Observer:
         return changes
 
     def _count_start(self, rec: Any, value: str, node: Any, now: float) -> None:
+        key = (rec.cm, rec.client_id)
+        if node.startup_failed:
+            self.startup_failed.add(key)
+        else:
+            self.startup_failed.discard(key)
         if value == NodeState.FAILED.value and not rec.initial:
             self.failed_in_a_row += 1
             self.last_failed_at = now
@@ -185,7 +191,8 @@ class Observer:
                          initial=bool(rec.initial),
                          value=rec.value if rec.value is not None
                          else values.get(rec.node_id or ""),
-                         pending_delete=rec.pending_deadline is not None)
+                         pending_delete=rec.pending_deadline is not None,
+                         startup_failed=(rec.cm, rec.client_id) in self.startup_failed)
                 for rec in self.state.nodes()))
         return self._views[1]
 

@@ -88,6 +88,7 @@ class NodeView:
     idle_since: float | None = None
     agentless_since: float | None = None  # held without a live agent since (None: has one)
     had_agent: bool = False        # an agent ran there once (else it never joined)
+    startup_failed: bool = False   # its startup command exited non-zero (state FAILED)
 
 
 @dataclass(frozen=True)
@@ -263,14 +264,17 @@ def decide(observed: Observed, config: PolicyConfig) -> Decision:
 def _replacements(observed: Observed, config: PolicyConfig,
                   delete: Mapping[str, tuple[str, ...]]
                   ) -> tuple[dict[str, tuple[str, ...]], list[str]]:
-    """Added nodes that failed to boot and nodes without their agent, given back whatever
-    the rest of the decision is; never the last node held at a CM (CloudLab refuses)."""
+    """Added nodes that failed to boot, nodes whose startup command failed (of the sliver as
+    created too: they run nothing of the experiment) and nodes without their agent, given
+    back whatever the rest of the decision is; never the last node held at a CM (CloudLab
+    refuses)."""
     out: dict[str, tuple[str, ...]] = {}
     reasons: list[str] = []
     for cm in dict.fromkeys(n.cm for n in observed.nodes):
         held = [n for n in observed.nodes if n.cm == cm]
         taken = set(delete.get(cm, ()))
-        failed = [n for n in held if n.state is NodeState.FAILED and not n.initial
+        failed = [n for n in held if n.state is NodeState.FAILED
+                  and (not n.initial or n.startup_failed)
                   and not n.pending_delete and n.client_id not in observed.deleting]
         dead = [n for n in held if agentless(n, observed, config)]
         picks = list(dict.fromkeys(n.client_id for n in failed + dead

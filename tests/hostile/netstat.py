@@ -97,11 +97,14 @@ def listening(pid: int, children: bool = False) -> set[tuple[str, int]]:
         except OSError:  # exited meanwhile
             continue
         for table in ("tcp", "tcp6"):
-            with open(f"/proc/{proc}/net/{table}") as f:
-                next(f)
-                for line in f:
-                    fields = line.split()
-                    if fields[3] == _LISTEN and fields[9] in inodes:
-                        ip, port = fields[1].split(":")
-                        result.add((_address(ip), int(port, 16)))
+            try:
+                with open(f"/proc/{proc}/net/{table}") as f:
+                    lines = f.readlines()[1:]
+            except OSError:  # exited meanwhile
+                continue
+            for line in lines:
+                fields = line.split()
+                if fields[3] == _LISTEN and fields[9] in inodes:
+                    ip, port = fields[1].split(":")
+                    result.add((_address(ip), int(port, 16)))
     return result

@@ -74,14 +74,16 @@ def test_an_archived_tarball_is_useless_and_its_replay_replaces_the_node(
         cluster.helper.slice_tarball.write = archived  # type: ignore[method-assign]
         wait_for(lambda: len(cluster.pilots()) == 2, timeout=180, what="2 pilots")
         assert "node-2" in archive, sorted(archive)
-        # the CM keeps one copy of the one URL, fetched again at each change: once the
-        # nodes enrolled it holds no token, and never a key
+        # the CM keeps one copy of the one URL, fetched again at each change: the CA's
+        # certificate, the script and the tokens of nodes that were being added (spent now),
+        # never a key
         with tarfile.open(fileobj=io.BytesIO(stored_tarball(emulator, url))) as tar:
             blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
             names = {m.name for m in tar.getmembers() if m.isfile()}
         assert b"PRIVATE KEY" not in blob  # nothing to steal in the archive
         assert names <= {"local/pilot/ca.pem", "local/pilot/start.sh",
-                         *(f"local/pilot/nodes/node-{i}/token" for i in range(3, 9))}, names
+                         *(f"local/pilot/nodes/node-{i}/token" for i in range(1, 9))}, names
+        assert "node-1" not in cluster.helper.slice_tarball.nodes()  # spent: dropped
         assert private_files(cluster.state_dir) == ["pki/ca.key", "pki/members/enrolment.key",
                                                     "pki/members/scheduler.key"]
 

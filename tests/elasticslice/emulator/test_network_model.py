@@ -49,7 +49,8 @@ def test_control_addresses_are_the_nodes_places_in_the_pool() -> None:
 def _settings(listen: str, public_url: str | None = None) -> RunSettings:
     return RunSettings(listen=listen, public_url=public_url, image=None, hardware_type=None,
                        node_cores=None, margin=5.0, idle_timeout=60.0, agent_timeout=600.0,
-                       metrics_port=None, endpoint_port=0, max_nodes=4, node_python=None,
+                       metrics_port=None, scheduler_port=None, enrol_port=None,
+                       publish_port=None, endpoint_port=0, max_nodes=4, node_python=None,
                        cm_urls=("https://127.0.0.1:1/cm",), manager=None,
                        sources={"listen": "--listen", "public_url": "--public-url"})
 

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from elasticslice.cli import cli
 from elasticslice.emulator import isolate
+from elasticslice.emulator.tarfiles import TarfileStore
 from tests.helpers import process_alive, wait_for
 from tests.elasticslice.emulator.helpers import Session
 from tests.elasticslice.emulator.node_helpers import (add_node, detail_of, exited, node_pids,
@@ -63,7 +64,9 @@ def test_a_reboot_is_a_shutdown_then_a_boot_on_the_disk_the_node_left(emulator, 
     node = add_node(s, urn, cred, "w1", STARTUP, tarballs=[f"{file_server.url}/app.tgz"])
     node_id = node.name
     assert exited(s, urn, cred, "w1")["execute_status"] == 0
-    (kept,) = (emulator.dir / "tarfiles").glob("*/*.tgz")  # the CM's copy, nodes install
+    # the CM's copy of app.tgz, which nodes install (the startup may be a script's tarball)
+    kept = TarfileStore(emulator.dir).kept(urn, f"{file_server.url}/app.tgz")
+    assert kept.is_file()
     seen = node / "root" / "tmp" / "seen"
     boots = []
     for change in ("none", "newer, same bytes", "new bytes"):

@@ -421,3 +421,13 @@ def test_adds_pause_after_nodes_fail_to_start_in_a_row_and_the_pause_doubles():
     assert decide(seen(held, failed_in_a_row=9, last_failed_at=NOW - 201), config).add  # max
     off = PolicyConfig(minthreshold=2, maxthreshold=4, failures_before_backoff=0)
     assert decide(seen(held, failed_in_a_row=50, last_failed_at=NOW), off).add == {CM: 3}
+
+
+def test_a_node_whose_startup_failed_is_replaced_even_of_the_sliver_as_created():
+    """Its startup command exited non-zero: it runs nothing of the experiment. A node of the
+    created sliver whose *boot* failed stays (as before); never the last node."""
+    held = (node("a", initial=True, state=NodeState.FAILED, startup_failed=True),
+            node("b", initial=True, state=NodeState.FAILED), node("c"))
+    assert decide(seen(held), PolicyConfig(maxthreshold=3)).replace == {CM: ("a",)}
+    alone = (node("a", initial=True, state=NodeState.FAILED, startup_failed=True),)
+    assert not decide(seen(alone), PolicyConfig(maxthreshold=3)).replace

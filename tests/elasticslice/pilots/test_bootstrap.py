@@ -21,7 +21,7 @@ from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
 from elasticslice.pilots.wheelroot import WheelhouseRoot
 from elasticslice.rspec import NodeSpec, build_request
-from tests.elasticslice.emulator.helpers import Session
+from tests.elasticslice.emulator.helpers import Session, as_script
 from tests.elasticslice.emulator.node_helpers import add_node, exited, runlog
 from tests.elasticslice.pilots.helpers import serve_directory
 
@@ -144,11 +144,13 @@ def house() -> Wheelhouse:
 
 
 def tarball(directory: Path, script: str) -> str:
-    """``local/pilot/start.sh`` in a tarball rooted at /, as the pilots' helper makes it."""
+    """``local/pilot/start.sh`` in a tarball rooted at /, root's and 0755 as the pilots'
+    helper makes it (its folders as tar makes those an archive lacks: 0777 under umask 0,
+    so the experiment's user builds the environment there)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         info = tarfile.TarInfo("local/pilot/start.sh")
-        info.size, info.mode = len(script.encode()), 0o700
+        info.size, info.mode = len(script.encode()), 0o755
         tar.addfile(info, io.BytesIO(script.encode()))
     name = f"start-{len(list(directory.glob('*.tar.gz')))}.tar.gz"
     (directory / name).write_bytes(buf.getvalue())
@@ -215,4 +217,4 @@ def test_a_stock_node_without_the_wheelhouse_or_the_python_says_so(emulator, tmp
         for name, (script, line) in cases.items():
             assert exited(s, urn, cred, name)["execute_status"] == 1
             # the line, then runstartup's "<command> returned <status>"
-            assert runlog(nodes[name]) == f"{line}\n{script} returned 1\n"
+            assert runlog(nodes[name]) == f"{line}\n{as_script(script)[0]} returned 1\n"
