@@ -19,7 +19,7 @@ from elasticslice.cli import cli
 from elasticslice.emulator import isolate
 from elasticslice.emulator.tarfiles import TarfileStore
 from tests.helpers import process_alive, wait_for
-from tests.elasticslice.emulator.helpers import Session
+from tests.elasticslice.emulator.helpers import Session, as_script
 from tests.elasticslice.emulator.node_helpers import (add_node, detail_of, exited, node_pids,
                                                       runlog)
 
@@ -89,10 +89,10 @@ def test_a_reboot_is_a_shutdown_then_a_boot_on_the_disk_the_node_left(emulator, 
     assert seen.read_text().splitlines() == ["1", "changed-by-the-node",
                                              "changed-by-the-node", "2"]
     installed = json.loads((node / "installed.json").read_text())
-    assert [r["stamp"] for r in installed.values()] == [int(kept.stat().st_mtime)]
+    assert installed[f"/ {file_server.url}/app.tgz"]["stamp"] == int(kept.stat().st_mtime)
     runlogs = (node / "runlogs").read_text().split()
     assert len(runlogs) == len(set(runlogs)) == 4  # a new runlog at every boot
-    assert runlog(node) == f"up\n{STARTUP} returned 0\n"
+    assert runlog(node) == f"up\n{as_script(STARTUP)[0]} returned 0\n"
     assert all(len(b) == 1 for b in boots) and len(set().union(*boots)) == 3
 
 

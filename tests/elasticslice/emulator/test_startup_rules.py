@@ -76,7 +76,7 @@ def test_output_goes_to_a_runlog_ending_with_the_command_and_its_status(emulator
     prints it, with the server running or not."""
     s = Session(emulator)
     urn, cred = _slice(s)
-    command = "echo out; echo err >/dev/stderr; exit 3"  # no & (CloudLab's XML breaks)
+    command = "echo out; cat /no-such-file; exit 3"  # stderr too (no &: CloudLab's XML)
     node = add_node(s, urn, cred, "w1", command)
     assert exited(s, urn, cred, "w1")["execute_status"] == 3
     (path,) = (node / "runlogs").read_text().split()
@@ -84,7 +84,8 @@ def test_output_goes_to_a_runlog_ending_with_the_command_and_its_status(emulator
     info = (node / "root" / path.lstrip("/")).stat()
     assert stat.S_IMODE(info.st_mode) == 0o644 and info.st_uid == nodeusers.host_id(
         nodeusers.FIRST_UID)
-    assert runlog(node) == f"out\nerr\n{command} returned 3\n"
+    assert runlog(node) == (f"out\ncat: /no-such-file: No such file or directory\n"
+                            f"{command} returned 3\n")
     assert not (node / "startup.log").read_text()  # the init itself had nothing to say
     result = CliRunner().invoke(cli, ["emulator", "log", "--dir", str(emulator.dir),
                                       node.name])
