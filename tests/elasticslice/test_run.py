@@ -1,7 +1,9 @@
 """`elasticslice run` as a user runs it (a real subprocess against a real emulator whose nodes
 start real agents): it runs a workflow to the end, and a SIGKILL of its whole process
-(manager, Troy, Dask scheduler) costs neither tasks nor nodes: the same command resumes; a
-SIGTERM (or Ctrl-C) stops it the same way. More in tests/elasticslice/pilots/test_run_*.py."""
+(manager, Troy, Dask scheduler) costs neither tasks nor nodes: the same command resumes,
+serving the slice's tarball at the URL CloudLab fetches again at every sliver change, so it
+can still add nodes and give one back early; a SIGTERM (or Ctrl-C) stops it the same way.
+More in tests/elasticslice/pilots/test_run_*.py."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from elasticslice.emulator.adminclient import AdminClient
+from elasticslice.managers.state import ManagerState
 from tests.elasticslice.emulator.helpers import processes_with
 from tests.elasticslice.helpers import (AGENT, FORKJOIN, RUN_TIMEOUT, elasticslice,
                                         nodes_in_slices, run_agents, run_forkjoin, tracked,
@@ -46,6 +50,7 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
         first.send_signal(signal.SIGKILL)
         first.wait()
     done_before = {u: start for u, (s, start) in units(state_dir).items() if s == "DONE"}
+    published = json.loads((state_dir / "publish.json").read_text())  # its port and token
     assert sorted(processes_with(agent)) == agents   # the agents wait for their scheduler
 
     restarted = time.time()
@@ -61,6 +66,10 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
         assert set(held) <= set(tracked(state_dir))
         assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] \
             == cluster["scheduler"]
+        assert json.loads((state_dir / "publish.json").read_text()) == published
+        # CloudLab takes a node back: the DeleteNodes of its early release and the AddNodes
+        # of the node in its place both fetch the slice's tarball again, at its old URL
+        AdminClient(emulator.dir).call("Revoke", nodes=[held[0]])
         # one process per run: a second one on the same DIR is refused, in one line (the
         # running one is stopped meanwhile, so that it cannot finish and let go first)
         second.send_signal(signal.SIGSTOP)
@@ -83,19 +92,29 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
     assert second.returncode == 0, stderr[-3000:]
     assert "resuming the run in" in stderr and "Traceback" not in stderr
     assert out.startswith("DONE: 10/10 tasks done, 0 failed, 0 canceled;")
-    assert "; 0 revocation(s): 0 released early, 0 forced; 1 restart(s)," in out
+    assert "; 1 revocation(s): 1 released early, 0 forced; 1 restart(s)," in out
     data = json.loads(report.read_text())
     assert data["tasks_done"] == data["tasks_total"] == 10
     assert data["stats"]["restarts"] == 1 and data["stats"]["units_lost"] == 0
     assert data["stats"]["duplicate_runs"] == 0
     assert data["stats"]["units_requeued"] >= 1   # the unit running when it was killed
+    assert len(ever_held(state_dir)) >= 3  # a node added after the restart, in held[0]'s place
     after = units(state_dir)
     assert all(s == "DONE" for s, _ in after.values())
     assert {u: after[u][1] for u in done_before} == done_before   # not run again
+    assert "Could not setup tarfiles" not in stderr
     # nothing held at the CM, no agent left
     assert nodes_in_slices(emulator) == 0
     wait_for(lambda: not processes_with(agent), 60, what="the node agents to end")
     assert not process_alive(second.pid)
+
+
+def ever_held(state_dir: Path) -> list[str]:
+    state = ManagerState.read_only(state_dir / "state")
+    try:
+        return sorted(r.client_id for r in state.nodes(include_gone=True))
+    finally:
+        state.close()
 
 
 def test_a_bad_workflow_is_one_line_and_exit_2(emulator: Any, tmp_path: Path) -> None:
