@@ -67,9 +67,6 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
         assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] \
             == cluster["scheduler"]
         assert json.loads((state_dir / "publish.json").read_text()) == published
-        # CloudLab takes a node back: the DeleteNodes of its early release and the AddNodes
-        # of the node in its place both fetch the slice's tarball again, at its old URL
-        AdminClient(emulator.dir).call("Revoke", nodes=[held[0]])
         # one process per run: a second one on the same DIR is refused, in one line (the
         # running one is stopped meanwhile, so that it cannot finish and let go first)
         second.send_signal(signal.SIGSTOP)
@@ -83,6 +80,9 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
         assert err3.strip() == (f"Error: {state_dir / 'state'}: another manager (pid "
                                 f"{second.pid}) is running on this state directory; stop it "
                                 f"first")
+        # CloudLab takes a node back: the DeleteNodes of its early release and the AddNodes
+        # of the node in its place both fetch the slice's tarball again, at its old URL
+        AdminClient(emulator.dir).call("Revoke", nodes=[held[0]])
         out, _ = second.communicate(timeout=RUN_TIMEOUT)
     finally:
         if second.poll() is None:

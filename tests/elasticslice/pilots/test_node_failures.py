@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,25 +39,38 @@ def test_a_node_that_fails_to_start_is_named_with_its_cause_and_adds_pause(
     state_dir = tmp_path / "run"
     config = broken_python_config(emulator, tmp_path)
     env = {**os.environ, "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(tmp_path / "cred-cache")}
-    run = subprocess.Popen([sys.executable, "-m", "elasticslice.cli", "-c", str(config),
-                            "run", str(workflow), "--state-dir", str(state_dir),
-                            "--max-nodes", "2", "--timeout", "20", "--release"],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           stdin=subprocess.DEVNULL)
-    out, err = run.communicate(timeout=RUN_TIMEOUT)
-    assert run.returncode == 1 and "Traceback" not in err, err[-3000:]
+    err_log = tmp_path / "stderr.log"
+    with open(err_log, "w") as err_file:
+        run = subprocess.Popen([sys.executable, "-m", "elasticslice.cli", "-c", str(config),
+                                "run", str(workflow), "--state-dir", str(state_dir),
+                                "--max-nodes", "2", "--release"],
+                               env=env, stdout=subprocess.PIPE, stderr=err_file, text=True,
+                               stdin=subprocess.DEVNULL)
+        try:
+            # 3 added nodes in a row failed: the policy waits before adding more (a minute
+            # first), so the initial node and three added ones, not one every cycle
+            wait_for(lambda: "added nodes in a row failed to start: no add for" in
+                     _text(state_dir / "run.log"), RUN_TIMEOUT, 0.5,
+                     what="adds paused after nodes failed to start")
+        finally:
+            run.send_signal(signal.SIGINT)
+            out, _ = run.communicate(timeout=RUN_TIMEOUT)
+    err = err_log.read_text()
+    assert run.returncode != 0 and "Traceback" not in err, err[-3000:]
     named = re.findall(r"^\[ *[\d.]+s\] node (node-\d+) \((\w+)\) failed: its startup command "
                        r"exited 1: no no-such-python3 on this image$", err, re.M)
-    assert named, err[-3000:]
+    assert len(named) >= 3, err[-3000:]
     assert len({cid for cid, _ in named}) == len(named)  # each once
-    assert "not finished within --timeout 20 s" in err
-    # 3 added nodes in a row failed: the policy waits before adding more (a minute first),
-    # so the initial node and three added ones, not one every cycle
     ever = nodes_ever_held(state_dir)
-    assert 2 <= len(ever) <= 5, ever
-    assert "added nodes in a row failed to start: no add for" in \
-        (state_dir / "run.log").read_text()
+    assert 4 <= len(ever) <= 5, ever  # the pause held: no node added after the third
     wait_for(lambda: nodes_in_slices(emulator) == 0, 60, what="the nodes given back")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def nodes_ever_held(state_dir: Path) -> list[str]:
