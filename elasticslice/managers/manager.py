@@ -43,7 +43,8 @@ from elasticslice.managers.notices import NoticeBook
 from elasticslice.managers.notify import Notifier
 from elasticslice.managers.observer import Observer
 from elasticslice.managers.ownership import SliceClaim
-from elasticslice.managers.policy import Decision, Observed, PolicyConfig, decide, wanted_nodes
+from elasticslice.managers.policy import (Decision, Observed, PolicyConfig, decide, failure_pause,
+                                         wanted_nodes)
 from elasticslice.managers.registrar import EndpointRegistrar
 from elasticslice.managers.renewer import Renewer
 from elasticslice.managers.state import ManagerState
@@ -121,6 +122,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self._demand_nodes: int | None = None
         self.last_decision: Decision | None = None
         self.last_observed: Observed | None = None
+        self._paused_after: float | None = None  # the failure the last add pause followed
         self._passes = 0
         # cycle methods run one at a time; no callback, drain or release ever takes it (the
         # seed's per-instance RLock, ``rlock``)
@@ -317,6 +319,12 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         observed = self.observe()
         decision = decide(observed, self.policy)
         self.last_observed, self.last_decision = observed, decision
+        pause = failure_pause(observed, self.policy)
+        if pause > 0 and self._paused_after != observed.last_failed_at:
+            self._paused_after = observed.last_failed_at  # said once a pause
+            log.warning("%d added nodes in a row failed to start: no add for %.0f s (the "
+                        "nodes' causes are above); then one more try", observed.failed_in_a_row,
+                        pause)
         return decision
 
     def should_add_nodes(self, count: int = 0, cm: Any = None) -> Any:
