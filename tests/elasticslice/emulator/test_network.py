@@ -294,18 +294,24 @@ def test_a_restarted_box_keeps_its_control_address(monkeypatch, emulator_factory
     from elasticslice.emulator import EmulatorServer
     from tests.elasticslice.emulator.helpers import FAST
     monkeypatch.setenv(network.ENV_VAR, "on")
-    first, second = emulator_factory(), emulator_factory()
-    address = second.control_address
-    assert first.control_address != address
-    first.server.stop()
-    second.server.stop()
-    again = EmulatorServer(second.dir, port=0, **FAST)
-    again.start()
-    try:
-        assert again.ctx.boot.control_address() == address
-        assert f"listen = {address}\n" in second.config_path.read_text()
-    finally:
-        again.stop()
+    got = []
+    for _attempt in range(3):  # a box of a parallel test may take the network meanwhile
+        first, second = emulator_factory(), emulator_factory()
+        address = second.control_address
+        assert first.control_address != address
+        first.server.stop()
+        second.server.stop()
+        again = EmulatorServer(second.dir, port=0, **FAST)
+        again.start()
+        try:
+            got.append((address, again.ctx.boot.control_address()))
+            config = second.config_path.read_text()
+        finally:
+            again.stop()
+        if got[-1][0] == got[-1][1]:
+            break
+    assert got[-1][0] == got[-1][1], got
+    assert f"listen = {got[-1][0]}\n" in config
 
 
 @needs_network
