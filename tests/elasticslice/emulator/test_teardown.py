@@ -46,8 +46,10 @@ def test_restart_wipes_sandboxes_an_interrupted_teardown_left(emulator):
             .values()}
     directory = emulator.dir
     emulator.server.stop()
-    # as if the emulator died after freeing pc02 but before wiping it
-    leftover = directory / "nodes" / "pc02"
+    # as if the emulator died after freeing a node but before wiping it (one the slice does
+    # not hold: the CM gives an untyped node any free node)
+    free = next(n for n in ("pc02", "pc03", "pc04") if n not in held)
+    leftover = directory / "nodes" / free
     leftover.mkdir(parents=True)
     (leftover / "secret.txt").write_text("the last slice's data")
     for node_id in held:
