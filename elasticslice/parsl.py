@@ -403,9 +403,8 @@ class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
         args = self.get_add_args(wanted)
         try:
             return self.actuator.add(c, args)
-        except Exception:
+        finally:  # failed, or some left out (too few free of the type): their slots free
             self._unbind_unheld()
-            raise
 
     def ensure_sliver(self, cm: Any = None) -> Any:
         try:
