@@ -5,7 +5,8 @@
 A node booted from the STOCK image runs a start script whose first line tells the bench it
 started (the node is ready: the box runs the startup command then), then builds the agent's
 environment with the image's ``python3`` from the control node's wheelhouse served over HTTP
-on 127.0.0.1 (:func:`elasticslice.pilots.bootstrap.env_script`), then imports the agent
+at the box's control address (:func:`elasticslice.pilots.bootstrap.env_script`), as the
+experiment's user (the box runs startup commands as CloudLab does), then imports the agent
 (``troy.frameworks.dask.agent``, ``distributed``: the first import compiles them). Each
 step calls a small HTTP server of the bench (curl, in the image), which keeps the times.
 
@@ -60,7 +61,7 @@ IMPORT = '"$py" -c "import troy.frameworks.dask.agent, distributed"'
 class Clock:
     """``GET /<node>/<event>`` records when it arrived; ``/files/...`` serves files."""
 
-    def __init__(self, files: Path) -> None:
+    def __init__(self, files: Path, host: str = "127.0.0.1") -> None:
         self.times: dict[tuple[str, str], float] = {}
         self.cond = threading.Condition()
         clock = self
@@ -84,9 +85,9 @@ class Clock:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def wait(self, node: str, event: str) -> float:
@@ -116,11 +117,13 @@ def start_script(clock: Clock, build: str) -> str:
 
 def pip_build(wheels_url: str, pip: str, target: str = "/local/pilot/env") -> str:
     """The alternative measured: pip (from the wheelhouse's own pip wheel) in a venv."""
+    host = wheels_url.split("/")[2]  # plain HTTP off loopback: pip must be told to trust it
     return (f"python3 -m venv --without-pip {target} || exit 1\n"
             f"curl -sf -o /tmp/pip.whl {wheels_url}/{pip} || exit 1\n"
             f"PIP_CONFIG_FILE=/dev/null {target}/bin/python3 /tmp/pip.whl/pip install -q "
-            f"--no-deps --no-index --find-links {wheels_url}/index.html "
-            f"-r {target}.names || exit 1\npy={target}/bin/python3\n")
+            f"--no-cache-dir --no-deps --no-index --trusted-host {host} "
+            f"--find-links {wheels_url}/index.html -r {target}.names || exit 1\n"
+            f"py={target}/bin/python3\n")
 
 
 def pilot_image_urn(emu_dir: Path) -> str:
@@ -169,8 +172,8 @@ def pilot_joined(root: Path, stock: bool) -> float:
 class Box:
     """An emulator, a slice, and nodes added one at a time with a start script."""
 
-    def __init__(self, root: Path, clock: Clock, www: Path) -> None:
-        self.root, self.clock, self.www = root, clock, www
+    def __init__(self, root: Path, www: Path) -> None:
+        self.root, self.www = root, www
         d = init_emulator(root / "emu")
         os.environ["ELASTICSLICE_CREDENTIAL_CACHE_DIR"] = str(root / "cache")
         self.emu = EmulatorServer(d, port=0, boot_delay=0.2)
@@ -181,6 +184,9 @@ class Box:
                                    + dt.timedelta(hours=2))
         self.client.create_sliver(build_request([NodeSpec("base")]))
         self.count = 0
+        # what the nodes reach this machine at (its control address: nodes have networks of
+        # their own), where the clock and the files are served
+        self.clock = Clock(www, self.emu.ctx.boot.control_address())
 
     def node(self, script: str, runs: int = 1, image: str | None = None,
              extra: dict[str, bytes] | None = None) -> str:
@@ -211,6 +217,7 @@ class Box:
 
     def close(self) -> None:
         self.client.close()
+        self.clock.close()
         self.emu.stop()
 
 
@@ -236,8 +243,8 @@ def measure(repeats: int) -> dict[str, Any]:
         www = root / "www"
         www.mkdir()
         os.symlink(house.directory, www / "wheelhouse")
-        clock = Clock(www)
-        box = Box(root, clock, www)
+        box = Box(root, www)
+        clock = box.clock
         try:
             url = f"{clock.url}/wheelhouse"
             build = env_script(url, root=False)  # one wheelhouse, served as a folder
@@ -265,7 +272,6 @@ def measure(repeats: int) -> dict[str, Any]:
                                                             "imported")
         finally:
             box.close()
-            clock.close()
         out["stock_pilot_joined_s"] = pilot_joined(root, stock=True)
         out["custom_pilot_joined_s"] = pilot_joined(root, stock=False)
     return out
