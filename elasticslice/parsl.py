@@ -542,7 +542,8 @@ class CloudLabProvider(ExecutionProvider):
         self.publisher: Any = None
         self.helper: ParslNodeHelper | None = None
         self._published: Any = None
-        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node
+        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node (closed
+        # with the publisher)
         self.publish_port = None if publish_port is None else _count(
             "publish_port", publish_port, 0)
         #: nodes that failed to start, with the cause their start script sent
@@ -726,6 +727,7 @@ class CloudLabProvider(ExecutionProvider):
             self.publisher, image_urn=self.disk_image, image_python=self.image_python,
             cm_local=bool(urls) and all(map(cm_is_local, urls)), extra=("parsl",),
             token=self._published.token)
+        self._published.serving.append(self.wheelroot)
         return env_script(url, target=f"{INSTALL_PATH}/env")
 
     def stats(self) -> dict[str, int]:
@@ -767,9 +769,7 @@ class CloudLabProvider(ExecutionProvider):
                 self._published.stop()
                 self._published = None
             self.publisher = None
-            root, self.wheelroot = self.wheelroot, None
-            if root is not None:
-                root.close()
+            self.wheelroot = None  # closed with the publisher
             lock, self._lockfile = self._lockfile, None
             if lock is not None:
                 lock.release()

@@ -13,7 +13,8 @@ from elasticslice.emulator import pool
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.dispatch import Call, Service
 from elasticslice.emulator.geni import GeniFault, require
-from elasticslice.emulator.store import BootState, Holder, Store
+from elasticslice.emulator.boot import rebootable
+from elasticslice.emulator.store import Store
 from elasticslice.rpc.codes import GeniCode
 
 if TYPE_CHECKING:
@@ -58,15 +59,8 @@ class AdminService(Service):
         boot = self.ctx.boot
         if boot is None:
             raise GeniFault(GeniCode.ERROR, "this emulator boots no nodes")
-        for node_id in dict.fromkeys(nodes):
-            row = self.ctx.store.get_node(node_id)
-            if row is None:
-                raise GeniFault(GeniCode.SEARCHFAILED, f"No such node: {node_id}")
-            if row.holder is not Holder.SLICE:
-                raise GeniFault(GeniCode.BADARGS, f"{node_id} is not in a slice")
-            if row.boot_state in (BootState.NOTREADY, BootState.CHANGING):
-                raise GeniFault(GeniCode.BUSY, f"{node_id} is booting; reboot it once it is "
-                                               "up")
+        for node_id in dict.fromkeys(nodes):  # every node checked first: one bad, none goes
+            rebootable(self.ctx.store.get_node(node_id), node_id)
         return {node_id: f"rebooting ({boot.reboot(node_id).client_id})"
                 for node_id in dict.fromkeys(nodes)}
 

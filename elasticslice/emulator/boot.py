@@ -47,6 +47,18 @@ CHANGING_AT = 0.3
 REBOOT_FRACTION = 0.5  # a reboot loads no image: half the node's boot time (an estimate)
 
 
+def rebootable(node: NodeRow | None, node_id: str) -> NodeRow:
+    """``node`` when it may be rebooted; else the fault: SEARCHFAILED no such node, BADARGS
+    not in a slice, BUSY booting already."""
+    if node is None:
+        raise GeniFault(GeniCode.SEARCHFAILED, f"No such node: {node_id}")
+    if node.holder is not Holder.SLICE:
+        raise GeniFault(GeniCode.BADARGS, f"{node_id} is not in a slice")
+    if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
+        raise GeniFault(GeniCode.BUSY, f"{node_id} is booting; reboot it once it is up")
+    return node
+
+
 class BootRunner:
     """Moves nodes through their boot states on a timer and runs their startup commands."""
 
@@ -248,14 +260,7 @@ class BootRunner:
         node; BADARGS: not in a slice; BUSY: it is booting already."""
         store = self.ctx.store
         with self.ctx.lock:  # not while the CM gives it to, or takes it from, a slice
-            node = store.get_node(node_id)
-            if node is None:
-                raise GeniFault(GeniCode.SEARCHFAILED, f"No such node: {node_id}")
-            if node.holder is not Holder.SLICE:
-                raise GeniFault(GeniCode.BADARGS, f"{node_id} is not in a slice")
-            if node.boot_state in (BootState.NOTREADY, BootState.CHANGING):
-                raise GeniFault(GeniCode.BUSY, f"{node_id} is booting; reboot it once it is "
-                                               "up")
+            node = rebootable(store.get_node(node_id), node_id)
             generation = self.procs.next_generation(node_id)
             attrs = {k: v for k, v in node.attrs.items() if k != "error"}
             # its disk as it left it; one that failed before it was ever up is imaged again

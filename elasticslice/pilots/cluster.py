@@ -141,7 +141,8 @@ class ElasticCluster:
         self.publish_port = publish_port
         self.publisher: TarballPublisher | None = None  # serves the slice's tarball
         self._published: PublishedSlice | None = None
-        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node
+        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node (closed
+        # with the publisher)
         #: the nodes that failed to start, with their cause (the CM's word and the node's)
         self.failures = NodeFailures()
         self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
@@ -285,12 +286,13 @@ class ElasticCluster:
         from elasticslice.config import cm_is_local
         from elasticslice.pilots.bootstrap import env_script
         from elasticslice.pilots.wheelroot import serve_for_image
-        assert self.helper is not None and self.publisher is not None
+        assert self.helper is not None and self._published is not None
         urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
         self.wheelroot, url = serve_for_image(
             self.publisher, image_urn=self.helper.image_urn, image_python=self.image_python,
             cm_local=bool(urls) and all(cm_is_local(u) for u in urls),
-            token=self._published.token if self._published is not None else None)
+            token=self._published.token)
+        self._published.serving.append(self.wheelroot)
         return env_script(url, python="python3")
 
     ENROL_FILE = "enrol.json"
@@ -509,9 +511,7 @@ class ElasticCluster:
                 self._published.stop()
                 self._published = None
             self.publisher = None
-            root, self.wheelroot = self.wheelroot, None
-            if root is not None:
-                root.close()
+            self.wheelroot = None  # closed with the publisher
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.release()

@@ -147,6 +147,7 @@ class PublishedSlice:
         self.host, self.port, self.public_url = host, port, public_url
         self.publisher: TarballPublisher | None = None
         self.token = ""
+        self.serving: list = []  # what serves through it (a wheelhouse root): closed with it
 
     def start(self) -> TarballPublisher:
         kept = self._kept()
@@ -177,6 +178,10 @@ class PublishedSlice:
         return data
 
     def stop(self) -> None:
+        """Stop serving, and close what served through it (:attr:`serving`)."""
         publisher, self.publisher = self.publisher, None
         if publisher is not None:
             publisher.stop()
+        serving, self.serving = self.serving, []
+        for part in serving:
+            part.close()

@@ -98,6 +98,15 @@ def tracked(state_dir: Path) -> list[str]:
         state.close()
 
 
+def ever_held(state_dir: Path) -> list[str]:
+    """The client_ids the run's manager ever held (given back ones too), from its state."""
+    state = ManagerState.read_only(state_dir / "state")
+    try:
+        return sorted(r.client_id for r in state.nodes(include_gone=True))
+    finally:
+        state.close()
+
+
 def run_agents(state_dir: Path) -> list[int]:
     """The pids of the node agents of the run in ``state_dir`` (those of its scheduler)."""
     cluster = json.loads((state_dir / "cluster.json").read_text())

@@ -57,6 +57,16 @@ def variant(emulator: Any, tmp: Path, replace: dict[str, str] | None = None,
     return path
 
 
+ELSEWHERE = "https://cm.invalid:12369/protogeni/xmlrpc"  # a CM not on this machine
+
+
+def cm_elsewhere(emulator: Any, tmp: Path, drop: tuple[str, ...] = ()) -> Path:
+    """The box's config with its CM and dynamic-slice server elsewhere (a name that does not
+    resolve): what doctor says against CloudLab."""
+    return variant(emulator, tmp, {"cm_urls": f"{ELSEWHERE}/cm",
+                                   "dynslice_urls": f"{ELSEWHERE}/dynslice"}, drop=drop)
+
+
 def closed_port() -> int:
     return spare_port()  # nothing listens there, and no other test's server will
 
@@ -130,9 +140,7 @@ def test_loopback_addresses_fail_against_a_cm_elsewhere(emulator: Any, tmp_path:
                                                         ) -> None:
     """A CM that is not on this machine (here one whose name does not resolve) cannot reach
     loopback: listen and public_url there fail; the same options pass against the box."""
-    elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
-    config = variant(emulator, tmp_path, {"cm_urls": f"{elsewhere}/cm",
-                                          "dynslice_urls": f"{elsewhere}/dynslice"})
+    config = cm_elsewhere(emulator, tmp_path)
     code, lines, _ = doctor(config, tmp_path, "--listen", "127.0.0.1", "--public-url",
                             "http://localhost:8080/")
     assert code == 1
@@ -156,9 +164,7 @@ def test_a_private_listen_address_behind_nat_fails_against_a_cm_elsewhere(
     are (public_url rewrites only the publisher's URLs): the nodes would dial a private
     address. doctor refuses it; the box's own control address (private to this machine, and
     where its nodes are) passes against the box."""
-    elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
-    config = variant(emulator, tmp_path, {"cm_urls": f"{elsewhere}/cm",
-                                          "dynslice_urls": f"{elsewhere}/dynslice"})
+    config = cm_elsewhere(emulator, tmp_path)
     code, lines, _ = doctor(config, tmp_path, "--listen", "192.168.7.2", "--public-url",
                             "http://ctl.example.org:8080/")
     assert code == 1
@@ -193,10 +199,8 @@ def test_fixed_ports_are_checked_and_named(emulator: Any, tmp_path: Path) -> Non
 
 def test_a_public_url_from_the_config_is_named_with_its_file(emulator: Any,
                                                             tmp_path: Path) -> None:
-    elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
-    config = variant(emulator, tmp_path, {"cm_urls": f"{elsewhere}/cm",
-                                          "dynslice_urls": f"{elsewhere}/dynslice"},
-                     drop=("listen",) if emulator.control_address != "127.0.0.1" else ())
+    networked = emulator.control_address != "127.0.0.1"
+    config = cm_elsewhere(emulator, tmp_path, drop=("listen",) if networked else ())
     text = config.read_text().replace("[pilots]\n", "[pilots]\npublic_url = http://127.0.0.1:9/\n"
                                       "listen = 127.0.0.1\n", 1)
     config.write_text(text)
@@ -236,10 +240,7 @@ def test_an_image_whose_python_cannot_run_the_agent_fails(emulator: Any,
                                                           tmp_path: Path) -> None:
     """Without node_python the nodes build the agent's environment with the image's python3:
     Ubuntu 20.04's 3.8 is too old (on CloudLab: the box's nodes run this machine's)."""
-    elsewhere = "https://cm.invalid:12369/protogeni/xmlrpc"
-    config = variant(emulator, tmp_path, {"cm_urls": f"{elsewhere}/cm",
-                                          "dynslice_urls": f"{elsewhere}/dynslice"},
-                     drop=("node_python",))
+    config = cm_elsewhere(emulator, tmp_path, drop=("node_python",))
     code, lines, _ = doctor(config, tmp_path, "--image",
                             "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU20-64-STD")
     assert code == 1

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from elasticslice.emulator.adminclient import AdminClient
-from elasticslice.managers.state import ManagerState
 from tests.elasticslice.emulator.helpers import processes_with
-from tests.elasticslice.helpers import (AGENT, FORKJOIN, RUN_TIMEOUT, elasticslice,
+from tests.elasticslice.helpers import (AGENT, FORKJOIN, RUN_TIMEOUT, elasticslice, ever_held,
                                         nodes_in_slices, run_agents, run_forkjoin, tracked,
                                         unit_states, units)
 from tests.helpers import process_alive, wait_for
@@ -109,14 +108,6 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
     assert nodes_in_slices(emulator) == 0
     wait_for(lambda: not processes_with(agent), 60, what="the node agents to end")
     assert not process_alive(second.pid)
-
-
-def ever_held(state_dir: Path) -> list[str]:
-    state = ManagerState.read_only(state_dir / "state")
-    try:
-        return sorted(r.client_id for r in state.nodes(include_gone=True))
-    finally:
-        state.close()
 
 
 def test_a_bad_workflow_is_one_line_and_exit_2(emulator: Any, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.elasticslice.helpers import RUN_TIMEOUT, nodes_in_slices
+from tests.elasticslice.helpers import RUN_TIMEOUT, ever_held, nodes_in_slices
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_a_node_that_fails_to_start_is_named_with_its_cause_and_adds_pause(
                        r"exited 1: no no-such-python3 on this image$", err, re.M)
     assert len(named) >= 3, err[-3000:]
     assert len({cid for cid, _ in named}) == len(named)  # each once
-    ever = nodes_ever_held(state_dir)
+    ever = ever_held(state_dir)
     assert 4 <= len(ever) <= 5, ever  # the pause held: no node added after the third
     wait_for(lambda: nodes_in_slices(emulator) == 0, 60, what="the nodes given back")
 
@@ -72,11 +72,3 @@ def _text(path: Path) -> str:
     except OSError:
         return ""
 
-
-def nodes_ever_held(state_dir: Path) -> list[str]:
-    from elasticslice.managers.state import ManagerState
-    state = ManagerState.read_only(state_dir / "state")
-    try:
-        return sorted(r.client_id for r in state.nodes(include_gone=True))
-    finally:
-        state.close()
