@@ -304,20 +304,23 @@ class World:
         if self.emulator is None:
             return False
         self._count_faulted()
-        self.emulator.stop()
-        self.emulator = None
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                emulator = EmulatorServer(self.emu_dir, port=self.port, **EMULATOR,
-                                          seed=random.Random(fault.at).randrange(1 << 30))
-                emulator.start()
-                break
-            except ElasticSliceError:  # the port is not free again yet
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        self.emulator = emulator
+        # under the lock: a cluster process relaunched meanwhile would find no control
+        # address to listen on (the box's lives while it serves; a control node's does not go)
+        with self._lock:
+            self.emulator.stop()
+            self.emulator = None
+            deadline = time.monotonic() + 30.0
+            while True:
+                try:
+                    emulator = EmulatorServer(self.emu_dir, port=self.port, **EMULATOR,
+                                              seed=random.Random(fault.at).randrange(1 << 30))
+                    emulator.start()
+                    break
+                except ElasticSliceError:  # the port is not free again yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            self.emulator = emulator
         return True
 
     def drop_callbacks(self, fault: Fault) -> bool:

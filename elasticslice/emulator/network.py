@@ -39,6 +39,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,6 +202,12 @@ def _tables() -> list[str]:
     return re.findall(r"^table inet (es\d+x\d+)$", out, flags=re.M)
 
 
+def _addresses() -> str:
+    """``ip -o -4 addr show`` of the host."""
+    return subprocess.run([_ip() or "ip", "-o", "-4", "addr", "show"], capture_output=True,
+                          text=True, check=False).stdout
+
+
 def _delete_netns(name: str) -> None:
     if (NETNS_DIR / name).exists():
         try:
@@ -299,10 +306,17 @@ class Fabric:
                  "machine at %s", self.subnet, self.control_ip)
         return self
 
+    def _wait_address_gone(self, timeout: float = 5.0) -> None:
+        """Until the host's end of the veth (the control address) is gone: the kernel tears
+        a network namespace down after its last user, a node process dying, so a box started
+        again at once would find its control network still in use and take another (the
+        manager, which listens at the old address, then reaches no node)."""
+        deadline = time.monotonic() + timeout
+        while f"inet {self.control_ip}/" in _addresses() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def _free_subnet(self, prefer: str | None = None) -> int:
-        out = subprocess.run([_ip() or "ip", "-o", "-4", "addr", "show"],
-                             capture_output=True, text=True, check=False).stdout
-        used = {int(m) - CONTROL_BASE for m in re.findall(r"inet 100\.(\d+)\.", out)}
+        used = {int(m) - CONTROL_BASE for m in re.findall(r"inet 100\.(\d+)\.", _addresses())}
         wanted = re.fullmatch(r"100\.(\d+)\.0\.1", prefer or "")
         if wanted and 0 <= int(wanted.group(1)) - CONTROL_BASE < CONTROL_NETS \
                 and int(wanted.group(1)) - CONTROL_BASE not in used:
@@ -321,6 +335,8 @@ class Fabric:
             _delete_netns(ns.name)
         _delete_netns(self.name)  # its end of the host's veth goes with it
         _delete_table(self.name)
+        if self.k >= 0:
+            self._wait_address_gone()
         if self._lock_fd is not None:
             (STATE_DIR / f"{self.name}.lock").unlink(missing_ok=True)
             os.close(self._lock_fd)
