@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import http.server
 import logging
+import sys
 import threading
 import urllib.parse
 
@@ -41,12 +42,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(403, "unknown node (no key, or the node was given back)")
             return
         try:
-            self._send(200, answer(self.server.ctx, node, command, argument))
+            text = answer(self.server.ctx, node, command, argument)
         except Refusal as refusal:
             self._send(404, str(refusal))
+            return
         except Exception:  # one bad answer must not stop the server
             log.exception("geni-get %s for %s failed", command, node.node_id)
             self._send(500, "internal error handling request")
+            return
+        self._send(200, text)
 
     def _send(self, status: int, text: str) -> None:
         body = (text if text.endswith("\n") else text + "\n").encode("utf-8")
@@ -69,6 +73,15 @@ class NodeConfigServer(http.server.ThreadingHTTPServer):
         self.ctx = ctx
         self._thread: threading.Thread | None = None
         super().__init__((host, port), _Handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A node that went away mid-answer (rebooted, deleted) is no error of ours: one
+        debug line, never a traceback on the emulator's stderr."""
+        err = sys.exc_info()[1]
+        if isinstance(err, (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            log.debug("geni-get from %s: the node went away: %s", client_address, err)
+            return
+        log.exception("geni-get from %s failed", client_address)
 
     @property
     def url(self) -> str:

@@ -84,3 +84,34 @@ def test_a_node_asks_with_its_own_key_only(emulator):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(request, timeout=30)
         assert err.value.code == 403
+
+
+def test_a_node_gone_mid_answer_is_no_traceback_on_the_emulators_stderr(capsys) -> None:
+    """A node rebooted (or deleted) while its geni-get waited for the answer: the write
+    fails with a broken pipe, which socketserver printed as a traceback on serve's stderr
+    (seen in a chaos run with reboots); any other error is still logged."""
+    import logging
+
+    from elasticslice.emulator.tmcd import NodeConfigServer
+    server = NodeConfigServer(None)  # type: ignore[arg-type]
+    try:
+        for gone in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+            try:
+                raise gone
+            except OSError:
+                server.handle_error(None, ("100.64.0.9", 4242))
+        assert capsys.readouterr().err == ""
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        logging.getLogger("elasticslice.emulator.tmcd").addHandler(handler)
+        try:
+            try:
+                raise ValueError("a real bug")
+            except ValueError:
+                server.handle_error(None, ("100.64.0.9", 4242))
+        finally:
+            logging.getLogger("elasticslice.emulator.tmcd").removeHandler(handler)
+        assert [r.levelname for r in records] == ["ERROR"] and records[0].exc_info
+    finally:
+        server.server_close()
