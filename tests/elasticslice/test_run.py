@@ -29,7 +29,7 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
     inventory = tmp_path / "inventory.ini"   # 2-core nodes: the 8-wide fork wants four
     inventory.write_text("[inventory]\ndefault_hardware_type = m510\n\n[m510]\ncount = 6\n"
                          "cores = 2\nmemory = 16384\nprefix = ms10\n")
-    emulator = emulator_factory(inventory=inventory)
+    emulator = emulator_factory(inventory=inventory, max_wait=30)  # room for an early release
     state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
     first = run_forkjoin(emulator, tmp_path, state_dir, log)
     try:
