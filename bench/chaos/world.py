@@ -33,9 +33,13 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent.parent
 EMULATOR = {"boot_delay": 0.2, "notify_interval": 0.3, "max_wait": 5, "slow_seconds": 0.5}
-# the cluster's client of the emulator: many quick retries (up to 30% of calls fail)
-CLIENT_ENV = {"ELASTICSLICE_RETRIES": "12", "ELASTICSLICE_RETRY_DELAY": "0.01",
-              "ELASTICSLICE_RETRY_MAX_DELAY": "0.05"}
+# the cluster's client of the emulator: many quick retries (up to 30% of calls fail), and
+# in all 5-10 s of them, the time an emulator restart takes on a loaded machine (its stop
+# waits up to 5 s for its control address to go): with 0.6 s, a process resuming when the
+# emulator restarted ended on "connection refused" with no report (a CI run). The product's
+# default covers minutes.
+CLIENT_ENV = {"ELASTICSLICE_RETRIES": "15", "ELASTICSLICE_RETRY_DELAY": "0.01",
+              "ELASTICSLICE_RETRY_MAX_DELAY": "1.0"}
 PROC = Path("/proc")
 
 

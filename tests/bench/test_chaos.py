@@ -17,6 +17,16 @@ from tests.helpers import REPO, WORKFLOWS, wait_for
 from tests.elasticslice.emulator.helpers import dynamic_slice
 
 
+def last_words(run: Path) -> str:
+    """The end of each cluster process' output and run.log of a failed run (the run's
+    folder is gone with the test's tmp_path on CI)."""
+    parts = []
+    for log in sorted(run.glob("process-*.log")) + [run / "cluster" / "run.log"]:
+        if log.exists():
+            parts.append(f"\n--- {log.name}:\n" + log.read_text(errors="replace")[-2500:])
+    return "".join(parts)
+
+
 def test_the_same_seed_replays_the_same_schedule() -> None:
     assert make_schedule(7) == make_schedule(7)
     assert make_schedule(7) != make_schedule(8)
@@ -36,7 +46,8 @@ def test_a_smoke_run_of_the_entry_point_keeps_the_invariants(tmp_path: Path) -> 
          str(WORKFLOWS / "helloworld-chain-5-chameleon.json"), "--time-scale", "0.01",
          "--workdir", str(tmp_path / "work"), "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-3000:]
+                                  + last_words(tmp_path / "work" / "run-1"))
     assert proc.stdout.startswith("run seed=1: ok "), proc.stdout
     totals = json.loads(out.read_text())["totals"]
     assert (totals["runs"], totals["runs_failed"], totals["units"]) == (1, 0, 5), totals

@@ -46,7 +46,10 @@ def test_a_node_whose_agent_was_killed_before_it_joined_is_replaced_after_agent_
     gate = closed_gate(witness)
     cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None,
                            node_python=gated_python(gate),
-                           manager_options={"agent_timeout": 3.0})
+                           # long enough for an agent to join on a loaded machine: at 3 s
+                           # every replacement was replaced too (111 s, 39 s of CPU in a
+                           # full run, where it takes 7 s alone)
+                           manager_options={"agent_timeout": 15.0})
     run = Run(cluster, sleepers(witness, 2, 2.0, cores=4))
     scheduler = cluster.framework.scheduler_address
     pids = wait_for(lambda: agent_pids(scheduler), timeout=120, what="the first node's agent")
