@@ -239,7 +239,9 @@ class ElasticCluster:
             enrol_url=f"https://{host}:{self.enrolment.bound_port}", server=self.server,
             node_python=self.node_python, image_urn=self.disk_image,
             nodetype=self.hardware_type)
-        self.helper.forget_all()  # tokens a killed process left are void
+        # the tarball is made again without the tokens a killed process put in it (the
+        # service keeps their hashes: a node that has its tarball already still enrols)
+        self.helper.forget_all()
         if not self.helper.has_environment:  # the node builds it from our wheelhouse
             self.helper.env_lines = self._node_software()
         self.helper.tarball_url()  # served before any sliver change: the CM fetches it again
@@ -296,6 +298,7 @@ class ElasticCluster:
         return env_script(url, python="python3")
 
     ENROL_FILE = "enrol.json"
+    TOKENS_FILE = "enrol-tokens.json"   # the tokens' hashes, for a node booting at a restart
 
     def _start_enrolment(self) -> EnrolmentService:
         """The enrolment service, on the port the last process of this state dir used (the
@@ -312,7 +315,8 @@ class ElasticCluster:
             return EnrolmentService(self.ca, self.listen, at, is_held=self._is_held,
                                     cert_lifetime=self.cert_lifetime,
                                     on_alarm=self._on_alarm,
-                                    on_enrolled=self._enrolled).start()
+                                    on_enrolled=self._enrolled,
+                                    keep=self.state_dir / self.TOKENS_FILE).start()
         try:
             service = make(port)
         except EnrolmentError as err:
@@ -506,6 +510,8 @@ class ElasticCluster:
                 self.helper.close(remove=manager is not None and not keep)
             if self.enrolment is not None:
                 self.enrolment.stop()
+                if manager is not None and not keep:  # no node left to enrol
+                    (self.state_dir / self.TOKENS_FILE).unlink(missing_ok=True)
                 self.enrolment = None
             if self._published is not None:
                 self._published.stop()

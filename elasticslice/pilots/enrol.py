@@ -14,7 +14,10 @@ used or expired token, a token of another node, a node the manager does not hold
 (``is_held``), a request whose CN is not the client_id. A token is good for one
 presentation, whatever its outcome; a token presented again is an alarm:
 ``on_alarm(client_id, why)`` (the cluster replaces that node). Only a hash of each token is
-kept, in memory; :meth:`EnrolmentService.forget` and :meth:`~EnrolmentService.stop` drop them.
+kept, in memory, and with ``keep`` in a file (0600) that the next service on the same file
+reads: a node still booting when the control process was killed enrols with the next one
+(a SHA-256 of a 256-bit token tells nothing of the token); :meth:`EnrolmentService.forget`
+drops a node's, :meth:`~EnrolmentService.stop` all of them in memory.
 
     POST /enrol  {"token": T, "client_id": C, "csr": PEM}   -> {"certificate": PEM}
     POST /renew  {"csr": PEM}  (client certificate: OU=worker, CN=C) -> {"certificate": PEM}
@@ -32,6 +35,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -41,6 +45,7 @@ from cryptography.x509.oid import NameOID
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.publish import serve_in_thread, server_url, stop_serving
+from elasticslice.pilots.restart import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -174,13 +179,16 @@ class EnrolmentService:
     ``cert_lifetime``: seconds a node certificate is valid; ``on_alarm(client_id, why)``:
     called (on the request's thread) when a token is presented a second time;
     ``on_enrolled(client_id)``: called (on the request's thread) when a node got its first
-    certificate (its token is spent: the slice's tarball stops carrying it)."""
+    certificate (its token is spent: the slice's tarball stops carrying it); ``keep``: a
+    file where the tokens' hashes and bindings are kept for the next service (the cluster's
+    next process on the same state directory), read now; None: in memory only."""
 
     def __init__(self, ca: ClusterCA, listen: str = "127.0.0.1", port: int = 0, *,
                  is_held: Callable[[str], bool] = lambda client_id: False,
                  cert_lifetime: float = 3600.0,
                  on_alarm: Callable[[str, str], None] | None = None,
-                 on_enrolled: Callable[[str], None] | None = None) -> None:
+                 on_enrolled: Callable[[str], None] | None = None,
+                 keep: Path | None = None) -> None:
         if not cert_lifetime > 0:
             raise ValueError(f"cert_lifetime must be > 0 seconds, not {cert_lifetime!r}")
         self.ca = ca
@@ -196,6 +204,36 @@ class EnrolmentService:
         self._thread: threading.Thread | None = None
         self.enrolled = 0   # certificates issued to a token
         self.renewed = 0    # certificates renewed
+        self.keep = keep
+        if keep is not None:
+            self._tokens = self._kept(keep)
+
+    @staticmethod
+    def _kept(path: Path) -> dict[str, _Token]:
+        """The unexpired tokens' bindings ``path`` keeps (a damaged file keeps none: those
+        nodes fail to enrol and are replaced, as without the file)."""
+        try:
+            data = read_json(path) or {}
+            now = time.time()
+            return {str(digest): _Token(str(client_id), float(deadline), bool(used))
+                    for digest, (client_id, deadline, used) in data.get("tokens", {}).items()
+                    if float(deadline) > now}
+        except (ElasticSliceError, ValueError, TypeError, AttributeError) as err:
+            log.warning("%s: the enrolment tokens of the last process are not read: %s",
+                        path, err)
+            return {}
+
+    def _save(self) -> None:
+        """Keep the bindings (called with the lock held); a failure is one warning."""
+        if self.keep is None:
+            return
+        data = {"tokens": {d: [t.client_id, t.deadline, t.used]
+                           for d, t in self._tokens.items()}}
+        try:
+            write_json(self.keep, data)
+        except OSError as err:
+            log.warning("%s: cannot keep the enrolment tokens' hashes: %s", self.keep,
+                        err.strerror or err)
 
     def __repr__(self) -> str:  # never a token
         return f"EnrolmentService({self.url if self._server else 'not started'})"
@@ -246,6 +284,7 @@ class EnrolmentService:
                 del self._tokens[digest]
             self._tokens[_digest(token)] = _Token(client_id, float(deadline))
             self._forgotten.discard(client_id)
+            self._save()
         return token
 
     def forget(self, client_id: str) -> None:
@@ -254,6 +293,7 @@ class EnrolmentService:
             for digest in [d for d, t in self._tokens.items() if t.client_id == client_id]:
                 del self._tokens[digest]
             self._forgotten.add(client_id)
+            self._save()
 
     def tokens(self) -> int:
         """How many tokens are kept (used ones included)."""
@@ -276,6 +316,7 @@ class EnrolmentService:
             found = self._tokens.get(_digest(token))
             if found is not None:
                 alarm, found.used = found.used, True
+                self._save()
         if found is None:
             raise self._refuse(client_id, 403, "unknown enrolment token (never issued, "
                                                "or its node is gone)")

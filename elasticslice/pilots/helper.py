@@ -278,8 +278,8 @@ class PilotElasticSliceHelper(SimpleElasticSliceHelper):
             log.warning("cannot remake the slice's tarball: %s", err.strerror or err)
 
     def forget_all(self) -> None:
-        """Every node's token goes (a new process starts: the tokens of the last one are
-        void); the tarball is made again without them."""
+        """Every node's token leaves the tarball, made again without them (a new process
+        starts: the nodes that have theirs enrol with the hashes the service kept)."""
         if self.enrolment is not None:
             for client_id in self.slice_tarball.nodes():
                 self.enrolment.forget(client_id)

@@ -24,14 +24,15 @@ from troy.frameworks.dask import enrol as node_enrol
 class Cluster:
     """A CA, an enrolment service holding ``held``, and the alarms it raised."""
 
-    def __init__(self, tmp: Path, lifetime: float = 3600.0) -> None:
+    def __init__(self, tmp: Path, lifetime: float = 3600.0, keep: Path | None = None) -> None:
         self.tmp = tmp
         self.ca = ClusterCA.open(tmp / "pki")
         self.held: set[str] = {"node-1", "node-2"}
         self.alarms: list[tuple[str, str]] = []
         self.svc = EnrolmentService(self.ca, is_held=lambda cid: cid in self.held,
                                     cert_lifetime=lifetime,
-                                    on_alarm=lambda cid, why: self.alarms.append((cid, why)))
+                                    on_alarm=lambda cid, why: self.alarms.append((cid, why)),
+                                    keep=keep)
         self.svc.start()
 
     def token_file(self, client_id: str, deadline: float | None = None,
@@ -137,6 +138,47 @@ def test_a_request_for_another_client_id_than_the_tokens_is_refused(cluster: Clu
     with pytest.raises(node_enrol.EnrolError, match="request is for 'node-2', not 'node-1'"):
         node_enrol._post(cluster.svc.url, "/enrol", {"token": token, "client_id": "node-1",
                                                      "csr": csr.decode()}, ctx)
+
+
+def test_a_token_of_a_killed_process_enrols_with_the_next_one_and_only_once(
+        tmp_path: Path, caplog) -> None:
+    """The cluster's process is SIGKILLed while a node boots with its token: the next
+    process on the same state dir (the same kept file) enrols it, once; what the file keeps
+    is no token; a forgotten node's token, a used one and an expired one stay refused."""
+    keep = tmp_path / "enrol-tokens.json"
+    first = Cluster(tmp_path, keep=keep)
+    booting = first.token_file("node-1")
+    used = first.token_file("node-2")
+    copy = tmp_path / "copy"
+    copy.write_text(used.read_text())
+    assert first.enrol(used, "node-2", out="n2").returncode == 0
+    gone = first.token_file("node-3")
+    first.held.add("node-3")
+    first.svc.forget("node-3")
+    secrets_ = [booting.read_text(), copy.read_text(), gone.read_text()]
+    assert stat.S_IMODE(keep.stat().st_mode) == 0o600
+    assert not any(secret in keep.read_text() for secret in secrets_)
+    first.svc.stop()  # its memory is gone, as a killed process'; the file stays
+    caplog.set_level(logging.WARNING)
+    second = Cluster(tmp_path, keep=keep)
+    second.held.add("node-3")
+    try:
+        assert second.enrol(booting, "node-1").returncode == 0, "the booting node"
+        refused(second.enrol(copy, "node-2", out="thief"), "enrolment token already used")
+        assert [cid for cid, _ in second.alarms] == ["node-2"]
+        refused(second.enrol(gone, "node-3", out="n3"), "unknown enrolment token")
+        again = tmp_path / "again"
+        again.write_text(secrets_[0])
+        refused(second.enrol(again, "node-1", out="n1b"), "enrolment token already used")
+    finally:
+        second.svc.stop()
+    assert not any(secret in caplog.text for secret in secrets_)
+    keep.write_text("{not json")  # damaged: one warning, no token kept, the service serves
+    third = Cluster(tmp_path, keep=keep)
+    try:
+        assert third.svc.tokens() == 0 and "not read" in caplog.text
+    finally:
+        third.svc.stop()
 
 
 def test_the_node_pins_the_cluster_ca(cluster: Cluster, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from elasticslice.cli import cli
 from elasticslice.emulator.images import host_python
 from elasticslice.emulator.nodefs import NodeDir
+from troy import State
 from tests.elasticslice.managers.helpers import admin, cm_nodes
 from tests.elasticslice.pilots.helpers import (Run, assert_nothing_lost, closed_gate, node_of,
                                                ran_on, sleepers)
@@ -36,8 +37,11 @@ def test_a_rebooted_pilot_node_rejoins_with_what_it_has_and_nothing_is_lost(
     cluster = make_cluster(emulator, stock=True, maxthreshold=1, idle_timeout=None)
     gate = closed_gate(witness)
     run = Run(cluster, sleepers(witness, 2, 2.0, cores=4, gate=gate))  # one node's worth
-    wait_for(lambda: len(cluster.pilots()) == 1 and cluster.pilots()[0].busy,
-             timeout=180, what="a busy pilot")
+    # its units started (busy alone: assigned, maybe not started yet on a loaded machine,
+    # and Dask sends those again by itself: nothing requeued to see)
+    wait_for(lambda: len(cluster.pilots()) == 1 and cluster.pilots()[0].busy and any(
+        u.state is State.RUNNING for t in run.workload.tasks.values() for u in t.units),
+        timeout=180, what="a busy pilot running units")
     victim = cluster.pilots()[0]
     node_id = node_of(cluster, victim.worker_name).node_id
     enrolled = cluster.enrolment.enrolled
