@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -109,6 +110,7 @@ class World:
         self._deadline = 0.0
         self._lock = threading.Lock()   # the cluster process: one replacement at a time
         self._out: IO[bytes] | None = None
+        self._log: Path | None = None   # the current process' output
         self._timers: list[threading.Timer] = []
 
     # ------------------------------------------------------------------ up and down
@@ -132,11 +134,12 @@ class World:
                 "--state-dir", str(self.state_dir), "--max-nodes", str(self.maxthreshold),
                 "--report", str(self.report), "--timeout", f"{left:.0f}",
                 "--release"]   # stopped (SIGINT, --timeout): the nodes go back, no leak
-        env = {**os.environ, **CLIENT_ENV,
+        env = {**os.environ, **CLIENT_ENV, "PYTHONUNBUFFERED": "1",  # its lines as they come
                "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(self.dir / "cache")}
         if self._out is not None:
             self._out.close()
-        self._out = open(self.dir / f"process-{self.incarnations}.log", "wb")
+        self._log = self.dir / f"process-{self.incarnations}.log"
+        self._out = open(self._log, "wb")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out,
                                      stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                      start_new_session=True)
@@ -161,6 +164,21 @@ class World:
                 return True
             time.sleep(0.1)
         return False
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        """Wait (bounded) until the current process has started its cluster (its servers
+        listen: it prints its first progress line) or ended."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc, log_file = self.proc, self._log
+            if proc is None or proc.poll() is not None or log_file is None:
+                return
+            try:
+                if re.search(rb"^\[ *[0-9.]+s\] tasks ", log_file.read_bytes(), re.M):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
 
     def wait_end(self) -> int | None:
         """The exit status of the cluster's last process (None: still running at the
@@ -308,9 +326,11 @@ class World:
         if self.emulator is None:
             return False
         self._count_faulted()
-        # under the lock: a cluster process relaunched meanwhile would find no control
-        # address to listen on (the box's lives while it serves; a control node's does not go)
+        # under the lock, once the cluster's process listens: a process starting meanwhile
+        # would find no control address to listen on ("Cannot assign requested address":
+        # the box's lives while it serves; a control node's does not go with the CM)
         with self._lock:
+            self.wait_started()
             self.emulator.stop()
             self.emulator = None
             deadline = time.monotonic() + 30.0
