@@ -61,6 +61,7 @@ class Actuator:
         self.free = free or FreeNodes()  # the observer's, from the CMs' advertisements
         self._lock = threading.Lock()   # the set below only, never across a call
         self._in_flight: set[int] = set()
+        self._waiting: set[int] = set()  # open add intents whose wait was said once
 
     # -- slice and sliver -------------------------------------------------------------------
     def create_slice(self) -> int:
@@ -252,9 +253,12 @@ class Actuator:
             now = self.clock()
             if intent.kind == "add" and not any(c in present for c in intent.client_ids) \
                     and now - intent.created < grace:
-                log.info("add intent %d at %s: nothing there yet; waiting up to %.0f s for "
-                         "a late AddNodes", intent.id, cm.url, intent.created + grace - now)
+                said, self._waiting = intent.id in self._waiting, self._waiting | {intent.id}
+                log.log(logging.DEBUG if said else logging.INFO,  # once, not every cycle
+                        "add intent %d at %s: nothing there yet; waiting up to %.0f s for "
+                        "a late AddNodes", intent.id, cm.url, intent.created + grace - now)
                 continue
+            self._waiting.discard(intent.id)
             self._settle(intent, cm, present, now)
             done += 1
         return done

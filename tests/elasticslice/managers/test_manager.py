@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
 from elasticslice.managers import SimpleElasticSliceManager
@@ -113,7 +114,7 @@ def test_restart_after_addnodes_reached_the_cm_adds_no_duplicates(
 
 
 def test_restart_after_addnodes_never_reached_the_cm(emulator, make_manager,
-                                                     tmp_path: Path) -> None:
+                                                     tmp_path: Path, caplog) -> None:
     first = make_manager(emulator, maxthreshold=3)
     for method in ("ensure_slice", "ensure_sliver"):
         first.cycle.run_method(method)
@@ -122,9 +123,14 @@ def test_restart_after_addnodes_never_reached_the_cm(emulator, make_manager,
     intent = first.state.begin_intent("add", first.cmlist[0], list(args), now=died)
     first.close()  # died before the call (or the CM has not carried it out yet)
     second = make_manager(emulator, maxthreshold=3, state_dir=tmp_path / "state")
+    caplog.set_level(logging.INFO, logger="elasticslice.managers.manager")
     second.manage_once()
-    # Within the call timeout the CM might still add them: nothing is added meanwhile.
+    second.manage_once()
+    # Within the call timeout the CM might still add them: nothing is added meanwhile, and
+    # the wait is said once, not at every cycle
     assert cm_nodes(emulator, tmp_path) == ["node-1"]
+    waits = [r for r in caplog.records if "for a late AddNodes" in r.getMessage()]
+    assert [r.levelno for r in waits] == [logging.INFO], waits
     assert [i.id for i in second.state.open_intents()] == [intent]
     timeout = second.server.config.timeout
     second.clock = lambda: died + timeout + 1  # ... and once it has passed
