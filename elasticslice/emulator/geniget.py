@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from elasticslice.emulator import manifest as mf
 from elasticslice.emulator.authority import from_epoch
 from elasticslice.emulator.context import Context
-from elasticslice.emulator.setup import write_atomic
+from elasticslice.emulator.setup import install_executable, write_atomic
 from elasticslice.emulator.store import BootState, Holder, NodeRow
 
 CLIENT_SOURCE = Path(__file__).with_name("genigetclient.py")
@@ -56,12 +55,7 @@ def install_client(box: Path) -> Path:
     """Put ``geni-get`` in the box's layer of the image (``/usr/bin/geni-get``), and the
     box's ``sudo`` next to it (:func:`elasticslice.emulator.nodeusers.install_sudo`)."""
     from elasticslice.emulator.nodeusers import install_sudo
-    target = box / "usr" / "bin" / "geni-get"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staged = target.with_name(".geni-get.tmp")
-    shutil.copyfile(CLIENT_SOURCE, staged)
-    staged.chmod(0o755)
-    staged.replace(target)
+    target = install_executable(CLIENT_SOURCE, box / "usr" / "bin" / "geni-get")
     install_sudo(box)
     return target
 

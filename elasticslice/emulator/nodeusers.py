@@ -169,10 +169,5 @@ def _write(path: Path, lines: list[str]) -> None:
 
 def install_sudo(box: Path) -> Path:
     """Put the box's ``sudo`` in the box's layer of the image (``/usr/bin/sudo``)."""
-    target = box / "usr" / "bin" / "sudo"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staged = target.with_name(".sudo.tmp")
-    shutil.copyfile(CLIENT_SOURCE, staged)
-    staged.chmod(0o755)
-    staged.replace(target)
-    return target
+    from elasticslice.emulator.setup import install_executable
+    return install_executable(CLIENT_SOURCE, box / "usr" / "bin" / "sudo")

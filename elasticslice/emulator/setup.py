@@ -30,6 +30,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -138,6 +139,16 @@ def write_atomic(path: Path, text: str) -> Path:
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def install_executable(source: Path, target: Path) -> Path:
+    """Copy ``source`` to ``target`` (mode 0755) in one step, its folders made."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(source, staged)
+    staged.chmod(0o755)
+    staged.replace(target)
+    return target
 
 
 def lock_directory(directory: Path) -> int:
