@@ -154,31 +154,20 @@ class World:
             return {}
 
     def wait_serving(self, timeout: float = 120.0) -> bool:
-        """Wait (bounded) until the current process serves its scheduler."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            proc = self.proc
-            if proc is None or proc.poll() is not None:
-                return False
-            if self.cluster_file().get("pid") == proc.pid:
-                return True
-            time.sleep(0.1)
-        return False
-
-    def wait_started(self, timeout: float = 60.0) -> None:
-        """Wait (bounded) until the current process has started its cluster (its servers
-        listen: it prints its first progress line) or ended."""
+        """Wait (bounded) until the current process has started its cluster: its servers
+        listen (it prints its first progress line). False: it ended, or not in time."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             proc, log_file = self.proc, self._log
             if proc is None or proc.poll() is not None or log_file is None:
-                return
+                return False
             try:
                 if re.search(rb"^\[ *[0-9.]+s\] tasks ", log_file.read_bytes(), re.M):
-                    return
+                    return True
             except OSError:
                 pass
             time.sleep(0.1)
+        return False
 
     def wait_end(self) -> int | None:
         """The exit status of the cluster's last process (None: still running at the
@@ -330,7 +319,7 @@ class World:
         # would find no control address to listen on ("Cannot assign requested address":
         # the box's lives while it serves; a control node's does not go with the CM)
         with self._lock:
-            self.wait_started()
+            self.wait_serving(60.0)
             self.emulator.stop()
             self.emulator = None
             deadline = time.monotonic() + 30.0
