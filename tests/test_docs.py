@@ -15,6 +15,7 @@ import pytest
 from tests.docblocks import (DIRECTIVE, DOCS, FENCE, PARSE, RUN, TEXT, Block, blocks_of,
                              environment, parse_directives, run_block, sandbox, stop)
 from tests.helpers import REPO, wait_for
+from tests.test_docs_claims import claims_of
 
 ALL = [b for p in DOCS for b in blocks_of(p)]
 
@@ -99,6 +100,8 @@ def test_block_runs(block: Block, tmp_path: Path, served_emulator) -> None:  # n
         f"{block.id} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
         f"\n--- stderr\n{done.stderr[-3000:]}")
     assert "Traceback" not in done.stderr, f"{block.id}\n{done.stderr[-3000:]}"
+    for check in claims_of(block):   # what its comments say it prints (test_docs_claims)
+        check(block.code, done.stdout)
 
 
 def test_directives_are_checked(tmp_path: Path) -> None:

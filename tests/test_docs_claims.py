@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from tests.docblocks import blocks_of, environment, run_block, sandbox
+from tests.docblocks import blocks_of
 
 pytestmark = pytest.mark.slow
 
@@ -22,19 +22,43 @@ def block_with(doc: str, text: str, lang: str) -> str:
     return found[0]
 
 
-def test_client_quick_start_names_the_nodes_add_nodes_adds(tmp_path: Path) -> None:
+def client_quick_start_claims(code: str, stdout: str) -> None:
     """Its comment said add-nodes 2 after lan-4.xml adds node-0 and node-1 (they are
-    node-4 and node-5), so the next line deleted one of the original nodes."""
-    block = block_with("client.md", "elasticslice add-nodes 2", "sh")
-    named = re.search(r"add-nodes 2 .*# new nodes (\S+), (\S+)", block.code)
-    deleted = re.search(r"^elasticslice delete-nodes (\S+)", block.code, flags=re.M)
-    assert named and deleted, block.code
-    home = sandbox(tmp_path)
-    done = run_block(block, home, environment(home))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"added 2 node(s): {named[1]} {named[2]}\n" in done.stdout
+    node-4 and node-5), so the next line deleted one of the original nodes. Checked on the
+    output of the block's one run (tests/test_docs.py, :data:`CLAIMS`)."""
+    named = re.search(r"add-nodes 2 .*# new nodes (\S+), (\S+)", code)
+    deleted = re.search(r"^elasticslice delete-nodes (\S+)", code, flags=re.M)
+    assert named and deleted, code
+    assert f"added 2 node(s): {named[1]} {named[2]}\n" in stdout
     assert deleted[1] in (named[1], named[2])
-    assert f"deleted 1 node(s): {deleted[1]}\n" in done.stdout
+    assert f"deleted 1 node(s): {deleted[1]}\n" in stdout
+
+
+#: claims checked on a block's output when test_docs runs it: (doc, a text of the block)
+#: -> check(code, stdout); each must find exactly one block
+CLAIMS = {("client.md", "elasticslice add-nodes 2 --hardware-type m400"):
+          client_quick_start_claims}
+
+
+def claims_of(block) -> list:  # noqa: ANN001 - a tests.docblocks.Block
+    return [check for (doc, text), check in CLAIMS.items()
+            if block.path.name == doc and text in block.code]
+
+
+def test_every_claim_finds_its_block() -> None:
+    for doc, text in CLAIMS:
+        block_with(doc, text, "sh")
+
+
+def test_a_false_claim_fails(tmp_path: Path) -> None:
+    """The check fails on output that does not say what the comment claims (a check that
+    always passed would hide a wrong comment)."""
+    block = block_with("client.md", "elasticslice add-nodes 2", "sh")
+    with pytest.raises(AssertionError):
+        client_quick_start_claims(block.code, "added 2 node(s): node-0 node-1\n"
+                                              "deleted 1 node(s): node-0\n")
+    client_quick_start_claims(block.code, "added 2 node(s): node-4 node-5\n"
+                                          "deleted 1 node(s): node-4\n")
 
 
 def demo(cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -6,9 +6,10 @@ Built-in kinds are ``local`` and ``dask``; third parties add theirs with an entr
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
-from troy.errors import BadParameter
-from troy.frameworks.base import Pilot, PilotFramework
+if TYPE_CHECKING:
+    from troy.frameworks.base import Pilot, PilotFramework
 
 __all__ = ["Pilot", "PilotFramework", "register_framework", "framework_class", "known_kinds"]
 
@@ -17,7 +18,20 @@ _BUILTIN = {"local": "troy.frameworks.local:LocalFramework",
 _registry: dict[str, type[PilotFramework]] = {}
 
 
+def __getattr__(name: str) -> Any:
+    """``Pilot`` and ``PilotFramework``, imported when first asked for: a process that
+    needs only a module of a framework (a node's enrolment, ``python -m
+    troy.frameworks.dask.enrol``, ~170 runs in the suite) does not pay for the base
+    classes and what they import."""
+    if name in ("Pilot", "PilotFramework"):
+        from troy.frameworks import base
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def register_framework(kind: str, cls: type[PilotFramework]) -> None:
+    from troy.errors import BadParameter
+    from troy.frameworks.base import PilotFramework
     if not (isinstance(cls, type) and issubclass(cls, PilotFramework)):
         raise BadParameter(f"framework {kind!r}: {cls!r} is not a PilotFramework subclass")
     _registry[kind] = cls
@@ -41,6 +55,8 @@ def framework_class(kind: str) -> type[PilotFramework]:
         spec = _BUILTIN.get(kind)
         if spec is None:
             from importlib.metadata import entry_points
+
+            from troy.errors import BadParameter
             eps = [ep for ep in entry_points(group="troy.frameworks") if ep.name == kind]
             if not eps:
                 raise BadParameter(f"unknown pilot framework {kind!r}; known: "
