@@ -39,8 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticslice.errors import ConfigError
-from elasticslice.rpc.pki import os_error_reason
+from elasticslice.errors import ConfigError, os_error_reason
 
 log = logging.getLogger(__name__)
 

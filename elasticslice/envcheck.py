@@ -10,13 +10,12 @@ it, when there is one.
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import os
 from collections.abc import Iterable, Mapping
 
 import click
-
-from elasticslice.config import ENV_PREFIX, KNOWN
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +27,26 @@ OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMO
                    "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
                    "NODE_NETWORK", "DELETE_NODES", "DELETE_CLIENT_IDS")
 
+#: elasticslice.config.ENV_PREFIX, spelled here too: a command line run with no such
+#: variable does not import the config module (tests/test_cli_imports.py checks they agree)
+ENV_PREFIX = "ELASTICSLICE_"
+
 _warned: set[str] = set()
-#: names known without loading the command tree: the config file's, what elasticslice sets
-#: for the commands it runs, the top-level options'
-_CHEAP = {ENV_PREFIX + n.upper() for n in (*KNOWN, *OTHER_VARIABLES, "config", "debug")}
+#: names known without loading the command tree: what elasticslice sets for the commands it
+#: runs, the top-level options' (and the config file's keys: :func:`_config_keys`)
+_CHEAP = frozenset(ENV_PREFIX + n.upper() for n in (*OTHER_VARIABLES, "config", "debug"))
+
+
+@functools.cache
+def _config_keys() -> frozenset[str]:
+    """The variables of the ``[protogeni]`` keys."""
+    from elasticslice.config import KNOWN
+    return frozenset(ENV_PREFIX + n.upper() for n in KNOWN)
 
 
 def config_variables() -> set[str]:
     """The variables of the config file's keys: ``[protogeni]``, ``[manager]``, ``[endpoint]``."""
+    from elasticslice.config import KNOWN
     from elasticslice.managers.config import DEF_ORDER, ENDPOINT_KEYS, MANAGER_KEYS
 
     names = {*KNOWN, *MANAGER_KEYS, *OTHER_VARIABLES,
@@ -64,6 +75,25 @@ def option_variables(command: click.Command, prefix: str) -> set[str]:
     return names
 
 
+def _option_of_its_command(group: click.Command, prefix: str, name: str) -> bool:
+    """Whether ``name`` is a variable of an option of the command its name starts with
+    (``ELASTICSLICE_EMULATOR_SERVE_BOOT_DELAY``: ``emulator serve --boot-delay``), importing
+    only that command's module: loading the whole command tree to check one such variable
+    cost every command line ~0.4 s of CPU where one was set (the doc tests set one for
+    every command they run)."""
+    if not isinstance(group, click.Group):
+        return False
+    rest = name[len(prefix) + 1:] if name.startswith(prefix.upper() + "_") else ""
+    ctx = click.Context(group)
+    for sub in group.list_commands(ctx):
+        key = sub.upper().replace("-", "_") + "_"
+        if rest.startswith(key):
+            command = group.get_command(ctx, sub)
+            if command is not None and name in option_variables(command, f"{prefix}_{sub}"):
+                return True
+    return False
+
+
 def unknown_variables(env: Mapping[str, str], known: Iterable[str]) -> list[tuple[str, str | None]]:
     """``(name, closest known name or None)`` for each ``ELASTICSLICE_*`` name of ``env`` that
     is not in ``known``, sorted."""
@@ -84,7 +114,8 @@ def warn_unknown_variables(command: click.Command, prefix: str = "ELASTICSLICE",
     """Log one WARNING per unknown ``ELASTICSLICE_*`` variable (once per process); returns the
     messages logged by this call."""
     env = os.environ if env is None else env
-    if all(not n.startswith(ENV_PREFIX) or n in _CHEAP for n in env):
+    ours = [n for n in env if n.startswith(ENV_PREFIX) and n not in _CHEAP]
+    if all(n in _config_keys() or _option_of_its_command(command, prefix, n) for n in ours):
         return []  # nothing to look up (the usual case: no command tree to load)
     known = config_variables() | option_variables(command, prefix)
     messages = []

@@ -2,9 +2,12 @@
 
 Every layer translates foreign exceptions (lxml, ssl, xmlrpc, sqlite) into one of these,
 with ``raise ... from err``, so that the CLI can show one clear line and the manager's cycle
-can log with context and go on.
+can log with context and go on. :func:`os_error_reason` says why a file could not be read
+(kept here, free of heavy imports: the config and the command line use it).
 """
 from __future__ import annotations
+
+import os
 
 
 class ElasticSliceError(Exception):
@@ -77,3 +80,16 @@ class TransportError(RPCError):
 
 class CredentialError(ElasticSliceError):
     """A credential could not be parsed, signed, or verified."""
+
+
+def os_error_reason(path: str | os.PathLike[str], err: OSError) -> str:
+    """Why ``path`` could not be read, in words a user acts on (one line, names the path)."""
+    if isinstance(err, FileNotFoundError):
+        return f"no such file: {path}"
+    if isinstance(err, IsADirectoryError):
+        return f"{path} is a directory, not a file"
+    if isinstance(err, NotADirectoryError):
+        return f"no such file: {path} (part of the path is a file, not a directory)"
+    if isinstance(err, PermissionError):
+        return f"cannot read {path}: permission denied"
+    return f"cannot read {path}: {err.strerror or err}"

@@ -6,7 +6,8 @@
         | resolve | delete-slice [--cancel] [--blocking] | nodes [--json] | manifest
 
 (``nodes`` and ``manifest`` live in :mod:`elasticslice.commands.nodes`; ``--wait`` in
-:mod:`elasticslice.commands.waiting`.)
+:mod:`elasticslice.commands.waiting`.) The RSpec package (lxml, the schemas) is imported by
+the commands that read or write an RSpec, when they run: most of these commands need none.
 """
 from __future__ import annotations
 
@@ -23,13 +24,6 @@ from elasticslice.errors import RPCError, RSpecError
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.cm import SliverStatus
-from elasticslice.rspec import NodeSpec, RSpecType, add_nodes_args, pin_add_args, request_problem
-from elasticslice.rspec.parse import count_nodes
-from elasticslice.rspec import parse as parse_rspec
-from elasticslice.rspec import validate as validate_rspec
-from elasticslice.rspec.rules import image_problem
-from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES as RSPEC_MAX_BYTES
-
 
 CM_OPTION_HELP = ("Which CM (a substring of its host or URL, or its index in cm_urls). "
                   "Default: the first.")
@@ -129,6 +123,7 @@ def create_slice(ctx: click.Context, hours: float | None) -> None:
 def _read_rspec(path: str) -> str:
     """The file's text; at most one byte over the parser's size limit is read, so that an
     oversize file is refused by the parser without being read whole."""
+    from elasticslice.rspec.safexml import DEFAULT_MAX_BYTES as RSPEC_MAX_BYTES
     try:
         with open(path, "rb") as handle:
             data = handle.read(RSPEC_MAX_BYTES + 1)
@@ -169,6 +164,9 @@ def create_sliver(ctx: click.Context, rspec: str, cm: str | None, wait: bool,
 def _check_rspec(text: str, source: str) -> None:
     """Refuse, before sending it, an RSpec that is unreadable, hostile, not a request, empty,
     with a node client_id the CM refuses, or (GENI v3) not valid against request.xsd."""
+    from elasticslice.rspec import RSpecType, request_problem
+    from elasticslice.rspec import parse as parse_rspec
+    from elasticslice.rspec import validate as validate_rspec
     rspec = parse_rspec(text, source)
     if rspec.type != RSpecType.REQUEST:
         raise RSpecError(f"a {rspec.type.value} RSpec, not a request", source=source)
@@ -227,6 +225,7 @@ def add_nodes_arguments(client_ids: list[str], hardware_type: str | None,
     AddNodes has no hardware type: with one, each node names a different free node of that
     type from ``free`` (hardware type -> free node names, the CM's advertisement); too few
     free is one line, before any call."""
+    from elasticslice.rspec import NodeSpec, add_nodes_args, pin_add_args
     args = add_nodes_args([NodeSpec(client_id=c, hardware_type=hardware_type,
                                     disk_image=disk_image) for c in client_ids])
     wire, left_out = pin_add_args(args, free or {})
@@ -239,7 +238,10 @@ def add_nodes_arguments(client_ids: list[str], hardware_type: str | None,
 
 
 def _disk_image(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    problem = image_problem(value) if value is not None else None
+    if value is None:
+        return value
+    from elasticslice.rspec.rules import image_problem
+    problem = image_problem(value)
     if problem:  # CloudLab's AddNodes refuses it too: say so before any call
         raise click.BadParameter(problem, ctx, param)
     return value
@@ -280,6 +282,7 @@ def add_nodes(ctx: click.Context, count: int, hardware_type: str | None,
     server = _server(ctx)
     existing = {n.client_id for n in server.sliver_status(cm=_which(cm)).nodes}
     ids = _new_client_ids(existing, count, prefix)
+    from elasticslice.rspec.parse import count_nodes
     free = count_nodes(server.discover_resources(available=True, cm=_which(cm)),
                        "the CM's advertisement").free_by_type if hardware_type else None
     server.add_nodes(add_nodes_arguments(ids, hardware_type, disk_image, free), cm=_which(cm))
@@ -327,6 +330,7 @@ def discover(ctx: click.Context, available: bool, as_json: bool, cm: str | None)
     if not as_json:
         click.echo(ad)
         return
+    from elasticslice.rspec import parse as parse_rspec
     rspec = parse_rspec(ad, "advertisement")
     _emit({"available_by_type": dict(rspec.available_by_type),
            "total_by_type": dict(rspec.total_by_type),

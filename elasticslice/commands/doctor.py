@@ -152,7 +152,6 @@ def _unverified(problem: str) -> str:
 
 
 def check_slice(server: Any, state_dir: Path | None) -> Check:
-    from elasticslice.managers.ownership import owns_slice
     from elasticslice.managers.state import DB_NAME, ManagerState
     from elasticslice.rpc.codes import GeniCode
     try:
@@ -160,6 +159,8 @@ def check_slice(server: Any, state_dir: Path | None) -> Check:
     except ElasticSliceError as err:
         return fail("slice", _one_line(err), "set slice_name in [protogeni]")
     if state_dir is not None and (state_dir / "state" / DB_NAME).is_file():
+        # imported here: it brings the manager's cycle (APScheduler), for a run's state only
+        from elasticslice.managers.ownership import owns_slice
         state = ManagerState.open(state_dir / "state")
         try:
             if owns_slice(state, urn):

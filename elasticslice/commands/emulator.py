@@ -1,4 +1,9 @@
-"""`elasticslice emulator ...`: CloudLab in a box (init, serve, and admin commands)."""
+"""`elasticslice emulator ...`: CloudLab in a box (init, serve, and admin commands).
+
+The server (:mod:`elasticslice.emulator.app` and all it needs) is imported by the commands
+that need it, when they run: `stop`, `status` and the other admin commands only call the
+running server or read its directory.
+"""
 from __future__ import annotations
 
 import json
@@ -15,17 +20,13 @@ from types import FrameType
 import click
 
 from elasticslice.commands.emulator_image import DIR_OPTION, image_group
-from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
-from elasticslice.emulator.admin import reclamation_report
 from elasticslice.emulator.daemon import (DEFAULT_LOG, STOP_TIMEOUT, start_background,
                                           stop_emulator)
 from elasticslice.emulator.pressure import Pressure, parse_items
 from elasticslice.emulator.pace import PROFILES
-from elasticslice.emulator.server import access
 from elasticslice.emulator.setup import (DEFAULT_DOMAIN, DEFAULT_PROJECT, DEFAULT_USER,
                                          issue_user, load_config)
-from elasticslice.emulator.store import Store
 from elasticslice.errors import ElasticSliceError
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
     The client config works as is: `elasticslice --config DIR/elasticslice.conf ...`.
     Refuses an existing emulator directory unless --force (which wipes its state).
     """
+    from elasticslice.emulator import init_emulator
     d = init_emulator(directory, port, user=user, project=project, domain=domain, host=host,
                       hostnames=hostnames, force=force)
     click.echo(f"emulator initialised in {d}")
@@ -192,6 +194,7 @@ def _serve_in_background(ctx: click.Context, directory: Path, log_file: Path) ->
 def _logging_to(log_file: Path | None, debug: bool) -> Iterator[None]:
     """With a log file: the root logger's records and the request log go there (not to
     stderr); without: requests are logged on stderr only under --debug."""
+    from elasticslice.emulator.server import access
     root = logging.getLogger()
     handlers = list(root.handlers)
     handler: logging.Handler | None = None
@@ -223,6 +226,7 @@ def _logging_to(log_file: Path | None, debug: bool) -> Iterator[None]:
 
 
 def _serve(directory: Path, **options: object) -> None:
+    from elasticslice.emulator import EmulatorServer
     server = EmulatorServer(directory, **options)  # type: ignore[arg-type]
     done = threading.Event()
 
@@ -317,6 +321,7 @@ def log_cmd(directory: Path, node_id: str) -> None:
     Reads DIR: works whether or not the server is running.
     """
     from elasticslice.emulator.nodefs import NODE_NAME, NodeDir
+    from elasticslice.emulator.store import Store
     load_config(directory)
     if not NODE_NAME.fullmatch(node_id):
         raise ElasticSliceError(f"{node_id!r} is not a node id (e.g. ms0101)")
@@ -374,6 +379,8 @@ def report_cmd(directory: Path, as_json: bool) -> None:
 
     Reads DIR/state.db: works whether or not the server is running.
     """
+    from elasticslice.emulator.admin import reclamation_report
+    from elasticslice.emulator.store import Store
     load_config(directory)
     if not (directory / "state.db").exists():
         raise ElasticSliceError(f"{directory}: no state yet (the emulator never ran here)")

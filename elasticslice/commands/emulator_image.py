@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from elasticslice.emulator.images import Images, stock_info
-from elasticslice.emulator.setup import load_config
+# elasticslice.emulator.images and .setup are imported by the commands that use them:
+# every `emulator` command imports this module, for DIR_OPTION
 
 #: the emulator directory, an option of every ``emulator`` command
 DIR_OPTION = click.option("--dir", "directory", required=True, envvar="ELASTICSLICE_EMULATOR_DIR",
@@ -47,6 +47,8 @@ def image_add_cmd(directory: Path, name: str, source: Path | None, python: str |
     SOURCE holds the files as they are on the node (usr/local/..., opt/..., root/...); it
     may be left out when --python or --arch is given. Works whether or not the server runs
     (it reads the images at each boot)."""
+    from elasticslice.emulator.images import Images
+    from elasticslice.emulator.setup import load_config
     cfg = load_config(directory)
     images = Images(directory.resolve(), cfg.identity, cfg.project)
     urn = images.add(name, source, python=python, arch=arch)
@@ -60,6 +62,8 @@ def image_add_cmd(directory: Path, name: str, source: Path | None, python: str |
 def image_list_cmd(directory: Path, as_json: bool) -> None:
     """The images nodes boot from: the stock image (this machine's system and python3)
     and the custom images of DIR, each with its python3 version, architecture and URN."""
+    from elasticslice.emulator.images import Images, stock_info
+    from elasticslice.emulator.setup import load_config
     cfg = load_config(directory)
     images = Images(directory.resolve(), cfg.identity, cfg.project)
     stock, custom = stock_info(), [images.info(name) for name in images.names()]

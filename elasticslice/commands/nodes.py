@@ -14,12 +14,12 @@ from typing import Any
 import click
 
 from elasticslice.commands.client import _cm_option, _server, _SliceCommand, _which
-from elasticslice.commands.rspec import _table
 from elasticslice.errors import RPCError
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.nodes import SliverNode, sliver_nodes
-from elasticslice.rspec import RSpecType
-from elasticslice.rspec import parse as parse_rspec
+
+# The RSpec package (lxml) and `rspec`'s table are imported by the commands when they run:
+# every client command imports this module (elasticslice.commands.client registers it).
 
 
 def fetch_manifest(server: ProtoGeniServer, cm: int | str | None) -> str:
@@ -38,6 +38,7 @@ def _user(server: ProtoGeniServer) -> str:
 
 def render_nodes(nodes: list[SliverNode]) -> str:
     """The table ``elasticslice nodes`` prints."""
+    from elasticslice.commands.rspec import _table
     rows = [[n.client_id, n.status, n.hostname or "-", n.ipv4 or "-", n.ssh or "-"]
             for n in nodes]
     return "\n".join(_table(["CLIENT_ID", "STATUS", "HOSTNAME", "IP", "SSH"], rows))
@@ -56,6 +57,8 @@ def nodes(ctx: click.Context, as_json: bool, cm: str | None) -> None:
     which = _which(cm)
     text = fetch_manifest(server, which)
     cm_host = server.cm(which).host
+    from elasticslice.rspec import RSpecType
+    from elasticslice.rspec import parse as parse_rspec
     manifest = parse_rspec(text, f"manifest from {cm_host}")
     if manifest.type is not RSpecType.MANIFEST:
         raise RPCError(f"Resolve answered a {manifest.type.value} RSpec, not a manifest",

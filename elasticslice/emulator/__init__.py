@@ -8,7 +8,21 @@
 """
 from __future__ import annotations
 
-from elasticslice.emulator.app import EmulatorServer
-from elasticslice.emulator.setup import EmulatorConfig, init_emulator, load_config
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from elasticslice.emulator.app import EmulatorServer
+    from elasticslice.emulator.setup import EmulatorConfig, init_emulator, load_config
 
 __all__ = ["EmulatorConfig", "EmulatorServer", "init_emulator", "load_config"]
+_WHERE = {"EmulatorServer": "app", "EmulatorConfig": "setup", "init_emulator": "setup",
+          "load_config": "setup"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

@@ -33,12 +33,12 @@ import secrets
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography.hazmat.primitives import serialization
-
-from elasticslice.emulator.authority import Identity
 from elasticslice.errors import ConfigError, ElasticSliceError
-from elasticslice.rpc import pki
+
+if TYPE_CHECKING:
+    from elasticslice.emulator.authority import Identity
 
 DEFAULT_DOMAIN = "emulab.test"
 DEFAULT_USER = "elastic"
@@ -60,6 +60,7 @@ class EmulatorConfig:
 
     @property
     def identity(self) -> Identity:
+        from elasticslice.emulator.authority import Identity
         return Identity(self.domain)
 
 
@@ -170,6 +171,7 @@ def lock_directory(directory: Path) -> int:
 
 
 def _issue(d: Path, name: str, ca: bytes, ca_key: bytes, cn: str, **kw: object) -> None:
+    from elasticslice.rpc import pki
     cert, key = pki.issue_certificate(ca, ca_key, cn, **kw)  # type: ignore[arg-type]
     (d / f"{name}.pem").write_bytes(cert)
     pki.write_private_file(d / f"{name}-key.pem", key)
@@ -195,6 +197,7 @@ def _write_user(home: Path, ca: bytes, ca_key: bytes, cfg: EmulatorConfig, uid: 
     """``home/user.pem`` (certificate + key encrypted with a new ``home/password``), like
     cloudlab.pem; returns the key (PEM). The localhost SANs let the user certificate also
     serve the client's callback endpoint on 127.0.0.1, which the emulator verifies by host."""
+    from elasticslice.rpc import pki
     cert, key = pki.issue_certificate(
         ca, ca_key, uid, urn=cfg.identity.user_urn(uid), email=f"{uid}@{cfg.domain}",
         hostnames=("localhost",), ips=("127.0.0.1",),
@@ -210,6 +213,9 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
                   slice_name: str = DEFAULT_SLICE, host: str = "127.0.0.1",
                   hostnames: tuple[str, ...] = (), force: bool = False) -> Path:
     """Create an emulator directory (CA, certificates, user PEM, password, client config)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from elasticslice.rpc import pki
     d = Path(directory).resolve()
     _check_names(domain=domain, user=user, project=project, slice_name=slice_name)
     if (d / "ca.pem").exists() and not force:

@@ -13,12 +13,17 @@ import re
 from pathlib import Path
 
 from elasticslice.errors import CredentialError
-from elasticslice.rpc.credential import expires_of
-from elasticslice.rpc.pki import write_private_file
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MARGIN = dt.timedelta(minutes=5)
+
+
+def _expires_of(xml: str) -> dt.datetime:
+    # imported when a credential is first read: the credential module needs lxml and
+    # cryptography, which a command making no authenticated call does without
+    from elasticslice.rpc.credential import expires_of
+    return expires_of(xml)
 
 
 def _safe(name: str) -> str:
@@ -60,14 +65,14 @@ class CredentialCache:
             return None
         try:
             xml = path.read_text(encoding="utf-8")
-            return xml, expires_of(xml)
+            return xml, _expires_of(xml)
         except (OSError, UnicodeDecodeError, CredentialError) as err:
             log.warning("ignoring unreadable cached credential %s: %s", path, err)
             return None
 
     def put(self, owner: str, target: str, xml: str) -> None:
         try:
-            expires = expires_of(xml)
+            expires = _expires_of(xml)
         except CredentialError as err:
             log.warning("not caching a credential for %s: %s", target, err)
             return
@@ -75,6 +80,7 @@ class CredentialCache:
         path = self._path(owner, target)
         if path is None:
             return
+        from elasticslice.rpc.pki import write_private_file
         try:
             for d in (path.parent.parent, path.parent):
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -19,15 +19,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from cryptography.hazmat.primitives import serialization
-
 from elasticslice.config import ClientConfig, load_passphrase
 from elasticslice.errors import ConfigError, CredentialError, RPCError
-from elasticslice.rpc import pki
 from elasticslice.rpc.cache import CredentialCache
 from elasticslice.rpc.cm import ComponentManager, SliverStatus, format_expiration
 from elasticslice.rpc.codes import GeniCode
-from elasticslice.rpc.credential import expires_of
 from elasticslice.rpc.timings import CallTimings
 from elasticslice.rpc.transport import RetryPolicy, XmlRpcTransport, make_ssl_context
 
@@ -103,6 +99,11 @@ class ProtoGeniServer:
         self.close()
 
     def _read_user_cert(self) -> None:
+        # imported here: cryptography costs every command ~0.05 s of CPU, and a call to a
+        # configured sa_url that needs no credential (GetVersion) never reads the certificate
+        from cryptography.hazmat.primitives import serialization
+
+        from elasticslice.rpc import pki
         try:
             data = self.config.certificate.read_bytes()
             urn = pki.urn_from_certificate(data)
@@ -143,7 +144,8 @@ class ProtoGeniServer:
     @property
     def domain(self) -> str:
         """The SA's domain: the authority of the user's URN."""
-        return pki.urn_authority(self.user_urn).split(":", 1)[0]
+        from elasticslice.rpc.pki import urn_authority
+        return urn_authority(self.user_urn).split(":", 1)[0]
 
     @property
     def sa_url(self) -> str:
@@ -235,7 +237,8 @@ class ProtoGeniServer:
         return self.with_credential(urn, lambda: self._fetch_slice_credential(urn), use)
 
     def _resolve(self, kind: str, name: str) -> dict[str, Any]:
-        key = "urn" if name.startswith(pki.URN_PREFIX) else "hrn"
+        from elasticslice.rpc.pki import URN_PREFIX
+        key = "urn" if name.startswith(URN_PREFIX) else "hrn"
         return self._with_self(lambda c: self.sa_call(
             "Resolve", {"credential": c, "type": kind, key: name}))
 
@@ -273,6 +276,7 @@ class ProtoGeniServer:
         Returns the CM's answer (the sliver's new expiry). The SA cannot shorten a slice, so
         a slice that already lasts long enough is left as it is.
         """
+        from elasticslice.rpc.credential import expires_of
         if expires_of(self.get_slice_credential()) < expiration:
             self.renew_slice_sa(expiration)
         return self.cm(cm).renew_slice(expiration)

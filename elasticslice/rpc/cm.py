@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from elasticslice.errors import RPCError
-from elasticslice.rspec.addnodes import check_add_args
 
 if TYPE_CHECKING:
     from elasticslice.rpc.client import ProtoGeniServer
@@ -222,6 +221,8 @@ class ComponentManager:
         name); returns the updated manifest. What the CM would refuse or misread is
         refused here first (:class:`~elasticslice.rspec.BadAddNodesArgs`, one line naming
         ``nodes[<client_id>].<key>``), before any call."""
+        # imported here: the RSpec package (lxml) is not needed by the other calls
+        from elasticslice.rspec.addnodes import check_add_args
         check_add_args(nodes)
         return str(self._slice_call("AddNodes", {"nodes": nodes}))
 

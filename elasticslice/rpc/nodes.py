@@ -9,10 +9,12 @@ user (the caller's uid, from the certificate URN) and writes it as a ready-to-pa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elasticslice.rpc.cm import SliverStatus
-from elasticslice.rspec import Interface, Login, RSpec
+
+if TYPE_CHECKING:  # annotations only: the RSpec package (lxml) is the caller's to import
+    from elasticslice.rspec import Interface, Login, RSpec
 
 #: Status of a manifest node that SliverStatus does not (yet) list.
 UNKNOWN = "unknown"

@@ -22,7 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-from elasticslice.errors import CredentialError
+# os_error_reason lives in elasticslice.errors (the config reads files without this module's
+# cryptography); still importable from here
+from elasticslice.errors import CredentialError, os_error_reason  # noqa: F401
 
 URN_PREFIX = "urn:publicid:IDN+"
 KEY_BITS = 2048
@@ -235,19 +237,6 @@ def write_private_file(path: str | os.PathLike[str], data: bytes) -> Path:
     finally:
         os.close(fd)
     return target
-
-
-def os_error_reason(path: str | os.PathLike[str], err: OSError) -> str:
-    """Why ``path`` could not be read, in words a user acts on (one line, names the path)."""
-    if isinstance(err, FileNotFoundError):
-        return f"no such file: {path}"
-    if isinstance(err, IsADirectoryError):
-        return f"{path} is a directory, not a file"
-    if isinstance(err, NotADirectoryError):
-        return f"no such file: {path} (part of the path is a file, not a directory)"
-    if isinstance(err, PermissionError):
-        return f"cannot read {path}: permission denied"
-    return f"cannot read {path}: {err.strerror or err}"
 
 
 def load_pem_cert(data: CertLike) -> x509.Certificate:
