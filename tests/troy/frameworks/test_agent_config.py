@@ -70,8 +70,13 @@ def test_streams_are_eager_unless_the_environment_fixes_their_interval(tmp_path)
 THREADS = ("import json, os, sys\n"
            "from troy.frameworks.dask.agent import ONE_THREAD, import_dask_with_one_blas_thread\n"
            "added = import_dask_with_one_blas_thread() if sys.argv[1] == 'agent' else []\n"
-           "import distributed, numpy\n"
-           "print(json.dumps([added, len(os.listdir('/proc/self/task')),\n"
+           "import distributed\n"
+           "numpy_at_start = 'numpy' in sys.modules\n"
+           "threads = len(os.listdir('/proc/self/task'))\n"
+           "import numpy\n"
+           "from distributed.protocol import deserialize, serialize\n"
+           "print(json.dumps([added, numpy_at_start, threads,\n"
+           "                  deserialize(*serialize(numpy.arange(3))).tolist(),\n"
            "                  {v: os.environ.get(v) for v in ONE_THREAD}]))")
 
 
@@ -84,17 +89,22 @@ def threads_after_import(how: str, **env: str) -> list:
     return json.loads(out)
 
 
-def test_an_agent_imports_dask_with_one_blas_thread_and_units_get_the_nodes_environment():
-    """As Dask's nanny does for its workers: numpy's BLAS starts one thread, not a pool of
-    one per core (its start cost ~0.1 s of CPU per agent); the variables are gone again, so
-    a unit inherits the node's environment, and a node's own setting is kept."""
-    added, threads, env = threads_after_import("agent")
+def test_an_agent_imports_dask_without_numpy_and_units_get_the_nodes_environment():
+    """Distributed imports numpy (where the node's Python has it) only for its receive
+    buffers: an agent imports Dask without it (numpy's import and its BLAS pool of one
+    thread per core cost ~0.1 s of CPU at every agent and worker start), numpy still
+    imports afterwards and Dask serializes arrays with it; the variables that keep a BLAS
+    pool small if numpy comes all the same are gone again, so a unit inherits the node's
+    environment, and a node's own setting is kept."""
+    added, numpy_at_start, threads, array, env = threads_after_import("agent")
+    assert not numpy_at_start and array == [0, 1, 2]
     assert added == ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"]
     assert env == dict.fromkeys(added)                       # not left for the units
-    _, plain_threads, _ = threads_after_import("plain")
+    _, plain_numpy, plain_threads, _, _ = threads_after_import("plain")
+    assert plain_numpy          # what the agent avoids: Distributed imports it at once
     if (os.cpu_count() or 1) > 1:
-        assert threads < plain_threads                       # no BLAS pool
-    added, _, env = threads_after_import("agent", OPENBLAS_NUM_THREADS="4")
+        assert threads < plain_threads                       # no BLAS pool at start
+    added, _, _, _, env = threads_after_import("agent", OPENBLAS_NUM_THREADS="4")
     assert "OPENBLAS_NUM_THREADS" not in added and env["OPENBLAS_NUM_THREADS"] == "4"
 
 

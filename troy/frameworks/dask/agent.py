@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from troy.descriptions import ComputeUnitDescription
 from troy.execution import execute, kill
@@ -176,21 +177,45 @@ def _quick_streams_plugin():  # noqa: ANN202 - a SchedulerPlugin (Dask imported 
 
 #: Set, where the node's environment does not, while the agent imports Dask, as Dask's
 #: nanny does for every worker it spawns (``distributed.nanny.pre-spawn-environ``): numpy,
-#: which Dask imports, then starts one BLAS thread instead of a pool of one per core (the
+#: were it imported then, would start one BLAS thread instead of a pool of one per core (the
 #: pool's start cost ~0.1 s of CPU at every agent and worker start, measured). Removed again
 #: once imported: units get the node's environment as it was.
 ONE_THREAD = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
+class _NumpyLater:
+    """Says numpy is not there, while Distributed is imported: Distributed imports it at
+    once only to allocate its receive buffers (``protocol.utils.host_array``, a bytearray
+    without it); everything else of Dask's that uses numpy (serializers, sizeof, tokenize)
+    imports it when the first array arrives. An agent whose units are processes never
+    needs it: its import and its BLAS pool cost ~0.1 s of CPU at every agent and worker
+    start where the node's Python has numpy (measured on the suite's; a node's environment
+    from the wheelhouse has none unless the user's code needs it, and then the first array
+    imports it, with the node's own BLAS settings)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
 def import_dask_with_one_blas_thread() -> list[str]:
-    """Import Distributed (and numpy, where installed) with :data:`ONE_THREAD` set where
-    unset; returns the variables it set (and removed again)."""
+    """Import Distributed without numpy (:class:`_NumpyLater`; numpy imports normally
+    afterwards), and with :data:`ONE_THREAD` set where unset, for a numpy already imported
+    or that something of the node's imports all the same; returns the variables it set (and
+    removed again)."""
     added = [name for name in ONE_THREAD if name not in os.environ]
     for name in added:
         os.environ[name] = "1"
+    later = _NumpyLater()
+    if "numpy" not in sys.modules:
+        sys.meta_path.insert(0, later)
     try:
-        import distributed  # noqa: F401 - numpy's BLAS reads the variables now
+        import distributed  # noqa: F401
+        import distributed.protocol.utils  # noqa: F401 - where numpy was imported
     finally:
+        if later in sys.meta_path:
+            sys.meta_path.remove(later)
         for name in added:
             os.environ.pop(name, None)
     return added
