@@ -268,9 +268,42 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _known_sums(directory: Path) -> dict[str, tuple[str, int]]:
+    """``wheels.txt``'s digests by wheel path (relative), with the size each was taken at:
+    what a wheelhouse built before says of the wheels it still holds."""
+    try:
+        text = (directory / "wheels.txt").read_text()
+    except OSError:
+        return {}
+    known = {}
+    for line in text.splitlines():
+        parts = line.removeprefix("#tool ").split()
+        if len(parts) == 3 and not line.startswith("# ") and parts[1].isdigit():
+            known[parts[2]] = (parts[0], int(parts[1]))
+    return known
+
+
+def _sums(directory: Path, paths: list[Path]) -> dict[Path, str]:
+    """Each wheel's sha256: taken again only for a wheel that is new, or changed since
+    ``wheels.txt`` was written (size or time), not at every use of the wheelhouse (a
+    cluster's start, ``doctor``: hashing its ~25 MB cost ~0.07 s of CPU each time)."""
+    known = _known_sums(directory)
+    try:
+        written = (directory / "wheels.txt").stat().st_mtime_ns
+    except OSError:
+        written = 0
+    sums = {}
+    for path in paths:
+        info = path.stat()
+        old = known.get(path.relative_to(directory).as_posix())
+        fresh = old is not None and old[1] == info.st_size and info.st_mtime_ns < written
+        sums[path] = old[0] if fresh else _sha256(path)  # type: ignore[index]
+    return sums
+
+
 def _write_indexes(directory: Path, version: str, platform: str, wheels: list[Path],
                    pins: dict[str, str], tools: list[Path]) -> None:
-    sums = {w: _sha256(w) for w in wheels}
+    sums = _sums(directory, [*wheels, *tools])
 
     def page(title: str, links: list[tuple[str, str]]) -> str:
         body = "\n".join(f'<a href="{html.escape(href)}">{html.escape(text)}</a><br>'
@@ -283,7 +316,7 @@ def _write_indexes(directory: Path, version: str, platform: str, wheels: list[Pa
                                           for w in wheels]),
         "wheels.txt": f"# python {version} platform {platform}\n" + "".join(
             f"{sums[w]} {w.stat().st_size} {w.name}\n" for w in wheels) + "".join(
-            f"#tool {_sha256(t)} {t.stat().st_size} tools/{t.name}\n" for t in tools),
+            f"#tool {sums[t]} {t.stat().st_size} tools/{t.name}\n" for t in tools),
         "requirements.txt": "".join(f"{n}=={v}\n" for n, v in sorted(pins.items())
                                     if n != PROJECT),
         "wheelhouse.json": json.dumps({"python": version, "platform": platform,

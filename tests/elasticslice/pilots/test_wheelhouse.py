@@ -219,3 +219,32 @@ def test_what_pip_download_said_is_one_line() -> None:
     assert pip_reason(OFFLINE) == ("pip download: No matching distribution found for "
                                    "psutil==5.9.8 (offline?)")
     assert pip_reason("") == "pip download: it failed"
+
+
+def test_a_digest_is_taken_again_only_for_a_wheel_changed_since_wheels_txt(tmp_path: Path
+                                                                             ) -> None:
+    """A wheelhouse used again (every cluster start, every ``doctor``) reuses the digests of
+    ``wheels.txt`` for the wheels it still holds unchanged; a wheel whose size or time
+    changed since is hashed again, so the manifest a node checks never names old bytes."""
+    import os
+
+    from elasticslice.pilots.wheelhouse import _sums
+    same, grown, touched = (tmp_path / f"{n}-1.0-py3-none-any.whl" for n in "abc")
+    tool = tmp_path / "tools" / "pip-1-py3-none-any.whl"
+    tool.parent.mkdir()
+    for path in (same, grown, touched, tool):
+        path.write_bytes(b"wheel " + path.name.encode())
+    (tmp_path / "wheels.txt").write_text(
+        "# python 3.11 platform any\n" + "".join(
+            f"{'0' * 63}{i} {p.stat().st_size} {p.relative_to(tmp_path).as_posix()}\n"
+            for i, p in enumerate((same, grown, touched)))
+        + f"#tool {'0' * 63}9 {tool.stat().st_size} tools/{tool.name}\n")
+    later = (tmp_path / "wheels.txt").stat().st_mtime_ns + 10**9
+    for path in (same, tool):
+        os.utime(path, ns=(later - 2 * 10**9, later - 2 * 10**9))
+    grown.write_bytes(b"a bigger wheel than it was")
+    os.utime(touched, ns=(later, later))   # same size, rewritten after wheels.txt
+    sums = _sums(tmp_path, [same, grown, touched, tool])
+    assert sums[same] == "0" * 63 + "0" and sums[tool] == "0" * 63 + "9"   # reused
+    for path in (grown, touched):
+        assert sums[path] == hashlib.sha256(path.read_bytes()).hexdigest()
