@@ -127,3 +127,58 @@ def test_an_archived_tarball_is_useless_and_its_replay_replaces_the_node(
         urllib.request.urlopen(url, timeout=30)
     keys = private_files(tmp_path / "cluster")
     assert {k.rsplit("/", 1)[-1] for k in keys} <= CONTROL_KEYS, keys
+
+
+@pytest.mark.slow
+def test_a_hostile_node_posing_as_the_enrolment_service_gets_no_token(tmp_path: Path) -> None:
+    """A node of the cluster holds a certificate of the cluster CA (OU ``worker``) and a
+    key of its own; where it can make a booting node connect to it (a redirected address,
+    a spoofed one on the LAN), it answers TLS with them. The booting node checks the
+    server's role before it sends anything: no byte of its token reaches the impostor, and
+    the token stays good for the real service."""
+    import threading
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from elasticslice.pilots import ClusterCA
+    ca = ClusterCA.open(tmp_path / "pki")
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "thief.pem").write_bytes(ca.certify("node-9", public))
+    (tmp_path / "thief.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tmp_path / "thief.pem", tmp_path / "thief.key")
+    heard = bytearray()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(60)
+
+    def impostor() -> None:
+        try:
+            conn, _ = listener.accept()
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.settimeout(10)
+                while chunk := tls.recv(65536):
+                    heard.extend(chunk)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    token = "t0ken-" + "x" * 40
+    (tmp_path / "token").write_text(token)
+    done = subprocess.run(
+        [sys.executable, "-m", "troy.frameworks.dask.enrol",
+         f"https://127.0.0.1:{listener.getsockname()[1]}", str(tmp_path / "token"),
+         str(ca.ca_file), "node-1", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120)
+    thread.join(30)
+    listener.close()
+    assert done.returncode == 1, done
+    assert "not the cluster's enrolment service" in done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert heard == b""                               # not the token, not the request
+    assert (tmp_path / "token").read_text() == token   # still good for the real service

@@ -93,14 +93,17 @@ def _post(url: str, path: str, body: dict[str, str], ctx: ssl.SSLContext) -> str
     conn = http.client.HTTPSConnection(parts.hostname, parts.port or 443, timeout=TIMEOUT,
                                        context=ctx)
     try:
-        data = json.dumps(body).encode()
-        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        # the server's role is checked before anything is sent: a node's own certificate
+        # (OU worker, of the same CA: a hostile node's) would otherwise be handed the token
+        conn.connect()
         sock = conn.sock
         peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
         units = {k: v for rdn in (peer or {}).get("subject", ()) for k, v in rdn}
         if units.get("organizationalUnitName") != "control":
             raise EnrolError(f"{parts.hostname}:{parts.port}: not the cluster's enrolment "
                              f"service (its certificate is not a control member's)")
+        data = json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         text = resp.read(1 << 20).decode(errors="replace")
     finally:
