@@ -31,6 +31,25 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 KEY_TYPE = "ec"
 
 
+#: a member's certificate with less life left than this (seconds) is issued again when
+#: asked for: a process started now gets one that lasts at least this long
+RENEW_BEFORE = 24 * 3600.0
+
+
+def _lasts(cert_path: Path, seconds: float) -> bool:
+    """Whether the certificate in ``cert_path`` is valid for ``seconds`` more (False for
+    one that cannot be read)."""
+    import datetime as dt
+
+    from cryptography import x509
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    left = cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc)
+    return left.total_seconds() > seconds
+
+
 class ClusterCAError(ElasticSliceError):
     """The cluster CA's directory or files cannot be used."""
 
@@ -72,7 +91,9 @@ class ClusterCA:
               days: float = 7, role: str = "control") -> tuple[Path, Path]:
         """A certificate for control member ``name`` (its common name, OU ``control``) and
         its key, as files ``members/<name>.pem`` and ``members/<name>.key`` (0600); issued
-        once, reused. Nodes are not issued keys here: they enrol (:meth:`certify`)."""
+        once, reused while it has more than :data:`RENEW_BEFORE` seconds to live, else
+        issued again (a run resumed after a week would otherwise serve an expired
+        certificate). Nodes are not issued keys here: they enrol (:meth:`certify`)."""
         if role != "control":
             raise ClusterCAError(f"cannot issue a {role!r} key for {name!r}: only the control "
                                  f"node's members get keys here; nodes make their own and "
@@ -82,7 +103,7 @@ class ClusterCA:
             raise ClusterCAError(f"cannot issue a certificate for {name!r}: not a usable name")
         members = self.directory / "members"
         cert_path, key_path = members / f"{safe}.pem", members / f"{safe}.key"
-        if cert_path.exists() and key_path.exists():
+        if cert_path.exists() and key_path.exists() and _lasts(cert_path, RENEW_BEFORE):
             return cert_path, key_path
         ips = [h for h in hosts if _is_ip(h)]
         names = [h for h in hosts if not _is_ip(h)]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots import (ClusterCA, ClusterCAError, ElasticCluster,
@@ -36,6 +37,36 @@ def test_the_ca_is_made_once_and_its_files_are_private(tmp_path: Path) -> None:
     cert.verify_directly_issued_by(root)
     assert cert.subject.rfc4514_string() == "OU=control,CN=scheduler"  # its role: the OU
     assert "PRIVATE KEY" not in repr(ca)
+
+
+def test_a_member_certificate_near_its_end_is_issued_again_when_asked_for(tmp_path: Path
+                                                                         ) -> None:
+    """A member's certificate is reused after a restart while it has more than a day to
+    live; one with less (a run resumed a week later: members' certificates last 7 days) is
+    issued again, with a new key, so the scheduler and the enrolment service never serve
+    an expired one."""
+    import datetime as dt
+
+    from elasticslice.rpc import pki
+    ca = ClusterCA.open(tmp_path / "pki")
+    cert_path, key_path = ca.issue("scheduler")
+    first = cert_path.read_bytes(), key_path.read_bytes()
+    assert ca.issue("scheduler") == (cert_path, key_path)
+    assert (cert_path.read_bytes(), key_path.read_bytes()) == first   # reused
+    # the same member, its certificate issued 7 days ago: one hour left
+    old, _ = pki.issue_certificate(ca.cert_pem, ca._key_pem, "scheduler", role="control",
+                                   lifetime=dt.timedelta(hours=1),
+                                   public_key_pem=x509.load_pem_x509_certificate(first[0])
+                                   .public_key().public_bytes(
+                                       serialization.Encoding.PEM,
+                                       serialization.PublicFormat.SubjectPublicKeyInfo))
+    cert_path.write_bytes(old)
+    assert ca.issue("scheduler") == (cert_path, key_path)
+    renewed = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    left = renewed.not_valid_after_utc - dt.datetime.now(dt.timezone.utc)
+    assert left.total_seconds() > 24 * 3600                        # a day at least
+    assert key_path.read_bytes() != first[1] and mode(key_path) == 0o600
+    renewed.verify_directly_issued_by(x509.load_pem_x509_certificate(ca.cert_pem))
 
 
 def test_the_cluster_keys_are_p256_and_a_ca_made_with_rsa_before_still_issues(
