@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rpc import pki
+from troy.frameworks.dask.enrol import cert_info
 from troy.frameworks.dask.tls import DaskTLS
 
 log = logging.getLogger(__name__)
@@ -39,15 +41,11 @@ RENEW_BEFORE = 24 * 3600.0
 def _lasts(cert_path: Path, seconds: float) -> bool:
     """Whether the certificate in ``cert_path`` is valid for ``seconds`` more (False for
     one that cannot be read)."""
-    import datetime as dt
-
-    from cryptography import x509
     try:
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        ends = cert_info(os.fspath(cert_path))[2]
     except (OSError, ValueError):
         return False
-    left = cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc)
-    return left.total_seconds() > seconds
+    return ends - time.time() > seconds
 
 
 class ClusterCAError(ElasticSliceError):

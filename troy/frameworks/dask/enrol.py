@@ -187,7 +187,7 @@ def enrol(url: str, token_file: Path, ca_file: Path, client_id: str, out_dir: Pa
 def renew(url: str, ca_file: str, cert_file: str, key_file: str) -> float:
     """A new key and certificate for this node in place of ``cert_file``/``key_file``,
     authenticated by the current ones; the new certificate's expiry (epoch seconds)."""
-    client_id = _cert_info(cert_file)[0]
+    client_id = cert_info(cert_file)[0]
     key_pem, csr = new_key_and_csr(client_id)
     cert = _post(url, "/renew", {"csr": csr.decode()}, _context(ca_file, cert_file, key_file))
     out = Path(cert_file)
@@ -197,10 +197,10 @@ def renew(url: str, ca_file: str, cert_file: str, key_file: str) -> float:
         _write(out, cert.encode(), 0o644)
     else:
         _install(out.parent, key_pem, cert)
-    return _cert_info(cert_file)[2]
+    return cert_info(cert_file)[2]
 
 
-def _cert_info(cert_file: str) -> tuple[str, float, float]:
+def cert_info(cert_file: str) -> tuple[str, float, float]:
     """(CN, not before, not after) of a PEM certificate, times in epoch seconds."""
     from cryptography import x509
     from cryptography.x509.oid import NameOID
@@ -325,7 +325,7 @@ class Renewer:
         pause = RENEW_RETRY[0]
         while not self._stop.is_set():
             try:
-                _, start, end = _cert_info(self.cert_file)
+                _, start, end = cert_info(self.cert_file)
                 got = os.stat(self.cert_file).st_mtime  # certificates are back-dated
             except (OSError, ValueError) as err:
                 log.warning("cannot read the node's certificate %s: %s", self.cert_file, err)
@@ -403,7 +403,7 @@ def still_valid(cert_file: Path, now: float | None = None) -> str | None:
     """None when the certificate is valid for :data:`VALID_MARGIN` more seconds, else why
     not (one line)."""
     try:
-        ends = _cert_info(str(cert_file))[2]
+        ends = cert_info(str(cert_file))[2]
     except (OSError, ValueError) as err:
         return f"cannot read the node's certificate {cert_file}: {err}"
     left = ends - (time.time() if now is None else now)
