@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elasticslice import ENV_PREFIX
 from elasticslice.errors import ConfigError, os_error_reason
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ SECTION = "protogeni"
 DEFAULT_PATH = Path("~/.protogeni/elasticslice.conf")
 DEFAULT_CACHE_DIR = Path("~/.protogeni/credentials")
 PASSPHRASE_ENV = "PROTOGENI_PASSPHRASE"
-ENV_PREFIX = "ELASTICSLICE_"
 
 REQUIRED = ("certificate", "cm_urls")
 OPTIONAL = ("passphrase_file", "sa_url", "ca_bundle", "slice_name", "project", "verify",

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 
 import click
 
+from elasticslice import ENV_PREFIX
+
 log = logging.getLogger(__name__)
 
 # Set for commands elasticslice runs, which may run elasticslice in turn: what the emulator
@@ -26,10 +28,6 @@ log = logging.getLogger(__name__)
 OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMORY",
                    "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
                    "NODE_NETWORK", "DELETE_NODES", "DELETE_CLIENT_IDS")
-
-#: elasticslice.config.ENV_PREFIX, spelled here too: a command line run with no such
-#: variable does not import the config module (tests/test_cli_imports.py checks they agree)
-ENV_PREFIX = "ELASTICSLICE_"
 
 _warned: set[str] = set()
 #: names known without loading the command tree: what elasticslice sets for the commands it

@@ -169,10 +169,10 @@ def test_module_level_imports_skip_functions_and_type_checking():
     assert module_level_imports(source) == ["os", "typing", "typing.TYPE_CHECKING"]
 
 
-def test_the_prefix_envcheck_spells_is_the_configs():
+def test_the_prefix_envcheck_checks_is_the_configs():
     from elasticslice.config import ENV_PREFIX
-    from elasticslice.envcheck import ENV_PREFIX as spelled
-    assert spelled == ENV_PREFIX
+    from elasticslice.envcheck import ENV_PREFIX as checked
+    assert checked == ENV_PREFIX == "ELASTICSLICE_"
 
 
 def test_os_error_reason_is_still_importable_from_pki():
