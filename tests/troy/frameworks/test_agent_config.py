@@ -68,8 +68,8 @@ def test_streams_are_eager_unless_the_environment_fixes_their_interval(tmp_path)
 
 
 THREADS = ("import json, os, sys\n"
-           "from troy.frameworks.dask.agent import ONE_THREAD, import_dask_with_one_blas_thread\n"
-           "added = import_dask_with_one_blas_thread() if sys.argv[1] == 'agent' else []\n"
+           "from troy.frameworks.dask.agent import ONE_THREAD, import_dask_for_an_agent\n"
+           "added = import_dask_for_an_agent() if sys.argv[1] == 'agent' else []\n"
            "import distributed\n"
            "numpy_at_start = 'numpy' in sys.modules\n"
            "threads = len(os.listdir('/proc/self/task'))\n"

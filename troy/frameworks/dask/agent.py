@@ -199,7 +199,7 @@ class _NumpyLater:
         return None
 
 
-def import_dask_with_one_blas_thread() -> list[str]:
+def import_dask_for_an_agent() -> list[str]:
     """Import Distributed without numpy (:class:`_NumpyLater`; numpy imports normally
     afterwards), and with :data:`ONE_THREAD` set where unset, for a numpy already imported
     or that something of the node's imports all the same; returns the variables it set (and
@@ -557,7 +557,7 @@ def main(argv: list[str]) -> None:
     ``... scheduler SATURATION``: serve until stdin closes, after printing the address;
     ``... node SCHEDULER CORES [NAME [HOST]]``: a node's pilot agent, until SIGTERM."""
     logging.basicConfig(level=logging.WARNING)
-    import_dask_with_one_blas_thread()
+    import_dask_for_an_agent()
     apply_agent_defaults()
     if len(argv) in (2, 4) and argv[0] == "scheduler":
         asyncio.run(_serve_scheduler(float(argv[1]), *argv[2:3], *map(int, argv[3:4])))
