@@ -190,12 +190,15 @@ def test_a_15_s_notice_during_a_20_s_addnodes_ends_early_with_nothing_lost(
     for node_id in (first, second):  # the drain's deadline is the notice's: the first
         # notice's arrival + 15 s, or earlier where a countdown notice (received later, with
         # a max_wait_time rounded up) said so; never later (broke: recomputed after a wait)
-        # (a countdown notice that came after the node was given back may still bring the
-        # record's deadline earlier: there was no drain left to hurry)
+        # (a countdown notice that came once the drain had emptied the node, or after the
+        # node was given back, may still bring the record's deadline earlier: there was no
+        # drain left to hurry; a fresh-clone run saw one 95 ms after the drain emptied and
+        # 28 ms before the release)
         revocation = [r for r in manager.state.pending_deletes() if r.node_id == node_id][0]
         plan = manager.drains[node_id]
+        over = [t for t in (plan.emptied_at, revocation.released) if t is not None]
         assert plan.deadline == revocation.deadline or (
-            revocation.released is not None and revocation.last_seen > revocation.released
+            over and revocation.last_seen > min(over)
             and plan.deadline > revocation.deadline), (plan, revocation)
         assert revocation.deadline <= plan.deadline <= revocation.first_seen + 15
     pressure.relieve()
