@@ -233,3 +233,78 @@ def test_a_node_cannot_report_another_nodes_units(guarded, tmp_path, caplog) -> 
     assert refused()
     assert u.state is State.RUNNING
     fw.cancel_unit(u)
+
+
+class _Touched:
+    """Unpickling this writes its marker file: what a pickle of an attacker's does where it
+    is decoded (pickle calls ``_touch(path)`` while it reads the object)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204
+        return _touch, (self.path,)
+
+
+def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_path,
+                                                                  caplog) -> None:
+    """Dask's decoder unpickles every ``__Pickled__`` field while it reads a message, before
+    any handler (or a guard that checks decoded messages) sees it. With a node's certificate:
+    a pickle in a refused op, in an allowed op and on the node's worker stream; none of them
+    is decoded in the scheduler's process (the control process: the CloudLab key, the
+    cluster CA), each closes the node's connection with one log line, and the pilots go
+    on."""
+    from distributed import Worker
+    from distributed.comm import connect
+    from distributed.protocol.serialize import ToPickle
+
+    from troy import ComputeUnitDescription as CUD
+    from troy.frameworks.dask import guard
+    fw, _ = guarded
+    home = tmp_path / "nodes" / "node-1"
+    node1 = DaskTLS(str(home / "ca.pem"), str(home / "node-1.pem"), str(home / "node-1-key.pem"))
+    args = node1.security().get_connection_args("client")
+    markers = {name: tmp_path / f"marker-{name}" for name in ("rpc", "allowed", "stream")}
+
+    async def send(msg: dict) -> str:
+        comm = await connect(fw.scheduler_address, **args)
+        try:
+            await comm.write(msg)
+            return repr(await asyncio.wait_for(comm.read(), 20))
+        except Exception as err:  # noqa: BLE001 - what the attacker sees
+            return f"refused: {type(err).__name__}"
+        finally:
+            comm.abort()
+
+    async def stream() -> None:
+        w = await Worker(fw.scheduler_address, security=node1.security(), nthreads=1,
+                         name="node-1-spy", death_timeout=20,
+                         startup_information=guard.startup_information())
+        try:
+            w.batched_stream.send({"op": "log-event", "topic": "spy",
+                                   "msg": ToPickle(_Touched(str(markers["stream"])))})
+            for _ in range(200):
+                if "pickle" in caplog.text and "stream" in caplog.text:
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            await w.close()
+
+    async def attacks() -> dict[str, str]:
+        return {"rpc": await send({"op": "run_function",
+                                   "x": ToPickle(_Touched(str(markers["rpc"])))}),
+                "allowed": await send({"op": "who_has",
+                                       "keys": ToPickle(_Touched(str(markers["allowed"])))})}
+
+    with caplog.at_level(logging.WARNING, logger="troy.frameworks.dask.guard"):
+        out = asyncio.run(attacks())
+        asyncio.run(stream())
+    assert [name for name, marker in markers.items() if marker.exists()] == []
+    assert all(v.startswith("refused") for v in out.values()), out
+    lines = [r.getMessage() for r in caplog.records if r.name == "troy.frameworks.dask.guard"]
+    assert len([x for x in lines if "a pickle" in x and "node-1 (role worker" in x]) == 3, lines
+    assert "Traceback" not in caplog.text
+    # the pilots go on, and the control identity's own pickles still work
+    u = fw.submit_unit(CUD(executable="/bin/true"), fw.find_pilot("node-1"))
+    assert u.wait(60) is State.DONE
+    assert fw.client.run_on_scheduler(_touch, str(tmp_path / "control-ran")) == "ran"

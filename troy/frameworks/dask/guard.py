@@ -20,6 +20,16 @@ and checks every message read on it, before Dask dispatches it:
   (``WORKER_RPC_FROM_WORKER``: ``get_data``, and P2P shuffle's transfers when present).
 - any other certificate (no OU, another OU): nothing.
 
+Nothing a peer without the ``control`` role sends is unpickled in the scheduler's process
+(the control process: the CloudLab key, the cluster CA). Dask's decoder unpickles every
+``__Pickled__`` field (``ToPickle``) while it reads a message, before any handler, or a check
+of the decoded message, sees it: on such a peer's connection the scheduler's guard decodes
+the frames itself (:func:`strict_loads`): a pickle anywhere in a message closes the
+connection before anything of it is decoded, and ``__Serialized__`` fields stay serialized
+(``Serialized``), as Dask's scheduler keeps them anyway. Workers decode as Dask does: the
+data Dask moves between workers (a dependency's value, P2P shuffle shards) is pickled, and a
+node takes its peers' data as Dask's workers do.
+
 Default deny: an op not listed is refused. A refused request gets an error answer
 (``PermissionError``) when it asked for one, otherwise its connection is closed; a refused
 message on a stream closes the stream. Each refusal is one log line (WARNING, logger
@@ -35,6 +45,7 @@ full member, as before).
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 from typing import Any
@@ -69,6 +80,60 @@ STREAM_STARTS = frozenset({"register-worker", "register-client", "connection_str
 # (not set_resources: Troy sets a worker's tags at the scheduler from the control; a worker
 # setting its own could grant itself a framework's tag and receive its units)
 _BOUND = {"heartbeat_worker": "address", "retire_workers": "workers", "unregister": "address"}
+
+
+#: set while a guarded peer's message is read: :func:`_from_frames` decodes it strictly
+_STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("troy_guard_strict",
+                                                               default=False)
+
+
+class PickleRefused(Exception):
+    """A message of a peer without the control role carried a pickle (not decoded)."""
+
+
+def strict_loads(frames: list[Any]) -> Any:
+    """Dask's message decoding (``distributed.protocol.loads`` with ``deserialize=False``)
+    that refuses pickles: a ``__Pickled__`` field raises :class:`PickleRefused` before any
+    of it is read; ``__Serialized__`` fields become ``Serialized`` objects, opaque bytes
+    that Dask's scheduler passes on without decoding."""
+    import msgpack
+    from distributed.protocol import core
+
+    def hook(obj: dict[Any, Any]) -> Any:
+        if obj.get("__Pickled__", 0):
+            raise PickleRefused("a pickle (ToPickle): not decoded")
+        offset = obj.get("__Serialized__", 0)
+        if offset > 0:
+            header = msgpack.loads(frames[offset], object_hook=core.msgpack_decode_default,
+                                   use_list=False, **core.msgpack_opts)
+            offset += 1
+            count = header["num-sub-frames"]
+            if not isinstance(count, int) or count < 0 or offset + count > len(frames):
+                raise ValueError("a serialized field names frames the message does not have")
+            return core.Serialized(header, frames[offset:offset + count])
+        return core.msgpack_decode_default(obj)
+
+    return msgpack.loads(frames[0], object_hook=hook, use_list=False, **core.msgpack_opts)
+
+
+def _strict_decoding() -> None:
+    """Make the TCP/TLS comms' frame decoding strict while :data:`_STRICT` is set (once per
+    process; Dask's own decoding otherwise)."""
+    from distributed.comm import tcp
+    if getattr(tcp.from_frames, "_troy_strict", False):
+        return
+    dask_from_frames = tcp.from_frames
+
+    async def from_frames(frames: list[Any], deserialize: bool = True,
+                          deserializers: Any = None, allow_offload: bool = True) -> Any:
+        if _STRICT.get():
+            return strict_loads(frames)
+        return await dask_from_frames(frames, deserialize=deserialize,
+                                      deserializers=deserializers,
+                                      allow_offload=allow_offload)
+
+    from_frames._troy_strict = True  # type: ignore[attr-defined]
+    tcp.from_frames = from_frames
 
 
 def peer_identity(comm: Any) -> tuple[str | None, str | None]:
@@ -158,7 +223,7 @@ class Guard:
 
     def handle_comm(self, comm: Any) -> Any:
         cn, role = peer_identity(comm)
-        peer = _Peer(self, comm, cn, role)
+        peer = _Peer(self, comm, cn, role, strict=self.kind == "scheduler")
         if role == CONTROL and self.kind == "worker":
             return self._handle(comm)     # the scheduler and control clients: unchecked
         comm.read = peer.read
@@ -246,8 +311,10 @@ class Guard:
 class _Peer:
     """One incoming connection: its identity and whether it became a stream."""
 
-    def __init__(self, guard: Guard, comm: Any, cn: str | None, role: str | None) -> None:
+    def __init__(self, guard: Guard, comm: Any, cn: str | None, role: str | None,
+                 strict: bool = False) -> None:
         self.guard, self.comm, self.cn, self.role = guard, comm, cn, role
+        self.strict = strict and role != CONTROL   # decoded by strict_loads
         self.address = getattr(comm, "peer_address", "?")
         self.stream: str | None = None
         self.worker: str | None = None    # the address it registered as a worker
@@ -255,7 +322,17 @@ class _Peer:
 
     async def read(self, deserializers: Any = None) -> Any:
         while True:
-            msg = await self._read(deserializers)
+            strict = _STRICT.set(self.strict)
+            try:
+                msg = await self._read(deserializers)
+            except PickleRefused as err:
+                where = f"on its {self.stream} stream" if self.stream else "in a message"
+                self.guard.refused(self, f"{err} ({where})")
+                from distributed.comm.core import CommClosedError
+                self.comm.abort()
+                raise CommClosedError(f"troy guard: refused {err}") from None
+            finally:
+                _STRICT.reset(strict)
             why = self._verdict(msg)
             if why is None:
                 return msg
@@ -313,6 +390,7 @@ def install(server: Any, kind: str) -> Guard | None:
     if security is None or not getattr(security, "require_encryption", False):
         return None
     versions()   # now: the code this process runs, not what is on disk later
+    _strict_decoding()
     guard = Guard(server, kind)
     server.handle_comm = guard.handle_comm
     server._troy_guard = guard
