@@ -235,6 +235,96 @@ def test_a_node_cannot_report_another_nodes_units(guarded, tmp_path, caplog) -> 
     fw.cancel_unit(u)
 
 
+def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(guarded,
+                                                                            tmp_path,
+                                                                            caplog) -> None:
+    """A unit's events count only from the worker the scheduler runs its Dask task on: a
+    node's second worker (its own certificate, its own address) publishing ``run`` and
+    ``end`` for a unit running on node-2, with that unit's key (keys are sequential, the
+    topic is no secret to nodes) or without one, changes nothing: the unit goes on running,
+    and ends with its own result."""
+    from distributed import Worker
+
+    from troy import ComputeUnitDescription as CUD
+    from troy.frameworks.dask import guard
+    from troy.frameworks.dask.agent import result_to_wire
+    from troy.unit import UnitResult
+    fw, _ = guarded
+    home = tmp_path / "nodes" / "node-1"
+    node1 = DaskTLS(str(home / "ca.pem"), str(home / "node-1.pem"), str(home / "node-1-key.pem"))
+    victim = fw.find_pilot("node-2")
+    gate = tmp_path / "gate"
+    u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+        "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 3"]), victim)
+    wait_for(lambda: u.state is State.RUNNING, 60, what="the unit running on node-2")
+    key = fw._records[u.id].key
+    forged = result_to_wire(UnitResult(exit_code=0, value="forged", start=0.0, end=1.0))
+
+    def dropped() -> int:
+        return sum("not running there" in r.getMessage() for r in caplog.records
+                   if r.name == "troy.frameworks.dask.guard")
+
+    async def forge() -> None:
+        w = await Worker(fw.scheduler_address, security=node1.security(), nthreads=1,
+                         name="node-1-spy", death_timeout=20,
+                         startup_information=guard.startup_information())
+        try:
+            for event in (["run", u.id, w.address, 0.0, key], ["end", u.id, w.address,
+                                                               forged, key],
+                          ["end", u.id, w.address, forged]):
+                w.log_event(fw.topic, ["batch", [event]])
+            for _ in range(400):
+                if dropped() >= 1 and "without its task" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)   # what the framework would do with them, it did
+        finally:
+            await w.close()
+
+    with caplog.at_level(logging.INFO, logger="troy.frameworks.dask.guard"):
+        asyncio.run(forge())
+    assert u.state is State.RUNNING and u.pilot == victim.id, (u.state, u.pilot)
+    assert dropped() >= 1, caplog.text
+    gate.touch()
+    assert u.wait(60) is State.FAILED and u.result.exit_code == 3, u.result
+
+
+def test_a_node_cannot_register_a_worker_with_a_framework_s_tag(guarded, tmp_path,
+                                                                 caplog) -> None:
+    """A worker's resources at registration are its cores only: with a node's certificate,
+    a worker that says it has the framework's tag (the topic is no secret to nodes) or a
+    million cores is refused with one line, and gets no unit."""
+    from distributed import Worker
+
+    from troy.frameworks.dask import guard
+    fw, _ = guarded
+    home = tmp_path / "nodes" / "node-1"
+    node1 = DaskTLS(str(home / "ca.pem"), str(home / "node-1.pem"), str(home / "node-1-key.pem"))
+
+    async def join(resources: dict) -> str:
+        w = Worker(fw.scheduler_address, security=node1.security(), nthreads=1,
+                   name="node-1-greedy", resources=resources, death_timeout=20,
+                   startup_information=guard.startup_information())
+        try:
+            await w
+        except Exception as err:  # noqa: BLE001 - what the worker says
+            return f"refused: {err}"
+        await w.close()
+        return "joined"
+
+    with caplog.at_level(logging.WARNING, logger="troy.frameworks.dask.guard"):
+        tagged = asyncio.run(join({"cores": 1, fw.topic: 10 ** 6, f"{fw.topic}-long": 10 ** 6}))
+        huge = asyncio.run(join({"cores": 10 ** 9}))
+    assert tagged.startswith("refused") and huge.startswith("refused"), (tagged, huge)
+    lines = [r.getMessage() for r in caplog.records if r.name == "troy.frameworks.dask.guard"
+             and "'register-worker' with resources" in r.getMessage()]
+    assert len(lines) == 2 and all("node-1 (role worker" in x for x in lines), lines
+    assert fw.topic in lines[0]
+    assert all(info.get("name") != "node-1-greedy" for info in fw.workers_info().values())
+    # a node's own agent (cores only) is a pilot as before
+    assert fw.find_pilot("node-1").state is State.RUNNING
+
+
 class _Touched:
     """Unpickling this writes its marker file: what a pickle of an attacker's does where it
     is decoded (pickle calls ``_touch(path)`` while it reads the object)."""

@@ -289,12 +289,13 @@ class _Outbox:
         self.lock = threading.Lock()
         self.events: dict[str, list[list]] = {}   # topic -> events not yet sent
         self.flushing = False                     # a flush is scheduled on the loop
-        self.running: dict[str, tuple[str, float]] = {}  # unit -> (topic, start), unannounced
+        self.running: dict[str, tuple[str, float, str]] = {}  # unit -> (topic, start, key),
+        #                                                          unannounced
         self.ticking = False                      # the announce timer is armed
 
-    def started(self, worker, unit_id: str, topic: str, start: float) -> None:
+    def started(self, worker, unit_id: str, topic: str, start: float, key: str) -> None:
         with self.lock:
-            self.running[unit_id] = (topic, start)
+            self.running[unit_id] = (topic, start, key)
             arm = not self.ticking
             self.ticking = True
         if arm:
@@ -320,11 +321,11 @@ class _Outbox:
         """On the worker's loop: announce units running for ``RUN_EVENT_DELAY`` already."""
         due = time.time() - RUN_EVENT_DELAY
         with self.lock:
-            for uid, (topic, start) in list(self.running.items()):
+            for uid, (topic, start, key) in list(self.running.items()):
                 if start <= due:
                     del self.running[uid]
                     self.events.setdefault(topic, []).append(
-                        ["run", uid, worker.address, start])
+                        ["run", uid, worker.address, start, key])
             self.ticking = bool(self.running)
         self._flush(worker)
         if self.ticking:
@@ -370,12 +371,15 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
     # the final state from it, saving a scheduler message per short unit.
     outbox = _outbox_of(worker)
     start = time.time()
-    outbox.started(worker, unit_id, topic, start)
+    # each event names the unit's Dask task: the scheduler's guard takes a unit's events
+    # only from the worker that runs its task, and the framework only for its current one
+    key = worker.get_current_task()
+    outbox.started(worker, unit_id, topic, start, key)
     try:
         result = execute(cud, sandbox=sandbox, on_start=hook,
                          canceled=lambda: unit_id in _canceled or _stopping.is_set())
     except BaseException:  # the Dask task errs: the unit ran here, its future says how
-        outbox.ended(worker, unit_id, topic, ["run", unit_id, worker.address, start])
+        outbox.ended(worker, unit_id, topic, ["run", unit_id, worker.address, start, key])
         raise
     finally:
         with _procs_lock:
@@ -391,7 +395,7 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
         raise RuntimeError("pilot stopped while the unit ran")
     inline = _small(result)
     outbox.ended(worker, unit_id, topic, ["end", unit_id, worker.address,
-                                          result_to_wire(result) if inline else None])
+                                          result_to_wire(result) if inline else None, key])
     return None if inline else result
 
 

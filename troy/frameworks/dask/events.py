@@ -32,6 +32,7 @@ class UnitRecord:
     key: str = ""
     future: Any = None
     addr: str | None = None          # worker it runs on (from the ``run`` event)
+    keys: set[str] = field(default_factory=set)  # its Dask tasks: this attempt's and earlier
     canceling: bool = False
     left: set[str] = field(default_factory=set)  # workers it was moved away from
 
@@ -160,8 +161,16 @@ class UnitEvents:
                 if done:  # one hop to the client's loop for the batch, not one per unit
                     done[0].client.loop.add_callback(_release_all, done)
             return
-        _, uid, addr, payload = msg
+        _, uid, addr, payload, *rest = msg
+        key = rest[0] if rest else None
         rec = self._records.get(uid)
+        if rec is not None and key not in rec.keys:
+            # not one of the unit's tasks, this attempt's or an earlier one's that Dask ran
+            # elsewhere (the scheduler's guard passes a unit's events only from the worker
+            # running the task they name): nothing of this unit
+            log.info("framework %s: %s event for unit %s from %s ignored: it names task %r, "
+                     "not the unit's", self.name, kind, uid, addr, key)
+            return
         if rec is None or addr in self._dead_addrs or addr in rec.left \
                 or rec.unit.state in FINAL_STATES:
             if kind == "end" and payload is not None:  # an attempt we moved away from

@@ -487,6 +487,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                 # One Dask task prefix for all units: unique prefixes cost the scheduler
                 # a task group each (a third of the throughput).
                 rec.key = f"troy-unit-{next(self._attempt)}-{self.topic}"
+                rec.keys.add(rec.key)
                 self._by_key[rec.key] = rec
             resources = self._unit_resources(cores, long)
             futures = self.client.map(

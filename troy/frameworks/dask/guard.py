@@ -10,7 +10,8 @@ and checks every message read on it, before Dask dispatches it:
 
 - ``control``: everything (unchecked, apart from the versions of a joining worker).
 - ``worker``, at the scheduler: only what a worker needs (``SCHEDULER_RPC_FROM_WORKER``, and
-  on its worker stream ``SCHEDULER_STREAM_FROM_WORKER``); the ops naming a worker
+  on its worker stream ``SCHEDULER_STREAM_FROM_WORKER``); it registers with its cores as its
+  only resource (Troy's tags are granted from the control); the ops naming a worker
   (heartbeats, resources, retiring) only for workers registered with the same certificate's
   common name; a worker stream message may not name a worker (Dask adds the stream's own).
   A worker's events: none on topic ``all``, and a Troy framework's only about its own
@@ -207,6 +208,12 @@ def _show(v: dict[str, str]) -> str:
     return ", ".join(f"{k} {v[k]}" for k in ("troy", "dask", "distributed"))
 
 
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a count of cores a worker may say it has."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and 0 < value < 1 << 20
+
+
 class Refused(Exception):
     pass
 
@@ -219,6 +226,8 @@ class Guard:
         self._handle = server.handle_comm
         self.workers_of: dict[str, set[str]] = {}   # worker-role CN -> addresses registered
         self.refusals = 0
+        self.dropped = 0                            # Troy events not from their task's worker
+        self._dropped_from: set[str | None] = set()
         self._said: set[str] = set()
 
     def handle_comm(self, comm: Any) -> Any:
@@ -246,6 +255,12 @@ class Guard:
             return
         if op == "register-worker":
             self._check_versions(peer, msg)
+            resources = msg.get("resources") or {}
+            granted = sorted(str(k) for k in resources if k != "cores") \
+                if isinstance(resources, dict) else [repr(resources)]
+            if granted or resources and not _count(resources.get("cores")):
+                raise Refused(f"'register-worker' with resources {resources!r}: a node's "
+                              f"worker has its cores only (Troy grants its tags)")
             peer.worker = str(msg.get("address"))
             self.workers_of.setdefault(peer.cn or "", set()).add(str(msg.get("address")))
             return
@@ -273,23 +288,52 @@ class Guard:
                 raise Refused(f"{op!r} on its worker stream names a worker "
                               f"({m['worker']!r})")
             if op == "log-event":
-                self._check_event(peer, m.get("topic"), m.get("msg"))
+                kept = self._check_event(peer, m.get("topic"), m.get("msg"))
+                if kept is not None:
+                    m["msg"] = kept
 
-    @staticmethod
-    def _check_event(peer: _Peer, topic: Any, msg: Any) -> None:
+    def _check_event(self, peer: _Peer, topic: Any, msg: Any) -> Any:
         """A worker's events: none on the cluster's own topic ("all": workers joining and
-        leaving), and a Troy framework's events (``["batch", [[kind, unit, address, ...],
-        ...]]``) only about units on itself."""
+        leaving), and a Troy framework's events (``["batch", [[kind, unit, address, ...,
+        key], ...]]``) only about units on itself. Returns the message to pass on (None:
+        ``msg`` as it is): a Troy event whose Dask task (``key``, last) is not running on
+        the sender is dropped, with one line a peer, since a unit's events count only
+        from the worker the scheduler runs its task on (a late event of a task canceled
+        meanwhile is dropped too: nothing waits for it)."""
         topics = topic if isinstance(topic, (list, tuple)) else [topic]
         if "all" in topics:
             raise Refused("'log-event' on topic 'all': not a worker's event")
         if not any(isinstance(t, str) and t.startswith("troy-") for t in topics):
-            return
+            return None
         events = msg[1] if isinstance(msg, (list, tuple)) and len(msg) == 2 \
             and msg[0] == "batch" and isinstance(msg[1], (list, tuple)) else None
         if events is None or not all(isinstance(e, (list, tuple)) and len(e) > 2
                                      and e[2] == peer.worker for e in events):
             raise Refused(f"'log-event' on topic {topic!r}: about units of another worker")
+        kept = [e for e in events if self._runs(peer.worker, e)]
+        if len(kept) == len(events):
+            return None
+        self.dropped += len(events) - len(kept)
+        bad = next(e for e in events if not self._runs(peer.worker, e))
+        why = ("without its task" if len(bad) < 5 else
+               f"for task {str(bad[4])[:80]!r}, not running there")
+        first = peer.cn not in self._dropped_from
+        self._dropped_from.add(peer.cn)
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "troy guard (%s): dropped %d event(s) of %s (role %s, %s) about unit %r: "
+                "%s%s", self.kind, len(events) - len(kept), peer.cn or "no common name",
+                peer.role or "none", peer.address, str(bad[1])[:80], why,
+                "" if not first else " (further drops of this peer: DEBUG)")
+        return ["batch", kept]
+
+    def _runs(self, worker: str | None, event: Any) -> bool:
+        """Whether ``event`` names a Dask task the scheduler runs on ``worker`` now."""
+        if len(event) < 5 or not isinstance(event[4], str):
+            return False
+        tasks = getattr(self.server, "tasks", None)
+        ts = tasks.get(event[4]) if tasks is not None else None
+        on = getattr(ts, "processing_on", None)
+        return on is not None and on.address == worker
 
     def _check_versions(self, peer: _Peer, msg: dict[str, Any]) -> None:
         ours, theirs = versions(), _their_versions(msg)
