@@ -83,7 +83,7 @@ STREAM_STARTS = frozenset({"register-worker", "register-client", "connection_str
 _BOUND = {"heartbeat_worker": "address", "retire_workers": "workers", "unregister": "address"}
 
 
-#: set while a guarded peer's message is read: :func:`_from_frames` decodes it strictly
+#: set while a guarded peer's message is read: the TCP comm decodes it by :func:`strict_loads`
 _STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("troy_guard_strict",
                                                                default=False)
 
