@@ -173,9 +173,3 @@ def test_the_prefix_envcheck_checks_is_the_configs():
     from elasticslice.config import ENV_PREFIX
     from elasticslice.envcheck import ENV_PREFIX as checked
     assert checked == ENV_PREFIX == "ELASTICSLICE_"
-
-
-def test_os_error_reason_is_still_importable_from_pki():
-    from elasticslice.errors import os_error_reason
-    from elasticslice.rpc.pki import os_error_reason as from_pki
-    assert from_pki is os_error_reason

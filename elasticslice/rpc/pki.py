@@ -22,9 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
-# os_error_reason lives in elasticslice.errors (the config reads files without this module's
-# cryptography); still importable from here
-from elasticslice.errors import CredentialError, os_error_reason  # noqa: F401
+from elasticslice.errors import CredentialError
 
 URN_PREFIX = "urn:publicid:IDN+"
 KEY_BITS = 2048

@@ -310,19 +310,21 @@ class Guard:
         if events is None or not all(isinstance(e, (list, tuple)) and len(e) > 2
                                      and e[2] == peer.worker for e in events):
             raise Refused(f"'log-event' on topic {topic!r}: about units of another worker")
-        kept = [e for e in events if self._runs(peer.worker, e)]
-        if len(kept) == len(events):
+        kept, bad = [], []
+        for e in events:
+            (kept if self._runs(peer.worker, e) else bad).append(e)
+        if not bad:
             return None
-        self.dropped += len(events) - len(kept)
-        bad = next(e for e in events if not self._runs(peer.worker, e))
-        why = ("without its task" if len(bad) < 5 else
-               f"for task {str(bad[4])[:80]!r}, not running there")
+        self.dropped += len(bad)
+        one = bad[0]
+        why = ("without its task" if len(one) < 5 else
+               f"for task {str(one[4])[:80]!r}, not running there")
         first = peer.cn not in self._dropped_from
         self._dropped_from.add(peer.cn)
         log.log(logging.WARNING if first else logging.DEBUG,
                 "troy guard (%s): dropped %d event(s) of %s (role %s, %s) about unit %r: "
-                "%s%s", self.kind, len(events) - len(kept), peer.cn or "no common name",
-                peer.role or "none", peer.address, str(bad[1])[:80], why,
+                "%s%s", self.kind, len(bad), peer.cn or "no common name",
+                peer.role or "none", peer.address, str(one[1])[:80], why,
                 "" if not first else " (further drops of this peer: DEBUG)")
         return ["batch", kept]
 
