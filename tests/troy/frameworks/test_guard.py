@@ -298,6 +298,65 @@ def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(gua
     assert u.wait(60) is State.FAILED and u.result.exit_code == 3, u.result
 
 
+def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
+                                                              caplog) -> None:
+    """Dask takes a task's outcome whose run_id matches from any worker, and ``add-keys``
+    for any key in memory. A node's second worker sends, for a unit's task running on
+    node-2 (its key and run_id, read here as an attacker would guess them):
+    ``task-finished`` (it would hold the result others fetch), ``task-erred`` with a pickled
+    exception (which the control process's client would decode) and ``add-keys``. None of
+    them counts: the unit runs on, ends with its own exit status, no marker is written, and
+    no worker but node-2 ever held the task."""
+    import pickle
+
+    from distributed.protocol.serialize import Serialize
+
+    from troy import ComputeUnitDescription as CUD
+    fw, _ = guarded
+    node1 = node_files(tmp_path)
+    victim = fw.find_pilot("node-2")
+    gate, marker = tmp_path / "gate", tmp_path / "marker"
+    u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+        "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 3"]), victim)
+    wait_for(lambda: u.state is State.RUNNING, 60, what="the unit running on node-2")
+    key = fw._records[u.id].key
+    run_id = fw.on_scheduler(lambda s: s.tasks[key].run_id)
+
+    def dropped() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "troy.frameworks.dask.guard" and "dropped" in r.getMessage()]
+
+    async def forge() -> None:
+        common = {"key": key, "run_id": run_id, "thread": None, "startstops": [],
+                  "stimulus_id": "spy"}
+        async with spy_worker(fw, node1) as w:
+            w.batched_stream.send({"op": "task-erred", "status": "error", **common,
+                                   "exception": Serialize(_Touched(str(marker))),
+                                   "traceback": None, "exception_text": "forged",
+                                   "traceback_text": ""})
+            w.batched_stream.send({"op": "task-finished", "status": "OK", **common,
+                                   "nbytes": 8, "type": pickle.dumps(int),
+                                   "typename": "int", "metadata": {}})
+            w.batched_stream.send({"op": "add-keys", "keys": [key], "stimulus_id": "spy"})
+            await until(lambda: len(dropped()) == 3)
+            await asyncio.sleep(1.0)   # what the scheduler would do with them, it did
+
+    with caplog.at_level(logging.DEBUG, logger="troy.frameworks.dask.guard"):
+        asyncio.run(forge())
+    assert not marker.exists()
+    assert u.state is State.RUNNING and u.pilot == victim.id, (u.state, u.pilot)
+    held = fw.on_scheduler(lambda s: (
+        s.tasks[key].state, getattr(s.tasks[key].processing_on, "address", None),
+        [w.address for w in s.tasks[key].who_has or ()]))
+    assert held == ("processing", victim.native_id, []), held
+    lines = dropped()
+    assert len(lines) == 3 and all("node-1 (role worker" in x for x in lines), lines
+    assert [op in x for op, x in zip(("task-erred", "task-finished", "add-keys"), lines)] \
+        == [True] * 3, lines
+    gate.touch()
+    assert u.wait(60) is State.FAILED and u.result.exit_code == 3, u.result
+
+
 def test_a_node_cannot_register_a_worker_with_a_framework_s_tag(guarded, tmp_path,
                                                                  caplog) -> None:
     """A worker's resources at registration are its cores only: with a node's certificate,

@@ -15,8 +15,11 @@ and checks every message read on it, before Dask dispatches it:
   (heartbeats, resources, retiring) only for workers registered with the same certificate's
   common name; a worker stream message may not name a worker (Dask adds the stream's own).
   A worker's events: none on topic ``all``, and a Troy framework's only about its own
-  units. No client: ``register-client``, ``update-graph``, ``run_function``, ``broadcast``,
-  ``scatter``, plugins, dumps... are refused.
+  units; a task's outcome (``task-finished``, ``task-erred``) counts only from the worker
+  the scheduler runs it on, and ``add-keys`` only for inputs of tasks running there (the
+  rest goes no further, one line a peer). No client: ``register-client``,
+  ``update-graph``, ``run_function``, ``broadcast``, ``scatter``, plugins, dumps... are
+  refused.
 - ``worker``, at a worker: only Dask's own data transfer between workers
   (``WORKER_RPC_FROM_WORKER``: ``get_data``, and P2P shuffle's transfers when present).
 - any other certificate (no OU, another OU): nothing.
@@ -214,6 +217,10 @@ def _count(value: Any) -> bool:
         and 0 < value < 1 << 20
 
 
+#: a run_id no task has (Dask counts from 1): an outcome carrying it is a stale run's
+STALE_RUN = -1
+
+
 class Refused(Exception):
     pass
 
@@ -291,6 +298,23 @@ class Guard:
                 kept = self._check_event(peer, m.get("topic"), m.get("msg"))
                 if kept is not None:
                     m["msg"] = kept
+            elif op in ("task-finished", "task-erred"):
+                key = m.get("key")
+                if not self._runs_task(peer.worker, key):
+                    # Dask takes an outcome whose run_id matches from any worker: this one
+                    # goes its stale path instead (ignored; a result's sender is told to
+                    # free it), as for a run the scheduler moved elsewhere
+                    m["run_id"] = STALE_RUN
+                    self._dropped(peer, 1, key, f"{op}: its task is not running there")
+            elif op == "add-keys":
+                keys = m.get("keys")
+                keys = keys if isinstance(keys, (list, tuple)) else ()
+                own = [k for k in keys if self._fetched_for(peer.worker, k)]
+                if len(own) != len(keys) or not isinstance(m.get("keys"), (list, tuple)):
+                    m["keys"] = own
+                    self._dropped(peer, len(keys) - len(own), next(
+                        (k for k in keys if k not in own), None),
+                        "add-keys: not an input of a task running there")
 
     def _check_event(self, peer: _Peer, topic: Any, msg: Any) -> Any:
         """A worker's events: none on the cluster's own topic ("all": workers joining and
@@ -312,30 +336,46 @@ class Guard:
             raise Refused(f"'log-event' on topic {topic!r}: about units of another worker")
         kept, bad = [], []
         for e in events:
-            (kept if self._runs(peer.worker, e) else bad).append(e)
+            (kept if len(e) > 4 and self._runs_task(peer.worker, e[4]) else bad).append(e)
         if not bad:
             return None
-        self.dropped += len(bad)
         one = bad[0]
-        why = ("without its task" if len(one) < 5 else
-               f"for task {str(one[4])[:80]!r}, not running there")
+        self._dropped(peer, len(bad), f"unit {str(one[1])[:80]}",
+                      "event without its task" if len(one) < 5 else
+                      f"event for task {str(one[4])[:80]!r}, not running there")
+        return ["batch", kept]
+
+    def _task(self, key: Any) -> Any:
+        """The scheduler's state of task ``key`` (None: none, or not a key)."""
+        try:
+            return self.server.tasks.get(key)
+        except (AttributeError, TypeError):  # not a scheduler; an unhashable "key"
+            return None
+
+    def _runs_task(self, worker: str | None, key: Any) -> bool:
+        """Whether the scheduler runs task ``key`` on ``worker`` now."""
+        on = getattr(self._task(key), "processing_on", None)
+        return on is not None and on.address == worker
+
+    def _fetched_for(self, worker: str | None, key: Any) -> bool:
+        """Whether ``worker`` may hold a copy of ``key``: an input of a task the scheduler
+        runs there (what Dask's workers fetch, then announce with ``add-keys``)."""
+        ts = self._task(key)
+        return ts is not None and any(
+            d.processing_on is not None and d.processing_on.address == worker
+            for d in ts.dependents)
+
+    def _dropped(self, peer: _Peer, count: int, about: Any, why: str) -> None:
+        """Count what a worker-role peer sent about others' tasks, which went no further;
+        one WARNING line a peer, then DEBUG."""
+        self.dropped += count
         first = peer.cn not in self._dropped_from
         self._dropped_from.add(peer.cn)
         log.log(logging.WARNING if first else logging.DEBUG,
-                "troy guard (%s): dropped %d event(s) of %s (role %s, %s) about unit %r: "
-                "%s%s", self.kind, len(bad), peer.cn or "no common name",
-                peer.role or "none", peer.address, str(one[1])[:80], why,
-                "" if not first else " (further drops of this peer: DEBUG)")
-        return ["batch", kept]
-
-    def _runs(self, worker: str | None, event: Any) -> bool:
-        """Whether ``event`` names a Dask task the scheduler runs on ``worker`` now."""
-        if len(event) < 5 or not isinstance(event[4], str):
-            return False
-        tasks = getattr(self.server, "tasks", None)
-        ts = tasks.get(event[4]) if tasks is not None else None
-        on = getattr(ts, "processing_on", None)
-        return on is not None and on.address == worker
+                "troy guard (%s): dropped %d of %s (role %s, %s) about %s: %s%s", self.kind,
+                count, peer.cn or "no common name", peer.role or "none", peer.address,
+                str(about)[:100], why, "" if not first else
+                " (further drops of this peer: DEBUG)")
 
     def _check_versions(self, peer: _Peer, msg: dict[str, Any]) -> None:
         ours, theirs = versions(), _their_versions(msg)
