@@ -21,7 +21,7 @@ from troy import State
 from troy.frameworks.dask import DaskFramework
 from troy.frameworks.dask.tls import DaskTLS
 from tests.helpers import wait_for
-from tests.troy.frameworks.nodes import member, nodes
+from tests.troy.frameworks.nodes import member, nodes, stop
 
 pytestmark = pytest.mark.slow
 
@@ -113,14 +113,21 @@ def node_files(tmp_path: Path, name: str = "node-1") -> DaskTLS:
     return DaskTLS(str(home / "ca.pem"), str(home / f"{name}.pem"), str(home / f"{name}-key.pem"))
 
 
+def replaced_node(tmp_path: Path, cluster_ca) -> DaskTLS:  # noqa: ANN001
+    """The files of node-3, a node whose agent a task of its own killed and replaced: its
+    worker certificate, and no worker of it registered (a second worker of a node whose
+    agent runs is refused: test_one_worker_a_node_certificate)."""
+    return member(tmp_path / "nodes" / "node-3", cluster_ca, "node-3")
+
+
 @contextlib.asynccontextmanager
 async def spy_worker(fw: DaskFramework, tls: DaskTLS):  # noqa: ANN201 - async generator
-    """A second worker on a node's certificate, as a task on that node can start one."""
+    """A worker on a node's certificate, as a task on that node can start one."""
     from distributed import Worker
 
     from troy.frameworks.dask import guard
     w = await Worker(fw.scheduler_address, security=tls.security(), nthreads=1,
-                     name="node-1-spy", death_timeout=20,
+                     name="spy", death_timeout=20,
                      startup_information=guard.startup_information())
     try:
         yield w
@@ -223,14 +230,15 @@ if __name__ == "__main__":   # a unit's attack: python -m tests.troy.frameworks.
     print(json.dumps(asyncio.run(attack(DaskTLS(ca, cert, key), scheduler, worker, marker))))
 
 
-def test_a_node_cannot_report_another_nodes_units(guarded, tmp_path, caplog) -> None:
+def test_a_node_cannot_report_another_nodes_units(guarded, tmp_path, cluster_ca,
+                                                 caplog) -> None:
     """A worker's events are its own: a node's certificate cannot end a unit that runs on
     another node by publishing its ``end`` event (the unit goes on running)."""
     from troy import ComputeUnitDescription as CUD
     from troy.frameworks.dask.agent import result_to_wire
     from troy.unit import UnitResult
     fw, _ = guarded
-    node1 = node_files(tmp_path)
+    node3 = replaced_node(tmp_path, cluster_ca)
     victim = fw.find_pilot("node-2")
     u = fw.submit_unit(CUD(executable="/bin/sleep", arguments=["60"]), victim)
     wait_for(lambda: u.state is State.RUNNING, 60, what="the unit running on node-2")
@@ -242,7 +250,7 @@ def test_a_node_cannot_report_another_nodes_units(guarded, tmp_path, caplog) -> 
                    if r.name == "troy.frameworks.dask.guard")
 
     async def forge() -> None:
-        async with spy_worker(fw, node1) as w:
+        async with spy_worker(fw, node3) as w:
             w.log_event(fw.topic, forged)
             await until(refused)
 
@@ -253,19 +261,18 @@ def test_a_node_cannot_report_another_nodes_units(guarded, tmp_path, caplog) -> 
     fw.cancel_unit(u)
 
 
-def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(guarded,
-                                                                            tmp_path,
-                                                                            caplog) -> None:
+def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(
+        guarded, tmp_path, cluster_ca, caplog) -> None:
     """A unit's events count only from the worker the scheduler runs its Dask task on: a
-    node's second worker (its own certificate, its own address) publishing ``run`` and
-    ``end`` for a unit running on node-2, with that unit's key (keys are sequential, the
-    topic is no secret to nodes) or without one, changes nothing: the unit goes on running,
-    and ends with its own result."""
+    node's own worker (a task replaced its agent: its certificate, its address) publishing
+    ``run`` and ``end`` for a unit running on node-2, with that unit's key (keys are
+    sequential, the topic is no secret to nodes) or without one, changes nothing: the unit
+    goes on running, and ends with its own result."""
     from troy import ComputeUnitDescription as CUD
     from troy.frameworks.dask.agent import result_to_wire
     from troy.unit import UnitResult
     fw, _ = guarded
-    node1 = node_files(tmp_path)
+    node3 = replaced_node(tmp_path, cluster_ca)
     victim = fw.find_pilot("node-2")
     gate = tmp_path / "gate"
     u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
@@ -279,7 +286,7 @@ def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(gua
                 if r.name == "troy.frameworks.dask.guard" and "dropped" in r.getMessage()]
 
     async def forge() -> None:
-        async with spy_worker(fw, node1) as w:
+        async with spy_worker(fw, node3) as w:
             for event in (["run", u.id, w.address, 0.0, key],
                           ["end", u.id, w.address, forged, key],
                           ["end", u.id, w.address, forged]):
@@ -291,7 +298,7 @@ def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(gua
         asyncio.run(forge())
     assert u.state is State.RUNNING and u.pilot == victim.id, (u.state, u.pilot)
     lines = dropped()
-    assert len(lines) == 3 and all("node-1 (role worker" in x for x in lines), lines
+    assert len(lines) == 3 and all("node-3 (role worker" in x for x in lines), lines
     assert sum("not running there" in x for x in lines) == 2
     assert "without its task" in lines[2]
     gate.touch()
@@ -299,9 +306,9 @@ def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(gua
 
 
 def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
-                                                              caplog) -> None:
+                                                              cluster_ca, caplog) -> None:
     """Dask takes a task's outcome whose run_id matches from any worker, and ``add-keys``
-    for any key in memory. A node's second worker sends, for a unit's task running on
+    for any key in memory. A node whose agent a task replaced sends, for a unit's task on
     node-2 (its key and run_id, read here as an attacker would guess them):
     ``task-finished`` (it would hold the result others fetch), ``task-erred`` with a pickled
     exception (which the control process's client would decode) and ``add-keys``. None of
@@ -313,7 +320,7 @@ def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
 
     from troy import ComputeUnitDescription as CUD
     fw, _ = guarded
-    node1 = node_files(tmp_path)
+    node3 = replaced_node(tmp_path, cluster_ca)
     victim = fw.find_pilot("node-2")
     gate, marker = tmp_path / "gate", tmp_path / "marker"
     u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
@@ -329,7 +336,7 @@ def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
     async def forge() -> None:
         common = {"key": key, "run_id": run_id, "thread": None, "startstops": [],
                   "stimulus_id": "spy"}
-        async with spy_worker(fw, node1) as w:
+        async with spy_worker(fw, node3) as w:
             w.batched_stream.send({"op": "task-erred", "status": "error", **common,
                                    "exception": Serialize(_Touched(str(marker))),
                                    "traceback": None, "exception_text": "forged",
@@ -350,11 +357,51 @@ def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
         [w.address for w in s.tasks[key].who_has or ()]))
     assert held == ("processing", victim.native_id, []), held
     lines = dropped()
-    assert len(lines) == 3 and all("node-1 (role worker" in x for x in lines), lines
+    assert len(lines) == 3 and all("node-3 (role worker" in x for x in lines), lines
     assert [op in x for op, x in zip(("task-erred", "task-finished", "add-keys"), lines)] \
         == [True] * 3, lines
     gate.touch()
     assert u.wait(60) is State.FAILED and u.result.exit_code == 3, u.result
+
+
+def test_one_worker_a_node_certificate(guarded, tmp_path, caplog) -> None:
+    """A task on node-1, with the node's own certificate, starts a second worker while the
+    node's agent serves: refused with one line naming both; node-1 stays one pilot. Once a
+    node's worker is gone, its certificate joins again (a rebooted node's agent)."""
+    from distributed import Worker
+
+    from troy.frameworks.dask import guard
+    fw, procs = guarded
+    node1 = node_files(tmp_path)
+    agent = fw.find_pilot("node-1").native_id
+
+    async def join() -> str:
+        w = Worker(fw.scheduler_address, security=node1.security(), nthreads=1,
+                   name="node-1-second", resources={"cores": 1}, death_timeout=20,
+                   startup_information=guard.startup_information())
+        try:
+            await w
+        except Exception as err:  # noqa: BLE001 - what the worker says
+            chain = []
+            while err is not None:
+                chain.append(f"{type(err).__name__}: {err}")
+                err = err.__cause__ or err.__context__
+            return "refused: " + " <- ".join(chain)
+        await w.close()
+        return "joined"
+
+    with caplog.at_level(logging.WARNING, logger="troy.frameworks.dask.guard"):
+        said = asyncio.run(join())
+    assert said.startswith("refused") and "one worker a node certificate" in said, said
+    lines = [r.getMessage() for r in caplog.records if r.name == "troy.frameworks.dask.guard"
+             and "one worker a node certificate" in r.getMessage()]
+    assert len(lines) == 1 and agent in lines[0] and "node-1 (role worker" in lines[0], lines
+    assert [i.get("name") for i in fw.workers_info().values()].count("node-1-second") == 0
+    assert fw.find_pilot("node-1").state is State.RUNNING
+
+    stop(procs["node-1"])   # node-1's agent goes (as at a reboot): its certificate may join again
+    wait_for(lambda: agent not in fw.workers_info(), 60, what="node-1's worker gone")
+    assert asyncio.run(join()) == "joined"
 
 
 def test_a_node_cannot_register_a_worker_with_a_framework_s_tag(guarded, tmp_path,
@@ -404,7 +451,7 @@ class _Touched:
 
 
 def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_path,
-                                                                  caplog) -> None:
+                                                                  cluster_ca, caplog) -> None:
     """Dask's decoder unpickles every ``__Pickled__`` field while it reads a message, before
     any handler (or a guard that checks decoded messages) sees it. With a node's certificate:
     a pickle in a refused op, in an allowed op and on the node's worker stream; none of them
@@ -431,7 +478,7 @@ def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_pa
             comm.abort()
 
     async def stream() -> None:
-        async with spy_worker(fw, node1) as w:
+        async with spy_worker(fw, replaced_node(tmp_path, cluster_ca)) as w:
             w.batched_stream.send({"op": "log-event", "topic": "spy",
                                    "msg": ToPickle(_Touched(str(markers["stream"])))})
             await until(lambda: "pickle" in caplog.text and "stream" in caplog.text, 10)
@@ -448,7 +495,7 @@ def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_pa
     assert [name for name, marker in markers.items() if marker.exists()] == []
     assert all(v.startswith("refused") for v in out.values()), out
     lines = [r.getMessage() for r in caplog.records if r.name == "troy.frameworks.dask.guard"]
-    assert len([x for x in lines if "a pickle" in x and "node-1 (role worker" in x]) == 3, lines
+    assert len([x for x in lines if "a pickle" in x and "(role worker" in x]) == 3, lines
     assert "Traceback" not in caplog.text
     # the pilots go on, and the control identity's own pickles still work
     u = fw.submit_unit(CUD(executable="/bin/true"), fw.find_pilot("node-1"))

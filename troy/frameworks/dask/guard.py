@@ -10,8 +10,9 @@ and checks every message read on it, before Dask dispatches it:
 
 - ``control``: everything (unchecked, apart from the versions of a joining worker).
 - ``worker``, at the scheduler: only what a worker needs (``SCHEDULER_RPC_FROM_WORKER``, and
-  on its worker stream ``SCHEDULER_STREAM_FROM_WORKER``); it registers with its cores as its
-  only resource (Troy's tags are granted from the control); the ops naming a worker
+  on its worker stream ``SCHEDULER_STREAM_FROM_WORKER``); it registers one worker a
+  certificate, with its cores as its only resource (Troy's tags are granted from the
+  control); the ops naming a worker
   (heartbeats, resources, retiring) only for workers registered with the same certificate's
   common name; a worker stream message may not name a worker (Dask adds the stream's own).
   A worker's events: none on topic ``all``, and a Troy framework's only about its own
@@ -268,8 +269,15 @@ class Guard:
             if granted or resources and not _count(resources.get("cores")):
                 raise Refused(f"'register-worker' with resources {resources!r}: a node's "
                               f"worker has its cores only (Troy grants its tags)")
-            peer.worker = str(msg.get("address"))
-            self.workers_of.setdefault(peer.cn or "", set()).add(str(msg.get("address")))
+            address = str(msg.get("address"))
+            live = getattr(self.server, "workers", {})
+            others = sorted(a for a in self.workers_of.get(peer.cn or "", ()) if a != address
+                            and a in live)
+            if others:   # a rebooted node's agent joins once its old worker is gone
+                raise Refused(f"'register-worker' at {address}: this certificate's worker "
+                              f"is {others[0]}; one worker a node certificate")
+            peer.worker = address
+            self.workers_of.setdefault(peer.cn or "", set()).add(address)
             return
         arg = _BOUND.get(op)
         if arg is not None:
