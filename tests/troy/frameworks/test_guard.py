@@ -362,6 +362,11 @@ def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
         == [True] * 3, lines
     gate.touch()
     assert u.wait(60) is State.FAILED and u.result.exit_code == 3, u.result
+    # a task Troy let go of on its unit's end event (its worker's task-finished comes
+    # after) is no forgery: Dask tells that worker to free it, with no line of the guard's
+    # (broke: a WARNING for every node of every run)
+    assert fw.on_scheduler(lambda s: s._troy_guard._foreign_outcome(
+        victim.native_id, key)) is False
 
 
 def test_one_worker_a_node_certificate(guarded, tmp_path, caplog) -> None:

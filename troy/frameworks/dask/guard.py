@@ -308,7 +308,7 @@ class Guard:
                     m["msg"] = kept
             elif op in ("task-finished", "task-erred"):
                 key = m.get("key")
-                if not self._runs_task(peer.worker, key):
+                if self._foreign_outcome(peer.worker, key):
                     # Dask takes an outcome whose run_id matches from any worker: this one
                     # goes its stale path instead (ignored; a result's sender is told to
                     # free it), as for a run the scheduler moved elsewhere
@@ -364,6 +364,21 @@ class Guard:
         """Whether the scheduler runs task ``key`` on ``worker`` now."""
         on = getattr(self._task(key), "processing_on", None)
         return on is not None and on.address == worker
+
+    def _foreign_outcome(self, worker: str | None, key: Any) -> bool:
+        """Whether Dask would take an outcome of task ``key`` from ``worker`` that is not
+        its to give: the task runs on another worker, or is in memory elsewhere only. (A
+        task Troy released on its unit's ``end`` event, or one canceled, is no more there:
+        Dask tells the sender to free it, as it should.)"""
+        ts = self._task(key)
+        if ts is None:
+            return False
+        if ts.state == "processing":
+            on = ts.processing_on
+            return on is None or on.address != worker
+        if ts.state == "memory":
+            return worker not in {ws.address for ws in ts.who_has or ()}
+        return False
 
     def _fetched_for(self, worker: str | None, key: Any) -> bool:
         """Whether ``worker`` may hold a copy of ``key``: an input of a task the scheduler
