@@ -226,9 +226,9 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
 
     def _start_scheduler(self) -> str:
         if not self.scheduler_process:
-            self._scheduler = InProcessScheduler(self.name, self.worker_saturation,
-                                                 self._security, self.listen, self.port,
-                                                 self.dashboard_address)
+            self._scheduler = InProcessScheduler(
+                self.name, self.worker_saturation, self._security, self.listen, self.port,
+                self.dashboard_address, deny_file=self.tls.deny_file if self.tls else None)
             return self._scheduler.start()
         proc = AgentProcess(["scheduler", str(self.worker_saturation), self.listen,
                              str(self.port)],

@@ -35,6 +35,11 @@ connection before anything of it is decoded, and ``__Serialized__`` fields stay 
 data Dask moves between workers (a dependency's value, P2P shuffle shards) is pickled, and a
 node takes its peers' data as Dask's workers do.
 
+A certificate on the scheduler's deny list (:mod:`troy.frameworks.dask.denylist`: the
+certificates of a node that left, refused before they expire) gets nothing: its connections
+are closed as they come, and those open when it is denied within a second (its worker with
+them: Dask removes it).
+
 Default deny: an op not listed is refused. A refused request gets an error answer
 (``PermissionError``) when it asked for one, otherwise its connection is closed; a refused
 message on a stream closes the stream. Each refusal is one log line (WARNING, logger
@@ -53,7 +58,12 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
+import weakref
 from typing import Any
+
+from troy.frameworks.dask.denylist import ENV_VAR as DENY_ENV_VAR
+from troy.frameworks.dask.denylist import DenyList, serial_of
 
 log = logging.getLogger(__name__)
 
@@ -229,8 +239,12 @@ class Refused(Exception):
 class Guard:
     """The guard of one server (``kind``: ``"scheduler"`` or ``"worker"``); see the module."""
 
-    def __init__(self, server: Any, kind: str) -> None:
+    def __init__(self, server: Any, kind: str, deny: DenyList | None = None) -> None:
         self.server, self.kind = server, kind
+        self.deny = deny
+        self._deny_seen: Any = None                 # the deny list's version last swept
+        self._peers: weakref.WeakSet[_Peer] = weakref.WeakSet()
+        self.denied = 0                             # connections of denied certificates
         self._handle = server.handle_comm
         self.workers_of: dict[str, set[str]] = {}   # worker-role CN -> addresses registered
         self.refusals = 0
@@ -243,8 +257,36 @@ class Guard:
         peer = _Peer(self, comm, cn, role, strict=self.kind == "scheduler")
         if role == CONTROL and self.kind == "worker":
             return self._handle(comm)     # the scheduler and control clients: unchecked
+        if self.deny is not None and self.deny.denied(peer.serial):
+            self._deny(peer)
+            return _nothing()
         comm.read = peer.read
+        self._peers.add(peer)
         return self._handle(comm)
+
+    def _deny(self, peer: _Peer) -> None:
+        self.denied += 1
+        log.log(logging.WARNING if self.denied <= 10 else logging.DEBUG,
+                "troy guard (%s): refused a connection of %s (role %s, %s): its certificate "
+                "was revoked (serial %X)", self.kind, peer.cn or "no common name",
+                peer.role or "none", peer.address, peer.serial or 0)
+        peer.comm.abort()
+
+    def sweep(self) -> int:
+        """Close the open connections whose certificate was denied since the last sweep
+        (the scheduler runs this every second); how many."""
+        if self.deny is None:
+            return 0
+        version = self.deny.version()
+        if version == self._deny_seen:
+            return 0
+        self._deny_seen = version
+        closing = [p for p in list(self._peers)
+                   if p.role != CONTROL and self.deny.denied(p.serial)]
+        for peer in closing:
+            self._peers.discard(peer)
+            self._deny(peer)
+        return len(closing)
 
     # ---------------------------------------------------------------- checks ----------
     def check_rpc(self, peer: _Peer, msg: dict[str, Any]) -> None:
@@ -425,6 +467,7 @@ class _Peer:
         self.guard, self.comm, self.cn, self.role = guard, comm, cn, role
         self.strict = strict and role != CONTROL   # decoded by strict_loads
         self.address = getattr(comm, "peer_address", "?")
+        self.serial = serial_of((getattr(comm, "extra_info", None) or {}).get("peercert"))
         self.stream: str | None = None
         self.worker: str | None = None    # the address it registered as a worker
         self._read = comm.read
@@ -492,15 +535,25 @@ class _Peer:
             pass
 
 
-def install(server: Any, kind: str) -> Guard | None:
+async def _nothing() -> None:
+    """What a refused connection's handler does: nothing (it is closed)."""
+
+
+def install(server: Any, kind: str, deny_file: str | None = None) -> Guard | None:
     """Install the guard on ``server`` (a ``Scheduler`` or ``Worker`` not started yet: the
-    guard wraps what its listeners call); None (nothing installed) without TLS."""
+    guard wraps what its listeners call); None (nothing installed) without TLS.
+    ``deny_file`` (a scheduler's; default: ``$TROY_TLS_DENY_FILE``): the certificates'
+    deny list."""
     security = getattr(server, "security", None)
     if security is None or not getattr(security, "require_encryption", False):
         return None
     versions()   # now: the code this process runs, not what is on disk later
     _strict_decoding()
-    guard = Guard(server, kind)
+    deny_file = deny_file or (os.environ.get(DENY_ENV_VAR) if kind == "scheduler" else None)
+    guard = Guard(server, kind, DenyList(deny_file) if deny_file else None)
     server.handle_comm = guard.handle_comm
     server._troy_guard = guard
+    if guard.deny is not None:
+        from tornado.ioloop import PeriodicCallback
+        server.periodic_callbacks["troy-deny-list"] = PeriodicCallback(guard.sweep, 1000)
     return guard

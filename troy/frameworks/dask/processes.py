@@ -129,8 +129,9 @@ class InProcessScheduler:
 
     def __init__(self, name: str, saturation: float, security: Any = None,
                  host: str = "127.0.0.1", port: int = 0,
-                 dashboard_address: str | None = None) -> None:
+                 dashboard_address: str | None = None, deny_file: str | None = None) -> None:
         self.name = name
+        self.deny_file = deny_file
         self.dashboard_address = dashboard_address
         self.host = host
         self.port = port
@@ -155,7 +156,7 @@ class InProcessScheduler:
                               dashboard=self.dashboard_address is not None,
                               dashboard_address=self.dashboard_address or "127.0.0.1:0",
                               **tls_options(self.security))
-            guard.install(s, "scheduler")
+            guard.install(s, "scheduler", deny_file=self.deny_file)
             await s
             from troy.frameworks.dask.agent import quicken
             quicken(s)
