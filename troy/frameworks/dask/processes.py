@@ -3,6 +3,7 @@ processes (``AgentProcess``) and a scheduler inside this process (``InProcessSch
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -179,7 +180,8 @@ class InProcessScheduler:
         scheduler = self._scheduler
 
         async def run() -> Any:
-            return fn(scheduler)
+            out = fn(scheduler)
+            return await out if inspect.isawaitable(out) else out
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def close(self) -> None:
