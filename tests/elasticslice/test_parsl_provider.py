@@ -96,13 +96,35 @@ def test_bad_arguments_are_one_clear_line(options: dict[str, Any], message: str)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_an_encrypted_executor_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    provider = P.CloudLabProvider(server=object(), state_dir=tmp_path / "state")
-    with pytest.raises(P.ProviderError, match="encrypted=False") as err:
-        provider.submit("process_worker_pool.py --cert_dir /home/me/runinfo/000/certificates "
-                        "--block_id=0", 1, "parsl.cloudlab.block-0")
-    assert "\n" not in str(err.value)
+def test_an_unencrypted_executor_is_refused_beyond_loopback_before_anything_starts(
+        tmp_path: Path) -> None:
+    """Broke: encrypted=False was required, on the address that routes to the CM."""
+    provider = P.CloudLabProvider(server=object(), state_dir=tmp_path / "state",
+                                  listen="10.1.2.3")
+    for command in ("process_worker_pool.py -a 10.1.2.3 --cert_dir None --block_id=0",
+                    "process_worker_pool.py -a 127.0.0.1,10.1.2.3 --block_id=0",
+                    "process_worker_pool.py --cert_dir None --block_id=0"):
+        with pytest.raises(P.ProviderError, match=r"encrypted=False\).* on 10\.1\.2\.3,") as err:
+            provider.submit(command, 1, "parsl.cloudlab.block-0")
+        assert "\n" not in str(err.value)
+    with pytest.raises(P.ProviderError, match="no server.key") as err:  # not Parsl's folder
+        provider.submit(f"process_worker_pool.py --cert_dir {tmp_path} --block_id=0", 1, "b")
     assert provider.manager is None and not (tmp_path / "state").exists()
+    # loopback only: the pool's command as the nodes run it is Parsl's, unchanged
+    local = P.CloudLabProvider(server=object(), listen="127.0.0.1")
+    command = "process_worker_pool.py -a 127.0.0.1 --cert_dir None --block_id=0"
+    assert local._node_command(command) == command
+
+
+def test_an_encrypted_pool_runs_with_the_nodes_own_key_folder(tmp_path: Path) -> None:
+    from parsl import curvezmq
+    cert_dir = curvezmq.create_certificates(tmp_path)
+    provider = P.CloudLabProvider(server=object(), listen="10.1.2.3")
+    command = provider._node_command(f"process_worker_pool.py -a 10.1.2.3 --cert_dir "
+                                     f"{cert_dir} --block_id=0")
+    assert command == ("process_worker_pool.py -a 10.1.2.3 --cert_dir /local/parsl/curve "
+                       "--block_id=0")
+    assert provider.keys is not None and provider.keys.cert_dir == Path(cert_dir)
 
 
 def test_the_provider_says_what_parsl_asks_of_it() -> None:
@@ -296,11 +318,9 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
     # loaded machine a node's manager can miss 10 s of heartbeats, and be "lost" for it
     options = {"heartbeat_period": 2, "heartbeat_threshold": 120, **executor_options}
     executor = HighThroughputExecutor(
-        label="cloudlab", address=provider.address, encrypted=False, provider=provider,
+        label="cloudlab", address=provider.address, provider=provider,
         max_workers_per_node=2 // nodes_per_block, poll_period=100,
-        # the interchange of this Python (pytest may run without the venv's bin on PATH)
-        interchange_launch_cmd=[sys.executable, "-m",
-                                "parsl.executors.high_throughput.interchange"], **options)
+        interchange_launch_cmd=provider.interchange_launch_cmd, **options)
     config = Config(executors=[executor], retries=2, strategy_period=0.5,
                     run_dir=str(tmp_path / "runinfo"))
     square, total = (python_app(f) for f in apps())
@@ -322,6 +342,8 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         squares = [box.square(i, box.gate.url) for i in range(6)]
         block = box.running_block()  # a task on each of its two nodes
         victim, sibling = block.nodes
+        # the interchange is encrypted: each node's own key was authorised after it enrolled
+        assert executor.encrypted and set(block.nodes) <= set(provider.keys.allowed())
         node_ids = {cid: box.node_id(cid) for cid in block.nodes}
         admin(emulator).call("Revoke", nodes=[node_ids[victim]])
         wait_for(lambda: provider.status([block.job_id])[0].state is P.JobState.HELD,
@@ -348,6 +370,8 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         wait_for(lambda: not set(block.nodes) & set(cm_nodes(emulator, tmp_path)), timeout=60,
                  what="the block's nodes given back")
         assert provider.status([block.job_id])[0].state is P.JobState.COMPLETED
+        # the nodes given back: their keys are allowed no more
+        assert not set(block.nodes) & set(provider.keys.allowed())
         stats = provider.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
             (1, 1, 0), stats
