@@ -552,8 +552,10 @@ class CloudLabProvider(ExecutionProvider):
     its worker pool with; default None: each node builds the environment from the
     wheelhouse the provider publishes), ``cores_per_node``
     (``PARSL_CORES`` on the node). ``margin``: seconds kept before a notice's deadline;
-    ``listen``: where the tarball publisher and the callback endpoint listen (None: the
-    config's ``[pilots] listen``, else the address routed to the CM: :attr:`address`);
+    ``listen``: where the tarball publisher, the nodes' enrolment service (their worker
+    certificates and CurveZMQ keys: :mod:`elasticslice.parslkeys`) and the callback endpoint
+    listen (None: the config's ``[pilots] listen``, else the address routed to the CM:
+    :attr:`address`);
     ``public_url``: the base URL the CM fetches tarballs from (default the publisher's);
     ``publish_port``: a fixed port for the publisher (default: the one this state directory
     used last, else any free one: the slice's tarball keeps its URL across restarts);

@@ -218,6 +218,72 @@ def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Pa
     assert done.returncode == 1 and done.stderr.strip().endswith("geni-get client_id failed")
 
 
+def test_an_encrypted_node_enrols_and_has_its_own_key_authorised_before_its_pool_runs(
+        tmp_path: Path) -> None:
+    """start.sh of an encrypted block, run by a real sh: the node takes its token, enrols
+    (its TLS key made here), makes its CurveZMQ pair and has the public key authorised at
+    the enrolment service with its worker certificate, then runs the pool with its own key
+    folder; after a reboot (no token left) it runs with the key it kept."""
+    import shutil
+    import subprocess
+    import tarfile
+
+    from parsl import curvezmq
+
+    from elasticslice.parslkeys import AuthorisedKeys
+    from elasticslice.pilots.ca import ClusterCA
+    from elasticslice.pilots.enrol import EnrolmentService
+    from elasticslice.pilots.publish import TarballPublisher
+    ca = ClusterCA.open(tmp_path / "pki")
+    keys = AuthorisedKeys(Path(curvezmq.create_certificates(tmp_path / "run")))
+    service = EnrolmentService(ca, is_held=lambda cid: True, on_key=keys.authorise).start()
+    publisher = TarballPublisher().start()
+    try:
+        helper = P.ParslNodeHelper(P.BlockBook(), publisher, tmp_path / "tarballs",
+                                   f"py={sys.executable}\n", ca=ca, enrolment=service,
+                                   enrol_url=service.url)
+        helper.book.add(P.Block("a", "block-0", "process_worker_pool.py --cert_dir "
+                                "/local/parsl/curve --block_id=0", 1, block_id="0"))
+        helper.node_spec("parsl-1")
+        with tarfile.open(helper.slice_tarball.path) as tar:
+            tar.extractall(tmp_path / "node", filter="data")
+        here = tmp_path / "node" / "local" / "parsl"
+        assert not list(here.rglob("*.key_secret"))  # no CurveZMQ key in the tarball
+        script = here / "start.sh"
+        script.write_text(script.read_text().replace("here=/local/parsl", f"here={here}"))
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "geni-get").write_text("#!/bin/sh\necho parsl-1\n")
+        (bin_dir / "geni-get").chmod(0o755)
+        pool = tmp_path / "fake" / "parsl" / "executors" / "high_throughput"
+        pool.mkdir(parents=True)
+        for folder in (pool.parent.parent, pool.parent, pool):
+            (folder / "__init__.py").write_text("")
+        (pool / "process_worker_pool.py").write_text(
+            "import sys; print('pool', sys.argv[1:])\n")
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin",
+               "PYTHONPATH": f"{tmp_path / 'fake'}:{Path(__file__).resolve().parents[2]}"}
+        for boot in ("first", "reboot"):
+            done = subprocess.run(["sh", str(script)], capture_output=True, text=True,
+                                  timeout=120, env=env)
+            assert done.returncode == 0, (boot, done.stderr)
+            assert done.stdout.splitlines() == [
+                "pool ['--cert_dir', '/local/parsl/curve', '--block_id=0']"], boot
+            assert (service.enrolled, keys.allowed()) == (1, ["parsl-1"]), boot
+            assert not (here / "token").exists() and not (here / "nodes").exists()
+            assert (here / "curve" / "client.key_secret").stat().st_mode & 0o777 == 0o600
+            assert keys.server_key() in (here / "curve" / "server.key_secret").read_text()
+        shutil.rmtree(here / "curve")   # a node that lost its key has no token left
+        done = subprocess.run(["sh", str(script)], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert done.returncode == 1 and done.stderr.strip().endswith(
+            "no enrolment token for parsl-1 in the tarball and no key in "
+            f"{here}/curve"), done.stderr
+    finally:
+        publisher.stop()
+        service.stop()
+
+
 def test_the_nodes_wheelhouse_with_parsl_is_one_of_its_own(tmp_path: Path) -> None:
     from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
     with pytest.raises(WheelhouseError, match="expected names, e.g. parsl"):
