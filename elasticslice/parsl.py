@@ -38,7 +38,6 @@ import dataclasses
 import enum
 import logging
 import re
-import ipaddress
 import shlex
 import sys
 import threading
@@ -59,7 +58,7 @@ from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, PolicyConfig
 from elasticslice.managers.records import PendingDelete
-from elasticslice.parslkeys import AuthorisedKeys
+from elasticslice.parslkeys import AuthorisedKeys, is_loopback
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import script_head
 from elasticslice.pilots.manager import EarlyReleases
@@ -508,16 +507,6 @@ class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
                 "forced_releases": counts["forced"]}
 
 
-def _loopback(address: str) -> bool:
-    """Whether ``address`` (an IP, or ``localhost``) is this machine's loopback only."""
-    if address.strip("[]") in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
@@ -696,7 +685,7 @@ class CloudLabProvider(ExecutionProvider):
         if found is None or found.group(1) == "None":
             where = _ADDRESSES.search(command)
             addresses = where.group(1).split(",") if where else [self.address]
-            exposed = [a for a in addresses if not _loopback(a)]
+            exposed = [a for a in addresses if not is_loopback(a)]
             if exposed:
                 raise ProviderError(
                     f"CloudLabProvider: HighThroughputExecutor(encrypted=False) would serve "

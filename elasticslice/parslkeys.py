@@ -29,6 +29,7 @@ interchange's code, nor sends it a frame to unpickle.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import logging
 import os
@@ -166,13 +167,50 @@ class FolderKeys:
         return self._keys
 
 
+class ClearInterchange(Exception):
+    """An unencrypted interchange would listen beyond loopback: one line."""
+
+
+def check_interchange(config: dict[str, Any]) -> None:
+    """Refuse (:class:`ClearInterchange`) an interchange configuration that would serve in
+    the clear where others reach it: no key folder and an address that is not loopback
+    (None: Parsl binds every interface)."""
+    if config.get("cert_dir") is not None:
+        return
+    address = config.get("interchange_address")
+    if address is None or not is_loopback(str(address)):
+        where = address if address is not None else "every interface"
+        raise ClearInterchange(
+            f"refusing to serve Parsl's interchange unencrypted on {where}: anyone who "
+            f"reaches it could take the tasks and send it pickles; keep Parsl's default "
+            f"encrypted=True (unencrypted is for loopback only)")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP, or ``localhost``) is this machine's loopback only."""
+    host = address.strip("[]")
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def interchange_main() -> None:
     """Parsl's interchange (its ``__main__``), its CurveZMQ authenticator reading the key
-    folder again whenever it changed (:class:`FolderKeys`) instead of once."""
+    folder again whenever it changed (:class:`FolderKeys`) instead of once; an unencrypted
+    one beyond loopback is refused before it binds (:func:`check_interchange`)."""
+    import io
+    import pickle  # the executor's own configuration, from the pipe it started us with
     import runpy
 
     from parsl import curvezmq
     from zmq.auth.thread import ThreadAuthenticator
+
+    data = sys.stdin.buffer.read()
+    check_interchange(pickle.loads(data))  # noqa: S301 - our parent's, over our stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(data))  # Parsl's __main__ reads it there
 
     def start_auth_thread(self: Any) -> ThreadAuthenticator:
         auth = ThreadAuthenticator(self._ctx)
@@ -259,7 +297,11 @@ USAGE = ("usage: python -m elasticslice.parslkeys node URL CA_FILE CERT_FILE KEY
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["interchange"]:
-        interchange_main()
+        try:
+            interchange_main()
+        except ClearInterchange as err:
+            print(f"elasticslice: {err}", file=sys.stderr)
+            return 1
         return 0
     if len(argv) != 7 or argv[0] != "node":
         print(USAGE, file=sys.stderr)

@@ -236,3 +236,14 @@ def test_an_unencrypted_interchange_beyond_loopback_is_refused_with_one_line(
     line = str(err.value)
     assert "\n" not in line and "encrypted=False" in line and "198.51.100.7" in line
     assert provider.manager is None and not (tmp_path / "state").exists()
+    # the interchange the provider has Parsl start refuses it too, before it binds anything
+    config = {"cert_dir": None, "interchange_address": None, "client_address": "127.0.0.1",
+              "client_ports": (1, 2, 3)}
+    for address in (None, "198.51.100.7"):
+        done = subprocess.run(provider.interchange_launch_cmd,
+                              input=pickle.dumps({**config, "interchange_address": address}),
+                              capture_output=True, timeout=120)
+        err = done.stderr.decode()
+        assert done.returncode == 1 and err.count("\n") == 1, err
+        assert "unencrypted on" in err and "encrypted=True" in err
+
