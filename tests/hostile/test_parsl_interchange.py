@@ -110,8 +110,8 @@ def test_a_manager_with_a_key_it_made_itself_gets_nothing_and_the_work_completes
         box.gate.open()
         results = [f.result(timeout=240) for f in squares]
         assert [r[0] for r in results] == [i * i for i in range(4)]
-        assert {r[1] for r in results} <= set(block.nodes) | {
-            cid for b in box.provider.book.blocks.values() for cid in b.nodes}
+        assert {r[1] for r in results} <= {cid for b in box.provider.book.blocks.values()
+                                            for cid in b.nodes}
         assert not marker.exists()
         assert sock.poll(0) == 0   # not a frame came back
         monitor.close()
