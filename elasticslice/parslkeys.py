@@ -139,11 +139,12 @@ class AuthorisedKeys:
 
 class FolderKeys:
     """A ``zmq.auth`` credentials provider: the public keys of the ``*.key`` files of
-    ``folder``, read again whenever the folder changed (its listing or its mtime)."""
+    ``folder``, read again whenever its files changed (a name or an inode: keys are
+    replaced by rename), which costs one listing per handshake."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = os.fspath(folder)
-        self._seen: tuple[int, tuple[str, ...]] | None = None
+        self._seen: tuple[tuple[str, int], ...] | None = None
         self._keys: set[bytes] = set()
 
     def callback(self, domain: str, key: bytes) -> bool:
@@ -151,18 +152,19 @@ class FolderKeys:
 
     def keys(self) -> set[bytes]:
         try:
-            names = tuple(sorted(n for n in os.listdir(self.folder) if n.endswith(".key")))
-            seen = (os.stat(self.folder).st_mtime_ns, names)
+            with os.scandir(self.folder) as entries:
+                seen = tuple(sorted((e.name, e.inode()) for e in entries
+                                    if e.name.endswith(".key")))
         except OSError:
             return set()
         if seen != self._seen:
             import zmq.auth
             keys = set()
-            for name in names:
+            for name, _ in seen:
                 try:
                     keys.add(zmq.auth.load_certificate(os.path.join(self.folder, name))[0])
                 except (OSError, ValueError):
-                    continue  # being replaced, or not a key: not allowed
+                    continue  # gone meanwhile, or not a key: not allowed
             self._keys, self._seen = keys, seen
         return self._keys
 
