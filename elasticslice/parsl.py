@@ -725,6 +725,10 @@ class CloudLabProvider(ExecutionProvider):
         manager = self.manager
         return manager is not None and manager.holdings.holds(client_id)
 
+    def _address_of(self, client_id: str) -> str | None:
+        manager = self.manager
+        return manager.holdings.address_of(client_id) if manager is not None else None
+
     def status(self, job_ids: Sequence[object]) -> list[JobStatus]:
         return [self._status(str(j)) for j in job_ids]
 
@@ -794,6 +798,7 @@ class CloudLabProvider(ExecutionProvider):
         from elasticslice.pilots.ca import ClusterCA
         from elasticslice.pilots.enrol import EnrolmentService
         from elasticslice.pilots.slicetar import PublishedSlice
+        from troy.frameworks.dask.denylist import DenyList
         if self.server is None:
             from elasticslice.config import load_config
             from elasticslice.rpc.client import ProtoGeniServer
@@ -810,9 +815,12 @@ class CloudLabProvider(ExecutionProvider):
         self.publisher = self._published.start()
         token = self._published.token
         ca = ClusterCA.open(self.state_dir / "pki")
-        self.enrolment = EnrolmentService(ca, self.address, 0, is_held=self._is_held,
-                                          on_enrolled=self._enrolled,
-                                          on_key=self._on_key).start()
+        # a token only from its node's manifest address; a node's certificates denied
+        # once it left (the same rules as the pilots': elasticslice.pilots.enrol)
+        self.enrolment = EnrolmentService(
+            ca, self.address, 0, is_held=self._is_held, address_of=self._address_of,
+            on_enrolled=self._enrolled, deny=DenyList(self.state_dir / "denied-certs.json"),
+            on_key=self._on_key).start()
         helper = ParslNodeHelper(
             self.book, self.publisher, self.state_dir / "tarballs", self._node_software(),
             cores=self.cores_per_node, server=self.server, image_urn=self.disk_image,

@@ -122,7 +122,8 @@ def test_a_manager_with_a_key_it_made_itself_gets_nothing_and_the_work_completes
 # ---------------------------------------------------------------------- POST /key
 def worker_certificate(ca: Any, client_id: str, folder: Path, role: str = "worker"
                        ) -> tuple[Path, Path]:
-    """A certificate of ``ca`` for ``client_id`` (``role``) and its key, as files."""
+    """A certificate of ``ca`` for ``client_id`` (``role``) and its key, as files, made
+    here (not by an enrolment service: it keeps no serial of it)."""
     from cryptography import x509
 
     from troy.frameworks.dask.enrol import new_key_and_csr
@@ -133,6 +134,17 @@ def worker_certificate(ca: Any, client_id: str, folder: Path, role: str = "worke
     (folder / f"{client_id}.key").write_bytes(key_pem)
     (folder / f"{client_id}.pem").write_bytes(cert)
     return folder / f"{client_id}.pem", folder / f"{client_id}.key"
+
+
+def enrolled(service: Any, client_id: str, folder: Path) -> tuple[Path, Path]:
+    """``client_id`` enrolled at ``service`` as a node does: its certificate and key."""
+    import time
+
+    from troy.frameworks.dask.enrol import enrol
+    folder.mkdir(parents=True)
+    (folder / "token").write_text(service.token_for(client_id, time.time() + 600))
+    enrol(service.url, folder / "token", service.ca.ca_file, client_id, folder)
+    return folder / "node.pem", folder / "node.key"
 
 
 def _spki() -> tuple[Any, Any]:
@@ -167,14 +179,16 @@ def test_a_key_is_authorised_only_with_the_nodes_own_worker_certificate(
     from elasticslice.parslkeys import AuthorisedKeys, request_key
     from elasticslice.pilots.ca import ClusterCA
     from elasticslice.pilots.enrol import EnrolmentService
+    from troy.frameworks.dask.denylist import DenyList
     ca = ClusterCA.open(tmp_path / "pki")
     keys = AuthorisedKeys(Path(curvezmq.create_certificates(tmp_path / "run")))
     held = {"parsl-1", "parsl-2"}
-    service = EnrolmentService(ca, is_held=held.__contains__,
-                               on_key=keys.authorise).start()
+    service = EnrolmentService(ca, is_held=held.__contains__, on_key=keys.authorise,
+                               deny=DenyList(tmp_path / "denied.json")).start()
     try:
-        node1 = worker_certificate(ca, "parsl-1", tmp_path / "node1")
-        node2 = worker_certificate(ca, "parsl-2", tmp_path / "node2")
+        # the nodes enrol as they do (the service keeps their certificates' serials)
+        node1 = enrolled(service, "parsl-1", tmp_path / "node1")
+        node2 = enrolled(service, "parsl-2", tmp_path / "node2")
         key = zmq.curve_keypair()[0].decode()
         other = worker_certificate(ClusterCA.open(tmp_path / "other-pki"), "parsl-1",
                                    tmp_path / "other")
@@ -206,11 +220,11 @@ def test_a_key_is_authorised_only_with_the_nodes_own_worker_certificate(
         secret = [line for line in (folder / "client.key_secret").read_text().splitlines()
                   if "secret-key" in line][0].split('"')[1]
         assert not any(secret in p.read_text() for p in keys.cert_dir.iterdir())
-        # the node given back: refused from then on, its key withdrawn
+        # the node given back: its certificate refused from then on, its key withdrawn
         service.forget("parsl-1")
         keys.withdraw("parsl-1")
         status, text = post_key(service.url, ca.ca_file, {"public_key": key}, node1)
-        assert (status, text.count("\n")) == (403, 1) and "not a node" in text
+        assert (status, text.count("\n")) == (403, 1) and "revoked" in text, text
         assert keys.allowed() == []
     finally:
         service.stop()
