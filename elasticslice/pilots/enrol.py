@@ -122,6 +122,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 answer = service.enrol(body, self.client_address[0])
             elif self.path == "/renew":
                 answer = service.renew(body, self.connection.getpeercert())
+            elif self.path == "/key":
+                answer = service.authorise_key(body, self.connection.getpeercert())
             else:
                 raise Refused(404, f"no such service: {self.path[:64]!r}")
         except Refused as err:
@@ -208,7 +210,8 @@ class EnrolmentService:
                  address_of: Callable[[str], str | None] | None = None,
                  cert_lifetime: float = 3600.0,
                  on_enrolled: Callable[[str], None] | None = None,
-                 keep: Path | None = None, deny: DenyList | None = None) -> None:
+                 keep: Path | None = None, deny: DenyList | None = None,
+                 on_key: Callable[[str, str], dict[str, str]] | None = None) -> None:
         if not cert_lifetime > 0:
             raise ValueError(f"cert_lifetime must be > 0 seconds, not {cert_lifetime!r}")
         self.ca = ca
@@ -231,6 +234,10 @@ class EnrolmentService:
         self.foreign = 0    # tokens presented from another address than their node's
         self.refused = 0    # requests refused, all reasons
         self.keep = keep
+        #: ``on_key(client_id, public_key)``: authorise a node's own public key (Parsl's
+        #: CurveZMQ key) after it enrolled; its answer goes back to the node; a ValueError
+        #: is a refusal (its line). None: ``/key`` is refused.
+        self.on_key = on_key
         if keep is not None:
             self._tokens, self._issued = self._kept(keep)
 
@@ -439,3 +446,42 @@ class EnrolmentService:
         self.renewed += 1
         log.info("node %s renewed its certificate (valid %g s)", client_id, self.cert_lifetime)
         return {"certificate": cert.decode()}
+
+    def authorise_key(self, body: dict[str, Any], peer: dict[str, Any] | None
+                      ) -> dict[str, str]:
+        """``POST /key {"client_id": C, "public_key": K}``: a node, authenticated as
+        :meth:`renew` authenticates it (its current worker certificate, CN = C, a node held
+        and not forgotten), has ``on_key(C, K)`` authorise its own public key; the answer
+        is ``on_key``'s. Only a public key travels: the node keeps its secret."""
+        subject = {k: v for rdn in (peer or {}).get("subject", ()) for k, v in rdn}
+        client_id, role = subject.get("commonName"), subject.get("organizationalUnitName")
+        if not peer or not client_id:
+            raise self._refuse(None, 401, "a key is authorised only with the node's worker "
+                                          "certificate")
+        if role != "worker":
+            raise self._refuse(client_id, 403, "only a node's worker certificate authorises "
+                                               "a key")
+        if self.deny is not None and self.deny.denied(serial_of(peer)):
+            raise self._refuse(client_id, 403, "this certificate was revoked (its node "
+                                               "left the cluster)")
+        claimed = body.get("client_id", client_id)
+        if claimed != client_id:
+            raise self._refuse(client_id, 403, f"this certificate is {client_id}'s, not "
+                                               f"{str(claimed)[:64]!r}'s")
+        with self._lock:
+            forgotten = client_id in self._forgotten
+        if forgotten or not self.is_held(client_id):
+            raise self._refuse(client_id, 403, f"{client_id} is not a node of this cluster")
+        if self.on_key is None:
+            raise self._refuse(client_id, 404, "this cluster authorises no node keys")
+        public = body.get("public_key")
+        if not isinstance(public, str) or not public or len(public) > 256:
+            raise self._refuse(client_id, 400, "expected the node's public key in "
+                                               "'public_key'")
+        try:
+            answer = self.on_key(client_id, public)
+        except ValueError as err:
+            raise self._refuse(client_id, 400, str(err).splitlines()[0] if str(err)
+                               else "the key is refused") from None
+        log.info("node %s: its public key is authorised", client_id)
+        return answer
