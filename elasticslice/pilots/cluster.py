@@ -293,9 +293,9 @@ class ElasticCluster:
         self.wheelroot, url = serve_for_image(
             self.publisher, image_urn=self.helper.image_urn, image_python=self.image_python,
             cm_local=bool(urls) and all(cm_is_local(u) for u in urls),
-            token=self._published.token)
+            token=self._published.token, ca=self.ca, keep=self.state_dir / "wheelhouse.json")
         self._published.serving.append(self.wheelroot)
-        return env_script(url, python="python3")
+        return env_script(url, python="python3", ca=self.ca.cert_pem)
 
     ENROL_FILE = "enrol.json"
     TOKENS_FILE = "enrol-tokens.json"   # the tokens' hashes, for a node booting at a restart
