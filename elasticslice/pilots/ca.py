@@ -28,6 +28,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rpc import pki
@@ -264,6 +265,31 @@ def keep_renewed(context: ssl.SSLContext, ca: ClusterCA, name: str,
     again by ``ca`` and loaded into it when less than :func:`renew_before` of its lifetime
     is left (new handshakes get the new one; the connections open keep theirs)."""
     _RENEWER.add(context, ca, name, tuple(hosts))
+
+
+def renew_scheduler(framework: Any, ca: ClusterCA, name: str = "scheduler") -> int:
+    """Keep member ``name``'s certificate fresh where a Dask framework's in-process
+    scheduler and client hold it (:func:`keep_renewed`): the scheduler's TLS listeners, its
+    connections out (to workers) and the framework's client's. How many contexts are kept
+    (0: none found, e.g. a scheduler in a process of its own, which reads its files at its
+    start)."""
+    def contexts(scheduler: Any) -> list[ssl.SSLContext]:
+        found = [getattr(getattr(listener, "tcp_server", None), "ssl_options", None)
+                 for listener in getattr(scheduler, "listeners", ())]
+        found.append((getattr(scheduler, "connection_args", None) or {}).get("ssl_context"))
+        return [c for c in found if isinstance(c, ssl.SSLContext)]
+    try:
+        kept = framework.on_scheduler(contexts)
+    except Exception as err:  # noqa: BLE001 - its certificate is then renewed at a start
+        log.warning("the Dask scheduler's certificate is not renewed while it runs: %s", err)
+        kept = []
+    client = getattr(getattr(framework, "client", None), "connection_args", None) or {}
+    if isinstance(client.get("ssl_context"), ssl.SSLContext):
+        kept.append(client["ssl_context"])
+    unique = list({id(c): c for c in kept}.values())
+    for context in unique:
+        keep_renewed(context, ca, name)
+    return len(unique)
 
 
 def _is_ip(host: str) -> bool:

@@ -36,7 +36,7 @@ from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
-from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.ca import ClusterCA, renew_scheduler
 from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
@@ -217,6 +217,7 @@ class ElasticCluster:
             raise ElasticSliceError(
                 f"{self.state_dir}: cannot serve the Dask scheduler on port {options['port']} "
                 f"again (the nodes' agents rejoin {previous.scheduler}): {err}") from err
+        renew_scheduler(self.framework, self.ca)  # its certificate renewed while it runs
         ClusterFile(self.framework.scheduler_address, os.getpid(), self.restarts).save(
             self.state_dir)
         if self.resumed and self._own_session:

@@ -14,17 +14,20 @@ from pathlib import Path
 
 from cryptography import x509
 
-from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.ca import ClusterCA, renew_scheduler
 from elasticslice.pilots.enrol import EnrolmentService
 from tests.helpers import wait_for
 
 LIFETIME = 5.0  # seconds a member's certificate lasts in these tests
 
 
-def served(ca: ClusterCA, port: int) -> x509.Certificate:
+def served(ca: ClusterCA, port: int, client: str | None = None) -> x509.Certificate:
     """The certificate a server on 127.0.0.1:``port`` shows, in a handshake that verifies
-    it against the cluster CA and the address (as a node's does)."""
+    it against the cluster CA and the address (as a node's does); with member ``client``'s
+    certificate for a server that asks for one."""
     context = ssl.create_default_context(cafile=str(ca.ca_file))
+    if client is not None:
+        context.load_cert_chain(*ca.issue(client))
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
             context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
         return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
@@ -71,3 +74,30 @@ def test_a_member_certificate_is_issued_for_the_lifetime_asked(tmp_path: Path) -
     short = ClusterCA.open(tmp_path / "short", member_lifetime=LIFETIME)
     cert = x509.load_pem_x509_certificate(short.issue("scheduler")[0].read_bytes())
     assert cert.not_valid_after_utc.timestamp() - time.time() <= LIFETIME
+
+
+def test_the_dask_scheduler_renews_its_certificate_before_it_expires(tmp_path: Path) -> None:
+    """The elastic cluster's scheduler (in-process, as ``ElasticCluster`` runs it, its
+    certificate kept renewed by :func:`renew_scheduler`): after its first certificate
+    expired it still accepts TLS, with a new one, and a new client joins it."""
+    from distributed import Client
+
+    from troy.frameworks.dask import DaskFramework
+    ca = ClusterCA.open(tmp_path / "pki", member_lifetime=LIFETIME)
+    framework = DaskFramework("certs", tls=ca.dask_tls("scheduler"))
+    framework.start()
+    try:
+        assert renew_scheduler(framework, ca) >= 2   # its listener, its connections out
+        port = int(framework.scheduler_address.rsplit(":", 1)[1])
+        first = served(ca, port, client="probe")
+        assert first.subject.rfc4514_string() == "OU=control,CN=scheduler"
+        wait_for(lambda: expired(first), timeout=4 * LIFETIME, what="the first certificate "
+                 "to expire")
+        second = served(ca, port, client="probe")
+        assert second.serial_number != first.serial_number
+        assert second.not_valid_after_utc > first.not_valid_after_utc
+        with Client(framework.scheduler_address, security=ca.dask_tls("client").security(),
+                    timeout="20s", set_as_default=False) as client:
+            assert client.scheduler_info()["address"] == framework.scheduler_address
+    finally:
+        framework.close()
