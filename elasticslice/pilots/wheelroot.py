@@ -30,7 +30,11 @@ grows (and across restarts of the control node, given the same ``token``). With
     url = root.publish(publisher, token=token)   # "http://HOST:PORT/<token>/wheelhouse/"
     lines = env_script(url)                      # start.sh: the node asks for its own
 
-or, all of it for the image the nodes boot, :func:`serve_for_image`.
+A cluster serves it over HTTPS instead, with a control certificate of the cluster CA that
+the nodes verify (:meth:`WheelhouseRoot.publish_tls`, ``env_script(url, ca=ca.cert_pem)``):
+``wheels.txt`` pins every wheel's sha256, so what a node installs is the control node's.
+
+or, all of it for the image the nodes boot, :func:`serve_for_image` (``ca=``: over HTTPS).
 
 The builds run in one daemon thread, started when the first is asked for (nothing happens
 in the constructor); :meth:`close` stops it after the build it is in.
