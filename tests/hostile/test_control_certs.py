@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 
 from elasticslice.pilots.ca import ClusterCA, renew_scheduler
@@ -37,6 +38,7 @@ def expired(cert: x509.Certificate) -> bool:
     return time.time() > cert.not_valid_after_utc.timestamp()
 
 
+@pytest.mark.slow  # waits for a certificate to expire
 def test_the_enrolment_service_renews_its_certificate_before_it_expires(tmp_path: Path
                                                                        ) -> None:
     ca = ClusterCA.open(tmp_path / "pki", member_lifetime=LIFETIME)
@@ -76,6 +78,7 @@ def test_a_member_certificate_is_issued_for_the_lifetime_asked(tmp_path: Path) -
     assert cert.not_valid_after_utc.timestamp() - time.time() <= LIFETIME
 
 
+@pytest.mark.slow  # waits for a certificate to expire
 def test_the_dask_scheduler_renews_its_certificate_before_it_expires(tmp_path: Path) -> None:
     """The elastic cluster's scheduler (in-process, as ``ElasticCluster`` runs it, its
     certificate kept renewed by :func:`renew_scheduler`): after its first certificate

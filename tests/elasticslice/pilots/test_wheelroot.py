@@ -145,6 +145,7 @@ def test_served_for_an_image_it_builds_ahead_what_its_nodes_ask_for(
             root.close()
 
 
+@pytest.mark.slow  # builds this machine's wheelhouse ahead, unless cached
 def test_over_tls_it_shows_a_control_certificate_of_the_cluster_ca_on_a_kept_port(
         tmp_path: Path) -> None:
     """``serve_for_image(ca=...)``: the root on an HTTPS publisher of its own (member
