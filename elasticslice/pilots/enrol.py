@@ -29,7 +29,6 @@ import hashlib
 import http.server
 import json
 import logging
-import os
 import secrets
 import ssl
 import threading
