@@ -861,16 +861,19 @@ class CloudLabProvider(ExecutionProvider):
         Python that has Parsl (``node_python``)."""
         from elasticslice.config import cm_is_local
         from elasticslice.pilots.bootstrap import env_script
+        from elasticslice.pilots.ca import ClusterCA
         from elasticslice.pilots.wheelroot import serve_for_image
         if self.node_python is not None:
             return env_script(None, python=self.node_python)
+        # the nodes verify their software against this CA (its certificate in start.sh)
+        ca = ClusterCA.open(self.state_dir / "pki")
         urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
         self.wheelroot, url = serve_for_image(
             self.publisher, image_urn=self.disk_image, image_python=self.image_python,
             cm_local=bool(urls) and all(map(cm_is_local, urls)), extra=("parsl",),
-            token=self._published.token)
+            token=self._published.token, ca=ca, keep=self.state_dir / "wheelhouse.json")
         self._published.serving.append(self.wheelroot)
-        return env_script(url, target=f"{INSTALL_PATH}/env")
+        return env_script(url, target=f"{INSTALL_PATH}/env", ca=ca.cert_pem)
 
     def stats(self) -> dict[str, int]:
         """revocations, early_releases, forced_releases, blocks (submitted)."""

@@ -36,7 +36,7 @@ from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
-from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.ca import ClusterCA, renew_scheduler
 from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
@@ -220,6 +220,7 @@ class ElasticCluster:
             raise ElasticSliceError(
                 f"{self.state_dir}: cannot serve the Dask scheduler on port {options['port']} "
                 f"again (the nodes' agents rejoin {previous.scheduler}): {err}") from err
+        renew_scheduler(self.framework, self.ca)  # its certificate renewed while it runs
         ClusterFile(self.framework.scheduler_address, os.getpid(), self.restarts).save(
             self.state_dir)
         if self.resumed and self._own_session:
@@ -296,9 +297,9 @@ class ElasticCluster:
         self.wheelroot, url = serve_for_image(
             self.publisher, image_urn=self.helper.image_urn, image_python=self.image_python,
             cm_local=bool(urls) and all(cm_is_local(u) for u in urls),
-            token=self._published.token)
+            token=self._published.token, ca=self.ca, keep=self.state_dir / "wheelhouse.json")
         self._published.serving.append(self.wheelroot)
-        return env_script(url, python="python3")
+        return env_script(url, python="python3", ca=self.ca.cert_pem)
 
     ENROL_FILE = "enrol.json"
     TOKENS_FILE = "enrol-tokens.json"   # the tokens' hashes, for a node booting at a restart

@@ -44,7 +44,6 @@ import hashlib
 import http.server
 import json
 import logging
-import os
 import secrets
 import ssl
 import threading
@@ -292,10 +291,7 @@ class EnrolmentService:
         return int(self._server.server_address[1])
 
     def start(self) -> EnrolmentService:
-        cert, key = self.ca.issue("enrolment", hosts=(self.listen,))
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(os.fspath(cert), os.fspath(key))
+        context = self.ca.server_context("enrolment", hosts=(self.listen,))  # renewed
         context.load_verify_locations(cadata=self.ca.cert_pem.decode())
         context.verify_mode = ssl.CERT_OPTIONAL  # renewals show their worker certificate
         try:

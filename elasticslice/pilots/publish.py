@@ -14,7 +14,10 @@ tarball URL of a sliver again at every sliver change, for as long as its node is
 It listens on ``host`` (127.0.0.1 and port 0 by default: any free port; the box's CM runs
 on this machine); ``public_url`` is the base URL the CM fetches from (default: its own
 address). Plain HTTP is enough: a tarball carries no secret (its enrolment token is single
-use and bound to its node), but its URL is still never logged.
+use and bound to its node), but its URL is still never logged. What nodes install is
+another matter: a publisher made with ``tls=`` (a server context of the cluster CA) serves
+HTTPS, which is how the nodes' wheelhouse is served
+(:meth:`~elasticslice.pilots.wheelroot.WheelhouseRoot.publish_tls`).
 """
 from __future__ import annotations
 
@@ -28,11 +31,13 @@ import os
 import re
 import secrets
 import socketserver
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rspec.tarball import tarball_problem
@@ -213,15 +218,36 @@ class _Server(http.server.ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
 
 
+class _TLSServer(_Server):
+    """:class:`_Server` over TLS: each connection's handshake on its request's thread."""
+
+    def __init__(self, publisher: TarballPublisher, host: str, port: int,
+                 context: ssl.SSLContext) -> None:
+        super().__init__(publisher, host, port)
+        self.socket = context.wrap_socket(self.socket, server_side=True,
+                                          do_handshake_on_connect=False)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(30)
+            request.do_handshake()
+        except (OSError, ssl.SSLError) as err:  # a stranger, or a node that refused us
+            log.info("publisher: TLS handshake with %s failed: %s", client_address[0],
+                     getattr(err, "reason", None) or err)
+            return
+        super().finish_request(request, client_address)
+
+
 class TarballPublisher:
     """Serves files at unguessable URLs the tarball rule accepts; :meth:`start` first.
     ``public_url``: the base of the URLs it gives (what the CM fetches from; default
     :attr:`base_url`, its own address)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 public_url: str | None = None) -> None:
+                 public_url: str | None = None, *, tls: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
+        self.tls = tls  # HTTPS with this server context (the nodes' wheelhouse); None: HTTP
         if public_url is not None:
             parts = urllib.parse.urlsplit(public_url)
             if parts.scheme not in ("http", "https") or not parts.netloc or parts.query \
@@ -244,11 +270,12 @@ class TarballPublisher:
     def base_url(self) -> str:
         if self._server is None:
             raise PublishError("the tarball publisher is not started")
-        return server_url(self._server, "http")
+        return server_url(self._server, "https" if self.tls is not None else "http")
 
     def start(self) -> TarballPublisher:
         try:
-            self._server = _Server(self, self.host, self.port)
+            self._server = (_Server(self, self.host, self.port) if self.tls is None else
+                            _TLSServer(self, self.host, self.port, self.tls))
         except OSError as err:
             raise PublishError(f"cannot serve tarballs on {self.host}:{self.port}: "
                                f"{err.strerror or err}") from err

@@ -25,7 +25,7 @@ from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, cli
     cm_nodes
 from tests.helpers import wait_for
 
-CONTROL_KEYS = {"ca.key", "scheduler.key", "enrolment.key"}  # the control node's own
+CONTROL_KEYS = {"ca.key", "scheduler.key", "enrolment.key", "wheelhouse.key"}  # the control node's own
 
 
 def stored_tarball(emulator, url: str) -> bytes:
@@ -86,7 +86,8 @@ def test_an_archived_tarball_is_useless_and_its_replay_costs_the_node_nothing(
                          *(f"local/pilot/nodes/node-{i}/token" for i in range(1, 9))}, names
         assert "node-1" not in cluster.helper.slice_tarball.nodes()  # spent: dropped
         assert private_files(cluster.state_dir) == ["pki/ca.key", "pki/members/enrolment.key",
-                                                    "pki/members/scheduler.key"]
+                                                    "pki/members/scheduler.key",
+                                                    "pki/members/wheelhouse.key"]
 
         # The nodes renew their certificates (8 s), their listeners serve the new ones.
         pilot = next(p for p in cluster.pilots() if p.worker_name == "node-1")
