@@ -14,12 +14,13 @@ tarball URL of a sliver again at every sliver change, for as long as its node is
 It listens on ``host`` (127.0.0.1 and port 0 by default: any free port; the box's CM runs
 on this machine); ``public_url`` is the base URL the CM fetches from (default: its own
 address). Plain HTTP is enough: a tarball carries no secret (its enrolment token is single
-use and bound to its node), but its URL is still never logged.
+use and bound to its node), but its URL is still never logged. The listener is guarded
+(:mod:`elasticslice.serving`, :data:`LIMITS`): a cap of connections, 10 s for a whole
+request, 60 s for an answer (more for a big file), no thread for an idle stranger.
 """
 from __future__ import annotations
 
 import html
-import http.server
 import json
 import logging
 import math
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rspec.tarball import tarball_problem
+from elasticslice.serving import BufferedRequestHandler, GuardedServer, Limits, default_cap
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,7 @@ def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(BufferedRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.0"
 
@@ -156,11 +158,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(404)
             return
         with handle:
+            size = os.fstat(handle.fileno()).st_size
+            if body:  # a big file gets its time, at MIN_RATE at least
+                self.server.extend(self.request, LIMITS.response_deadline + size / MIN_RATE)
             self.send_response(200)
             kind = ("application/gzip" if path.name.endswith((".gz", ".tgz"))
                     else mimetypes.guess_type(path.name)[0] or "application/octet-stream")
             self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(os.fstat(handle.fileno()).st_size))
+            self.send_header("Content-Length", str(size))
             self.end_headers()
             while body and (chunk := handle.read(CHUNK)):
                 self.wfile.write(chunk)
@@ -205,12 +210,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # the path is a capability: not logged
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+#: a node or the CM fetches a file and goes; a report is small. Eight workers: the CM
+#: fetches the slice's tarballs while booting nodes fetch their software
+LIMITS = Limits(max_connections=default_cap(), handshake_deadline=5.0, request_deadline=10.0,
+                response_deadline=60.0, io_timeout=20.0, workers=8, max_body=MAX_REPORT)
+MIN_RATE = 1 << 20  # bytes/s: a file's answer may last response_deadline + size / MIN_RATE
 
-    def __init__(self, publisher: TarballPublisher, host: str, port: int) -> None:
+
+class _Server(GuardedServer):
+    """A guarded listener (:mod:`elasticslice.serving`): a stranger's idle or trickling
+    connection never holds a thread, and is one count in a log line a minute."""
+
+    def __init__(self, publisher: TarballPublisher, host: str, port: int,
+                 limits: Limits = LIMITS) -> None:
         self.publisher = publisher
-        super().__init__((host, port), _Handler)
+        super().__init__((host, port), _Handler, limits=limits, name="tarball publisher")
 
 
 class TarballPublisher:
