@@ -120,7 +120,7 @@ class Tally:
                                      and now - self._last < self.interval):
                 return False
             since = "" if self._last is None else f" in the last {now - self._last:.0f} s"
-            parts = ", ".join(f"{n} {what}" for what, n in sorted(self._pending.items()))
+            parts = "; ".join(f"{what}: {n}" for what, n in sorted(self._pending.items()))
             self._pending.clear()
             self._last = now
         self._log.warning("%s%s: %s", self.name, since, parts)
@@ -197,6 +197,7 @@ class GuardedServer(socketserver.TCPServer):
         self._wake_w.setblocking(False)
         self._workers: list[threading.Thread] = []
         self._next_check = 0.0
+        self._paused = 0.0   # accepting again at (after a failed accept)
         super().__init__(address, handler)
 
     # -- what a subclass may change ------------------------------------------------------
@@ -239,13 +240,17 @@ class GuardedServer(socketserver.TCPServer):
             worker.start()
         try:
             while not self._stop.is_set():
-                for key, mask in sel.select(poll_interval):
+                for key, _ in sel.select(min(poll_interval, 0.1) if self._paused
+                                         else poll_interval):
                     if key.fileobj is self.socket:
                         self._accept()
                     elif key.fileobj is self._wake_r:
                         _drain(self._wake_r)
                     else:
                         self._ready_io(key.data)
+                if self._paused and time.monotonic() >= self._paused:
+                    self._paused = 0.0
+                    sel.register(self.socket, selectors.EVENT_READ, None)
                 self._expire()
                 self.tally.flush()
         finally:
@@ -277,6 +282,8 @@ class GuardedServer(socketserver.TCPServer):
                 return
             except OSError as err:   # EMFILE and the like: counted, never a busy loop
                 self.tally.count(f"failed accepts ({err.strerror or err})")
+                self._sel.unregister(self.socket)
+                self._paused = time.monotonic() + 0.1
                 return
             self._admit(sock, address)
 
@@ -286,12 +293,12 @@ class GuardedServer(socketserver.TCPServer):
             full = len(self._conns) >= self.limits.max_connections
             victim = self._victim() if full else None
         if full and victim is None:
-            self.tally.count("connections refused (every slot busy)")
+            self.tally.count("connections refused (every slot the CM's or a whole request)")
             _close(sock)
             return
         if victim is not None:
-            self.tally.count("idle connections evicted (table full)" if not victim.heard
-                             else "unfinished connections evicted (table full)")
+            self.tally.count("idle connections evicted (all slots taken)" if not victim.heard
+                             else "unfinished connections evicted (all slots taken)")
             self._drop(victim)
         sock.setblocking(False)
         try:

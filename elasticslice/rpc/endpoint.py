@@ -281,6 +281,10 @@ class EndpointServer:
             return _answer(response(GeniCode.SERVERERROR, 0, f"{method}: unsendable answer"))
 
     # -- what strangers did -------------------------------------------------------------
+    def open_connections(self) -> int:
+        """Connections open now (handshaking, reading, queued or answered)."""
+        return self._listener.open_connections() if self._listener is not None else 0
+
     def stats(self) -> dict[str, int]:
         """How many connections and calls were refused, evicted or cut, by why."""
         return self._listener.tally.totals() if self._listener is not None else {}

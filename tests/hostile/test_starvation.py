@@ -16,6 +16,7 @@ held each for 30 s per read, with a thread each.
 from __future__ import annotations
 
 import io
+import logging
 import resource
 import shutil
 import subprocess
@@ -55,6 +56,9 @@ IDLE, TRICKLING = 1000, 100
 #: stranger has just opened again, not accepted yet
 HELD_AT_MOST = 320
 FILES = 20000   # the stranger's 4,400 sockets, the listeners' side of them, and the rest
+#: the listeners' own modules: nothing a stranger does is a WARNING there
+LISTENER_LOGS = ("elasticslice.rpc.endpoint", "elasticslice.pilots.enrol",
+                 "elasticslice.pilots.publish", "elasticslice.metrics")
 
 
 class Releases(SimpleElasticSliceClientEndpoint):
@@ -88,6 +92,8 @@ class Listeners:
     targets: dict[str, Target]
     threads_before: int
     work: Path
+    logged: list[logging.LogRecord]
+    flood_started: float
 
 
 def _tarball() -> bytes:
@@ -115,6 +121,8 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
     flood on all four, established."""
     work = tmp_path_factory.mktemp("starvation")
     limits = _more_files()
+    logged = Records()
+    logging.getLogger("elasticslice").addHandler(logged)
     shutil.copytree(emulator_pki, work / "emu")
     emulator = EmulatorServer(work / "emu", port=0, **FAST)
     emulator.start()
@@ -150,11 +158,13 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
                    "publisher": Target("publisher", ("127.0.0.1", publisher.port_bound)),
                    "metrics": Target("metrics", ("127.0.0.1", metrics.bound_port))}
         threads_before = threading.active_count()
+        flood_started = time.monotonic()
         flood = Flood(list(targets.values()), idle=IDLE, trickling=TRICKLING).start()
         wait_for(flood.established, timeout=60, interval=0.2,
                  what=f"{IDLE} idle and {TRICKLING} trickling connections to each listener")
         yield Listeners(work / "emu", client, releases, endpoint, ca, enrolment, publisher,
-                        tarball, url, metrics, flood, targets, threads_before, work)
+                        tarball, url, metrics, flood, targets, threads_before, work,
+                        logged.records, flood_started)
     finally:
         if flood is not None:
             flood.stop()
@@ -163,6 +173,16 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
             if stop is not None:
                 stop()
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        logging.getLogger("elasticslice").removeHandler(logged)
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def held_by_the_listener(listeners: Listeners, name: str) -> bool:
@@ -223,3 +243,21 @@ def test_the_stranger_gets_no_thread_and_each_listener_closes_what_it_cannot_hol
         threading.active_count()
     for name, target in listeners.targets.items():
         assert target.closed >= IDLE + TRICKLING - HELD_AT_MOST, (name, target)
+
+
+def test_the_strangers_are_counted_not_logged_one_by_one(listeners: Listeners) -> None:
+    """Thousands of connections evicted, cut or refused: per listener one line a minute at
+    most (the first comes at once), and never a traceback."""
+    minutes = (time.monotonic() - listeners.flood_started) / 60
+    records = list(listeners.logged)
+    assert not [r for r in records if r.exc_info], records
+    summaries: dict[str, int] = {}
+    for record in records:
+        if record.name == "elasticslice.serving":
+            listener = record.getMessage().split(":")[0]
+            summaries[listener] = summaries.get(listener, 0) + 1
+        elif record.name in LISTENER_LOGS:
+            assert record.levelno < logging.WARNING, record.getMessage()
+    for name in ("callback endpoint", "enrolment service", "tarball publisher",
+                 "metrics endpoint"):
+        assert 1 <= summaries.get(name, 0) <= 2 + minutes, (name, summaries)
