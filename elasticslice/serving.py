@@ -275,7 +275,7 @@ class GuardedServer(socketserver.TCPServer):
             pass
 
     def _accept(self) -> None:
-        for _ in range(256):   # then let the others have their turn
+        for _ in range(64):   # then let the others have their turn
             try:
                 sock, address = self.socket.accept()
             except (BlockingIOError, InterruptedError):
@@ -323,8 +323,9 @@ class GuardedServer(socketserver.TCPServer):
         for conn in self._conns.values():   # in the order they were accepted
             if conn.trusted or conn.phase not in (Phase.HANDSHAKE, Phase.READING):
                 continue
-            if not conn.heard:
+            if not conn.heard and not _waiting(conn.sock):
                 return conn
+            conn.heard = True   # its bytes may wait behind this batch of accepts
             if unfinished is None:
                 unfinished = conn
         return unfinished
@@ -520,6 +521,16 @@ def _drain(sock: socket.socket) -> None:
             pass
     except OSError:
         pass
+
+
+def _waiting(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` sent bytes not read yet (the TCP socket under TLS)."""
+    try:
+        return bool(socket.socket.recv(sock, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True   # reset: reading it will tell
 
 
 def _shut(sock: socket.socket) -> None:

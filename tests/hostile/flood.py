@@ -164,3 +164,38 @@ class Flood:
             s.target.closed += 1
             s.target.open_now -= 1
         self._pending.append((time.monotonic() + self.reopen, s.target, s.trickle))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.hostile.flood [--idle N] [--trickling N] HOST:PORT[:tls] ...``:
+    flood until stdin closes (a benchmark runs it apart from the listeners it measures);
+    prints ``established`` once every target got all of its connections."""
+    import argparse
+    import resource
+    import sys
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--idle", type=int, default=1000)
+    parser.add_argument("--trickling", type=int, default=100)
+    parser.add_argument("targets", nargs="+")
+    args = parser.parse_args(argv)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 20000 if hard == resource.RLIM_INFINITY else min(20000, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    targets = []
+    for spec in args.targets:
+        host, port, *tls = spec.split(":")
+        targets.append(Target(spec, (host, int(port)),
+                              client_hello() if tls == ["tls"] else SLOW_HEAD))
+    flood = Flood(targets, idle=args.idle, trickling=args.trickling).start()
+    while not flood.established():
+        time.sleep(0.1)
+    print("established", flush=True)
+    sys.stdin.read()
+    flood.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))
