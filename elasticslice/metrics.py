@@ -6,7 +6,7 @@ timings of its server, the Troy session's units). So there is nothing to keep in
 the counts the state store keeps (revocations, early and forced releases) survive a
 restart. Each manager gets its own ``CollectorRegistry`` (several may live in one process);
 :class:`MetricsServer` serves it on ``GET /metrics`` (127.0.0.1 by default), guarded
-(:data:`LIMITS`: 32 connections, 5 s for a request, 30 s for an answer).
+(:data:`LIMITS`: 64 connections, 5 s for a request, 30 s for an answer).
 
 The names (``elasticslice_`` first; counters end in ``_total``):
 
@@ -167,7 +167,7 @@ class _Handler(BufferedRequestHandler):
 
 
 #: a scraper sends one GET every few seconds: few connections, no body, two workers
-LIMITS = Limits(max_connections=32, handshake_deadline=5.0, request_deadline=5.0,
+LIMITS = Limits(max_connections=64, handshake_deadline=5.0, request_deadline=5.0,
                 response_deadline=30.0, io_timeout=10.0, workers=2, max_body=0)
 
 

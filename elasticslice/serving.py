@@ -275,7 +275,8 @@ class GuardedServer(socketserver.TCPServer):
             pass
 
     def _accept(self) -> None:
-        for _ in range(64):   # then let the others have their turn
+        # a few at a time, then the others' turn: a burst evicts no one whose bytes wait
+        for _ in range(max(1, min(64, self.limits.max_connections // 8))):
             try:
                 sock, address = self.socket.accept()
             except (BlockingIOError, InterruptedError):
@@ -303,9 +304,6 @@ class GuardedServer(socketserver.TCPServer):
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:
-                sock = self.tls.wrap_socket(sock, server_side=True,
-                                            do_handshake_on_connect=False)
         except OSError:
             _close(sock)
             return
@@ -358,8 +356,19 @@ class GuardedServer(socketserver.TCPServer):
             self._read(conn)
 
     def _handshake(self, conn: _Conn) -> None:
+        if not isinstance(conn.sock, ssl.SSLSocket):   # TLS for a peer that speaks only
+            assert self.tls is not None
+            self._unwatch(conn)
+            with self._lock:
+                self._conns.pop(conn.sock, None)
+                try:
+                    conn.sock = self.tls.wrap_socket(conn.sock, server_side=True,
+                                                     do_handshake_on_connect=False)
+                except OSError:
+                    _close(conn.sock)
+                    return
+                self._conns[conn.sock] = conn
         sock = conn.sock
-        assert isinstance(sock, ssl.SSLSocket)
         try:
             sock.do_handshake()
         except ssl.SSLWantReadError:
