@@ -225,7 +225,9 @@ class GuardedServer(socketserver.TCPServer):
 
     # -- the loop ------------------------------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.2) -> None:
-        self._stop.clear()
+        """Serve until :meth:`shutdown` (once: a server shut down stays so)."""
+        if self._stop.is_set():
+            return
         self._stopped.clear()
         self.socket.setblocking(False)
         sel = selectors.DefaultSelector()
