@@ -4,7 +4,8 @@
     from parsl.executors import HighThroughputExecutor
     provider = CloudLabProvider(server, state_dir, max_blocks=4)
     config = Config(executors=[HighThroughputExecutor(
-        address=provider.address, encrypted=False, provider=provider)], retries=2)
+        address=provider.address, provider=provider,
+        interchange_launch_cmd=provider.interchange_launch_cmd)], retries=2)
     with parsl.load(config): ...
     provider.close()                       # gives the slice back
 
@@ -22,6 +23,13 @@ done or the notice's deadline less ``margin`` comes, then releases the revoked n
 (and the block's other nodes go back too). A node taken without notice takes its tasks
 with it: the interchange sees its manager lost and Parsl retries them (``Config(retries=N)``;
 the default is 0). Node states map to Parsl's ``JobState`` in :func:`job_state`.
+
+The interchange is encrypted (Parsl's default, ``encrypted=True``): each node enrols at the
+provider's :class:`~elasticslice.pilots.enrol.EnrolmentService` (a single-use token in the
+tarball, its own key, a worker certificate of the provider's CA), makes its own CurveZMQ key
+pair and has its public key authorised over mutual TLS (:mod:`elasticslice.parslkeys`); the
+interchange refuses any other manager. ``encrypted=False`` is refused unless the interchange
+is on loopback only.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import enum
 import logging
 import re
 import shlex
+import sys
 import threading
 import time
 import types
@@ -49,6 +58,7 @@ from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, PolicyConfig
 from elasticslice.managers.records import PendingDelete
+from elasticslice.parslkeys import AuthorisedKeys, is_loopback
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import script_head
 from elasticslice.pilots.manager import EarlyReleases
@@ -64,6 +74,10 @@ DEFAULT_INTERVALS = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver
                      "get_system_state": 60.0, "add_nodes": 1.0, "delete_nodes": 1.0,
                      "set_system_state": 60.0}
 _BLOCK_ID = re.compile(r"--block_id[= ](\S+)")
+_CERT_DIR = re.compile(r"--cert_dir[= ](\S+)")
+_ADDRESSES = re.compile(r"(?:^|\s)(?:-a|--addresses)[= ](\S+)")
+#: on the node: its CurveZMQ pair and the interchange's public key (the pool's --cert_dir)
+NODE_KEYS = f"{INSTALL_PATH}/curve"
 
 
 class ProviderError(ElasticSliceError, ValueError):
@@ -195,15 +209,21 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
     """Nodes named ``parsl-<n>``, each bound to a block when it is asked for. The slice's
     nodes share one install tarball (at ``/``, published by ``publisher`` under ``token``:
     :mod:`elasticslice.pilots.slicetar`) holding ``start.sh`` (build the environment,
-    ``env_lines``, then run the node's block's worker command) and each held node's command
-    (``nodes/<client_id>/command``). No secret is in it: the executor runs unencrypted on the
-    control node's address (see docs/parsl.md). ``failures``: where nodes that failed to
-    start are named; ``report_url``: where their start scripts say why."""
+    ``env_lines``, then run the node's block's worker command), the cluster CA's
+    certificate (``ca``) and, per held node, its command (``nodes/<client_id>/command``)
+    and, until it enrolled, its single-use enrolment token (``nodes/<client_id>/token``,
+    0600, from ``enrolment``). A command whose worker pool is encrypted (``--cert_dir``
+    :data:`NODE_KEYS`) makes the node enrol at ``enrol_url`` and have its own CurveZMQ key
+    authorised (:mod:`elasticslice.parslkeys`) before it runs; no key is in the tarball.
+    ``failures``: where nodes that failed to start are named; ``report_url``: where their
+    start scripts say why; ``on_gone(client_id)``: called when a node left."""
 
     def __init__(self, book: BlockBook, publisher: Any, tarball_dir: Path, env_lines: str,
                  *, cores: int | None = None, server: Any = None, token: str | None = None,
                  report_url: str | None = None, failures: NodeFailures | None = None,
-                 **options: Any) -> None:
+                 ca: Any = None, enrolment: Any = None, enrol_url: str | None = None,
+                 enrol_within: float = 1800.0,
+                 on_gone: Callable[[str], object] | None = None, **options: Any) -> None:
         super().__init__(server, None, node_prefix="parsl",
                          startup_command=f"sh {INSTALL_PATH}/start.sh", **options)
         self.book = book
@@ -212,21 +232,46 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
         self.report_url = report_url
         self.env_lines = env_lines
         self.cores = cores
+        self.ca, self.enrolment, self.enrol_url = ca, enrolment, enrol_url
+        self.enrol_within = enrol_within
+        self.on_gone = on_gone
         self.failures = failures if failures is not None else NodeFailures()
         self.slice_tarball = SliceTarball(Path(tarball_dir) / SLICE_TARBALL, INSTALL_PATH,
-                                          {}, private=False)
+                                          {})
         self._url: str | None = None
 
     def start_script(self) -> str:
         cores = f"export PARSL_CORES={int(self.cores)}\n" if self.cores else ""
         head = script_head("this node runs Parsl's worker pool for its block", INSTALL_PATH,
                            self.report_url)
+        url = shlex.quote(self.enrol_url or "")
+        keys = '"$here/curve"'
         return (f"{head}"
-                f'cmd=$(cat "$here/{NODES}/$name/command" 2>/dev/null) && '
+                f'cmd=$(asroot cat "$here/{NODES}/$name/command" 2>/dev/null) && '
                 f'printf "%s" "$cmd" > "$here/command" || '
                 f'cmd=$(cat "$here/command" 2>/dev/null) || '
                 f'fail "no Parsl block for $name in the tarball"\n'
+                f"# --- an encrypted pool: this node's own CurveZMQ key, authorised after it "
+                f"enrols\n"
+                f'case "$cmd" in *"--cert_dir {NODE_KEYS}"*) keys=yes ;; *) keys= ;; esac\n'
+                f'if [ -n "$keys" ] && [ -s {keys}/client.key_secret ] && '
+                f'[ -s {keys}/server.key_secret ]; then\n'
+                f"    keys=  # a reboot: its key is still allowed while the node is held\n"
+                f"fi\n"
+                f'if [ -n "$keys" ]; then\n'
+                f'    asroot cat "$here/{NODES}/$name/token" > "$here/token" 2>/dev/null || '
+                f'rm -f "$here/token"\n'
+                f"fi\n"
+                f'asroot rm -rf "$here/{NODES}" || fail "cannot remove $here/{NODES}"\n'
                 f"{self.env_lines.rstrip()}\n"
+                f'if [ -n "$keys" ]; then\n'
+                f'    [ -s "$here/token" ] || fail "no enrolment token for $name in the '
+                f'tarball and no key in $here/curve"\n'
+                f'    "$py" -m troy.frameworks.dask.enrol {url} "$here/token" "$here/ca.pem" '
+                f'"$name" "$here" || exit 1\n'
+                f'    "$py" -m elasticslice.parslkeys node {url} "$here/ca.pem" '
+                f'"$here/node.pem" "$here/node.key" "$name" {keys} || exit 1\n'
+                f"fi\n"
                 f'mkdir -p "$here/bin"\n'
                 f"cat > \"$here/bin/process_worker_pool.py\" <<PARSL_POOL\n"
                 f"#!/bin/sh\n"
@@ -244,8 +289,10 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
     def tarball_url(self) -> str:
         """The slice's tarball URL (published once; the file made now if it is not there)."""
         if self._url is None:
-            self.slice_tarball.set_common({"start.sh": Member(self.start_script().encode(),
-                                                              0o755)})
+            common = {"start.sh": Member(self.start_script().encode(), 0o755)}
+            if self.ca is not None:
+                common["ca.pem"] = Member(self.ca.cert_pem, 0o644)
+            self.slice_tarball.set_common(common)
             self._url = self.publisher.publish(self.slice_tarball.path, SLICE_TARBALL,
                                                token=self.token)
         return self._url
@@ -257,9 +304,20 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
             spec.executes = []
             return spec
         url = self.tarball_url()
-        self.slice_tarball.set_node(client_id, {"command": Member(block.command.encode())})
+        files = {"command": Member(block.command.encode())}
+        if self.enrolment is not None and f"--cert_dir {NODE_KEYS}" in block.command:
+            token = self.enrolment.token_for(client_id,
+                                             deadline=time.time() + self.enrol_within)
+            files["token"] = Member(token.encode(), 0o600)
+        self.slice_tarball.set_node(client_id, files)
         spec.installs = [*spec.installs, (url, "/")]
         return spec
+
+    def enrolled(self, client_id: str) -> None:
+        """The node spent its token: the tarball keeps only its command."""
+        block = self.book.of(client_id)
+        if block is not None:
+            self.slice_tarball.set_node(client_id, {"command": Member(block.command.encode())})
 
     def handle_added_node(self, node: dict[str, Any], status: str) -> None:
         if status == "failed":
@@ -267,8 +325,13 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
                                  "failed (the CM says; see the manager's log)")
 
     def handle_deleted_node(self, node: dict[str, Any]) -> None:
+        """The node left: its token, its files and its CurveZMQ key go."""
         cid = str(node.get("client_id") or "")
         self.failures.forget(cid)
+        if self.enrolment is not None:
+            self.enrolment.forget(cid)
+        if self.on_gone is not None:
+            self.on_gone(cid)
         self.slice_tarball.drop_node(cid)
 
     def close(self, *, remove: bool) -> None:
@@ -444,6 +507,10 @@ class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
                 "forced_releases": counts["forced"]}
 
 
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def _count(name: str, value: Any, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ProviderError(f"CloudLabProvider: {name} must be a whole number >= {least}, "
@@ -474,8 +541,10 @@ class CloudLabProvider(ExecutionProvider):
     its worker pool with; default None: each node builds the environment from the
     wheelhouse the provider publishes), ``cores_per_node``
     (``PARSL_CORES`` on the node). ``margin``: seconds kept before a notice's deadline;
-    ``listen``: where the tarball publisher and the callback endpoint listen (None: the
-    config's ``[pilots] listen``, else the address routed to the CM: :attr:`address`);
+    ``listen``: where the tarball publisher, the nodes' enrolment service (their worker
+    certificates and CurveZMQ keys: :mod:`elasticslice.parslkeys`) and the callback endpoint
+    listen (None: the config's ``[pilots] listen``, else the address routed to the CM:
+    :attr:`address`);
     ``public_url``: the base URL the CM fetches tarballs from (default the publisher's);
     ``publish_port``: a fixed port for the publisher (default: the one this state directory
     used last, else any free one: the slice's tarball keeps its URL across restarts);
@@ -548,6 +617,10 @@ class CloudLabProvider(ExecutionProvider):
             "publish_port", publish_port, 0)
         #: nodes that failed to start, with the cause their start script sent
         self.failures = NodeFailures()
+        #: the enrolment service of the nodes (started with the manager)
+        self.enrolment: Any = None
+        #: the nodes' keys allowed at the executor's interchange (None: not encrypted)
+        self.keys: AuthorisedKeys | None = None
         self._lock = threading.Lock()
         self._lockfile: Any = None
         self._own_server = False
@@ -585,12 +658,7 @@ class CloudLabProvider(ExecutionProvider):
         """A block of ``nodes_per_block`` nodes that run ``command``; its job id."""
         if not isinstance(command, str) or not command.strip():
             raise ProviderError("CloudLabProvider.submit: the worker command is empty")
-        cert_dir = re.search(r"--cert_dir[= ](\S+)", command)
-        if cert_dir and cert_dir.group(1) != "None":
-            raise ProviderError(
-                "CloudLabProvider: the executor encrypts with keys in a folder of this "
-                "machine that CloudLab nodes cannot read: use HighThroughputExecutor("
-                "encrypted=False) with address on a loopback or private network")
+        command = self._node_command(command)
         self._ensure_started()
         assert self.manager is not None
         job_id = f"{self.label}-{uuid.uuid4().hex[:8]}"
@@ -603,6 +671,63 @@ class CloudLabProvider(ExecutionProvider):
         log.info("block %s (%s): %d node(s) asked for", job_id, job_name, block.size)
         self.manager.wake("ensure_sliver", "add_nodes")
         return job_id
+
+    @property
+    def interchange_launch_cmd(self) -> list[str]:
+        """The executor's ``interchange_launch_cmd``: Parsl's interchange, which allows each
+        node's key once it is authorised (:func:`elasticslice.parslkeys.interchange_main`)."""
+        return [sys.executable, "-m", "elasticslice.parslkeys", "interchange"]
+
+    def _node_command(self, command: str) -> str:
+        """The worker command as a node runs it: an encrypted pool's ``--cert_dir`` is the
+        node's own key folder; an unencrypted one only on loopback (else ProviderError)."""
+        found = _CERT_DIR.search(command)
+        if found is None or found.group(1) == "None":
+            where = _ADDRESSES.search(command)
+            addresses = where.group(1).split(",") if where else [self.address]
+            exposed = [a for a in addresses if not is_loopback(a)]
+            if exposed:
+                raise ProviderError(
+                    f"CloudLabProvider: HighThroughputExecutor(encrypted=False) would serve "
+                    f"Parsl's interchange in the clear on {exposed[0]}, where anyone who "
+                    f"reaches it can take the tasks and send it pickles: keep Parsl's "
+                    f"default encrypted=True (unencrypted is for loopback only)")
+            return command
+        cert_dir = Path(found.group(1))
+        if not (cert_dir / "server.key").is_file():
+            raise ProviderError(f"CloudLabProvider: the executor's key folder {cert_dir} has "
+                                f"no server.key: is this the executor's command?")
+        executor = self._find_executor()
+        launch = list(getattr(executor, "interchange_launch_cmd", None) or [])
+        if executor is not None and launch[-2:] != self.interchange_launch_cmd[-2:]:
+            raise ProviderError(
+                "CloudLabProvider: the executor's interchange reads its nodes' keys only "
+                "when it starts: pass interchange_launch_cmd=provider.interchange_launch_cmd "
+                "to HighThroughputExecutor")
+        self.keys = AuthorisedKeys(cert_dir)
+        return command[:found.start()] + f"--cert_dir {NODE_KEYS}" + command[found.end():]
+
+    def _on_key(self, client_id: str, public_key: str) -> dict[str, str]:
+        """A node enrolled and sends its public key: allowed at the interchange while its
+        block wants it (a ValueError: refused, its line goes to the node)."""
+        keys = self.keys
+        if keys is None:
+            raise ValueError("the executor is not encrypted: no key to authorise")
+        if not self.book.wanted(client_id):
+            raise ValueError(f"{client_id} is in no live Parsl block")
+        return keys.authorise(client_id, public_key)
+
+    def _on_gone(self, client_id: str) -> None:
+        if self.keys is not None:
+            self.keys.withdraw(client_id)
+
+    def _is_held(self, client_id: str) -> bool:
+        manager = self.manager
+        return manager is not None and manager.holdings.holds(client_id)
+
+    def _address_of(self, client_id: str) -> str | None:
+        manager = self.manager
+        return manager.holdings.address_of(client_id) if manager is not None else None
 
     def status(self, job_ids: Sequence[object]) -> list[JobStatus]:
         return [self._status(str(j)) for j in job_ids]
@@ -670,7 +795,10 @@ class CloudLabProvider(ExecutionProvider):
 
     def _start(self) -> None:
         from elasticslice.managers.statedir import StateDirLock
+        from elasticslice.pilots.ca import ClusterCA
+        from elasticslice.pilots.enrol import EnrolmentService
         from elasticslice.pilots.slicetar import PublishedSlice
+        from troy.frameworks.dask.denylist import DenyList
         if self.server is None:
             from elasticslice.config import load_config
             from elasticslice.rpc.client import ProtoGeniServer
@@ -686,11 +814,20 @@ class CloudLabProvider(ExecutionProvider):
                                          port=self.publish_port, public_url=self.public_url)
         self.publisher = self._published.start()
         token = self._published.token
+        ca = ClusterCA.open(self.state_dir / "pki")
+        # a token only from its node's manifest address; a node's certificates denied
+        # once it left (the same rules as the pilots': elasticslice.pilots.enrol)
+        self.enrolment = EnrolmentService(
+            ca, self.address, 0, is_held=self._is_held, address_of=self._address_of,
+            on_enrolled=self._enrolled, deny=DenyList(self.state_dir / "denied-certs.json"),
+            on_key=self._on_key).start()
         helper = ParslNodeHelper(
             self.book, self.publisher, self.state_dir / "tarballs", self._node_software(),
             cores=self.cores_per_node, server=self.server, image_urn=self.disk_image,
             nodetype=self.hardware_type, token=token, failures=self.failures,
-            report_url=self.publisher.accept_reports("report", self._on_report, token=token))
+            report_url=self.publisher.accept_reports("report", self._on_report, token=token),
+            ca=ca, enrolment=self.enrolment, on_gone=self._on_gone,
+            enrol_url=f"https://{_url_host(self.address)}:{self.enrolment.bound_port}")
         self.helper = helper
         helper.tarball_url()  # served before any sliver change: the CM fetches it again
         self.manager = ParslSliceManager(
@@ -703,6 +840,11 @@ class CloudLabProvider(ExecutionProvider):
         self.manager.start()
         atexit.register(self.close)
         log.info("CloudLab provider %s: state in %s", self.label, self.state_dir)
+
+    def _enrolled(self, client_id: str) -> None:
+        helper = self.helper
+        if helper is not None:
+            helper.enrolled(client_id)
 
     def _on_report(self, data: dict[str, Any], peer: str) -> None:
         """A node's start failed, it says why (a claim: the CM's status decides)."""
@@ -719,16 +861,19 @@ class CloudLabProvider(ExecutionProvider):
         Python that has Parsl (``node_python``)."""
         from elasticslice.config import cm_is_local
         from elasticslice.pilots.bootstrap import env_script
+        from elasticslice.pilots.ca import ClusterCA
         from elasticslice.pilots.wheelroot import serve_for_image
         if self.node_python is not None:
             return env_script(None, python=self.node_python)
+        # the nodes verify their software against this CA (its certificate in start.sh)
+        ca = ClusterCA.open(self.state_dir / "pki")
         urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
         self.wheelroot, url = serve_for_image(
             self.publisher, image_urn=self.disk_image, image_python=self.image_python,
             cm_local=bool(urls) and all(map(cm_is_local, urls)), extra=("parsl",),
-            token=self._published.token)
+            token=self._published.token, ca=ca, keep=self.state_dir / "wheelhouse.json")
         self._published.serving.append(self.wheelroot)
-        return env_script(url, target=f"{INSTALL_PATH}/env")
+        return env_script(url, target=f"{INSTALL_PATH}/env", ca=ca.cert_pem)
 
     def stats(self) -> dict[str, int]:
         """revocations, early_releases, forced_releases, blocks (submitted)."""
@@ -765,6 +910,12 @@ class CloudLabProvider(ExecutionProvider):
             if self.helper is not None:
                 self.helper.close(remove=manager is not None and give_back)
                 self.helper = None
+            if self.enrolment is not None:
+                self.enrolment.stop()
+                self.enrolment = None
+            if self.keys is not None and give_back:  # no node of ours is left
+                for client_id in self.keys.allowed():
+                    self.keys.withdraw(client_id)
             if self._published is not None:
                 self._published.stop()
                 self._published = None

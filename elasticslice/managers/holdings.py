@@ -68,6 +68,11 @@ class Holdings:
         return any(i.kind == "add" and client_id in i.client_ids
                    for i in self.state.open_intents())
 
+    def address_of(self, client_id: str) -> str | None:
+        """The control address the manifest gives ``client_id`` (a node we hold), or None."""
+        return next((r.ipv4 for r in self.state.nodes()
+                     if r.client_id == client_id and r.gone_at is None and r.ipv4), None)
+
     def record_manifest(self, cm_url: str, manifest: str, now: float, *, initial: bool,
                         only: Iterable[str] | None = None) -> list[str]:
         """Record the nodes of a manifest (``only`` these client_ids); their names."""
@@ -83,6 +88,8 @@ class Holdings:
                 continue
             fields: dict[str, Any] = {"node_id": node_id_of(node.component_id),
                                       "hostname": node.hostname}
+            if node.ipv4:
+                fields["ipv4"] = node.ipv4
             if self.state.node(cm_url, node.client_id) is None:
                 fields.update(state=NodeState.NOTREADY.value, initial=initial, added_at=now)
             self.state.upsert_node(cm_url, node.client_id, now=now, **fields)

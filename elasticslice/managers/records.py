@@ -54,6 +54,7 @@ class NodeRecord:
     value: float | None = None
     pending_deadline: float | None = None   # the open NotifyDeletePending's deadline
     gone_reason: str | None = None
+    ipv4: str | None = None                 # its control address, as its manifest says
 
 
 @dataclass(frozen=True)

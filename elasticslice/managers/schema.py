@@ -3,14 +3,17 @@
 Version 2 keeps one row per revocation (``revocations``: CloudLab's NotifyDeletePending for
 a node we hold, from the first notice to the node leaving the slice) instead of one row per
 node (version 1's ``pending_deletes``, which a second revocation of the same machine
-overwrote). A version-1 file is migrated when opened for writing.
+overwrote). Version 3 keeps each node's control address as its manifest says (``nodes.ipv4``, the
+``host@ipv4`` CloudLab gives it): the enrolment service takes a node's token only from that
+address, across restarts of the control process. Older files are migrated when opened for
+writing.
 """
 from __future__ import annotations
 
 import json
 import sqlite3
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -20,7 +23,7 @@ CREATE TABLE IF NOT EXISTS slivers (cm TEXT PRIMARY KEY, urn TEXT, expires REAL,
     updated REAL);
 CREATE TABLE IF NOT EXISTS nodes (cm TEXT, client_id TEXT, node_id TEXT, hostname TEXT,
     state TEXT, initial INTEGER, added_at REAL, gone_at REAL, gone_reason TEXT, updated REAL,
-    PRIMARY KEY (cm, client_id));
+    ipv4 TEXT, PRIMARY KEY (cm, client_id));
 CREATE INDEX IF NOT EXISTS nodes_by_node_id ON nodes (node_id);
 CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY AUTOINCREMENT, cm TEXT,
     client_id TEXT, ts REAL, state TEXT, note TEXT);
@@ -63,16 +66,19 @@ def create(conn: sqlite3.Connection) -> str:
 def migrate(conn: sqlite3.Connection, version: str) -> str:
     """Bring a file of an older version up to :data:`SCHEMA_VERSION` (one transaction);
     the version it has after."""
-    if version != "1":
+    if version not in ("1", "2"):
         return version
-    has_v1 = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND "
-                          "name='pending_deletes'").fetchone()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if has_v1:
+        if version == "1" and conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND "
+                "name='pending_deletes'").fetchone():
             for statement in filter(str.strip, _V1_TO_V2.split(";")):
                 conn.execute(statement)
             _fold_pilot_counts(conn)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
+        if "ipv4" not in columns:   # version 3: the nodes' manifest addresses
+            conn.execute("ALTER TABLE nodes ADD COLUMN ipv4 TEXT")
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                      (str(SCHEMA_VERSION),))
     except BaseException:

@@ -31,7 +31,7 @@ from elasticslice.managers.schema import SCHEMA_VERSION, create, migrate
 
 DB_NAME = "manager.db"
 
-NODE_FIELDS = ("node_id", "hostname", "state", "initial", "added_at")
+NODE_FIELDS = ("node_id", "hostname", "state", "initial", "added_at", "ipv4")
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "CycleRecord", "Intent", "IntentKind", "IntentOutcome",
            "ManagerState", "NodeRecord", "PendingDelete", "SliceRecord", "SliverRecord",
            "StateError"]
@@ -176,20 +176,20 @@ class ManagerState:
         "SELECT n.cm, n.client_id, n.node_id, n.hostname, n.state, n.initial, n.added_at, "
         "n.gone_at, v.value, (SELECT MIN(p.deadline) FROM revocations p WHERE p.cm = n.cm "
         "AND p.finished IS NULL AND (p.node_id = n.node_id OR p.client_id = n.client_id)), "
-        "n.gone_reason FROM nodes n LEFT JOIN node_values v ON v.cm = n.cm "
+        "n.gone_reason, n.ipv4 FROM nodes n LEFT JOIN node_values v ON v.cm = n.cm "
         "AND v.node_id = n.node_id")
 
     @staticmethod
     def _node(row: tuple[Any, ...]) -> NodeRecord:
-        cm, cid, nid, host, state, initial, added, gone, value, deadline, reason = row
+        cm, cid, nid, host, state, initial, added, gone, value, deadline, reason, ipv4 = row
         return NodeRecord(cm, cid, nid, host, state, bool(initial), added, gone, value,
-                          deadline, reason)
+                          deadline, reason, ipv4)
 
     def upsert_node(self, cm: str, client_id: str, *, now: float, note: str = "",
                     **fields: Any) -> NodeRecord:
         """Insert or update a node; a changed ``state`` (or a node coming back after
         :meth:`mark_gone`) appends to its history. Fields: node_id, hostname, state, initial,
-        added_at (default: now)."""
+        added_at (default: now), ipv4 (its manifest's control address)."""
         unknown = set(fields) - set(NODE_FIELDS)
         if unknown:
             raise TypeError(f"upsert_node: unknown field(s) {sorted(unknown)}")
@@ -200,10 +200,10 @@ class ManagerState:
             if old is None:
                 state = fields.get("state") or "notready"
                 self._run("INSERT INTO nodes (cm, client_id, node_id, hostname, state, initial, "
-                          "added_at, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          "added_at, updated, ipv4) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                           (cm, client_id, fields.get("node_id"), fields.get("hostname"), state,
                            int(bool(fields.get("initial", False))),
-                           fields.get("added_at", now), now))
+                           fields.get("added_at", now), now, fields.get("ipv4")))
                 self._history(cm, client_id, now, state, note or "added")
             else:
                 sets = {k: (int(bool(v)) if k == "initial" else v) for k, v in fields.items()}

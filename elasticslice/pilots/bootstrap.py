@@ -9,6 +9,13 @@ then set the shell variable ``py`` to its Python::
 
     "$py" -m troy.frameworks.dask node ...
 
+The node's software is verified: the control node serves its wheelhouse root over HTTPS
+with a certificate of the cluster CA (:meth:`~elasticslice.pilots.wheelroot.WheelhouseRoot.
+publish_tls`), and ``env_script(url, ca=...)`` gives the node that CA's certificate: the node
+trusts it alone, and only a control node's certificate, for ``wheels.txt``, which pins each
+wheel's sha256 and size. A server that fails this (an on-path attacker, a node's own
+certificate) ends the script with one line naming what failed verification.
+
 Installing is a small stdlib program (embedded in the lines:
 :mod:`elasticslice.pilots.nodeinstall`, with :mod:`elasticslice.pilots.wheeltags`) that
 does what PEP 427 says a wheel install is: ask the root for the wheelhouse of the node's
@@ -91,7 +98,7 @@ def _url_problem(value: str, relative: bool = False) -> bool:
 def env_script(wheelhouse_url: str | None, *, python: str = "python3",
                target: str = DEFAULT_TARGET, index: bool = False,
                index_url: str | None = None, root: bool = True,
-               wait: float = DEFAULT_WAIT) -> str:
+               wait: float = DEFAULT_WAIT, ca: bytes | str | None = None) -> str:
     """POSIX sh lines that build the node agent's environment under ``target`` with
     ``python`` (the image's) and end with ``py`` set to that environment's Python.
 
@@ -102,7 +109,9 @@ def env_script(wheelhouse_url: str | None, *, python: str = "python3",
     default pip's; a relative one, e.g. ``simple/``, is the node's wheelhouse's own index).
     None: the image already has the agent (``node_python``), and the lines only set ``py``
     to ``python``. An environment already complete at ``target`` (a reboot) is used without
-    fetching anything."""
+    fetching anything. ``ca``: the cluster CA's certificate (PEM), for an ``https``
+    wheelhouse (:meth:`~elasticslice.pilots.wheelroot.WheelhouseRoot.publish_tls`): the
+    node trusts that CA alone, and only a control node's certificate (OU ``control``)."""
     if any(c in python for c in "\n\r\0") or not python.strip():
         raise ValueError(f"python must be a command (e.g. python3), not {python!r}")
     if wheelhouse_url is None:
@@ -116,6 +125,12 @@ def env_script(wheelhouse_url: str | None, *, python: str = "python3",
         raise ValueError(f"target must be an absolute path, not {target!r}")
     if not wait >= 0:
         raise ValueError(f"wait must be seconds (0 or more), not {wait!r}")
+    pem = ca.decode() if isinstance(ca, bytes) else ca
+    if pem is not None and ("-----BEGIN CERTIFICATE-----" not in pem or "\0" in pem):
+        raise ValueError("ca must be a certificate (PEM)")
+    if pem is not None and not wheelhouse_url.startswith("https://"):
+        raise ValueError(f"a wheelhouse verified against ca must be https://, not "
+                         f"{wheelhouse_url!r}")
     words = [python, "-", "root" if root else "house", "index" if index else "wheels",
              wheelhouse_url, target, f"{wait:g}"]
     if index and index_url:
@@ -126,6 +141,7 @@ def env_script(wheelhouse_url: str | None, *, python: str = "python3",
             f"\n# (used as it is when complete: a reboot needs no network)\n"
             f"command -v {q(python)} >/dev/null 2>&1 || "
             f"{{ echo {q(f'pilot environment: no {python} on this image')} >&2; exit 1; }}\n"
+            f"{'' if pem is None else nodeinstall.CA_ENV + '=' + q(pem.strip()) + ' '}"
             f"{shlex.join(words)} <<'{HEREDOC}' || exit 1\n"
             f"{installer().strip()}\n"
             f"{HEREDOC}\n"

@@ -36,7 +36,7 @@ from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
-from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.ca import ClusterCA, renew_scheduler
 from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
@@ -44,6 +44,7 @@ from elasticslice.pilots.manager import PilotSliceManager
 from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.restart import ClusterFile, StatsLedger, read_json, write_json
 from elasticslice.pilots.slicetar import PublishedSlice
+from troy.frameworks.dask.denylist import DenyList
 from troy.states import FINAL_STATES, State
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,9 @@ class ElasticCluster:
         #: the nodes that failed to start, with their cause (the CM's word and the node's)
         self.failures = NodeFailures()
         self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
-        self._condemned: set[str] = set()  # nodes whose token was seen twice: never adopted
+        #: the serials of certificates of nodes that left: refused by the scheduler and
+        #: the enrolment service until they expire
+        self.denied = DenyList(self.state_dir / self.DENY_FILE)
         base = policy or default_policy(maxthreshold)
         # None: idle pilots are never given back (the policy's None means "no idle rule")
         self.policy = dataclasses.replace(
@@ -217,6 +220,7 @@ class ElasticCluster:
             raise ElasticSliceError(
                 f"{self.state_dir}: cannot serve the Dask scheduler on port {options['port']} "
                 f"again (the nodes' agents rejoin {previous.scheduler}): {err}") from err
+        renew_scheduler(self.framework, self.ca)  # its certificate renewed while it runs
         ClusterFile(self.framework.scheduler_address, os.getpid(), self.restarts).save(
             self.state_dir)
         if self.resumed and self._own_session:
@@ -293,12 +297,13 @@ class ElasticCluster:
         self.wheelroot, url = serve_for_image(
             self.publisher, image_urn=self.helper.image_urn, image_python=self.image_python,
             cm_local=bool(urls) and all(cm_is_local(u) for u in urls),
-            token=self._published.token)
+            token=self._published.token, ca=self.ca, keep=self.state_dir / "wheelhouse.json")
         self._published.serving.append(self.wheelroot)
-        return env_script(url, python="python3")
+        return env_script(url, python="python3", ca=self.ca.cert_pem)
 
     ENROL_FILE = "enrol.json"
     TOKENS_FILE = "enrol-tokens.json"   # the tokens' hashes, for a node booting at a restart
+    DENY_FILE = "denied-certs.json"     # serials of the certificates of nodes that left
 
     def _start_enrolment(self) -> EnrolmentService:
         """The enrolment service, on the port the last process of this state dir used (the
@@ -313,10 +318,11 @@ class ElasticCluster:
 
         def make(at: int) -> EnrolmentService:
             return EnrolmentService(self.ca, self.listen, at, is_held=self._is_held,
+                                    address_of=self._address_of,
                                     cert_lifetime=self.cert_lifetime,
-                                    on_alarm=self._on_alarm,
                                     on_enrolled=self._enrolled,
-                                    keep=self.state_dir / self.TOKENS_FILE).start()
+                                    keep=self.state_dir / self.TOKENS_FILE,
+                                    deny=self.denied).start()
         try:
             service = make(port)
         except EnrolmentError as err:
@@ -345,33 +351,13 @@ class ElasticCluster:
 
     def _is_held(self, client_id: str) -> bool:
         manager = self.manager
-        return (client_id not in self._condemned and manager is not None
-                and manager.holds(client_id))
+        return manager is not None and manager.holds(client_id)
 
-    def _on_alarm(self, client_id: str, why: str) -> None:
-        """A node's enrolment token was presented twice: whoever holds the node's
-        certificate may not be the node. It is never adopted again, its renewals are
-        refused, and it is given back (the demand adds a new node in its place)."""
-        log.warning("node %s is replaced: %s", client_id, why)
-        self._condemned.add(client_id)
-        if self.enrolment is not None:
-            self.enrolment.forget(client_id)
+    def _address_of(self, client_id: str) -> str | None:
+        """The control address the manifest gives ``client_id`` (enrolment is taken only
+        from there)."""
         manager = self.manager
-        if manager is not None:
-            manager.releases.post(self._replace, manager, client_id, why)
-
-    @staticmethod
-    def _replace(manager: PilotSliceManager, client_id: str, why: str) -> None:
-        manager.drainer.lose(client_id, "its enrolment token leaked")
-        for cm in manager.cms:
-            if manager.state.node(cm.url, client_id) is None:
-                continue
-            try:
-                manager.actuator.delete(cm, [client_id], why)
-            except ElasticSliceError as err:
-                log.warning("cannot give back %s (its enrolment token leaked): %s", client_id,
-                            err)
-        manager.wake("update_sliver_status", "add_nodes")
+        return manager.holdings.address_of(client_id) if manager is not None else None
 
     def new_manager(self) -> PilotSliceManager:
         """A manager on the cluster's state, helper, framework and session (not started)."""
@@ -392,7 +378,8 @@ class ElasticCluster:
         """The ``dask`` framework; on the port of a cluster that was closed (no agent waits
         there) if it is free, else on any."""
         add = functools.partial(self.session.add_framework, "dask", "cloudlab",
-                                tls=self.ca.dask_tls("scheduler"),
+                                tls=dataclasses.replace(self.ca.dask_tls("scheduler"),
+                                                        deny_file=str(self.denied.path)),
                                 adopt_filter=self._adopt_filter)
         if previous is None or not previous.closed or "port" in self.framework_options:
             return add(**options)
@@ -438,8 +425,7 @@ class ElasticCluster:
 
     def _adopt_filter(self, name: str | None, address: str, resources: Any = None) -> bool:
         manager = self.manager
-        return (manager is not None and name not in self._condemned
-                and manager.accepts(name, address, resources))
+        return manager is not None and manager.accepts(name, address, resources)
 
     def overlay(self) -> Any:
         """An overlay following the cluster's framework: its pilots as they come and go."""

@@ -15,6 +15,14 @@ returns, as ``python3 - LAYOUT MODE URL TARGET WAIT [INDEX_URL]`` with this modu
   index (``INDEX_URL``, default pip's; a relative one is the wheelhouse's, e.g. ``simple/``)
   with pip run from the wheelhouse's own pip wheel, the project's wheel from the wheelhouse.
 
+With ``ELASTICSLICE_WHEELHOUSE_CA`` (:data:`CA_ENV`: the cluster CA's certificate, PEM) in
+its environment, an ``https`` wheelhouse is verified against that CA alone: its server must
+show a certificate the CA signed for the URL's host, of the role ``control`` (a node's
+certificate, OU ``worker``, is refused), else the installer ends at once with one line naming
+what failed verification (``wheels.txt from the wheelhouse at https://HOST:PORT/... failed
+verification: ...``). ``wheels.txt`` so comes from the control node itself, and it pins
+every wheel's sha256 and size: an on-path attacker can swap neither the list nor a wheel.
+
 First, with no network: an environment already at ``TARGET`` whose stamp (written last,
 JSON) names this Python, with its ``bin/python3`` and ``site-packages``, is complete and is
 used as it is (a reboot; a stamp naming a wheelhouse the control node no longer serves too).
@@ -29,11 +37,13 @@ Standard library only, and it parses on Python 3.6 (to say "too old" on an old i
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -48,6 +58,9 @@ from elasticslice.pilots.wheeltags import (MIN_PYTHON, describe, glibc_version, 
                                            node_tag, this_platform, wheel_problem)
 
 STAMP_NAME = ".elasticslice-env"
+#: the cluster CA's certificate (PEM), in the installer's environment: an https wheelhouse
+#: must show a certificate of the control node (OU ``control``) that this CA signed
+CA_ENV = "ELASTICSLICE_WHEELHOUSE_CA"
 NOTE_EVERY = 60.0  # seconds between two "waiting" lines
 RETRY_AFTER = 5.0  # a 503 without Retry-After
 Entry = Tuple[str, int, str]  # sha256, size, file name
@@ -70,10 +83,63 @@ def where(url: str) -> str:
     return "%s://%s/..." % (parts.scheme, parts.netloc)
 
 
+class Unverified(OSError):
+    """The server is not the control node: why, one line."""
+
+
+class ControlConnection(http.client.HTTPSConnection):
+    """HTTPS to a server whose certificate the context's CA signed for the URL's host, and
+    whose role (its subject's OU) is ``control``: a node's own certificate, signed by the
+    same CA, is refused."""
+
+    def connect(self) -> None:
+        http.client.HTTPSConnection.connect(self)
+        subject = (self.sock.getpeercert() or {}).get("subject", ())
+        units = [value for rdn in subject for key, value in rdn
+                 if key == "organizationalUnitName"]
+        if units != ["control"]:
+            self.sock.close()
+            raise Unverified("its certificate is not the control node's (OU %s)"
+                             % (",".join(units) or "none"))
+
+
+class ControlHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):  # type: ignore[no-untyped-def]
+        return self.do_open(ControlConnection, req, context=self.context)
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        urllib.request.HTTPSHandler.__init__(self, context=context)
+        self.context = context
+
+
+#: how the wheelhouse is fetched: urllib's default, or pinned to the cluster CA (pin())
+OPENER = urllib.request.build_opener()
+
+
+def pin(ca_pem: str) -> None:
+    """From now on, https is verified against ``ca_pem`` only, and must reach a control
+    node (:class:`ControlConnection`)."""
+    global OPENER
+    context = ssl.create_default_context(cadata=ca_pem)
+    OPENER = urllib.request.build_opener(ControlHandler(context))
+
+
+def unverified(err: BaseException) -> Optional[str]:
+    """Why a server failed verification (None: it did not, this is another error)."""
+    reason = getattr(err, "reason", err)
+    if isinstance(reason, Unverified):
+        return str(reason)
+    if isinstance(reason, ssl.CertificateError):  # SSLCertVerificationError too
+        text = getattr(reason, "verify_message", None) or str(reason)
+        return "its certificate is not the control node's (%s)" % " ".join(text.split())
+    return None
+
+
 def get(url: str) -> bytes:
-    """One GET; :class:`Answer` for an HTTP error status, OSError for the rest."""
+    """One GET; :class:`Answer` for an HTTP error status, :class:`Failed` for a server that
+    failed verification (not the control node), OSError for the rest."""
     try:
-        with urllib.request.urlopen(url, timeout=60) as answer:
+        with OPENER.open(url, timeout=60) as answer:
             return answer.read()
     except urllib.error.HTTPError as err:
         reason = ""
@@ -87,6 +153,13 @@ def get(url: str) -> bytes:
         except ValueError:
             retry = None
         raise Answer(err.code, reason or "HTTP %d" % err.code, retry) from None
+    except OSError as err:
+        why = unverified(err)
+        if why is None:
+            raise
+        name = urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+        raise Failed("%s from the wheelhouse at %s failed verification: %s"
+                     % (name or "the wheelhouse", where(url), why)) from None
 
 
 class Installer:
@@ -94,6 +167,9 @@ class Installer:
         self.layout, self.mode, self.base, self.target = argv[1], argv[2], argv[3], argv[4]
         self.wait = float(argv[5])
         self.index_url = argv[6] if len(argv) > 6 else ""
+        self.ca = os.environ.get(CA_ENV) or ""
+        if self.ca:
+            pin(self.ca)
         self.stamp = os.path.join(self.target, STAMP_NAME)
         self.python = tuple(sys.version_info[:2])  # type: Tuple[int, int]
         self.version = "%d.%d" % self.python
@@ -308,11 +384,16 @@ class Installer:
             cmd[3:3] = ["--index-url", index_url]
             env["PIP_CONFIG_FILE"] = os.devnull
             index = urllib.parse.urlsplit(index_url)
-            if index.scheme == "http" and index.netloc == urllib.parse.urlsplit(
-                    self.house).netloc:
+            own = index.netloc == urllib.parse.urlsplit(self.house).netloc
+            if index.scheme == "http" and own:
                 # the wheelhouse's own index (its links carry each wheel's sha256, which pip
                 # checks): pip ignores plain HTTP from any host but loopback unless trusted
                 cmd[3:3] = ["--trusted-host", index.netloc]
+            elif index.scheme == "https" and own and self.ca:
+                cafile = os.path.join(work, "ca.pem")  # pip verifies it as this does
+                with open(cafile, "w") as out:
+                    out.write(self.ca)
+                cmd[3:3] = ["--cert", cafile]
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True)
         if done.returncode != 0:

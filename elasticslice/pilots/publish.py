@@ -14,9 +14,13 @@ tarball URL of a sliver again at every sliver change, for as long as its node is
 It listens on ``host`` (127.0.0.1 and port 0 by default: any free port; the box's CM runs
 on this machine); ``public_url`` is the base URL the CM fetches from (default: its own
 address). Plain HTTP is enough: a tarball carries no secret (its enrolment token is single
-use and bound to its node), but its URL is still never logged. The listener is guarded
-(:mod:`elasticslice.serving`, :data:`LIMITS`): a cap of connections, 10 s for a whole
-request, 60 s for an answer (more for a big file), no thread for an idle stranger.
+use and bound to its node), but its URL is still never logged. What nodes install is
+another matter: a publisher made with ``tls=`` (a server context of the cluster CA) serves
+HTTPS, which is how the nodes' wheelhouse is served
+(:meth:`~elasticslice.pilots.wheelroot.WheelhouseRoot.publish_tls`). The listener is guarded
+(:mod:`elasticslice.serving`, :data:`LIMITS`): a cap of connections, 5 s for a TLS
+handshake, 10 s for a whole request, 60 s for an answer (more for a big file), no thread
+for an idle stranger.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import os
 import re
 import secrets
 import socketserver
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -219,12 +224,14 @@ MIN_RATE = 1 << 20  # bytes/s: a file's answer may last response_deadline + size
 
 class _Server(GuardedServer):
     """A guarded listener (:mod:`elasticslice.serving`): a stranger's idle or trickling
-    connection never holds a thread, and is one count in a log line a minute."""
+    connection never holds a thread, and is one count in a log line a minute; over TLS
+    with ``tls`` (handshakes off the accepting thread, within their deadline)."""
 
     def __init__(self, publisher: TarballPublisher, host: str, port: int,
-                 limits: Limits = LIMITS) -> None:
+                 limits: Limits = LIMITS, tls: ssl.SSLContext | None = None) -> None:
         self.publisher = publisher
-        super().__init__((host, port), _Handler, limits=limits, name="tarball publisher")
+        super().__init__((host, port), _Handler, limits=limits, tls=tls,
+                         name="tarball publisher" if tls is None else "wheelhouse publisher")
 
 
 class TarballPublisher:
@@ -233,9 +240,10 @@ class TarballPublisher:
     :attr:`base_url`, its own address)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 public_url: str | None = None) -> None:
+                 public_url: str | None = None, *, tls: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
+        self.tls = tls  # HTTPS with this server context (the nodes' wheelhouse); None: HTTP
         if public_url is not None:
             parts = urllib.parse.urlsplit(public_url)
             if parts.scheme not in ("http", "https") or not parts.netloc or parts.query \
@@ -258,11 +266,11 @@ class TarballPublisher:
     def base_url(self) -> str:
         if self._server is None:
             raise PublishError("the tarball publisher is not started")
-        return server_url(self._server, "http")
+        return server_url(self._server, "https" if self.tls is not None else "http")
 
     def start(self) -> TarballPublisher:
         try:
-            self._server = _Server(self, self.host, self.port)
+            self._server = _Server(self, self.host, self.port, tls=self.tls)
         except OSError as err:
             raise PublishError(f"cannot serve tarballs on {self.host}:{self.port}: "
                                f"{err.strerror or err}") from err

@@ -30,7 +30,11 @@ grows (and across restarts of the control node, given the same ``token``). With
     url = root.publish(publisher, token=token)   # "http://HOST:PORT/<token>/wheelhouse/"
     lines = env_script(url)                      # start.sh: the node asks for its own
 
-or, all of it for the image the nodes boot, :func:`serve_for_image`.
+A cluster serves it over HTTPS instead, with a control certificate of the cluster CA that
+the nodes verify (:meth:`WheelhouseRoot.publish_tls`, ``env_script(url, ca=ca.cert_pem)``):
+``wheels.txt`` pins every wheel's sha256, so what a node installs is the control node's.
+
+or, all of it for the image the nodes boot, :func:`serve_for_image` (``ca=``: over HTTPS).
 
 The builds run in one daemon thread, started when the first is asked for (nothing happens
 in the constructor); :meth:`close` stops it after the build it is in.
@@ -44,8 +48,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots import wheeltags
-from elasticslice.pilots.publish import TarballPublisher, Unavailable
+from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.publish import PublishError, TarballPublisher, Unavailable
+from elasticslice.pilots.restart import read_json, write_json
 from elasticslice.pilots.wheelhouse import (Wheelhouse, WheelhouseError, this_platform,
                                             this_python)
 
@@ -86,6 +93,7 @@ class WheelhouseRoot:
         self._fits: dict[tuple[str, str], str | None] = {}  # (house, node tag) -> problem
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._publishers: list[TarballPublisher] = []  # its own (publish_tls)
 
     def __repr__(self) -> str:
         with self._lock:
@@ -97,6 +105,26 @@ class WheelhouseRoot:
         """Serve the root on ``publisher`` (under ``token``: the same URL as the last run's);
         its URL, ending ``/``: what :func:`~elasticslice.pilots.bootstrap.env_script` takes."""
         return publisher.publish_resolver("wheelhouse", self.resolve, token=token)
+
+    def publish_tls(self, ca: ClusterCA, host: str, *, port: int = 0,
+                    token: str | None = None) -> str:
+        """Serve the root over HTTPS on ``host``:``port`` (0: any free port), on a publisher
+        of its own (stopped by :meth:`close`) whose certificate is the cluster CA's member
+        ``wheelhouse`` (renewed while it runs: :meth:`~elasticslice.pilots.ca.ClusterCA.
+        server_context`); its ``https://`` URL. Nodes verify it against the CA
+        (:func:`~elasticslice.pilots.bootstrap.env_script`'s ``ca``): what they install is
+        the control node's, whoever is on the path."""
+        context = ca.server_context("wheelhouse", hosts=(host,))
+        publisher = TarballPublisher(host, port, tls=context).start()
+        with self._lock:
+            self._publishers.append(publisher)
+        return self.publish(publisher, token=token)
+
+    @property
+    def port(self) -> int | None:
+        """The port of its own HTTPS publisher (:meth:`publish_tls`; None: it has none)."""
+        with self._lock:
+            return self._publishers[-1].port_bound if self._publishers else None
 
     def build_ahead(self, python: str | None = None, platform: str | None = None) -> str:
         """Build the wheelhouse for Python ``python`` (default this one's) on ``platform``
@@ -130,11 +158,15 @@ class WheelhouseRoot:
 
     def close(self) -> None:
         """No more builds: the thread ends after the build it is in (queued ones are
-        dropped). What is built stays served."""
+        dropped). What is built stays served, but by its own publishers (:meth:`publish_tls`),
+        which stop."""
         with self._wake:
             self._closed = True
             self._queue.clear()
             self._wake.notify_all()
+            publishers, self._publishers = self._publishers, []
+        for publisher in publishers:
+            publisher.stop()
         thread = self._thread
         if thread is not None:
             thread.join(timeout=1.0)
@@ -277,12 +309,17 @@ class WheelhouseRoot:
 
 def serve_for_image(publisher: TarballPublisher, *, image_urn: str | None, cm_local: bool,
                     image_python: str | None = None, extra: tuple[str, ...] = (),
-                    token: str | None = None) -> tuple[WheelhouseRoot, str]:
-    """A root published on ``publisher`` (under ``token``) with its builds started: this
-    control node's own wheelhouse, and the one nodes of ``image_urn`` most likely ask for
-    (its Python: ``image_python``, else :func:`~elasticslice.pilots.bootstrap.image_python`;
-    its platform: :func:`~elasticslice.pilots.bootstrap.image_platform`) when known and
-    built here. The root and its URL, for :func:`~elasticslice.pilots.bootstrap.env_script`;
+                    token: str | None = None, ca: ClusterCA | None = None,
+                    keep: Path | None = None) -> tuple[WheelhouseRoot, str]:
+    """A root published (under ``token``) with its builds started: this control node's own
+    wheelhouse, and the one nodes of ``image_urn`` most likely ask for (its Python:
+    ``image_python``, else :func:`~elasticslice.pilots.bootstrap.image_python`; its
+    platform: :func:`~elasticslice.pilots.bootstrap.image_platform`) when known and built
+    here. With ``ca`` (the cluster's), over HTTPS on ``publisher``'s host
+    (:meth:`WheelhouseRoot.publish_tls`), on the port ``keep`` (a JSON file) says the last
+    process used when it is free (a node whose tarball was made before a restart asks
+    there), else any; without, on ``publisher`` itself (plain HTTP). The root and its URL,
+    for :func:`~elasticslice.pilots.bootstrap.env_script` (with ``ca``'s certificate);
     :meth:`WheelhouseRoot.close` it with the publisher."""
     from elasticslice.pilots.bootstrap import image_platform
     from elasticslice.pilots.bootstrap import image_python as python_of
@@ -294,4 +331,28 @@ def serve_for_image(publisher: TarballPublisher, *, image_urn: str | None, cm_lo
             root.build_ahead(version, image_platform(image_urn, cm_local))
         except WheelhouseError as err:  # the nodes are told, one line each
             log.warning("nodes of %s: %s", image_urn or "the default image", err)
-    return root, root.publish(publisher, token=token)
+    if ca is None:
+        return root, root.publish(publisher, token=token)
+    return root, _publish_tls(root, ca, publisher.host, keep, token)
+
+
+def _publish_tls(root: WheelhouseRoot, ca: ClusterCA, host: str, keep: Path | None,
+                 token: str | None) -> str:
+    """The root over HTTPS on the port ``keep`` names if it is free, else any (kept)."""
+    try:
+        port = int((read_json(keep) or {}).get("port", 0)) if keep is not None else 0
+    except (ElasticSliceError, ValueError, TypeError, AttributeError):
+        port = 0
+    try:
+        url = root.publish_tls(ca, host, port=port, token=token)
+    except PublishError as err:
+        if not port:
+            raise
+        log.info("the wheelhouse's port %d is taken (%s): it is served on another", port, err)
+        url = root.publish_tls(ca, host, token=token)
+    if keep is not None:
+        try:
+            write_json(keep, {"port": root.port})
+        except OSError as err:
+            log.warning("%s: cannot keep the wheelhouse's port: %s", keep, err.strerror or err)
+    return url

@@ -8,21 +8,17 @@ share the host's loopback), so the test says when work may end, whatever the mac
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from elasticslice.managers.policy import NodeState
-from tests.elasticslice.managers.helpers import FAST_INTERVALS, admin, client_for, cm_nodes, \
-    reclaim_outcome
-from tests.elasticslice.pilots.helpers import Witness, pilot_image
+from tests.elasticslice.managers.helpers import admin, cm_nodes, reclaim_outcome
+from tests.elasticslice.parslbox import cm_nodes_or_none, managers_of, parsl_on_box
 from tests.hostile.netstat import listening, reachable_from_outside
 from tests.helpers import wait_for
 
@@ -96,13 +92,35 @@ def test_bad_arguments_are_one_clear_line(options: dict[str, Any], message: str)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_an_encrypted_executor_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    provider = P.CloudLabProvider(server=object(), state_dir=tmp_path / "state")
-    with pytest.raises(P.ProviderError, match="encrypted=False") as err:
-        provider.submit("process_worker_pool.py --cert_dir /home/me/runinfo/000/certificates "
-                        "--block_id=0", 1, "parsl.cloudlab.block-0")
-    assert "\n" not in str(err.value)
+def test_an_unencrypted_executor_is_refused_beyond_loopback_before_anything_starts(
+        tmp_path: Path) -> None:
+    """Broke: encrypted=False was required, on the address that routes to the CM."""
+    provider = P.CloudLabProvider(server=object(), state_dir=tmp_path / "state",
+                                  listen="10.1.2.3")
+    for command in ("process_worker_pool.py -a 10.1.2.3 --cert_dir None --block_id=0",
+                    "process_worker_pool.py -a 127.0.0.1,10.1.2.3 --block_id=0",
+                    "process_worker_pool.py --cert_dir None --block_id=0"):
+        with pytest.raises(P.ProviderError, match=r"encrypted=False\).* on 10\.1\.2\.3,") as err:
+            provider.submit(command, 1, "parsl.cloudlab.block-0")
+        assert "\n" not in str(err.value)
+    with pytest.raises(P.ProviderError, match="no server.key") as err:  # not Parsl's folder
+        provider.submit(f"process_worker_pool.py --cert_dir {tmp_path} --block_id=0", 1, "b")
     assert provider.manager is None and not (tmp_path / "state").exists()
+    # loopback only: the pool's command as the nodes run it is Parsl's, unchanged
+    local = P.CloudLabProvider(server=object(), listen="127.0.0.1")
+    command = "process_worker_pool.py -a 127.0.0.1 --cert_dir None --block_id=0"
+    assert local._node_command(command) == command
+
+
+def test_an_encrypted_pool_runs_with_the_nodes_own_key_folder(tmp_path: Path) -> None:
+    from parsl import curvezmq
+    cert_dir = curvezmq.create_certificates(tmp_path)
+    provider = P.CloudLabProvider(server=object(), listen="10.1.2.3")
+    command = provider._node_command(f"process_worker_pool.py -a 10.1.2.3 --cert_dir "
+                                     f"{cert_dir} --block_id=0")
+    assert command == ("process_worker_pool.py -a 10.1.2.3 --cert_dir /local/parsl/curve "
+                       "--block_id=0")
+    assert provider.keys is not None and provider.keys.cert_dir == Path(cert_dir)
 
 
 def test_the_provider_says_what_parsl_asks_of_it() -> None:
@@ -200,6 +218,72 @@ def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Pa
     assert done.returncode == 1 and done.stderr.strip().endswith("geni-get client_id failed")
 
 
+def test_an_encrypted_node_enrols_and_has_its_own_key_authorised_before_its_pool_runs(
+        tmp_path: Path) -> None:
+    """start.sh of an encrypted block, run by a real sh: the node takes its token, enrols
+    (its TLS key made here), makes its CurveZMQ pair and has the public key authorised at
+    the enrolment service with its worker certificate, then runs the pool with its own key
+    folder; after a reboot (no token left) it runs with the key it kept."""
+    import shutil
+    import subprocess
+    import tarfile
+
+    from parsl import curvezmq
+
+    from elasticslice.parslkeys import AuthorisedKeys
+    from elasticslice.pilots.ca import ClusterCA
+    from elasticslice.pilots.enrol import EnrolmentService
+    from elasticslice.pilots.publish import TarballPublisher
+    ca = ClusterCA.open(tmp_path / "pki")
+    keys = AuthorisedKeys(Path(curvezmq.create_certificates(tmp_path / "run")))
+    service = EnrolmentService(ca, is_held=lambda cid: True, on_key=keys.authorise).start()
+    publisher = TarballPublisher().start()
+    try:
+        helper = P.ParslNodeHelper(P.BlockBook(), publisher, tmp_path / "tarballs",
+                                   f"py={sys.executable}\n", ca=ca, enrolment=service,
+                                   enrol_url=service.url)
+        helper.book.add(P.Block("a", "block-0", "process_worker_pool.py --cert_dir "
+                                "/local/parsl/curve --block_id=0", 1, block_id="0"))
+        helper.node_spec("parsl-1")
+        with tarfile.open(helper.slice_tarball.path) as tar:
+            tar.extractall(tmp_path / "node", filter="data")
+        here = tmp_path / "node" / "local" / "parsl"
+        assert not list(here.rglob("*.key_secret"))  # no CurveZMQ key in the tarball
+        script = here / "start.sh"
+        script.write_text(script.read_text().replace("here=/local/parsl", f"here={here}"))
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "geni-get").write_text("#!/bin/sh\necho parsl-1\n")
+        (bin_dir / "geni-get").chmod(0o755)
+        pool = tmp_path / "fake" / "parsl" / "executors" / "high_throughput"
+        pool.mkdir(parents=True)
+        for folder in (pool.parent.parent, pool.parent, pool):
+            (folder / "__init__.py").write_text("")
+        (pool / "process_worker_pool.py").write_text(
+            "import sys; print('pool', sys.argv[1:])\n")
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin",
+               "PYTHONPATH": f"{tmp_path / 'fake'}:{Path(__file__).resolve().parents[2]}"}
+        for boot in ("first", "reboot"):
+            done = subprocess.run(["sh", str(script)], capture_output=True, text=True,
+                                  timeout=120, env=env)
+            assert done.returncode == 0, (boot, done.stderr)
+            assert done.stdout.splitlines() == [
+                "pool ['--cert_dir', '/local/parsl/curve', '--block_id=0']"], boot
+            assert (service.enrolled, keys.allowed()) == (1, ["parsl-1"]), boot
+            assert not (here / "token").exists() and not (here / "nodes").exists()
+            assert (here / "curve" / "client.key_secret").stat().st_mode & 0o777 == 0o600
+            assert keys.server_key() in (here / "curve" / "server.key_secret").read_text()
+        shutil.rmtree(here / "curve")   # a node that lost its key has no token left
+        done = subprocess.run(["sh", str(script)], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert done.returncode == 1 and done.stderr.strip().endswith(
+            "no enrolment token for parsl-1 in the tarball and no key in "
+            f"{here}/curve"), done.stderr
+    finally:
+        publisher.stop()
+        service.stop()
+
+
 def test_the_nodes_wheelhouse_with_parsl_is_one_of_its_own(tmp_path: Path) -> None:
     from elasticslice.pilots.wheelhouse import Wheelhouse, WheelhouseError
     with pytest.raises(WheelhouseError, match="expected names, e.g. parsl"):
@@ -208,109 +292,6 @@ def test_the_nodes_wheelhouse_with_parsl_is_one_of_its_own(tmp_path: Path) -> No
 
 
 # ---------------------------------------------------------------------- on the box (slow)
-# The apps, made as a script's are (``__main__``): Parsl ships them by value (the nodes have
-# no ``tests`` package to import them from).
-APPS = """
-def square(x, gate_url):
-    import subprocess, time, urllib.request
-    while True:  # the test opens the gate
-        try:
-            urllib.request.urlopen(gate_url, timeout=5).close()
-            break
-        except Exception:  # closed (404) or not yet
-            time.sleep(0.05)
-    node = subprocess.run(["geni-get", "client_id"], capture_output=True, text=True)
-    return x * x, node.stdout.strip()
-
-
-def total(*parts):
-    return sum(p[0] for p in parts)
-"""
-
-
-def apps() -> tuple[Any, Any]:
-    """square(x, gate_url) -> (x * x, the node it ran on), once the gate is open;
-    total(*squares) -> the sum of the squares."""
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    exec(compile(APPS, "<apps>", "exec"), namespace)  # noqa: S102 - our own text
-    return namespace["square"], namespace["total"]
-
-
-def cm_nodes_or_none(emulator: Any, tmp_path: Path) -> list[str] | None:
-    """What the CM holds for the slice (None: no sliver)."""
-    from elasticslice.errors import ElasticSliceError
-    try:
-        return cm_nodes(emulator, tmp_path)
-    except ElasticSliceError:
-        return None
-
-
-def managers_of(executor: Any, block_id: str) -> list[dict[str, Any]]:
-    return [m for m in executor.connected_managers() if str(m["block_id"]) == block_id]
-
-
-@dataclasses.dataclass
-class OnTheBox:
-    """Parsl loaded with a HighThroughputExecutor on a CloudLabProvider of the box."""
-
-    provider: Any  # elasticslice.parsl.CloudLabProvider
-    executor: Any
-    gate: Any
-    square: Any
-    total: Any
-
-    def running_block(self) -> Any:
-        """The first block, once two tasks run on it (2 workers; the rest wait)."""
-        block = wait_for(lambda: next(iter(self.provider.book.blocks.values()), None), 60,
-                         what="the first block")
-        wait_for(lambda: sum(m["tasks"] for m in managers_of(self.executor,
-                                                             block.block_id)) == 2,
-                 timeout=180, what="tasks running on the first block")
-        return block
-
-    def node_id(self, client_id: str) -> str:
-        manager = self.provider.manager
-        return manager.state.node(manager.cmlist[0], client_id).node_id
-
-
-@contextlib.contextmanager
-def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
-                 **executor_options: Any) -> Iterator[OnTheBox]:
-    """Two workers a block (``nodes_per_block`` nodes, 2 // nodes_per_block workers each),
-    two blocks at most, retries 2. The nodes boot the box's pilot image, which has Parsl
-    (``node_python``): docs/parsl.md's example runs the default, nodes that build the
-    environment from the provider's wheelhouse on the stock image."""
-    import parsl
-    from parsl import python_app
-    from parsl.config import Config
-    from parsl.executors import HighThroughputExecutor
-
-    witness = Witness(emulator.control_address)
-    server = client_for(emulator, tmp_path / "cache")
-    provider = P.CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
-                                nodes_per_block=nodes_per_block,
-                                disk_image=pilot_image(emulator), node_python="python3",
-                                margin=1.0, status_polling_interval=0.5,
-                                intervals={**FAST_INTERVALS, "renew": 600.0})
-    # Parsl's own heartbeat threshold (120 s) unless a test wants a loss seen sooner: on a
-    # loaded machine a node's manager can miss 10 s of heartbeats, and be "lost" for it
-    options = {"heartbeat_period": 2, "heartbeat_threshold": 120, **executor_options}
-    executor = HighThroughputExecutor(
-        label="cloudlab", address=provider.address, encrypted=False, provider=provider,
-        max_workers_per_node=2 // nodes_per_block, poll_period=100,
-        # the interchange of this Python (pytest may run without the venv's bin on PATH)
-        interchange_launch_cmd=[sys.executable, "-m",
-                                "parsl.executors.high_throughput.interchange"], **options)
-    config = Config(executors=[executor], retries=2, strategy_period=0.5,
-                    run_dir=str(tmp_path / "runinfo"))
-    square, total = (python_app(f) for f in apps())
-    try:
-        with parsl.load(config):
-            yield OnTheBox(provider, executor, witness.gate(), square, total)
-    finally:
-        provider.close()
-        server.close()
-        witness.close()
 
 
 @pytest.mark.slow
@@ -322,6 +303,8 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         squares = [box.square(i, box.gate.url) for i in range(6)]
         block = box.running_block()  # a task on each of its two nodes
         victim, sibling = block.nodes
+        # the interchange is encrypted: each node's own key was authorised after it enrolled
+        assert executor.encrypted and set(block.nodes) <= set(provider.keys.allowed())
         node_ids = {cid: box.node_id(cid) for cid in block.nodes}
         admin(emulator).call("Revoke", nodes=[node_ids[victim]])
         wait_for(lambda: provider.status([block.job_id])[0].state is P.JobState.HELD,
@@ -348,6 +331,10 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         wait_for(lambda: not set(block.nodes) & set(cm_nodes(emulator, tmp_path)), timeout=60,
                  what="the block's nodes given back")
         assert provider.status([block.job_id])[0].state is P.JobState.COMPLETED
+        # the nodes given back: their keys are allowed no more (the manager's event thread
+        # withdraws them once it recorded the nodes gone)
+        wait_for(lambda: not set(block.nodes) & set(provider.keys.allowed()), timeout=60,
+                 what="the given-back nodes' keys withdrawn")
         stats = provider.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
             (1, 1, 0), stats

@@ -1,11 +1,11 @@
 """Strangers cannot starve the control node's listeners (issue 34, point 5).
 
 One stranger (:mod:`tests.hostile.flood`, one thread) holds 1,000 idle and 100 trickling
-connections to EACH of the four listeners at once (the callback endpoint and enrolment get a
-TLS ClientHello a byte a second, the publisher and metrics an HTTP head that never ends), and
-opens again every connection a listener closes. Meanwhile the CM's notice is answered and the
-revoked node released early, a node enrols with its token, the publisher serves a tarball,
-metrics answer; no listener holds more than its cap of the stranger's connections, and none
+connections to EACH of the five listeners at once (the callback endpoint, enrolment and the
+wheelhouse publisher get a TLS ClientHello a byte a second, the tarball publisher and metrics
+an HTTP head that never ends), and opens again every connection a listener closes. Meanwhile
+the CM's notice is answered and the revoked node released early, a node enrols with its
+token, the publishers serve a tarball over HTTP and HTTPS, metrics answer; no listener holds more than its cap of the stranger's connections, and none
 gives the stranger a thread. Nothing here times an answer (bench/bench_listeners.py does).
 
 Broke: the callback endpoint had 4 workers, each held by a connection until its handshake
@@ -19,6 +19,7 @@ import io
 import logging
 import resource
 import shutil
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -55,7 +56,7 @@ IDLE, TRICKLING = 1000, 100
 #: what a listener may hold of the stranger's 1,100: its cap (256 at most) and the few the
 #: stranger has just opened again, not accepted yet
 HELD_AT_MOST = 320
-FILES = 20000   # the stranger's 4,400 sockets, the listeners' side of them, and the rest
+FILES = 20000   # the stranger's 5,500 sockets, the listeners' side of them, and the rest
 #: the listeners' own modules: nothing a stranger does is a WARNING there
 LISTENER_LOGS = ("elasticslice.rpc.endpoint", "elasticslice.pilots.enrol",
                  "elasticslice.pilots.publish", "elasticslice.metrics")
@@ -87,6 +88,8 @@ class Listeners:
     publisher: TarballPublisher
     tarball: bytes
     tarball_url: str
+    wheelhouse: TarballPublisher
+    wheelhouse_url: str
     metrics: Any
     flood: Flood
     targets: dict[str, Target]
@@ -117,8 +120,8 @@ def _more_files() -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[Listeners]:
-    """The four listeners, a slice of two nodes whose endpoint is ours, and the stranger's
-    flood on all four, established."""
+    """The five listeners, a slice of two nodes whose endpoint is ours, and the stranger's
+    flood on all five, established."""
     work = tmp_path_factory.mktemp("starvation")
     limits = _more_files()
     logged = Records()
@@ -136,6 +139,7 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
     ca = ClusterCA.open(work / "pki")
     enrolment = EnrolmentService(ca, is_held=lambda cid: cid == "node-1")
     publisher = TarballPublisher()
+    wheelhouse = TarballPublisher(tls=ca.server_context("wheelhouse", hosts=("127.0.0.1",)))
     metrics = None
     flood = None
     try:
@@ -149,6 +153,8 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
         tarball = _tarball()
         (work / "pilot.tar.gz").write_bytes(tarball)
         url = publisher.publish(work / "pilot.tar.gz", "pilot.tar.gz")
+        wheelhouse.start()
+        wheels_url = wheelhouse.publish(work / "pilot.tar.gz", "pilot.tar.gz")
         metrics = serve_metrics(lambda: None, units=lambda: {"queued": 3, "running": 1,
                                                               "requeued": 0, "lost": 0})
         hello = client_hello()
@@ -156,6 +162,8 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
                    "enrolment": Target("enrolment", ("127.0.0.1", enrolment.bound_port),
                                        hello),
                    "publisher": Target("publisher", ("127.0.0.1", publisher.port_bound)),
+                   "wheelhouse": Target("wheelhouse", ("127.0.0.1", wheelhouse.port_bound),
+                                        hello),
                    "metrics": Target("metrics", ("127.0.0.1", metrics.bound_port))}
         threads_before = threading.active_count()
         flood_started = time.monotonic()
@@ -163,12 +171,14 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
         wait_for(flood.established, timeout=60, interval=0.2,
                  what=f"{IDLE} idle and {TRICKLING} trickling connections to each listener")
         yield Listeners(work / "emu", client, releases, endpoint, ca, enrolment, publisher,
-                        tarball, url, metrics, flood, targets, threads_before, work,
+                        tarball, url, wheelhouse, wheels_url, metrics, flood, targets,
+                        threads_before, work,
                         logged.records, flood_started)
     finally:
         if flood is not None:
             flood.stop()
-        for stop in (metrics.stop if metrics else None, publisher.stop, enrolment.stop,
+        for stop in (metrics.stop if metrics else None, wheelhouse.stop, publisher.stop,
+                     enrolment.stop,
                      endpoint.stop, releases.shutdown_deletes, client.close, emulator.stop):
             if stop is not None:
                 stop()
@@ -229,6 +239,15 @@ def test_the_publisher_serves_a_tarball_while_flooded(listeners: Listeners) -> N
              what=f"the publisher holding at most {HELD_AT_MOST} of the stranger's connections")
 
 
+def test_the_wheelhouse_publisher_serves_over_tls_while_flooded(listeners: Listeners) -> None:
+    node = ssl.create_default_context(cafile=str(listeners.ca.ca_file))
+    with urllib.request.urlopen(listeners.wheelhouse_url, timeout=60, context=node) as answer:
+        assert answer.read() == listeners.tarball
+    wait_for(lambda: held_by_the_listener(listeners, "wheelhouse"), timeout=20,
+             what=f"the wheelhouse holding at most {HELD_AT_MOST} of the stranger's "
+                  f"connections")
+
+
 def test_metrics_answer_while_flooded(listeners: Listeners) -> None:
     with urllib.request.urlopen(listeners.metrics.url, timeout=60) as answer:
         assert "elasticslice_units_queued 3.0" in answer.read().decode()
@@ -238,7 +257,7 @@ def test_metrics_answer_while_flooded(listeners: Listeners) -> None:
 
 def test_the_stranger_gets_no_thread_and_each_listener_closes_what_it_cannot_hold(
         listeners: Listeners) -> None:
-    # 4,400 connections held or tried again: the listeners' threads are the ones they had
+    # 5,500 connections held or tried again: the listeners' threads are the ones they had
     assert threading.active_count() <= listeners.threads_before + 12, \
         threading.active_count()
     for name, target in listeners.targets.items():
@@ -259,5 +278,5 @@ def test_the_strangers_are_counted_not_logged_one_by_one(listeners: Listeners) -
         elif record.name in LISTENER_LOGS:
             assert record.levelno < logging.WARNING, record.getMessage()
     for name in ("callback endpoint", "enrolment service", "tarball publisher",
-                 "metrics endpoint"):
+                 "wheelhouse publisher", "metrics endpoint"):
         assert 1 <= summaries.get(name, 0) <= 2 + minutes, (name, summaries)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import troy
 from troy.cli import cli
 from troy.execution import TAIL_BYTES, execute
-from troy.frameworks.dask.agent import _small, result_from_wire, result_to_wire
+from troy.frameworks.dask.agent import as_data, result_from_wire, result_to_wire
 from troy.output import OutputKeeper, default_output_dir, file_stem
 from troy.report import ENTRY_KEYS
 
@@ -140,18 +140,22 @@ def test_a_rerun_into_the_same_dir_leaves_no_stale_file(tmp_path):
 
 
 def test_output_comes_back_from_a_worker_on_the_wire():
-    """A node agent's result (a member's too) carries the tails; large ones do not go
-    inline in the scheduler's event log."""
+    """A node agent's result (a member's too) carries the tails, whatever its output's
+    size (TAIL_BYTES a stream); a value that is not data fails the unit with a line."""
     small = execute(troy.ComputeUnitDescription(bundle=[
         troy.ComputeUnitDescription(executable="/bin/sh", arguments=["-c", "echo a; echo b >&2"])
     ]))
     back = result_from_wire(result_to_wire(small))
     assert back.members[0].stdout.data == b"a\n" and back.members[0].stderr.size == 2
-    assert _small(small)
+    assert as_data(small) is small
     big = execute(troy.ComputeUnitDescription(executable="/bin/sh",
                                               arguments=["-c", "head -c 100000 /dev/zero"]))
     assert big.stdout.size == 100000 and len(big.stdout.data) == TAIL_BYTES
-    assert not _small(big)
+    back = result_from_wire(result_to_wire(as_data(big)))
+    assert back.stdout.data == big.stdout.data and back.ok
+    odd = as_data(troy.UnitResult(value=object()))
+    assert not odd.ok and odd.value is None and "its value is a object" in odd.error
+    assert "malformed" in result_from_wire([1, 2, 3]).error   # what a hostile node sends
 
 
 def test_a_background_process_holding_the_pipes_does_not_hold_the_unit():

@@ -148,7 +148,7 @@ def test_a_version_1_state_is_migrated_with_its_notices(state_dir):
         """)
     st = ManagerState.open(state_dir)
     try:
-        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "2"
+        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "3"
         [pd] = st.pending_deletes(open_only=True)
         assert (pd.cm, pd.node_id, pd.client_id, pd.deadline) == ("cm", "pc1", "n1", 50.0)
         # the pilots manager's counts, kept apart in version 1, are the outcomes now
@@ -310,5 +310,30 @@ def test_killed_mid_transaction_keeps_the_intent_and_loses_the_half_write(state_
     try:
         assert [i.client_ids for i in st.open_intents()] == [("node2",)]
         assert st.nodes() == []
+    finally:
+        st.close()
+
+
+def test_a_version_2_state_is_migrated_and_keeps_its_nodes(state_dir):
+    """Version 3 adds each node's manifest address (the enrolment service takes a node's
+    token only from there): a version-2 file keeps its nodes, with no address yet."""
+    state_dir.mkdir(mode=0o700)
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        db.executescript("""
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+            INSERT INTO meta VALUES ('schema_version', '2');
+            CREATE TABLE nodes (cm TEXT, client_id TEXT, node_id TEXT, hostname TEXT,
+                state TEXT, initial INTEGER, added_at REAL, gone_at REAL, gone_reason TEXT,
+                updated REAL, PRIMARY KEY (cm, client_id));
+            INSERT INTO nodes VALUES ('cm', 'node-1', 'pc1', 'pc1.a', 'ready', 1, 1.0, NULL,
+                NULL, 1.0);
+        """)
+    st = ManagerState.open(state_dir)
+    try:
+        assert st.get_meta("schema_version") == "3"
+        [node] = st.nodes()
+        assert (node.client_id, node.state, node.ipv4) == ("node-1", "ready", None)
+        st.upsert_node("cm", "node-1", now=2.0, ipv4="100.64.0.2")
+        assert st.node("cm", "node-1").ipv4 == "100.64.0.2"
     finally:
         st.close()

@@ -218,3 +218,64 @@ def test_a_stock_node_without_the_wheelhouse_or_the_python_says_so(emulator, tmp
             assert exited(s, urn, cred, name)["execute_status"] == 1
             # the line, then runstartup's "<command> returned <status>"
             assert runlog(nodes[name]) == f"{line}\n{as_script(script)[0]} returned 1\n"
+
+
+# ------------------------------------------------------- verified against the cluster CA ---
+def test_a_ca_is_for_an_https_wheelhouse_and_is_a_certificate(tmp_path: Path) -> None:
+    from elasticslice.pilots.ca import ClusterCA
+    ca = ClusterCA.open(tmp_path / "pki")
+    with pytest.raises(ValueError, match="verified against ca must be https://"):
+        env_script("http://h/w/", ca=ca.cert_pem)
+    with pytest.raises(ValueError, match="ca must be a certificate"):
+        env_script("https://h/w/", ca="not a certificate")
+    assert "ELASTICSLICE_WHEELHOUSE_CA='-----BEGIN CERTIFICATE-----" in env_script(
+        "https://h/w/", ca=ca.cert_pem)
+
+
+def test_an_https_wheelhouse_is_the_control_nodes_or_one_line(tmp_path: Path) -> None:
+    """Verified against the cluster CA alone, for the URL's address, and of the role
+    ``control``: a node's certificate of the same CA (OU worker, even for that address) and
+    another CA's are refused in one line naming what failed verification, before anything
+    is read from them; the control node's is used (here: a wheelhouse for another Python,
+    which the installer reads and refuses)."""
+    import ssl
+
+    from elasticslice.pilots.ca import ClusterCA
+    from elasticslice.rpc import pki
+    ca = ClusterCA.open(tmp_path / "pki")
+    other = ClusterCA.open(tmp_path / "other")
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "wheels.txt").write_text("# python 2.7 platform x\n")
+    worker, worker_key = pki.issue_certificate(ca.cert_pem, ca._key_pem, "node-1",
+                                               ips=["127.0.0.1"], role="worker",
+                                               key_type="ec")
+    (tmp_path / "worker.pem").write_bytes(worker)
+    (tmp_path / "worker.key").write_bytes(worker_key)
+    foreign = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    foreign.load_cert_chain(*other.issue("wheelhouse"))
+    node = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    node.load_cert_chain(tmp_path / "worker.pem", tmp_path / "worker.key")
+    seen = {}
+    for name, context in (("control", ca.server_context("wheelhouse")), ("worker", node),
+                          ("foreign", foreign)):
+        publisher = TarballPublisher(tls=context).start()
+        try:
+            url = publisher.publish_tree(house, "house")
+            assert url.startswith("https://127.0.0.1:")
+            seen[name] = run_host(env_script(url, python=sys.executable, root=False,
+                                             target=str(tmp_path / name), ca=ca.cert_pem),
+                                  tmp_path), publisher.base_url
+        finally:
+            publisher.stop()
+    done, _ = seen["control"]
+    assert done.returncode == 1 and done.stderr.startswith(
+        "pilot environment: the wheelhouse is for Python 2.7")
+    for name, why in (("worker", "its certificate is not the control node's (OU worker)"),
+                      ("foreign", "its certificate is not the control node's (unable to get "
+                                  "local issuer certificate)")):
+        done, base = seen[name]
+        assert done.returncode == 1
+        assert done.stderr == (f"pilot environment: wheels.txt from the wheelhouse at "
+                               f"{base}/... failed verification: {why}\n"), name
+        assert not (tmp_path / name).exists()

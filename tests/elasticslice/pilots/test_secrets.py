@@ -13,7 +13,7 @@ from tests.elasticslice.helpers import RUN_TIMEOUT, nodes_in_slices, run_workflo
 
 pytestmark = pytest.mark.slow
 
-CONTROL_KEYS = {"ca.key", "scheduler.key", "enrolment.key"}
+CONTROL_KEYS = {"ca.key", "scheduler.key", "enrolment.key", "wheelhouse.key"}
 
 
 def test_a_finished_run_leaves_no_tarball_token_or_node_key(emulator: Any,
@@ -30,5 +30,5 @@ def test_a_finished_run_leaves_no_tarball_token_or_node_key(emulator: Any,
                      if f.is_file() and b"PRIVATE KEY" in f.read_bytes())
     assert {name.rsplit("/", 1)[-1] for name in private} <= CONTROL_KEYS, private
     members = {f.stem for f in (state_dir / "pki" / "members").iterdir()}
-    assert members <= {"scheduler", "enrolment"}, members  # nodes were never issued here
+    assert members <= {"scheduler", "enrolment", "wheelhouse"}, members  # nodes were never issued here
     assert not list((state_dir / "tarballs").glob("*")), "tarballs left behind"

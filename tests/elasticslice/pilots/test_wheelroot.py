@@ -143,3 +143,39 @@ def test_served_for_an_image_it_builds_ahead_what_its_nodes_ask_for(
         publisher.stop()
         for root in roots:
             root.close()
+
+
+@pytest.mark.slow  # builds this machine's wheelhouse ahead, unless cached
+def test_over_tls_it_shows_a_control_certificate_of_the_cluster_ca_on_a_kept_port(
+        tmp_path: Path) -> None:
+    """``serve_for_image(ca=...)``: the root on an HTTPS publisher of its own (member
+    ``wheelhouse`` of the cluster CA, OU control), on the port the last process used, which
+    :meth:`close` stops."""
+    import ssl
+
+    from elasticslice.pilots.ca import ClusterCA
+    from elasticslice.pilots.wheelroot import serve_for_image
+    ca = ClusterCA.open(tmp_path / "pki")
+    keep = tmp_path / "wheelhouse.json"
+    context = ssl.create_default_context(cafile=str(ca.ca_file))
+    publisher = TarballPublisher().start()
+    try:
+        ports = []
+        for _ in range(2):
+            root, url = serve_for_image(publisher, image_urn=None, cm_local=False, ca=ca,
+                                        keep=keep, token="t" * 32)
+            try:
+                assert url == f"https://127.0.0.1:{root.port}/{'t' * 32}/wheelhouse/"
+                with pytest.raises(urllib.error.HTTPError) as answer:
+                    urllib.request.urlopen(url + "cp39-manylinux_2_35_x86_64/wheels.txt",
+                                           timeout=10, context=context)
+                assert answer.value.read() == b"the node agent needs Python 3.10 or later\n"
+                ports.append(root.port)
+            finally:
+                root.close()
+            with pytest.raises(urllib.error.URLError):  # stopped with the root
+                urllib.request.urlopen(url, timeout=10, context=context)
+        assert ports[0] == ports[1]
+        assert publisher.published() == 0  # nothing of the root on the plain publisher
+    finally:
+        publisher.stop()

@@ -1,8 +1,8 @@
 """How the Dask framework learns of its units' states: workers send their events in
 batches (one message per loop turn), futures are watched without a callback thread, and
 every unit of a burst still passes DISPATCHED, RUNNING and its final state in order,
-whichever way its outcome arrives (an inline ``end`` event, a large result fetched from
-Dask, a task that errs inside Dask)."""
+whichever way its outcome arrives (its ``end`` event, which carries every result as data,
+or a task that errs inside Dask)."""
 from __future__ import annotations
 
 import logging
@@ -21,7 +21,11 @@ pytestmark = pytest.mark.slow
 
 
 def big_value() -> str:
-    return "x" * (agent.SMALL * 2)  # too large for the ``end`` event: fetched from Dask
+    return "x" * 100_000  # carried in the ``end`` event, as every result (data, never a pickle)
+
+
+def not_data() -> object:
+    return {1, 2}   # a set: not data a unit on a pilot can return (msgpack has no sets)
 
 
 class Escape(BaseException):
@@ -47,7 +51,8 @@ def test_burst_of_mixed_units_pass_every_state_in_order(session, dask_scheduler,
     kinds = [(CUD(executable="/bin/true"), State.DONE),
              (CUD(executable="/bin/false"), State.FAILED),
              (CUD(function=big_value), State.DONE),
-             (CUD(function=escape), State.FAILED)] * 15
+             (CUD(function=escape), State.FAILED),
+             (CUD(function=not_data), State.FAILED)] * 12
     units = [troy.ComputeUnit(cud) for cud, _ in kinds]
     seen = watch(units)
     for u in units:
@@ -59,6 +64,7 @@ def test_burst_of_mixed_units_pass_every_state_in_order(session, dask_scheduler,
     assert units[2].result.value == big_value()
     assert "out of the unit" in units[3].result.error
     assert units[1].result.error == "exit status 1"
+    assert "its value is a set" in units[4].result.error and units[4].result.value is None
 
 
 def test_long_unit_is_running_before_it_ends(session, dask_scheduler, tmp_path):

@@ -121,13 +121,16 @@ def replaced_node(tmp_path: Path, cluster_ca) -> DaskTLS:  # noqa: ANN001
 
 
 @contextlib.asynccontextmanager
-async def spy_worker(fw: DaskFramework, tls: DaskTLS):  # noqa: ANN201 - async generator
-    """A worker on a node's certificate, as a task on that node can start one."""
+async def spy_worker(fw: DaskFramework, tls: DaskTLS,  # noqa: ANN201 - async generator
+                     cores: int | None = None, name: str = "spy"):
+    """A worker on a node's certificate, as a task on that node can start one (with
+    ``cores``: one that can run units, as a pilot)."""
     from distributed import Worker
 
     from troy.frameworks.dask import guard
     w = await Worker(fw.scheduler_address, security=tls.security(), nthreads=1,
-                     name="spy", death_timeout=20,
+                     name=name, death_timeout=20,
+                     resources={"cores": cores} if cores else None,
                      startup_information=guard.startup_information())
     try:
         yield w
@@ -506,3 +509,69 @@ def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_pa
     u = fw.submit_unit(CUD(executable="/bin/true"), fw.find_pilot("node-1"))
     assert u.wait(60) is State.DONE
     assert fw.client.run_on_scheduler(_touch, str(tmp_path / "control-ran")) == "ran"
+
+
+def test_troy_never_decodes_what_a_node_sent(guarded, tmp_path, cluster_ca, caplog) -> None:
+    """A unit's result is data: nothing a node made is decoded in Troy's process (the
+    control process). A node running a unit of its own (a pilot) sends for that unit's task
+    a ``task-erred`` with a pickled exception (Dask would hand it to Troy's client, which
+    decodes it on arrival), an ``end`` event with a serialized object, and answers the
+    framework's call on it (setting its tags, which ``client.run`` did) with a pickled
+    result. No marker is written; the unit fails with the node's text; the framework's call
+    gets a line."""
+    from distributed.protocol.serialize import Serialize
+
+    from troy import ComputeUnitDescription as CUD
+    fw, _ = guarded
+    markers = {name: tmp_path / f"marker-{name}" for name in ("erred", "event", "run")}
+    gate = tmp_path / "gate"
+    out: dict[str, object] = {}
+
+    ran: list[str] = []
+
+    def evil(w):  # noqa: ANN001, ANN202 - the node's worker's "run": does it, answers a pickle
+        run = w.handlers["run"]
+
+        async def evil_run(comm, function, args=(), wait=True,  # noqa: ANN001, ANN202
+                           kwargs=None):  # noqa: ANN001
+            await run(comm, function, args=args, wait=wait, kwargs=kwargs)
+            ran.append("run")
+            return {"status": "OK", "result": Serialize(_Touched(str(markers["run"])))}
+        return evil_run
+
+    async def scenario() -> None:
+        async with spy_worker(fw, replaced_node(tmp_path, cluster_ca), cores=2,
+                              name="node-3") as w:
+            w.handlers["run"] = evil(w)
+            await until(lambda: fw.find_pilot("node-3") is not None)
+            pilot = fw.find_pilot("node-3")
+            loop = asyncio.get_running_loop()
+            out["grant"] = await loop.run_in_executor(
+                None, fw._grant, w.address, {fw.topic: 1})
+            u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+                "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]), pilot)
+            await until(lambda: u.id in fw._records and fw._records[u.id].key in w.state.tasks)
+            key = fw._records[u.id].key
+            run_id = w.state.tasks[key].run_id
+            w.batched_stream.send({"op": "task-erred", "status": "error", "key": key,
+                                   "run_id": run_id, "thread": None, "startstops": [],
+                                   "stimulus_id": "spy",
+                                   "exception": Serialize(_Touched(str(markers["erred"]))),
+                                   "traceback": None, "exception_text": "forged failure",
+                                   "traceback_text": ""})
+            await until(lambda: u.state is State.FAILED)
+            out["unit"] = (u.state, u.result.error)
+            w.batched_stream.send({"op": "log-event", "topic": fw.topic, "msg": [
+                "batch", [["end", u.id, w.address,
+                           Serialize(_Touched(str(markers["event"]))), key]]]})
+            await until(lambda: "serialized object" in caplog.text)
+            gate.touch()
+
+    with caplog.at_level(logging.WARNING, logger="troy.frameworks.dask.guard"):
+        asyncio.run(scenario())
+    assert [name for name, marker in markers.items() if marker.exists()] == []
+    state, error = out["unit"]
+    assert state is State.FAILED and "NodeError" in error and "forged failure" in error, error
+    assert out["grant"] is True and ran   # its tags were set; its answer not decoded
+    assert "'log-event' with a serialized object" in caplog.text
+    assert "Traceback" not in caplog.text

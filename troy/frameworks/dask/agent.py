@@ -15,6 +15,7 @@ module, which is what Dask imports when it unpickles ``run_unit``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -34,7 +35,11 @@ from troy.unit import OutputTail, UnitResult
 # Every worker of a framework carries its tag as a resource that units ask 1 of: frameworks
 # sharing one scheduler never run each other's units; the amount never limits anything.
 TAG_AMOUNT = 1_000_000
-SMALL = 16_384  # results carried inline in the ``end`` event up to about this size
+# A unit's result is data, carried in its ``end`` event (msgpack): never a Dask task result
+# or a pickle (the control process decodes nothing a node made). Its value at most this
+# large (a unit with more to say writes a file); its output's tails are TAIL_BYTES a stream.
+MAX_VALUE = 4 * 1024 * 1024
+EVENTS_KEPT = 64   # batches of a Troy topic the scheduler keeps (it sends each on at once)
 RUN_EVENT_DELAY = 0.005  # seconds a unit runs before its ``run`` event is sent
 
 _procs: dict[str, list[subprocess.Popen]] = {}
@@ -233,22 +238,47 @@ def apply_agent_defaults() -> dict[str, str]:
     return chosen
 
 
-def _output_bytes(result: UnitResult) -> int:
-    own = sum(len(t.data) for t in (result.stdout, result.stderr) if t is not None)
-    return own + sum(_output_bytes(m) for m in result.members)
-
-
-def _small(result: UnitResult) -> bool:
-    """Whether ``result`` goes inline in the ``end`` event (the scheduler keeps recent
-    events: a large value or output goes back as the task's result instead)."""
-    return _small_value(result) and _output_bytes(result) < SMALL
-
-
-def _small_value(result: UnitResult) -> bool:
-    v = result.value
+def _data_size(v: Any, depth: int = 0) -> int | None:
+    """The size of ``v`` if it is plain data (what msgpack carries: None, bool, numbers,
+    str, bytes, lists and dicts of them), else None."""
     if v is None or isinstance(v, (bool, int, float)):
-        return not result.members or all(_small_value(m) for m in result.members)
-    return isinstance(v, (str, bytes)) and len(v) < SMALL
+        return 8 if not isinstance(v, int) or -2**63 <= v < 2**64 else None
+    if isinstance(v, (str, bytes)):
+        return len(v)
+    if depth > 32:
+        return None
+    items = list(v.items()) if isinstance(v, dict) else v if isinstance(v, (list, tuple)) \
+        else None
+    if items is None:
+        return None
+    total = 0
+    for item in items:
+        pair = item if isinstance(v, dict) else (item,)
+        for part in pair:
+            size = _data_size(part, depth + 1)
+            if size is None:
+                return None
+            total += size
+    return total
+
+
+def as_data(result: UnitResult) -> UnitResult:
+    """``result`` as it goes in the ``end`` event: a value that is not plain data, or is
+    larger than :data:`MAX_VALUE`, makes the unit fail with a line that says why."""
+    members = [as_data(m) for m in result.members]
+    size = _data_size(result.value)
+    why = None
+    if size is None:
+        why = (f"its value is a {type(result.value).__name__}: a unit on a pilot returns "
+               f"data (str, bytes, numbers, lists, dicts) or writes a file")
+    elif size > MAX_VALUE:
+        why = (f"its value is {size} bytes: at most {MAX_VALUE} come back from a pilot; "
+               f"write it to a file")
+    if why is None and members == result.members:
+        return result
+    return dataclasses.replace(result, members=members,
+                               value=None if why else result.value,
+                               error=result.error or why)
 
 
 def _tail_to_wire(t: OutputTail | None) -> list | None:
@@ -256,21 +286,43 @@ def _tail_to_wire(t: OutputTail | None) -> list | None:
 
 
 def _tail_from_wire(w: list | None) -> OutputTail | None:
-    return None if w is None else OutputTail(data=w[0], size=w[1])
+    if w is None:
+        return None
+    if not (isinstance(w, (list, tuple)) and len(w) == 2 and isinstance(w[0], bytes)
+            and isinstance(w[1], int)):
+        raise ValueError("an output tail is [bytes, int]")
+    return OutputTail(data=w[0], size=w[1])
+
+
+def _number(v: Any, what: str) -> Any:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise ValueError(f"{what} is a number")
+    return v
 
 
 def result_to_wire(r: UnitResult) -> list:
-    """Events travel as msgpack: a UnitResult as a plain list (``_small`` results only)."""
+    """Events travel as msgpack: a UnitResult as a plain list (:func:`as_data` first)."""
     return [r.exit_code, r.value, r.error, r.start, r.end,
             [result_to_wire(m) for m in r.members],
             _tail_to_wire(r.stdout), _tail_to_wire(r.stderr)]
 
 
-def result_from_wire(w: list) -> UnitResult:
-    out, err = (w[6], w[7]) if len(w) > 7 else (None, None)  # an older agent: no output
-    return UnitResult(exit_code=w[0], value=w[1], error=w[2], start=w[3], end=w[4],
-                      members=[result_from_wire(m) for m in w[5]],
-                      stdout=_tail_from_wire(out), stderr=_tail_from_wire(err))
+def result_from_wire(w: list, depth: int = 0) -> UnitResult:
+    """A UnitResult from what a node sent (checked: a malformed one is a failed result
+    that says so, never an exception here)."""
+    try:
+        if not isinstance(w, (list, tuple)) or len(w) not in (6, 8) or depth > 8 \
+                or not isinstance(w[5], (list, tuple)):
+            raise ValueError("a result is a list of 8")
+        if w[2] is not None and not isinstance(w[2], str):
+            raise ValueError("an error is a string")
+        out, err = (w[6], w[7]) if len(w) > 7 else (None, None)  # an older agent
+        return UnitResult(exit_code=_number(w[0], "an exit code"), value=w[1], error=w[2],
+                          start=_number(w[3], "a start"), end=_number(w[4], "an end"),
+                          members=[result_from_wire(m, depth + 1) for m in w[5]],
+                          stdout=_tail_from_wire(out), stderr=_tail_from_wire(err))
+    except (ValueError, TypeError, IndexError) as why:
+        return UnitResult(error=f"its node sent a malformed result ({why})")
 
 
 class _Outbox:
@@ -393,10 +445,9 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
     if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
         outbox.forget(unit_id)
         raise RuntimeError("pilot stopped while the unit ran")
-    inline = _small(result)
     outbox.ended(worker, unit_id, topic, ["end", unit_id, worker.address,
-                                          result_to_wire(result) if inline else None, key])
-    return None if inline else result
+                                          result_to_wire(as_data(result)), key])
+    return None
 
 
 def _signalled(result: UnitResult, unit_id: str) -> bool:
@@ -404,6 +455,34 @@ def _signalled(result: UnitResult, unit_id: str) -> bool:
     with _procs_lock:
         ours = unit_id in _canceled
     return not ours and result.exit_code is not None and result.exit_code < 0
+
+
+def keep_few_events(dask_scheduler: Any, topic: str, n: int = EVENTS_KEPT) -> None:
+    """On the scheduler (``on_scheduler``): keep only the last ``n`` events of ``topic``
+    (Troy's units' events: results inline; the scheduler sends each to Troy at once)."""
+    from collections import deque
+    kept = dask_scheduler._broker._topics[topic]   # distributed.broker.Topic
+    kept.events = deque(kept.events, maxlen=n)
+
+
+async def on_node(dask_scheduler: Any, addr: str, function: Any, *args: Any) -> str | None:
+    """On the scheduler (``on_scheduler``): run ``function(*args)`` on the worker at
+    ``addr`` (Dask's worker ``run``), for Troy's client, which takes nothing a node made:
+    None when it ran, else the node's text of why not (a string). Its answer is decoded
+    by the scheduler's guard, which never unpickles a node's (the result stays opaque and
+    is dropped)."""
+    from distributed.protocol.pickle import dumps
+    if addr not in dask_scheduler.workers:
+        return f"no worker at {addr}"
+    try:
+        resp = await dask_scheduler.rpc(addr).run(function=dumps(function), args=dumps(args),
+                                                  wait=True)
+    except Exception as err:  # noqa: BLE001 - gone, or refused: a line
+        return f"{type(err).__name__}: {err}"[:500]
+    if isinstance(resp, dict) and resp.get("status") == "OK":
+        return None
+    text = resp.get("exception_text") if isinstance(resp, dict) else None
+    return str(text)[:500] if isinstance(text, str) else "it failed"
 
 
 def kill_unit(unit_id: str) -> bool:

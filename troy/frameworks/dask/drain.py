@@ -66,7 +66,9 @@ class PilotMoves:
         worker may not set its own there); when one becomes positive, hand the worker the
         tasks that were waiting for such a worker."""
         try:
-            self.client.run(agent.set_tags, tags, workers=[addr], on_error="raise")
+            failed = self.on_node(addr, agent.set_tags, tags)[addr]
+            if failed is not None:
+                raise RuntimeError(failed)
             self.client.run_on_scheduler(agent.tags_at_scheduler, addr, tags)
             return True
         except Exception as err:  # the worker left meanwhile
@@ -165,7 +167,7 @@ class PilotMoves:
 
         def kill() -> None:
             try:
-                self.client.run(agent.kill_units, unit_ids, workers=[addr])
+                self.on_node(addr, agent.kill_units, unit_ids)
             except Exception as err:  # gone already: nothing runs there
                 log.info("framework %s: killing moved units on %s: %s", self.name, addr, err)
 
@@ -293,7 +295,7 @@ class PilotMoves:
         try:
             from troy.frameworks.dask.node import leave_for_good
             # a node agent stops once retired (its node goes back) instead of rejoining
-            self.client.run(leave_for_good, workers=[addr], on_error="return")
+            self.on_node(addr, leave_for_good)
             self.client.sync(self.client.scheduler.retire_workers, workers=[addr],
                              close_workers=True, callback_timeout=timeout)
             return True

@@ -110,6 +110,8 @@ def _post(url: str, path: str, body: dict[str, str], ctx: ssl.SSLContext) -> str
         conn.close()
     if resp.status != 200:
         line = text.strip().splitlines()[0] if text.strip() else resp.reason
+        if resp.status == 503:   # e.g. the manager has not read the node's manifest yet
+            raise _NotYet(f"enrolment refused ({resp.status}): {line}")
         raise _Refusal(f"enrolment refused ({resp.status}): {line}")
     try:
         cert = json.loads(text)["certificate"]
@@ -122,6 +124,10 @@ def _post(url: str, path: str, body: dict[str, str], ctx: ssl.SSLContext) -> str
 
 class _Refusal(EnrolError):
     """The service answered no: no use trying again."""
+
+
+class _NotYet(EnrolError):
+    """The service answered "not yet" (503): the token is unspent, try again."""
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -167,6 +173,12 @@ def enrol(url: str, token_file: Path, ca_file: Path, client_id: str, out_dir: Pa
         except _Refusal:
             token_file.unlink(missing_ok=True)  # spent whatever the answer
             raise
+        except _NotYet:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
+            continue
         except EnrolError:
             raise
         except ssl.SSLCertVerificationError as err:  # not our cluster's service: no retry

@@ -180,12 +180,9 @@ class UnitEvents:
         if kind == "run":
             self._mark_running(rec, addr, pilot, payload)
         elif kind == "end":
-            if payload is not None:
-                result = agent.result_from_wire(payload)
-            else:
-                result = rec.future.result() if rec.future is not None else None
-                if result is None:
-                    return  # canceled meanwhile
+            # a unit's result is data in its event: never a Dask result (a node's pickle)
+            result = agent.result_from_wire(payload) if isinstance(payload, (list, tuple)) \
+                else UnitResult(error=f"its node sent no result ({addr})")
             if not result.ok and pilot is not None and pilot.draining \
                     and _killed(result) and rec.unit.attempts < MAX_ATTEMPTS:
                 log.info("unit %s was killed with its pilot %s: requeued", rec.unit.id,
@@ -246,8 +243,10 @@ class UnitEvents:
         status = fut.status
         state = DASK_FINAL.get(status, State.UNKNOWN)
         if status == "finished":
-            result = fut.result() or UnitResult(error="unit result lost")
-            self._finish(rec, State.DONE if result.ok else State.FAILED, result)
+            # its ``end`` event comes first, on the same streams: none came (Troy never
+            # fetches a task's result: it would be a node's pickle)
+            self._finish(rec, State.FAILED, UnitResult(error="unit result lost: its node "
+                                                             "sent no end event"))
         elif status == "error":
             err = fut.exception()
             if type(err).__name__ == "KilledWorker" and rec.unit.attempts < MAX_ATTEMPTS:

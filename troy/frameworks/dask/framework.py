@@ -3,6 +3,7 @@ package documentation, ``troy.frameworks.dask``, for the design)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import logging
 import os
@@ -199,6 +200,8 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         safe = re.sub(r"[^A-Za-z0-9_.]+", "_", self.name)[:40]
         self.topic = f"troy-{safe}-{uuid.uuid4().hex[:8]}"
         self.client.subscribe_topic(self.topic, lambda ev: self._inbox.put(ev[1]))
+        topic = self.topic   # units' results ride its events: the scheduler keeps only a few
+        self.on_scheduler(lambda s: agent.keep_few_events(s, topic))
         self.client.subscribe_topic("all", self._on_cluster_event)
         for target, tname in ((self._submit_loop, "submit"), (self._event_loop, "events")):
             t = threading.Thread(target=target, name=f"troy-{self.name}-{tname}", daemon=True)
@@ -222,13 +225,34 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             return self._scheduler.call(fn, timeout)
         if self.client is None:
             raise NoSuccess(f"framework {self.name!r}: not started")
-        return self.client.run_on_scheduler(lambda dask_scheduler: fn(dask_scheduler))
+
+        async def there(dask_scheduler: Any) -> Any:
+            out = fn(dask_scheduler)
+            return await out if inspect.isawaitable(out) else out
+        return self.client.run_on_scheduler(there)
+
+    def on_node(self, addr: str | None, function: Callable[..., Any], *args: Any,
+                timeout: float = 30.0) -> dict[str, str | None]:
+        """``function(*args)`` on the worker at ``addr`` (None: on every worker), through
+        the scheduler (:func:`agent.on_node`): worker address -> None when it ran, else the
+        node's text of why not. Never ``client.run``: its answer is a node's pickle, and
+        Troy's process decodes nothing a node made."""
+        def run(s: Any) -> Any:
+            addrs = [addr] if addr else list(s.workers)
+
+            async def all_of() -> dict[str, str | None]:
+                import asyncio as aio
+                outs = await aio.gather(*(agent.on_node(s, a, function, *args)
+                                          for a in addrs))
+                return dict(zip(addrs, outs))
+            return all_of()
+        return self.on_scheduler(run, timeout)
 
     def _start_scheduler(self) -> str:
         if not self.scheduler_process:
-            self._scheduler = InProcessScheduler(self.name, self.worker_saturation,
-                                                 self._security, self.listen, self.port,
-                                                 self.dashboard_address)
+            self._scheduler = InProcessScheduler(
+                self.name, self.worker_saturation, self._security, self.listen, self.port,
+                self.dashboard_address, deny_file=self.tls.deny_file if self.tls else None)
             return self._scheduler.start()
         proc = AgentProcess(["scheduler", str(self.worker_saturation), self.listen,
                              str(self.port)],
@@ -525,6 +549,6 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             fut.cancel()
             if fut.status != "finished" and self.client is not None:
                 try:  # kill its processes where it runs (or may be just starting)
-                    self.client.run(agent.kill_unit, unit.id, workers=[addr] if addr else None)
+                    self.on_node(addr, agent.kill_unit, unit.id)
                 except Exception:
                     log.exception("killing unit %s on %s", unit.id, addr or "all workers")

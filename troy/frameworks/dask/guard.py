@@ -26,14 +26,26 @@ and checks every message read on it, before Dask dispatches it:
 - any other certificate (no OU, another OU): nothing.
 
 Nothing a peer without the ``control`` role sends is unpickled in the scheduler's process
-(the control process: the CloudLab key, the cluster CA). Dask's decoder unpickles every
+(the control process: the CloudLab key, the cluster CA), on the connections it opens as on
+those the scheduler opens to workers (``broadcast``, ``gather``: their answers are decoded
+the same way). Dask's decoder unpickles every
 ``__Pickled__`` field (``ToPickle``) while it reads a message, before any handler, or a check
 of the decoded message, sees it: on such a peer's connection the scheduler's guard decodes
 the frames itself (:func:`strict_loads`): a pickle anywhere in a message closes the
 connection before anything of it is decoded, and ``__Serialized__`` fields stay serialized
-(``Serialized``), as Dask's scheduler keeps them anyway. Workers decode as Dask does: the
-data Dask moves between workers (a dependency's value, P2P shuffle shards) is pickled, and a
+(``Serialized``), as Dask's scheduler keeps them anyway. Nor does anything of a node reach Troy's client
+serialized, where it would be decoded: a worker-role peer's requests and its events carry
+plain data only (a ``Serialized`` field refuses the request, or closes the stream: Dask's
+own workers send none), and the exception of a Troy unit's ``task-erred`` becomes one the
+scheduler makes from the node's text (``NodeError``). Dask users' tasks keep Dask's
+semantics (their client decodes their workers' exceptions and results). Workers decode as
+Dask does: the data Dask moves between workers (a dependency's value, P2P shuffle shards) is pickled, and a
 node takes its peers' data as Dask's workers do.
+
+A certificate on the scheduler's deny list (:mod:`troy.frameworks.dask.denylist`: the
+certificates of a node that left, refused before they expire) gets nothing: its connections
+are closed as they come, and those open when it is denied within a second (its worker with
+them: Dask removes it).
 
 Default deny: an op not listed is refused. A refused request gets an error answer
 (``PermissionError``) when it asked for one, otherwise its connection is closed; a refused
@@ -53,7 +65,12 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
+import weakref
 from typing import Any
+
+from troy.frameworks.dask.denylist import ENV_VAR as DENY_ENV_VAR
+from troy.frameworks.dask.denylist import DenyList, serial_of
 
 log = logging.getLogger(__name__)
 
@@ -220,17 +237,51 @@ def _count(value: Any) -> bool:
 
 #: a run_id no task has (Dask counts from 1): an outcome carrying it is a stale run's
 STALE_RUN = -1
+TROY_TASK_PREFIX = "troy-unit-"   # the Dask keys of Troy's units (DaskFramework)
+MAX_TEXT = 4000                   # a node's error text carried in a NodeError, at most
 
 
 class Refused(Exception):
     pass
 
 
+class NodeError(RuntimeError):
+    """A Troy unit's task failed on its node: the node's own text of it (the scheduler
+    never passes a node's serialized exception on to Troy)."""
+
+
+def _serialized_in(obj: Any, depth: int = 0) -> bool:
+    """Whether a decoded message holds a ``Serialized`` (or anything but plain data)."""
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return False
+    if depth > 32:
+        return True
+    if isinstance(obj, (list, tuple)):
+        return any(_serialized_in(v, depth + 1) for v in obj)
+    if isinstance(obj, dict):
+        return any(_serialized_in(k, depth + 1) or _serialized_in(v, depth + 1)
+                   for k, v in obj.items())
+    return True
+
+
+def _node_error(msg: dict[str, Any]) -> Any:
+    """The exception (serialized here) a node's ``task-erred`` of a Troy unit becomes."""
+    from distributed.protocol.serialize import Serialize
+    text = msg.get("exception_text")
+    text = text[:MAX_TEXT] if isinstance(text, str) else "an error it did not describe"
+    return Serialize(NodeError(f"the unit's task failed on its node: {text}"))
+
+
 class Guard:
     """The guard of one server (``kind``: ``"scheduler"`` or ``"worker"``); see the module."""
 
-    def __init__(self, server: Any, kind: str) -> None:
+    def __init__(self, server: Any, kind: str, deny: DenyList | None = None) -> None:
         self.server, self.kind = server, kind
+        self.deny = deny
+        self._deny_seen: Any = None                 # the deny list's version last swept
+        self._peers: weakref.WeakSet[_Peer] = weakref.WeakSet()
+        self.denied = 0                             # connections of denied certificates
+        self._denied_seen: set[int | None] = set()
         self._handle = server.handle_comm
         self.workers_of: dict[str, set[str]] = {}   # worker-role CN -> addresses registered
         self.refusals = 0
@@ -243,8 +294,41 @@ class Guard:
         peer = _Peer(self, comm, cn, role, strict=self.kind == "scheduler")
         if role == CONTROL and self.kind == "worker":
             return self._handle(comm)     # the scheduler and control clients: unchecked
+        if self.deny is not None and self.deny.denied(peer.serial):
+            self._deny(peer)
+            return _nothing()
         comm.read = peer.read
+        self._peers.add(peer)
         return self._handle(comm)
+
+    def _deny(self, peer: _Peer) -> None:
+        # INFO, once a certificate: a node given back retries until the CM stops it
+        self.denied += 1
+        first = peer.serial not in self._denied_seen and len(self._denied_seen) < 4096
+        if first:
+            self._denied_seen.add(peer.serial)
+        log.log(logging.INFO if first else logging.DEBUG,
+                "troy guard (%s): refused a connection of %s (role %s, %s): its certificate "
+                "was revoked (serial %X)%s", self.kind, peer.cn or "no common name",
+                peer.role or "none", peer.address, peer.serial or 0,
+                "" if not first else "; its further connections: DEBUG")
+        peer.comm.abort()
+
+    def sweep(self) -> int:
+        """Close the open connections whose certificate was denied since the last sweep
+        (the scheduler runs this every second); how many."""
+        if self.deny is None:
+            return 0
+        version = self.deny.version()
+        if version == self._deny_seen:
+            return 0
+        self._deny_seen = version
+        closing = [p for p in list(self._peers)
+                   if p.role != CONTROL and self.deny.denied(p.serial)]
+        for peer in closing:
+            self._peers.discard(peer)
+            self._deny(peer)
+        return len(closing)
 
     # ---------------------------------------------------------------- checks ----------
     def check_rpc(self, peer: _Peer, msg: dict[str, Any]) -> None:
@@ -261,6 +345,9 @@ class Guard:
             raise Refused(f"{op!r}: not a worker's operation")
         if self.kind != "scheduler":
             return
+        if _serialized_in(msg):
+            raise Refused(f"{op!r} with a serialized object: a worker's request carries "
+                          f"plain data only")
         if op == "register-worker":
             self._check_versions(peer, msg)
             resources = msg.get("resources") or {}
@@ -303,6 +390,9 @@ class Guard:
                 raise Refused(f"{op!r} on its worker stream names a worker "
                               f"({m['worker']!r})")
             if op == "log-event":
+                if _serialized_in(m):
+                    raise Refused("'log-event' with a serialized object: a worker's events "
+                                  "are plain data")
                 kept = self._check_event(peer, m.get("topic"), m.get("msg"))
                 if kept is not None:
                     m["msg"] = kept
@@ -314,6 +404,12 @@ class Guard:
                     # free it), as for a run the scheduler moved elsewhere
                     m["run_id"] = STALE_RUN
                     self._dropped(peer, 1, key, f"{op}: its task is not running there")
+                if op == "task-erred" and isinstance(key, str) \
+                        and key.startswith(TROY_TASK_PREFIX):
+                    # Troy's client would decode the node's exception (and traceback)
+                    m["exception"], m["traceback"] = _node_error(m), None
+                elif op == "task-finished" and _serialized_in(m):
+                    raise Refused("'task-finished' with a serialized object")
             elif op == "add-keys":
                 keys = m.get("keys")
                 keys = keys if isinstance(keys, (list, tuple)) else ()
@@ -425,6 +521,7 @@ class _Peer:
         self.guard, self.comm, self.cn, self.role = guard, comm, cn, role
         self.strict = strict and role != CONTROL   # decoded by strict_loads
         self.address = getattr(comm, "peer_address", "?")
+        self.serial = serial_of((getattr(comm, "extra_info", None) or {}).get("peercert"))
         self.stream: str | None = None
         self.worker: str | None = None    # the address it registered as a worker
         self._read = comm.read
@@ -492,15 +589,56 @@ class _Peer:
             pass
 
 
-def install(server: Any, kind: str) -> Guard | None:
+def _strict_pool(pool: Any) -> None:
+    """The connections ``pool`` (the scheduler's to workers) opens to a peer without the
+    control role decode what it answers by :func:`strict_loads` (a pickle closes them)."""
+    connect = pool.connect
+
+    async def strict_connect(addr: str, timeout: float | None = None) -> Any:
+        comm = await connect(addr, timeout)
+        if getattr(comm, "_troy_strict", None) is None:
+            comm._troy_strict = peer_identity(comm)[1] != CONTROL
+            if comm._troy_strict:
+                read = comm.read
+
+                async def strict_read(deserializers: Any = None) -> Any:
+                    token = _STRICT.set(True)
+                    try:
+                        return await read(deserializers)
+                    except PickleRefused as err:
+                        from distributed.comm.core import CommClosedError
+                        log.warning("troy guard (scheduler): %s answered with %s: "
+                                    "connection closed", addr, err)
+                        comm.abort()
+                        raise CommClosedError(f"troy guard: refused {err}") from None
+                    finally:
+                        _STRICT.reset(token)
+                comm.read = strict_read
+        return comm
+    pool.connect = strict_connect
+
+
+async def _nothing() -> None:
+    """What a refused connection's handler does: nothing (it is closed)."""
+
+
+def install(server: Any, kind: str, deny_file: str | None = None) -> Guard | None:
     """Install the guard on ``server`` (a ``Scheduler`` or ``Worker`` not started yet: the
-    guard wraps what its listeners call); None (nothing installed) without TLS."""
+    guard wraps what its listeners call); None (nothing installed) without TLS.
+    ``deny_file`` (a scheduler's; default: ``$TROY_TLS_DENY_FILE``): the certificates'
+    deny list."""
     security = getattr(server, "security", None)
     if security is None or not getattr(security, "require_encryption", False):
         return None
     versions()   # now: the code this process runs, not what is on disk later
     _strict_decoding()
-    guard = Guard(server, kind)
+    deny_file = deny_file or (os.environ.get(DENY_ENV_VAR) if kind == "scheduler" else None)
+    guard = Guard(server, kind, DenyList(deny_file) if deny_file else None)
     server.handle_comm = guard.handle_comm
     server._troy_guard = guard
+    if kind == "scheduler":
+        _strict_pool(server.rpc)
+    if guard.deny is not None:
+        from tornado.ioloop import PeriodicCallback
+        server.periodic_callbacks["troy-deny-list"] = PeriodicCallback(guard.sweep, 1000)
     return guard

@@ -3,6 +3,7 @@ processes (``AgentProcess``) and a scheduler inside this process (``InProcessSch
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -129,8 +130,9 @@ class InProcessScheduler:
 
     def __init__(self, name: str, saturation: float, security: Any = None,
                  host: str = "127.0.0.1", port: int = 0,
-                 dashboard_address: str | None = None) -> None:
+                 dashboard_address: str | None = None, deny_file: str | None = None) -> None:
         self.name = name
+        self.deny_file = deny_file
         self.dashboard_address = dashboard_address
         self.host = host
         self.port = port
@@ -155,7 +157,7 @@ class InProcessScheduler:
                               dashboard=self.dashboard_address is not None,
                               dashboard_address=self.dashboard_address or "127.0.0.1:0",
                               **tls_options(self.security))
-            guard.install(s, "scheduler")
+            guard.install(s, "scheduler", deny_file=self.deny_file)
             await s
             from troy.frameworks.dask.agent import quicken
             quicken(s)
@@ -178,7 +180,8 @@ class InProcessScheduler:
         scheduler = self._scheduler
 
         async def run() -> Any:
-            return fn(scheduler)
+            out = fn(scheduler)
+            return await out if inspect.isawaitable(out) else out
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def close(self) -> None:

@@ -26,11 +26,14 @@ _ENV = "DASK_DISTRIBUTED__COMM__"
 class DaskTLS:
     """A cluster member's TLS files: ``ca_file`` (the cluster CA), ``cert_file`` and
     ``key_file`` (the member's certificate and unencrypted key; the key may also be
-    appended to the certificate, then ``key_file`` may name the same file)."""
+    appended to the certificate, then ``key_file`` may name the same file); ``deny_file``
+    (optional, a scheduler's): the deny list of certificates refused before their expiry
+    (:mod:`troy.frameworks.dask.denylist`)."""
 
     ca_file: str
     cert_file: str
     key_file: str
+    deny_file: str | None = None
 
     @classmethod
     def coerce(cls, value: DaskTLS | dict[str, Any] | None, where: str) -> DaskTLS | None:
@@ -38,10 +41,10 @@ class DaskTLS:
         if value is None or isinstance(value, DaskTLS):
             tls = value
         elif isinstance(value, dict):
-            unknown = set(value) - {"ca_file", "cert_file", "key_file"}
-            if unknown or len(value) != 3:
-                raise BadParameter(f"{where}: tls: expected ca_file, cert_file and key_file, "
-                                   f"got {sorted(value)}")
+            unknown = set(value) - {"ca_file", "cert_file", "key_file", "deny_file"}
+            if unknown or not {"ca_file", "cert_file", "key_file"} <= set(value):
+                raise BadParameter(f"{where}: tls: expected ca_file, cert_file and key_file "
+                                   f"(and deny_file), got {sorted(value)}")
             tls = cls(**{k: os.fspath(v) for k, v in value.items()})
         else:
             raise BadParameter(f"{where}: tls: expected DaskTLS or a dict of ca_file, "
@@ -70,6 +73,9 @@ class DaskTLS:
         for role in ("CLIENT", "SCHEDULER", "WORKER"):
             env[f"{_ENV}TLS__{role}__CERT"] = self.cert_file
             env[f"{_ENV}TLS__{role}__KEY"] = self.key_file
+        if self.deny_file:
+            from troy.frameworks.dask.denylist import ENV_VAR
+            env[ENV_VAR] = self.deny_file
         return env
 
 
