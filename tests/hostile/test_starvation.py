@@ -137,7 +137,8 @@ def listeners(emulator_pki: Path, tmp_path_factory: pytest.TempPathFactory
                               password=(work / "emu" / "password").read_text().strip(),
                               ca_file=work / "emu" / "ca.pem", allowed_urns={CM_URN})
     ca = ClusterCA.open(work / "pki")
-    enrolment = EnrolmentService(ca, is_held=lambda cid: cid == "node-1")
+    enrolment = EnrolmentService(ca, is_held=lambda cid: cid == "node-1",
+                                 address_of=lambda cid: "127.0.0.1")  # node-1's, here
     publisher = TarballPublisher()
     wheelhouse = TarballPublisher(tls=ca.server_context("wheelhouse", hosts=("127.0.0.1",)))
     metrics = None
