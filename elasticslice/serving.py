@@ -144,6 +144,8 @@ class _Conn:
     heard: bool = False        # has the peer sent anything yet
     trusted: bool = False
     buf: bytearray = field(default_factory=bytearray)
+    scanned: int = 0           # bytes of buf searched for the end of the head
+    need: int | None = None    # bytes of the whole request, once its head is read
     events: int = 0            # what the selector waits for
 
 
@@ -176,7 +178,6 @@ class GuardedServer(socketserver.TCPServer):
 
     allow_reuse_address = True
     request_queue_size = 1024
-    daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type, *, limits: Limits,
                  tls: ssl.SSLContext | None = None, name: str = "listener") -> None:
@@ -414,7 +415,7 @@ class GuardedServer(socketserver.TCPServer):
                 return
             if len(conn.buf) > limits.max_head + limits.max_body:
                 break
-        if not HEAD_END.search(conn.buf) and len(conn.buf) > limits.max_head:
+        if conn.need is None and len(conn.buf) > limits.max_head:
             self.tally.count("requests with a head over the limit")
             self._drop(conn)
             return
@@ -424,20 +425,22 @@ class GuardedServer(socketserver.TCPServer):
         """Whether ``conn`` holds all of its request the handler will read: its head, and
         its body if its Content-Length is one this peer may send (else the handler refuses
         it at the head)."""
-        end = HEAD_END.search(conn.buf)
-        if end is None:
-            return False
-        head = bytes(conn.buf[:end.start()])
-        found = LENGTH.search(head)
-        try:
-            length = int(found.group(1).strip()) if found else 0
-        except ValueError:
-            return True
-        limit = self.limits.max_body if conn.trusted or self.limits.stranger_body is None \
-            else self.limits.stranger_body
-        if length < 0 or length > limit:
-            return True
-        return len(conn.buf) >= end.end() + length
+        if conn.need is None:
+            end = HEAD_END.search(conn.buf, max(0, conn.scanned - 3))
+            conn.scanned = len(conn.buf)
+            if end is None:
+                return False
+            found = LENGTH.search(bytes(conn.buf[:end.start()]))
+            try:
+                length = int(found.group(1).strip()) if found else 0
+            except ValueError:
+                return True
+            limit = self.limits.max_body if conn.trusted or self.limits.stranger_body is None \
+                else self.limits.stranger_body
+            if length < 0 or length > limit:
+                return True
+            conn.need = end.end() + length
+        return len(conn.buf) >= conn.need
 
     def _queue(self, conn: _Conn) -> None:
         self._unwatch(conn)
