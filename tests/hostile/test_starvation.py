@@ -5,8 +5,9 @@ connections to EACH of the five listeners at once (the callback endpoint, enrolm
 wheelhouse publisher get a TLS ClientHello a byte a second, the tarball publisher and metrics
 an HTTP head that never ends), and opens again every connection a listener closes. Meanwhile
 the CM's notice is answered and the revoked node released early, a node enrols with its
-token, the publishers serve a tarball over HTTP and HTTPS, metrics answer; no listener holds more than its cap of the stranger's connections, and none
-gives the stranger a thread. Nothing here times an answer (bench/bench_listeners.py does).
+token, the publishers serve a tarball over HTTP and HTTPS, metrics answer; no listener holds
+more than its cap of the stranger's connections, and none gives the stranger a thread.
+Nothing here times an answer (bench/bench_listeners.py does).
 
 Broke: the callback endpoint had 4 workers, each held by a connection until its handshake
 timeout, and refused the others (the CM's notices too: the node was taken at its deadline);
