@@ -21,8 +21,8 @@ connection. So:
 - a worker's connection is shut at ``response_deadline`` (a peer reading the answer a byte at
   a time; a handler may :meth:`~GuardedServer.extend` it for a big file), each read and write
   bounded by ``io_timeout``;
-- what strangers did is counted (:class:`Tally`) and logged as one line at most every
-  ``log_interval`` seconds; no line per stranger.
+- what strangers did is counted (:class:`~elasticslice.tally.Tally`) and logged as one
+  line at most every ``log_interval`` seconds; no line per stranger.
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from elasticslice.tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -83,48 +85,6 @@ class Limits:
                      "io_timeout", "log_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"limits: {name} must be > 0 seconds")
-
-
-class Tally:
-    """Counts of what strangers did, logged by :meth:`flush` as one WARNING line (``name``:
-    counts since the last line) at most every ``interval`` seconds; the first count of a
-    quiet spell is logged at the next flush. Thread-safe."""
-
-    def __init__(self, name: str, interval: float = 60.0, logger: logging.Logger = log,
-                 clock: Any = time.monotonic) -> None:
-        self.name, self.interval, self._log, self._clock = name, interval, logger, clock
-        self._lock = threading.Lock()
-        self._totals: collections.Counter[str] = collections.Counter()
-        self._pending: collections.Counter[str] = collections.Counter()
-        self._last: float | None = None
-
-    def count(self, what: str, n: int = 1) -> None:
-        with self._lock:
-            self._totals[what] += n
-            self._pending[what] += n
-
-    def total(self, what: str) -> int:
-        with self._lock:
-            return self._totals[what]
-
-    def totals(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._totals)
-
-    def flush(self, force: bool = False) -> bool:
-        """Log the counts since the last line if ``interval`` passed (or ``force``);
-        whether a line was logged."""
-        now = self._clock()
-        with self._lock:
-            if not self._pending or (not force and self._last is not None
-                                     and now - self._last < self.interval):
-                return False
-            since = "" if self._last is None else f" in the last {now - self._last:.0f} s"
-            parts = "; ".join(f"{what}: {n}" for what, n in sorted(self._pending.items()))
-            self._pending.clear()
-            self._last = now
-        self._log.warning("%s%s: %s", self.name, since, parts)
-        return True
 
 
 class Phase(enum.Enum):
@@ -184,7 +144,7 @@ class GuardedServer(socketserver.TCPServer):
         self.limits = limits
         self.tls = tls
         self.name = name
-        self.tally = Tally(name, limits.log_interval)
+        self.tally = Tally(name, limits.log_interval, logger=log)
         self._conns: dict[socket.socket, _Conn] = {}
         self._lock = threading.Lock()   # the table and the lanes
         self._ready = threading.Condition(self._lock)

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import pytest
 
 from elasticslice.pilots.publish import serve_in_thread, stop_serving
-from elasticslice.serving import BufferedRequestHandler, GuardedServer, Limits, Tally
+from elasticslice.serving import BufferedRequestHandler, GuardedServer, Limits
+from elasticslice.tally import Tally
 from tests.helpers import wait_for
 
 QUICK = Limits(max_connections=8, handshake_deadline=0.5, request_deadline=0.5,
@@ -158,7 +159,7 @@ def test_garbage_gets_an_error_or_a_close_never_a_traceback(sent: bytes, caplog)
 def test_the_tally_logs_one_line_an_interval(caplog) -> None:
     now = [100.0]
     tally = Tally("listener", interval=60.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="elasticslice.serving"):
+    with caplog.at_level(logging.WARNING, logger="elasticslice.tally"):
         assert not tally.flush()
         tally.count("failed TLS handshakes")
         assert tally.flush()   # the first at once
