@@ -5,7 +5,8 @@ its own, it reads the manager when scraped (its SQLite state, its cycle, the CM 
 timings of its server, the Troy session's units). So there is nothing to keep in step, and
 the counts the state store keeps (revocations, early and forced releases) survive a
 restart. Each manager gets its own ``CollectorRegistry`` (several may live in one process);
-:class:`MetricsServer` serves it on ``GET /metrics`` (127.0.0.1 by default).
+:class:`MetricsServer` serves it on ``GET /metrics`` (127.0.0.1 by default), guarded
+(:data:`LIMITS`: 64 connections, 5 s for a request, 30 s for an answer).
 
 The names (``elasticslice_`` first; counters end in ``_total``):
 
@@ -22,7 +23,6 @@ The names (``elasticslice_`` first; counters end in ``_total``):
 """
 from __future__ import annotations
 
-import http.server
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +34,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from elasticslice.errors import ElasticSliceError
+from elasticslice.serving import BufferedRequestHandler, GuardedServer, Limits
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class ManagerMetrics(Collector):
                                   value=units["lost"])
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(BufferedRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.0"
 
@@ -163,13 +164,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("metrics: " + format, *args)
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+#: a scraper sends one GET every few seconds: few connections, no body, two workers
+LIMITS = Limits(max_connections=64, handshake_deadline=5.0, request_deadline=5.0,
+                response_deadline=30.0, io_timeout=10.0, workers=2, max_body=0)
+
+
+class _Server(GuardedServer):
+    """A guarded listener (:mod:`elasticslice.serving`): a stranger's idle or trickling
+    connection never holds a thread, and is one count in a log line a minute."""
+
     registry: CollectorRegistry
+
+    def __init__(self, address: tuple[str, int], limits: Limits = LIMITS) -> None:
+        super().__init__(address, _Handler, limits=limits, name="metrics endpoint")
 
 
 class MetricsServer:
@@ -178,10 +187,11 @@ class MetricsServer:
     listen; :meth:`stop` closes the socket."""
 
     def __init__(self, registry: CollectorRegistry, *, address: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, limits: Limits = LIMITS) -> None:
         self.registry = registry
         self.address = address
         self.port = port
+        self.limits = limits
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -190,7 +200,7 @@ class MetricsServer:
                 or not 0 <= self.port <= 65535:
             raise MetricsError(f"metrics port {self.port!r}: must be 0 to 65535")
         try:
-            server = _Server((self.address, self.port), _Handler)
+            server = _Server((self.address, self.port), self.limits)
         except (OSError, OverflowError, UnicodeError) as err:
             why = getattr(err, "strerror", None) or err
             raise MetricsError(f"metrics endpoint {self.address}:{self.port}: cannot listen: "

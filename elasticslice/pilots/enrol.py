@@ -60,6 +60,7 @@ from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.publish import serve_in_thread, server_url, stop_serving
 from elasticslice.pilots.restart import read_json, write_json
+from elasticslice.serving import GuardedServer, Limits, buffered, default_cap
 from troy.frameworks.dask.denylist import DenyList, serial_of
 
 log = logging.getLogger(__name__)
@@ -163,29 +164,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # requests carry tokens: the service logs its own lines, without them
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(GuardedServer):
+    """A guarded listener (:mod:`elasticslice.serving`): TLS handshakes and whole requests
+    are read off the accepting thread within deadlines, no thread is given to an idle or
+    trickling stranger, and refused handshakes are counts in a log line a minute."""
+
+    #: a node enrols once and renews hourly; a CSR is small
+    LIMITS = Limits(max_connections=default_cap(), handshake_deadline=5.0,
+                    request_deadline=10.0, response_deadline=30.0, io_timeout=10.0,
+                    workers=4, max_body=MAX_BODY)
 
     def __init__(self, service: EnrolmentService, host: str, port: int,
-                 context: ssl.SSLContext) -> None:
+                 context: ssl.SSLContext, limits: Limits | None = None) -> None:
         self.service = service
         self.context = context
-        super().__init__((host, port), _Handler)
-
-    def get_request(self) -> tuple[Any, Any]:
-        sock, addr = self.socket.accept()
-        sock.settimeout(30)
-        return self.context.wrap_socket(sock, server_side=True,
-                                        do_handshake_on_connect=False), addr
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        try:
-            request.do_handshake()  # on the request's thread, never the accepting one
-        except (OSError, ssl.SSLError) as err:
-            log.info("enrolment: TLS handshake with %s failed: %s", client_address[0],
-                     getattr(err, "reason", None) or err)
-            return
-        super().finish_request(request, client_address)
+        super().__init__((host, port), buffered(_Handler), limits=limits or self.LIMITS,
+                         tls=context, name="enrolment service")
 
 
 class EnrolmentService:

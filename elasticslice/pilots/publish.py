@@ -17,12 +17,14 @@ address). Plain HTTP is enough: a tarball carries no secret (its enrolment token
 use and bound to its node), but its URL is still never logged. What nodes install is
 another matter: a publisher made with ``tls=`` (a server context of the cluster CA) serves
 HTTPS, which is how the nodes' wheelhouse is served
-(:meth:`~elasticslice.pilots.wheelroot.WheelhouseRoot.publish_tls`).
+(:meth:`~elasticslice.pilots.wheelroot.WheelhouseRoot.publish_tls`). The listener is guarded
+(:mod:`elasticslice.serving`, :data:`LIMITS`): a cap of connections, 5 s for a TLS
+handshake, 10 s for a whole request, 60 s for an answer (more for a big file), no thread
+for an idle stranger.
 """
 from __future__ import annotations
 
 import html
-import http.server
 import json
 import logging
 import math
@@ -37,10 +39,10 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rspec.tarball import tarball_problem
+from elasticslice.serving import BufferedRequestHandler, GuardedServer, Limits, default_cap
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,7 @@ def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(BufferedRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.0"
 
@@ -161,11 +163,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(404)
             return
         with handle:
+            size = os.fstat(handle.fileno()).st_size
+            if body:  # a big file gets its time, at MIN_RATE at least
+                self.server.extend(self.request, LIMITS.response_deadline + size / MIN_RATE)
             self.send_response(200)
             kind = ("application/gzip" if path.name.endswith((".gz", ".tgz"))
                     else mimetypes.guess_type(path.name)[0] or "application/octet-stream")
             self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(os.fstat(handle.fileno()).st_size))
+            self.send_header("Content-Length", str(size))
             self.end_headers()
             while body and (chunk := handle.read(CHUNK)):
                 self.wfile.write(chunk)
@@ -210,32 +215,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # the path is a capability: not logged
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+#: a node or the CM fetches a file and goes; a report is small. Eight workers: the CM
+#: fetches the slice's tarballs while booting nodes fetch their software
+LIMITS = Limits(max_connections=default_cap(), handshake_deadline=5.0, request_deadline=10.0,
+                response_deadline=60.0, io_timeout=20.0, workers=8, max_body=MAX_REPORT)
+MIN_RATE = 1 << 20  # bytes/s: a file's answer may last response_deadline + size / MIN_RATE
 
-    def __init__(self, publisher: TarballPublisher, host: str, port: int) -> None:
-        self.publisher = publisher
-        super().__init__((host, port), _Handler)
 
-
-class _TLSServer(_Server):
-    """:class:`_Server` over TLS: each connection's handshake on its request's thread."""
+class _Server(GuardedServer):
+    """A guarded listener (:mod:`elasticslice.serving`): a stranger's idle or trickling
+    connection never holds a thread, and is one count in a log line a minute; over TLS
+    with ``tls`` (handshakes off the accepting thread, within their deadline)."""
 
     def __init__(self, publisher: TarballPublisher, host: str, port: int,
-                 context: ssl.SSLContext) -> None:
-        super().__init__(publisher, host, port)
-        self.socket = context.wrap_socket(self.socket, server_side=True,
-                                          do_handshake_on_connect=False)
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        try:
-            request.settimeout(30)
-            request.do_handshake()
-        except (OSError, ssl.SSLError) as err:  # a stranger, or a node that refused us
-            log.info("publisher: TLS handshake with %s failed: %s", client_address[0],
-                     getattr(err, "reason", None) or err)
-            return
-        super().finish_request(request, client_address)
+                 limits: Limits = LIMITS, tls: ssl.SSLContext | None = None) -> None:
+        self.publisher = publisher
+        super().__init__((host, port), _Handler, limits=limits, tls=tls,
+                         name="tarball publisher" if tls is None else "wheelhouse publisher")
 
 
 class TarballPublisher:
@@ -274,8 +270,7 @@ class TarballPublisher:
 
     def start(self) -> TarballPublisher:
         try:
-            self._server = (_Server(self, self.host, self.port) if self.tls is None else
-                            _TLSServer(self, self.host, self.port, self.tls))
+            self._server = _Server(self, self.host, self.port, tls=self.tls)
         except OSError as err:
             raise PublishError(f"cannot serve tarballs on {self.host}:{self.port}: "
                                f"{err.strerror or err}") from err

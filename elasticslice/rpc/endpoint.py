@@ -11,25 +11,24 @@ own certificate. The server trusts nobody else:
 - one params struct in, ``{code, value, output}`` out; an unknown method is XML-RPC fault
   -32497; a body that is not XML-RPC, or carries a DOCTYPE (entities, external references:
   XML-RPC has no use for them), fault -32700; malformed params BADARGS; a method that raises SERVERERROR (logged with context);
-- bounded: request body size, worker threads (a connection beyond them is refused at once),
-  handshake and read timeouts, and a lifetime per connection (a peer trickling bytes is cut
-  off), so a slow or hostile peer can neither stall nor exhaust it.
+- bounded (:mod:`elasticslice.serving`): the TLS handshake and the whole request are read
+  off the accepting thread and within deadlines (5 s, 10 s: a peer trickling bytes is cut
+  off), no thread is given before a request is whole, at most a cap of connections is open
+  and a newcomer evicts the oldest stranger's unfinished one, the CM's calls go first with a
+  worker of their own, a stranger's body is not read past 64 KiB, and what strangers did is
+  one log line a minute at most; so a slow or hostile peer can neither stall nor exhaust it.
 
 The served object knows nothing of HTTP: it is a :class:`ProtoGeniClientServerEndpoint`
 whose ``RPC_METHODS`` name the methods that may be called.
 """
 from __future__ import annotations
 
-import http.server
 import logging
 import socket
-import socketserver
 import ssl
 import threading
-import time
 import xmlrpc.client
 from collections.abc import Callable, Collection
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from xml.parsers import expat
@@ -37,13 +36,26 @@ from xml.parsers import expat
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rpc import pki
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, FAULT_PARSE, GeniCode
+from elasticslice.serving import BufferedRequestHandler, GuardedServer, Limits, default_cap
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_TIMEOUT = 5.0
-READ_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 5.0     # from accept to the end of the TLS handshake
+REQUEST_DEADLINE = 10.0     # from accept to the whole request of a peer that is not the CM
+READ_TIMEOUT = 10.0         # each read or write while a worker answers
 CONNECTION_LIFETIME = 60.0  # a connection older than this is closed, however busy it looks
+STRANGER_BODY = 64 << 10    # a body read from a peer that is not the CM (then FORBIDDEN)
 MAX_OUTPUT = 200
+
+
+def endpoint_limits(workers: int = 4, max_body: int = 8 << 20) -> Limits:
+    """The callback endpoint's limits: ``workers`` threads, one of them the CM's only; at
+    most :func:`~elasticslice.serving.default_cap` connections (256, or an eighth of the
+    open-file limit); the deadlines above."""
+    return Limits(max_connections=default_cap(), handshake_deadline=HANDSHAKE_TIMEOUT,
+                  request_deadline=REQUEST_DEADLINE, response_deadline=CONNECTION_LIFETIME,
+                  io_timeout=READ_TIMEOUT, workers=workers, reserved=1 if workers > 1 else 0,
+                  max_body=max_body, stranger_body=min(max_body, STRANGER_BODY))
 
 
 class EndpointError(ElasticSliceError):
@@ -93,8 +105,8 @@ class ProtoGeniClientServerEndpoint:
         return response(GeniCode.SUCCESS, "1.0", "1.0")
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """One connection: keep-alive POSTs until the peer closes or goes quiet."""
+class _Handler(BufferedRequestHandler):
+    """One request, read whole by the listener before this runs; answered, then closed."""
 
     protocol_version = "HTTP/1.1"
     server_version = "elasticslice-endpoint"
@@ -103,23 +115,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     caller: str | None = None
 
     def setup(self) -> None:
-        self.timeout = self.server.owner.read_timeout
+        self.timeout = self.server.limits.io_timeout
         super().setup()
         assert isinstance(self.connection, ssl.SSLSocket)
         self.caller = pki.peer_urn(self.connection)
 
-    def _reply(self, status: int, payload: bytes, close: bool = False) -> None:
+    def _reply(self, status: int, payload: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "text/xml")
         self.send_header("Content-Length", str(len(payload)))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
+        self.send_header("Connection", "close")  # one request per connection
+        self.close_connection = True
         self.end_headers()
         self.wfile.write(payload)
 
     def do_POST(self) -> None:  # noqa: N802 (http.server naming)
         owner = self.server.owner
+        tally = self.server.tally
+        if not owner.allowed(self.caller):  # before the body: a stranger's is never parsed
+            tally.count("calls refused (not the CM)")
+            answer = response(GeniCode.FORBIDDEN, 0, "only the CM may call this endpoint")
+            self._reply(200, xmlrpc.client.dumps((answer,), methodresponse=True).encode())
+            return
         raw = self.headers.get("Content-Length")
         try:
             length = int(raw) if raw is not None else -1
@@ -130,8 +147,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if length > owner.max_body:
-            log.warning("refused a %d-byte request from %s (limit %d)", length,
-                        self.caller or "a caller without a URN", owner.max_body)
+            log.warning("refused a %d-byte request from %s (limit %d)", length, self.caller,
+                        owner.max_body)
             self.send_error(413, f"request body over {owner.max_body} bytes")
             self.close_connection = True
             return
@@ -139,71 +156,56 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if len(body) != length:
             self.close_connection = True
             return
-        if not owner.allowed(self.caller):
-            log.warning("refused a call from %s: not an allowed caller",
-                        self.caller or "a certificate without a URN")
-            answer = response(GeniCode.FORBIDDEN, 0, "only the CM may call this endpoint")
-            self._reply(200, xmlrpc.client.dumps((answer,), methodresponse=True).encode(),
-                        close=True)
-            return
         self._reply(200, owner.dispatch(body, self.caller))
 
     def do_GET(self) -> None:  # noqa: N802
+        self.server.tally.count("GETs refused")
         self.send_error(405, "XML-RPC wants POST")
         self.close_connection = True
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        log.debug("%s %s", self.client_address[0], format % args)
+        pass  # strangers are counted by the listener, the CM's calls logged by their methods
 
 
-class _Listener(socketserver.TCPServer):
-    """Accepts on the listening thread; TLS and requests run on a bounded worker pool."""
+class _Listener(GuardedServer):
+    """TLS handshakes and whole requests read off the accepting thread; the CM's
+    certificate has a lane of its own (see :mod:`elasticslice.serving`)."""
 
-    allow_reuse_address = True
-
-    def __init__(self, owner: EndpointServer, host: str, port: int) -> None:
+    def __init__(self, owner: EndpointServer, host: str, port: int, limits: Limits,
+                 tls: ssl.SSLContext) -> None:
         self.owner = owner
-        super().__init__((host, port), _Handler)
+        super().__init__((host, port), _Handler, limits=limits, tls=tls,
+                         name="callback endpoint")
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self.owner.submit(request, client_address)
-
-    def handle_error(self, request: object, client_address: Any) -> None:
-        log.exception("unexpected error serving %s", client_address[0])
-
-    def service_actions(self) -> None:  # every poll of the accept loop
-        self.owner.reap()
+    def trusted(self, sock: socket.socket) -> bool:
+        return self.owner.allowed(pki.peer_urn(sock))  # type: ignore[arg-type]
 
 
 class EndpointServer:
-    """Serve ``endpoint`` over HTTPS on ``host:port`` (port 0: any free port)."""
+    """Serve ``endpoint`` over HTTPS on ``host:port`` (port 0: any free port).
+
+    ``limits`` (default :func:`endpoint_limits` of ``workers`` and ``max_body``): its
+    connection cap and deadlines; of two workers or more, one answers the CM only."""
 
     def __init__(self, endpoint: ProtoGeniClientServerEndpoint, *, certfile: Path,
                  keyfile: Path | None = None, password: str | None = None, ca_file: Path,
                  allowed_urns: Callable[[], Collection[str]] | Collection[str],
                  host: str = "127.0.0.1", port: int = 0, max_body: int = 8 << 20,
-                 workers: int = 4) -> None:
+                 workers: int = 4, limits: Limits | None = None) -> None:
         if workers < 1:
             raise EndpointError(f"workers must be at least 1, not {workers}")
         if max_body < 1:
             raise EndpointError(f"max_body must be positive, not {max_body}")
         self.endpoint = endpoint
         self.max_body = max_body
-        self.workers = workers
-        self.handshake_timeout = HANDSHAKE_TIMEOUT
-        self.read_timeout = READ_TIMEOUT
+        self.limits = limits or endpoint_limits(workers, max_body)
+        self.workers = self.limits.workers
         self._allowed = allowed_urns
         self._context = self._tls_context(Path(certfile), keyfile, password, Path(ca_file))
         self._host = host
         self._port = port
         self._listener: _Listener | None = None
         self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._slots = threading.BoundedSemaphore(workers)
-        self._open: dict[socket.socket, float] = {}  # connection -> when it was accepted
-        self.connection_lifetime = CONNECTION_LIFETIME
-        self._open_lock = threading.Lock()
-        self.refused = 0  # connections refused because every worker was busy
 
     @staticmethod
     def _tls_context(certfile: Path, keyfile: Path | None, password: str | None,
@@ -278,74 +280,25 @@ class EndpointServer:
                       err)
             return _answer(response(GeniCode.SERVERERROR, 0, f"{method}: unsendable answer"))
 
-    # -- connections -------------------------------------------------------------------------
-    def submit(self, request: socket.socket, client_address: Any) -> None:
-        pool = self._pool
-        if pool is None or not self._slots.acquire(blocking=False):
-            self.refused += 1
-            log.warning("refused a connection from %s: all %d workers busy", client_address[0],
-                        self.workers)
-            _close(request)
-            return
-        try:
-            pool.submit(self._serve, request, client_address)
-        except RuntimeError:  # pool shut down under us
-            self._slots.release()
-            _close(request)
+    # -- what strangers did -------------------------------------------------------------
+    def open_connections(self) -> int:
+        """Connections open now (handshaking, reading, queued or answered)."""
+        return self._listener.open_connections() if self._listener is not None else 0
 
-    def _serve(self, request: socket.socket, client_address: Any) -> None:
-        tls: ssl.SSLSocket | None = None
-        accepted = time.monotonic()
-        try:
-            request.settimeout(self.handshake_timeout)
-            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._open_lock:
-                self._open[request] = accepted
-            try:
-                tls = self._context.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as err:
-                log.info("TLS handshake from %s refused: %s", client_address[0], err)
-                return
-            tls.settimeout(self.read_timeout)
-            with self._open_lock:
-                self._open.pop(request, None)
-                self._open[tls] = accepted
-            listener = self._listener
-            if listener is not None:
-                _Handler(tls, client_address, listener)
-        except (ssl.SSLError, OSError) as err:
-            log.debug("connection from %s ended: %s", client_address[0], err)
-        except Exception:
-            log.exception("unexpected error serving %s", client_address[0])
-        finally:
-            with self._open_lock:
-                self._open.pop(request, None)
-                if tls is not None:
-                    self._open.pop(tls, None)
-            _close(tls or request)
-            self._slots.release()
-
-    def reap(self, now: float | None = None) -> int:
-        """Close connections open longer than ``connection_lifetime`` (a peer trickling a
-        request one byte at a time must not keep a worker); how many were closed."""
-        now = time.monotonic() if now is None else now
-        with self._open_lock:
-            old = [c for c, t in self._open.items() if now - t > self.connection_lifetime]
-        for conn in old:
-            log.warning("closing a connection open for over %.0f s", self.connection_lifetime)
-            _shutdown(conn)
-        return len(old)
+    def stats(self) -> dict[str, int]:
+        """How many connections and calls were refused, evicted or cut, by why."""
+        return self._listener.tally.totals() if self._listener is not None else {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         if self._listener is not None:
             return
         try:
-            self._listener = _Listener(self, self._host, self._port)
+            self._listener = _Listener(self, self._host, self._port, self.limits,
+                                       self._context)
         except OSError as err:
             raise EndpointError(f"cannot listen on {self._host}:{self._port}: "
                                 f"{err.strerror or err}") from err
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="endpoint")
         self._thread = threading.Thread(target=self._listener.serve_forever,
                                         kwargs={"poll_interval": 0.2},
                                         name="endpoint-accept", daemon=True)
@@ -362,13 +315,6 @@ class EndpointServer:
             self._thread.join(timeout=5)
             self._thread = None
         listener.server_close()
-        with self._open_lock:
-            conns = list(self._open)
-        for conn in conns:
-            _shutdown(conn)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
 
     def __enter__(self) -> EndpointServer:
         self.start()
@@ -393,17 +339,3 @@ def _answer(result: dict[str, Any]) -> bytes:
 
 def _fault(code: int, message: str) -> bytes:
     return xmlrpc.client.dumps(xmlrpc.client.Fault(code, message), methodresponse=True).encode()
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.close()
-    except OSError:
-        pass

@@ -2,6 +2,7 @@
 requests get clear answers and the server keeps serving; a hostile peer cannot exhaust it."""
 from __future__ import annotations
 
+import dataclasses
 import socket
 import ssl
 import xmlrpc.client
@@ -14,7 +15,9 @@ from elasticslice.emulator.callbacks import CallbackClient
 from elasticslice.emulator.store import EndpointRow
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, FAULT_PARSE, GeniCode
 from elasticslice.rpc.endpoint import (BadArgs, EndpointError, EndpointServer,
-                                       ProtoGeniClientServerEndpoint, response)
+                                       ProtoGeniClientServerEndpoint, endpoint_limits,
+                                       response)
+from elasticslice.serving import Limits
 from tests.helpers import wait_for
 from tests.elasticslice.rpc.endpointkit import CM_URN, Callers, call, post, serving
 
@@ -173,40 +176,36 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(emulator_pki, caller
         assert call(server.url, callers.cm(), "Echo", {"small": 1})["value"] == {"small": 1}
 
 
-@pytest.mark.slow
-def test_idle_connections_cannot_exhaust_the_workers(emulator_pki, callers):
-    """A peer that opens TCP connections and says nothing holds a worker only until the
-    handshake timeout; beyond the workers a connection is refused at once, never queued."""
-    hogs: list[socket.socket] = []
+def _small(**changes: Any) -> Limits:
+    return dataclasses.replace(endpoint_limits(workers=2), **changes)
 
-    def refused_while_busy() -> bool:
-        # connections are accepted in order: fresh hogs hold both workers before the CM's call
-        hogs.extend(socket.create_connection(("127.0.0.1", server.port)) for _ in range(2))
-        before = server.refused
+
+def test_idle_connections_never_keep_the_cm_out(emulator_pki, callers):
+    """Broke: 4 workers, each held by a silent connection until its handshake timeout, and
+    every connection beyond them refused, the CM's too. Now a silent connection holds no
+    worker, and a full table evicts its oldest silent connection for a newcomer."""
+    with serving(emulator_pki, Recorder(), limits=_small(max_connections=4)) as server:
+        hogs: list[socket.socket] = []
         try:
-            call(server.url, callers.cm(), "Echo", {})
-        except (OSError, ssl.SSLError, xmlrpc.client.ProtocolError):
-            pass
-        return server.refused > before
-    with serving(emulator_pki, Recorder(), workers=2) as server:
-        server.handshake_timeout = 1.0
-        try:
-            wait_for(refused_while_busy, timeout=60,
-                     what="a connection refused while both workers are held")
-            # the hogs stay open: their handshake timeout frees the workers
-            wait_for(lambda: _cm_gets_in(server, callers), timeout=60,
-                     what="the CM served while the idle peers are still connected")
+            for _ in range(3):   # the table full of silent peers each time
+                hogs += [socket.create_connection(("127.0.0.1", server.port))
+                         for _ in range(4 - len(hogs))]
+                wait_for(lambda: server.open_connections() == 4, what="4 hogs held")
+                assert call(server.url, callers.cm(), "Echo", {})["code"] == 0
+                oldest = hogs.pop(0)
+                oldest.settimeout(10)
+                assert oldest.recv(1) == b""   # the oldest went
+                oldest.close()
+            assert server.stats()["idle connections evicted (all slots taken)"] == 3
         finally:
             for hog in hogs:
                 hog.close()
 
 
-@pytest.mark.slow
 def test_a_peer_trickling_its_request_is_cut_off(emulator_pki, callers):
-    """Slowloris: a same-CA peer sends a header byte at a time, each within the read timeout;
-    the connection lifetime closes it anyway, and the CM is served meanwhile."""
-    with serving(emulator_pki, Recorder(), workers=2) as server:
-        server.connection_lifetime = 1.0
+    """Slowloris: a same-CA peer sends a header byte at a time; its whole request is due
+    within the request deadline, whatever it sends meanwhile, and the CM is served."""
+    with serving(emulator_pki, Recorder(), limits=_small(request_deadline=1.0)) as server:
         raw = socket.create_connection(("127.0.0.1", server.port))
         slow = callers.user().wrap_socket(raw, server_hostname="127.0.0.1")
         slow.sendall(b"POST / HTTP/1.1\r\n")
@@ -223,6 +222,7 @@ def test_a_peer_trickling_its_request_is_cut_off(emulator_pki, callers):
         try:
             assert _cm_gets_in(server, callers)
             wait_for(cut_off, timeout=60, what="the trickling connection closed")
+            assert server.stats()["requests over their deadline"] == 1
         finally:
             slow.close()
 
