@@ -115,6 +115,13 @@ GOALS: dict[str, Goal] = {
     "addnodes_shared_url_largest_over_smallest": Goal(
         "addnodes", "AddNodes time, most nodes held / fewest, one URL the slice shares",
         "<=", 1.10, "x"),
+    # bench_listeners (issue 34): the CM's NotifyDeletePending while strangers hold 1,000
+    # idle and 100 trickling connections on each listener of the control node.
+    "listeners_notice_flooded_p99_ms": Goal(
+        "listeners", "CM notice answered p99, 1,000 idle + 100 trickling connections on each "
+        "listener", "<=", 200.0, "ms"),
+    "listeners_notice_flooded_failed": Goal(
+        "listeners", "CM notices not answered under that flood", "<=", 0.0, ""),
 }
 
 

@@ -312,8 +312,11 @@ def test_troy_never_decodes_what_a_node_sent(guarded, tmp_path, cluster_ca, capl
             await until(lambda: "serialized object" in caplog.text)
             gate.touch()
 
-    with caplog.at_level(logging.WARNING, logger="troy.frameworks.dask.guard"):
-        asyncio.run(scenario())
+    try:
+        with caplog.at_level(logging.WARNING, logger="troy.frameworks.dask.guard"):
+            asyncio.run(scenario())
+    finally:
+        gate.touch()   # the unit's process ends, whatever happened
     assert [name for name, marker in markers.items() if marker.exists()] == []
     state, error = out["unit"]
     assert state is State.FAILED and "NodeError" in error and "forged failure" in error, error
