@@ -23,11 +23,12 @@ log = logging.getLogger(__name__)
 
 # Set for commands elasticslice runs, which may run elasticslice in turn: what the emulator
 # puts in a node's environment (elasticslice.emulator.boot), its node isolation and node
-# network switches, and what the manager gives its delete commands
-# (elasticslice.managers.deletes).
+# network switches, what the manager gives its delete commands
+# (elasticslice.managers.deletes), and a node's install its wheelhouse's CA
+# (elasticslice.pilots.nodeinstall).
 OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMORY",
                    "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
-                   "NODE_NETWORK", "DELETE_NODES", "DELETE_CLIENT_IDS")
+                   "NODE_NETWORK", "DELETE_NODES", "DELETE_CLIENT_IDS", "WHEELHOUSE_CA")
 
 _warned: set[str] = set()
 #: names known without loading the command tree: what elasticslice sets for the commands it
