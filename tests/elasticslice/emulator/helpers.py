@@ -377,3 +377,15 @@ def script_node(client_id: str, command: str, **spec: Any) -> Any:
     startup, url = as_script(command)
     installs = list(spec.pop("installs", [])) + ([(url, "/")] if url else [])
     return NodeSpec(client_id, installs=installs, executes=[("sh", startup)], **spec)
+
+
+def free_node(emu: Any, like: str = "pc01") -> str:
+    """``like`` when it is free, else a free machine of its type: the mapper draws a new
+    sliver's nodes at random (seeded only with ``seed``), so ``like`` may be one of them."""
+    from elasticslice.emulator.store import Holder
+    store = emu.server.ctx.store
+    row = store.get_node(like)
+    if row is not None and row.holder is Holder.FREE:
+        return like
+    return next(n.node_id for n in store.nodes(holder=Holder.FREE,
+                                               hardware_type=row.hardware_type))

@@ -13,7 +13,7 @@ import pytest
 
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import NodeSpec, build_request, parse
-from tests.elasticslice.emulator.helpers import Session, ok
+from tests.elasticslice.emulator.helpers import Session, free_node, ok
 
 pytestmark = pytest.mark.slow
 
@@ -58,9 +58,10 @@ def test_a_node_named_by_someone_else_is_not_available_and_an_added_node_of_no_t
         emulator):
     s = Session(emulator)
     urn, cred, _ = s.create()
-    ok(_add(s, urn, cred, {"w1": {"node": "pc01", "startup": "exit 0", "lans": ["lan0"]}}))
-    taken = _add(s, urn, cred, {"w2": {"node": "pc01"}})
-    assert taken["code"] == GeniCode.BADARGS and "Physical node pc01 is not available" in \
+    pc = free_node(emulator)   # a machine by name (the sliver's are drawn at random)
+    ok(_add(s, urn, cred, {"w1": {"node": pc, "startup": "exit 0", "lans": ["lan0"]}}))
+    taken = _add(s, urn, cred, {"w2": {"node": pc}})
+    assert taken["code"] == GeniCode.BADARGS and f"Physical node {pc} is not available" in \
         taken["output"]
     manifest = parse(ok(_add(s, urn, cred, {f"a{i}": {} for i in range(12)})))
     kinds = {n.hardware_type for n in manifest.nodes if n.client_id.startswith("a")}

@@ -11,7 +11,7 @@ from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import parse_credential
 from elasticslice.rspec import parse, validate
 from tests.helpers import wait_for
-from tests.elasticslice.emulator.helpers import REQUEST, Session, ok
+from tests.elasticslice.emulator.helpers import REQUEST, Session, free_node, ok
 
 
 def _genilib_request() -> str:
@@ -121,13 +121,14 @@ def test_add_nodes_and_delete_nodes(emulator):
     s = Session(emulator)
     urn, cred, _ = s.create()
     args = {"slice_urn": urn, "credentials": [cred]}
+    pc = free_node(emulator)   # a machine by name (the sliver's are drawn at random)
     manifest = ok(s.cm.AddNodes({**args, "nodes": {
         "n3": {"lans": ["lan0"]},
-        "n4": {"node": "pc01", "startup": "exit 0", "lans": ["lan0"]},
+        "n4": {"node": pc, "startup": "exit 0", "lans": ["lan0"]},
     }}))
     m = parse(manifest)
     assert {n.client_id for n in m.nodes} == {"n1", "n2", "n3", "n4"}
-    assert m.node("n4").component_id.endswith("+node+pc01")
+    assert m.node("n4").component_id.endswith(f"+node+{pc}")
     assert m.node("n4").interfaces[0].client_id == "n4:lan0"  # the CM's name for it
     assert m.node("n4").interfaces[0].ip.startswith("10.")  # the CM's address
     assert len(m.links[0].interfaces) == 4
@@ -135,8 +136,8 @@ def test_add_nodes_and_delete_nodes(emulator):
     assert dup["code"] == GeniCode.BADARGS and "n3" in dup["output"]
     nolan = s.cm.AddNodes({**args, "nodes": {"n5": {"lans": ["nolan"]}}})
     assert nolan["code"] == GeniCode.BADARGS and "No such nolan" in nolan["output"]
-    taken = s.cm.AddNodes({**args, "nodes": {"n6": {"node": "pc01"}}})
-    assert taken["code"] == GeniCode.BADARGS and "pc01 is not available" in taken["output"]
+    taken = s.cm.AddNodes({**args, "nodes": {"n6": {"node": pc}}})
+    assert taken["code"] == GeniCode.BADARGS and f"{pc} is not available" in taken["output"]
     _ready(s, urn, cred)
     m = parse(ok(s.cm.DeleteNodes({**args, "nodes": ["n3"]})))
     assert {n.client_id for n in m.nodes} == {"n1", "n2", "n4"}

@@ -3,7 +3,8 @@ real processes on the node's machine, exit status in SliverStatus, killed on del
 from __future__ import annotations
 
 from tests.helpers import process_alive, wait_for
-from tests.elasticslice.emulator.helpers import Session, make_tarball, ok, startup_args
+from tests.elasticslice.emulator.helpers import Session, free_node, make_tarball, ok, \
+    startup_args
 from tests.elasticslice.emulator.node_helpers import detail_of, host_pid, node_dir
 
 
@@ -17,8 +18,9 @@ def test_tarball_and_startup_run_with_node_identity(emulator, file_server):
                               "geni-get client_id > /tmp/who.txt\nexit 7\n"})
     s = Session(emulator)
     urn, cred, _ = s.create()
+    free = free_node(emulator)   # a machine by name (the sliver's are drawn at random)
     ok(s.cm.AddNodes({"slice_urn": urn, "credentials": [cred], "nodes": {
-        "w1": {"node": "pc01", "tarballs": [f"{file_server.url}/app.tgz"],
+        "w1": {"node": free, "tarballs": [f"{file_server.url}/app.tgz"],
                "startup": "sh /local/bin/hello.sh"}}}))
     done = wait_for(lambda: (d := detail_of(s, urn, cred, "w1")).get("execute_state") ==
                     "exited" and d, timeout=20, what="startup to exit")

@@ -7,11 +7,11 @@ import uuid
 from elasticslice.emulator import EmulatorServer
 from elasticslice.rpc.codes import GeniCode
 from tests.helpers import wait_for
-from tests.elasticslice.emulator.helpers import (Session, ok, processes_with,
+from tests.elasticslice.emulator.helpers import (Session, free_node, ok, processes_with,
                                                  stubborn_startup)
 
 PINNED = """<rspec xmlns="http://www.geni.net/resources/rspec/3" type="request">
-  <node client_id="mine" component_id="urn:publicid:IDN+emulab.test+node+pc01"/>
+  <node client_id="mine" component_id="urn:publicid:IDN+emulab.test+node+{pc}"/>
 </rspec>
 """
 
@@ -21,21 +21,23 @@ def test_a_node_being_torn_down_is_given_to_no_one_until_it_is_done(emulator):
     s = Session(emulator)
     urn, cred, _ = s.create()
     args = {"slice_urn": urn, "credentials": [cred]}
-    ok(s.cm.AddNodes({**args, "nodes": {"w": {"node": "pc01",
+    pc = free_node(emulator)   # a machine by name (the sliver's are drawn at random)
+    pinned = PINNED.format(pc=pc)
+    ok(s.cm.AddNodes({**args, "nodes": {"w": {"node": pc,
                                               "startup": stubborn_startup(marker)}}}))
     wait_for(lambda: processes_with(marker), timeout=30, what="startup running")
     wait_for(lambda: s.status(urn, cred)["status"] == "ready", timeout=30, what="ready")
     ok(s.cm.DeleteSlice(args))
-    sandbox = emulator.dir / "nodes" / "pc01"
+    sandbox = emulator.dir / "nodes" / pc
     other, other_cred = s.register("other")
     other_args = {"slice_urn": other, "credentials": [other_cred]}
-    early = s.cm.CreateSliver({**other_args, "rspec": PINNED})
+    early = s.cm.CreateSliver({**other_args, "rspec": pinned})
     if processes_with(marker):  # still being torn down when the request was answered
         assert early["code"] == GeniCode.BADARGS and "being reloaded" in early["output"]
     wait_for(lambda: not processes_with(marker), timeout=30, what="teardown")
-    got = wait_for(lambda: (r := s.cm.CreateSliver({**other_args, "rspec": PINNED}))["code"]
-                   == 0 and r, timeout=30, what="pc01 free again")
-    assert "+node+pc01" in got["value"][1]
+    got = wait_for(lambda: (r := s.cm.CreateSliver({**other_args, "rspec": pinned}))["code"]
+                   == 0 and r, timeout=30, what=f"{pc} free again")
+    assert f"+node+{pc}" in got["value"][1]
     assert not (sandbox / "startup.log").exists()  # wiped before it was handed out
 
 
