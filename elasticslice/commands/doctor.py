@@ -343,7 +343,7 @@ def wheelhouse_check(version: str) -> tuple[bool, str, str]:
         pins = dict(house.pins)
     except Exception as err:  # noqa: BLE001 - whatever stops the build is the answer
         return (False, f"no wheelhouse for Python {version}: {_one_line(err)}",
-                "see the README's 'Node software' (how the wheelhouse is built)")
+                "see docs/node-software.md (how the wheelhouse is built)")
     finally:
         builder.setLevel(level)
     differ = []

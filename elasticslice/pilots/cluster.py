@@ -96,7 +96,7 @@ class ElasticCluster:
     of the server's config; see :class:`PilotElasticSliceHelper`); without a
     ``node_python`` each node builds the agent's environment with its image's ``python3``
     (version ``image_python``; None: known from the image) from the wheelhouse this cluster
-    publishes (the README's "Node software"). The slice's one tarball is
+    publishes (docs/node-software.md). The slice's one tarball is
     served to the CM by a :class:`TarballPublisher` on ``listen``, at a URL kept across
     restarts (:class:`~elasticslice.pilots.slicetar.PublishedSlice`); ``public_url``: the base
     URL the CM fetches it from (None: the publisher's own address). Nodes enrol at an
