@@ -5,11 +5,11 @@ A state directory records the slice it registered (:func:`own_slice`). Before th
 first cycle, :class:`SliceClaim` asks the SA whether the configured slice exists. A slice
 this directory did not create is:
 
-* reused (recorded as ``reused``) when it holds nothing: the SA names no CM holding a
-  sliver of it and no configured CM has one (:func:`holdings_of`); a run that ended gave
-  its slice back so (DeleteSlice at each CM) and left the slice registered at the SA
-  until it expires, and nothing of another manager is there to be grown, shrunk or
-  deleted under it;
+* reused (recorded as ``reused``) when it holds nothing: no configured CM has a sliver of
+  it and the SA names none (:func:`holdings_of`). A run leaves its slice so at its end (it
+  gives its nodes back with DeleteSlice at each CM; the slice stays registered at the SA
+  until it expires), and such a slice has nothing of another manager to grow, shrink or
+  delete under it;
 * refused with one line naming where it holds a sliver (another ``manage`` or ``run`` may be
   using it) unless ``adopt``, which records the adoption.
 
@@ -75,7 +75,7 @@ def holdings_of(server: Any) -> list[str]:
     """Where the configured (existing) slice holds a sliver: each configured CM that has
     one, else the CMs the SA names for it; empty: the slice holds nothing. A CM that does
     not answer is an error, not an empty answer."""
-    held = []
+    held: list[str] = []
     for cm in server.cms:
         try:
             cm.get_sliver()
