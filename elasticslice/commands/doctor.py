@@ -180,8 +180,16 @@ def check_slice(server: Any, state_dir: Path | None) -> Check:
     except ElasticSliceError as err:
         return fail("slice", f"cannot tell whether {urn} exists: {_one_line(err)}",
                     "check that the SA answers (above)")
+    from elasticslice.managers.ownership import holdings_of
+    try:
+        held = holdings_of(server)
+    except ElasticSliceError as err:
+        return fail("slice", f"cannot tell what {urn} holds: {_one_line(err)}",
+                    "check that the CMs answer (above)")
+    if not held:
+        return ok("slice", f"{urn} exists and holds no sliver (the run reuses it)")
     where = f" and {state_dir} did not create it" if state_dir else ""
-    return fail("slice", f"{urn} exists already{where}",
+    return fail("slice", f"{urn} exists already, holds a sliver at {', '.join(held)}{where}",
                 "give another slice_name, or the --state-dir of the run that made it (run "
                 "--adopt takes it over on purpose)")
 

@@ -69,7 +69,8 @@ def serve_manager_metrics(manager: Any) -> Any:
               help="Run one full cycle (every method once, in order) and exit.")
 @click.option("--adopt", is_flag=True, default=False,
               help="Manage the configured slice although this state_dir did not create it "
-                   "(another manage or run may be using it).")
+                   "and it holds a sliver (another manage or run may be using it); a slice "
+                   "that holds none needs no --adopt.")
 @click.pass_context
 def manage_cmd(ctx: click.Context, once: bool, adopt: bool) -> None:
     """Run the elastic slice manager in the foreground.
@@ -78,7 +79,7 @@ def manage_cmd(ctx: click.Context, once: bool, adopt: bool) -> None:
     (up to maxthreshold), gives nodes back when told (or when enable_delete and CloudLab
     runs short), and answers CloudLab's callbacks on the [endpoint]. SIGTERM or SIGINT stop
     it cleanly: the endpoint is removed at every CM and the state is flushed. A slice
-    this state_dir did not create is refused unless --adopt.
+    this state_dir did not create is refused while it holds a sliver, unless --adopt.
     """
     manager = build_manager(ctx.obj.config_path, endpoint=not once, adopt=adopt)
     try:

@@ -450,7 +450,8 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
                    "resume).")
 @click.option("--adopt", is_flag=True,
               help="Work on the configured slice although this --state-dir did not create "
-                   "it (another manage or run may be using it).")
+                   "it and it holds a sliver (another manage or run may be using it); a "
+                   "slice that holds none, as a run that ended leaves it, needs no --adopt.")
 @click.option("--connect-timeout", type=click.FloatRange(0.1), default=60.0,
               show_default=True, help="Fail, leaving nothing behind, when the SA or a CM "
                                       "does not answer within this many seconds.")

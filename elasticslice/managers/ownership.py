@@ -2,10 +2,21 @@
 (or adopted on purpose), and a CM that cannot be reached is said so, at once.
 
 A state directory records the slice it registered (:func:`own_slice`). Before the
-first cycle, :class:`SliceClaim` asks the SA whether the configured slice exists: a slice
-this directory did not create is refused with one line (another ``manage`` or ``run`` may
-be using it: growing, shrinking or deleting it under them) unless ``adopt``, which records
-the adoption. :func:`reach` asks the SA and every CM for their version until they answer or
+first cycle, :class:`SliceClaim` asks the SA whether the configured slice exists. A slice
+this directory did not create is:
+
+* reused (recorded as ``reused``) when it holds nothing: no configured CM has a sliver of
+  it and the SA names none (:func:`holdings_of`). A run leaves its slice so at its end (it
+  gives its nodes back with DeleteSlice at each CM; the slice stays registered at the SA
+  until it expires), and such a slice has nothing of another manager to grow, shrink or
+  delete under it;
+* refused with one line naming where it holds a sliver (another ``manage`` or ``run`` may be
+  using it) unless ``adopt``, which records the adoption.
+
+What another manager holds is known by its slivers only: a live manager of another state
+directory that registered the slice and has not made its first sliver yet (or whose
+CreateSliver keeps failing) is not seen, and the two would share the first sliver made.
+:func:`reach` asks the SA and every CM for their version until they answer or
 ``timeout`` passes, for ``elasticslice run --connect-timeout``; :func:`preflight` does both
 before anything is made on disk.
 """
@@ -53,10 +64,38 @@ def own_slice(state: Any, urn: str, how: str, *, now: float) -> None:
                                               "state_id": state.get_meta("state_id")}))
 
 
-def _not_ours(urn: str, where: str) -> SliceNotOurs:
+def _not_ours(urn: str, where: str, held: list[str]) -> SliceNotOurs:
     return SliceNotOurs(f"slice {urn} exists and was not created from the state directory "
-                        f"{where}: another manager or run may be using it; give another "
-                        f"slice name, or --adopt to take it over")
+                        f"{where}: it holds a sliver at {', '.join(held)}: another manager "
+                        f"or run may be using it; give another slice name, or --adopt to "
+                        f"take it over")
+
+
+def holdings_of(server: Any) -> list[str]:
+    """Where the configured (existing) slice holds a sliver: each configured CM that has
+    one, else the CMs the SA names for it; empty: the slice holds nothing. A CM that does
+    not answer is an error, not an empty answer."""
+    held: list[str] = []
+    for cm in server.cms:
+        try:
+            cm.get_sliver()
+        except RPCError as err:
+            if err.code != GeniCode.SEARCHFAILED:
+                raise
+            continue
+        held.append(server_label(cm.url))
+    return held or [str(cm) for cm in server.resolve_slice().get("component_managers") or []]
+
+
+def exists(server: Any) -> bool:
+    """Whether the configured slice exists at the SA."""
+    try:
+        server.get_slice_credential()
+    except RPCError as err:
+        if err.code != GeniCode.SEARCHFAILED:
+            raise
+        return False
+    return True
 
 
 class SliceClaim:
@@ -77,18 +116,16 @@ class SliceClaim:
         if self.claimed:
             return
         urn = self.server.slice_urn()
-        if not owns_slice(self.state, urn):
-            try:
-                self.server.get_slice_credential()
-            except RPCError as err:
-                if err.code != GeniCode.SEARCHFAILED:
-                    raise
-                self.claimed = True
-                return
-            if not self.adopt:
-                raise _not_ours(urn, self.where)
-            own_slice(self.state, urn, "adopted", now=self.clock())
-            log.warning("adopted the existing slice %s (--adopt)", urn)
+        if not owns_slice(self.state, urn) and exists(self.server):
+            held = holdings_of(self.server)
+            if not held:
+                own_slice(self.state, urn, "reused", now=self.clock())
+                log.info("reusing the existing slice %s: it holds no sliver", urn)
+            elif not self.adopt:
+                raise _not_ours(urn, self.where, held)
+            else:
+                own_slice(self.state, urn, "adopted", now=self.clock())
+                log.warning("adopted the existing slice %s (--adopt)", urn)
         self.claimed = True
 
 
@@ -131,8 +168,8 @@ def _transient(err: TransportError) -> bool:
 
 def preflight(server: Any, state_dir: Path, *, adopt: bool, connect_timeout: float) -> None:
     """Before a run makes anything: the servers answer within ``connect_timeout``, and the
-    slice is ours (recorded in ``state_dir``'s manager state) or does not exist yet, or
-    ``adopt``."""
+    slice is ours (recorded in ``state_dir``'s manager state), does not exist yet, holds
+    nothing (see the module docstring), or ``adopt``."""
     reach(server, connect_timeout)
     if adopt:
         return
@@ -144,10 +181,8 @@ def preflight(server: Any, state_dir: Path, *, adopt: bool, connect_timeout: flo
                 return
         finally:
             state.close()
-    try:
-        server.get_slice_credential()
-    except RPCError as err:
-        if err.code == GeniCode.SEARCHFAILED:
-            return
-        raise
-    raise _not_ours(urn, str(state_dir))
+    if not exists(server):
+        return
+    held = holdings_of(server)
+    if held:
+        raise _not_ours(urn, str(state_dir), held)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from elasticslice.commands.doctor import Check, image_python, wheelhouse_check
+from tests.elasticslice.rpc.helpers import genilib_request
 from tests.helpers import REPO, spare_port
 
 # every test with the emulator fixture is slow (tests/conftest.py); the others are not
@@ -125,14 +126,22 @@ def test_a_cm_that_does_not_answer_fails(emulator: Any, tmp_path: Path) -> None:
 
 
 def test_a_slice_name_someone_uses_fails(emulator: Any, tmp_path: Path) -> None:
+    """A slice that holds no sliver is one a run reuses (docs/manager.md); one that holds a
+    sliver fails, naming the CM."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
            "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(tmp_path / "cred-cache")}
     subprocess.run([sys.executable, "-m", "elasticslice.cli", "-c", str(emulator.config_path),
                     "create-slice"], env=env, check=True, capture_output=True)
     code, lines, _ = doctor(emulator.config_path, tmp_path)
+    assert line(lines, "slice").endswith("exists and holds no sliver (the run reuses it)")
+    rspec = tmp_path / "req.xml"
+    rspec.write_text(genilib_request("node-0"))
+    subprocess.run([sys.executable, "-m", "elasticslice.cli", "-c", str(emulator.config_path),
+                    "create-sliver", str(rspec)], env=env, check=True, capture_output=True)
+    code, lines, _ = doctor(emulator.config_path, tmp_path)
     assert code == 1
     got = line(lines, "slice")
-    assert got.startswith("FAIL slice:") and "exists already" in got
+    assert got.startswith("FAIL slice:") and "exists already, holds a sliver at 127.0.0.1:" in got
     assert "-> give another slice_name" in got
 
 

@@ -7,6 +7,7 @@ manage` was running (it waited for agents that never existed, then deleted the s
 the end), and a run against an unreachable CM never gave up (102 warnings in 150 s)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from elasticslice.managers.ownership import SliceNotOurs, owns_slice
+from tests.elasticslice.helpers import RUN_TIMEOUT, nodes_in_slices, run_workflow
 from tests.elasticslice.managers.helpers import cm_nodes, manager_config
 from tests.helpers import REPO, WORKFLOWS
 
@@ -41,6 +43,25 @@ def test_a_manager_refuses_a_slice_another_state_directory_created(
     adopter.close()
     again = make_manager(emulator, maxthreshold=3, state_dir=tmp_path / "c")
     assert not any(again.manage_once().values())
+
+
+def test_a_slice_that_holds_no_sliver_is_reused_without_adopt(
+        emulator, make_manager, tmp_path: Path) -> None:
+    """What broke: a slice given back (no sliver left at the CM) but still registered at the
+    SA was refused to every other state directory, as if a manager held it."""
+    first = make_manager(emulator, maxthreshold=2, state_dir=tmp_path / "a")
+    assert not any(first.manage_once().values())
+    first.close()
+    first.server.delete_slice(cancel=True, blocking=True)   # what a run does at its end
+    second = make_manager(emulator, maxthreshold=2, state_dir=tmp_path / "b")
+    assert not any(second.manage_once().values())
+    assert len(cm_nodes(emulator, tmp_path)) == 2
+    assert json.loads(second.state.get_meta("slice_owner"))["how"] == "reused"
+    # now it holds second's sliver: a third state directory is refused, naming the CM
+    third = make_manager(emulator, maxthreshold=4, state_dir=tmp_path / "c")
+    with pytest.raises(SliceNotOurs) as err:
+        third.manage_once()
+    assert "holds a sliver at 127.0.0.1:" in str(err.value) and "--adopt" in str(err.value)
 
 
 @pytest.mark.slow
@@ -100,3 +121,23 @@ def test_run_against_a_cm_it_cannot_reach_fails_with_one_line_and_leaves_nothing
     assert "cannot reach 127.0.0.1:" in lines[0] and "within 1 s (--connect-timeout)" in lines[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_config_reuses_the_slice_the_first_gave_back(
+        emulator, tmp_path: Path) -> None:
+    """What broke: after a run ended and gave its nodes back, a second run of the same
+    config with another --state-dir (what the ended run's state dir tells a user to do)
+    was refused: "slice exists and was not created from the state directory"."""
+    workflow = tmp_path / "echo.json"
+    workflow.write_text(json.dumps({"tasks": [
+        {"id": f"echo-{i}", "executable": "/bin/echo", "arguments": [str(i)]}
+        for i in range(2)]}))
+    log = tmp_path / "stderr.log"
+    for state_dir in (tmp_path / "first", tmp_path / "second"):
+        run = run_workflow(emulator, tmp_path, workflow, state_dir, log, "--release")
+        out, _ = run.communicate(timeout=RUN_TIMEOUT)
+        assert run.returncode == 0, log.read_text()[-3000:]
+        assert out.startswith("DONE: 2/2 tasks done"), out
+        assert nodes_in_slices(emulator) == 0   # given back at its end
+    assert "--adopt" not in log.read_text()
