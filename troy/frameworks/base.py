@@ -310,6 +310,18 @@ class PilotFramework(ABC):
         ``_unit_left`` for each once its attempt there is over (at once or later)."""
         raise IncorrectState(f"framework {self.name!r} ({self.kind}) cannot drain pilots")
 
+    def retire(self, pilot: Pilot, until: float | None = None) -> bool:
+        """Let ``pilot`` finish what it runs that Troy's drain does not see (work of the
+        framework's other users: on ``dask``, plain Dask tasks of the scheduler's other
+        clients) and leave, waiting until ``until`` (epoch seconds; None: as long as it
+        takes) at most. Called after ``drain_pilot``'s ``on_empty``, or before a pilot's
+        machine is given back. True when the pilot left or had nothing to finish; False
+        when it did not make it by ``until`` (the framework's own recovery takes over).
+
+        The default is for a framework that runs only Troy's units: nothing to finish,
+        True at once. A framework whose pilots run other work overrides it."""
+        return True
+
     def lose_pilot(self, pilot: Pilot, reason: str = "lost") -> list[ComputeUnit]:
         """``pilot``'s machine is gone (forced revocation, crash): requeue at once every
         unit it had (returned), the pilot goes FAILED. Idempotent; nothing waits for the
