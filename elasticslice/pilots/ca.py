@@ -32,8 +32,7 @@ from typing import Any
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rpc import pki
-from troy.frameworks.dask.enrol import cert_info
-from troy.frameworks.dask.tls import DaskTLS
+from troy.frameworks.dask import DaskTLS, cert_info
 
 log = logging.getLogger(__name__)
 
