@@ -13,7 +13,9 @@ Constructors do no I/O; ``start`` does.
 Draining (``drain_pilot``) is a template here, the same on every framework; a framework that
 can drain provides three hooks (``_stop_dispatch``, ``_held_units``, ``_requeue_units``),
 calls ``_unit_left`` whenever a unit ends or moves off a pilot, and ``_end_drain`` when a
-pilot goes away before it emptied (see "drains" below).
+pilot goes away before it emptied (see "drains" below). ``retire`` (a pilot finishing the
+work Troy's drain does not see, then leaving) does nothing by default; a framework whose
+pilots run others' work too overrides it (``dask``: Dask's retirement of the worker).
 """
 from __future__ import annotations
 

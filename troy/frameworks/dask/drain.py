@@ -1,6 +1,6 @@
 """Pilots joining and leaving the ``dask`` framework: who may be adopted, the drain's hooks
-(the drain itself is ``PilotFramework.drain_pilot``), losses, evacuations, and where long
-units may go (``DaskFramework`` mixes ``PilotMoves`` in).
+(the drain itself is ``PilotFramework.drain_pilot``), retirement (``retire``), losses,
+evacuations, and where long units may go (``DaskFramework`` mixes ``PilotMoves`` in).
 
 Every worker of a framework carries the framework's tag (``topic``) and long-unit tag
 (``topic-long``) as resources; units ask for one of them. Our own workers get both when they
