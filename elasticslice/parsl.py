@@ -798,7 +798,7 @@ class CloudLabProvider(ExecutionProvider):
         from elasticslice.pilots.ca import ClusterCA
         from elasticslice.pilots.enrol import EnrolmentService
         from elasticslice.pilots.slicetar import PublishedSlice
-        from troy.frameworks.dask.denylist import DenyList
+        from troy.frameworks.dask import DenyList
         if self.server is None:
             from elasticslice.config import load_config
             from elasticslice.rpc.client import ProtoGeniServer

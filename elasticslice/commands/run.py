@@ -295,7 +295,7 @@ def _terminated(signum: int, frame: Any) -> None:
 def log_to_file(path: Path, debug: bool) -> None:
     """The details go to DIR/run.log; stderr keeps warnings, progress and the outcome."""
     if not debug:
-        from troy.frameworks.dask.processes import silence_dask
+        from troy.frameworks.dask import silence_dask
         for handler in logging.getLogger().handlers:
             handler.setLevel(logging.WARNING)
         silence_dask()

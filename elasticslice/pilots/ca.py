@@ -28,12 +28,14 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.rpc import pki
-from troy.frameworks.dask.enrol import cert_info
-from troy.frameworks.dask.tls import DaskTLS
+from troy.frameworks.dask import DaskTLS, cert_info
+
+if TYPE_CHECKING:
+    from troy.frameworks.dask import DaskFramework
 
 log = logging.getLogger(__name__)
 
@@ -267,29 +269,15 @@ def keep_renewed(context: ssl.SSLContext, ca: ClusterCA, name: str,
     _RENEWER.add(context, ca, name, tuple(hosts))
 
 
-def renew_scheduler(framework: Any, ca: ClusterCA, name: str = "scheduler") -> int:
-    """Keep member ``name``'s certificate fresh where a Dask framework's in-process
-    scheduler and client hold it (:func:`keep_renewed`): the scheduler's TLS listeners, its
-    connections out (to workers) and the framework's client's. How many contexts are kept
-    (0: none found, e.g. a scheduler in a process of its own, which reads its files at its
-    start)."""
-    def contexts(scheduler: Any) -> list[ssl.SSLContext]:
-        found = [getattr(getattr(listener, "tcp_server", None), "ssl_options", None)
-                 for listener in getattr(scheduler, "listeners", ())]
-        found.append((getattr(scheduler, "connection_args", None) or {}).get("ssl_context"))
-        return [c for c in found if isinstance(c, ssl.SSLContext)]
-    try:
-        kept = framework.on_scheduler(contexts)
-    except Exception as err:  # noqa: BLE001 - its certificate is then renewed at a start
-        log.warning("the Dask scheduler's certificate is not renewed while it runs: %s", err)
-        kept = []
-    client = getattr(getattr(framework, "client", None), "connection_args", None) or {}
-    if isinstance(client.get("ssl_context"), ssl.SSLContext):
-        kept.append(client["ssl_context"])
-    unique = list({id(c): c for c in kept}.values())
-    for context in unique:
+def renew_scheduler(framework: DaskFramework, ca: ClusterCA, name: str = "scheduler") -> int:
+    """Keep member ``name``'s certificate fresh where a Dask framework holds it
+    (:func:`keep_renewed` on ``DaskFramework.tls_contexts()``: its in-process scheduler's
+    TLS listeners and connections out, and its client's). How many contexts are kept (0:
+    none, e.g. no TLS)."""
+    contexts = framework.tls_contexts()
+    for context in contexts:
         keep_renewed(context, ca, name)
-    return len(unique)
+    return len(contexts)
 
 
 def _is_ip(host: str) -> bool:

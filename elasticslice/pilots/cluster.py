@@ -44,7 +44,7 @@ from elasticslice.pilots.manager import PilotSliceManager
 from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.restart import ClusterFile, StatsLedger, read_json, write_json
 from elasticslice.pilots.slicetar import PublishedSlice
-from troy.frameworks.dask.denylist import DenyList
+from troy.frameworks.dask import DenyList
 from troy.states import FINAL_STATES, State
 
 log = logging.getLogger(__name__)

@@ -61,7 +61,7 @@ from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.publish import serve_in_thread, server_url, stop_serving
 from elasticslice.pilots.restart import read_json, write_json
 from elasticslice.serving import GuardedServer, Limits, buffered, default_cap
-from troy.frameworks.dask.denylist import DenyList, serial_of
+from troy.frameworks.dask import DenyList, serial_of
 
 log = logging.getLogger(__name__)
 

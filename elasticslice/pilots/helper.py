@@ -47,8 +47,7 @@ from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.slicetar import NAME as SLICE_TARBALL
 from elasticslice.pilots.slicetar import NODES, Member, SliceTarball
 from elasticslice.rspec import NodeSpec
-from troy.frameworks.dask.enrol import RENEW_URL_ENV
-from troy.frameworks.dask.tls import DaskTLS
+from troy.frameworks.dask import RENEW_URL_ENV, DaskTLS
 
 log = logging.getLogger(__name__)
 

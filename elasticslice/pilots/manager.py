@@ -44,7 +44,7 @@ from elasticslice.pilots.failures import NodeFailures, what_failed
 from elasticslice.pilots.values import changed as values_changed
 from elasticslice.pilots.values import node_values, pilot_work
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, GeniCode
-from troy.frameworks.base import Pilot, PilotFramework
+from troy.frameworks import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
@@ -192,12 +192,11 @@ class PilotDrainer:
             on_empty=lambda p: self._emptied(rev, p))
 
     def _emptied(self, rev: PendingDelete, pilot: Pilot) -> None:
-        """Troy's units are off the pilot; plain Dask tasks on its worker (a Dask client's
-        own, which Troy's drain does not see) go through Dask's retirement before the
-        deadline (their data moves, the tasks are rescheduled), then the node may go."""
-        retire = getattr(self.framework, "retire_worker", None)
-        if retire is not None and pilot.state not in FINAL_STATES:
-            retire(pilot, rev.deadline - self.margin)
+        """Troy's units are off the pilot; the framework retires it before the deadline
+        (``PilotFramework.retire``: on Dask, plain Dask tasks of a client's own, which
+        Troy's drain does not see, move with their data), then the node may go."""
+        if pilot.state not in FINAL_STATES:
+            self.framework.retire(pilot, rev.deadline - self.margin)
         self.release(rev.node_id, rev.client_id, "drained")
 
     def gone(self, revocations: Sequence[PendingDelete], *, now: bool = False) -> None:
@@ -456,12 +455,11 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     RETIRE_TIMEOUT = 10.0  # seconds a node given back waits for Dask to move its data
 
     def _retire(self, client_id: str) -> None:
-        """Before an idle node goes: Dask's retirement of its worker, so data that only it
-        holds moves to the others (nothing to do without a live pilot)."""
+        """Before an idle node goes: the framework retires its pilot (on Dask, data that
+        only its worker holds moves to the others); nothing to do without a live pilot."""
         pilot = self.pilot_of(client_id)
-        retire = getattr(self.framework, "retire_worker", None)
-        if retire is not None and pilot is not None and pilot.state not in FINAL_STATES:
-            retire(pilot, self.clock() + self.RETIRE_TIMEOUT)
+        if pilot is not None and pilot.state not in FINAL_STATES:
+            self.framework.retire(pilot, self.clock() + self.RETIRE_TIMEOUT)
 
     def _threads(self) -> list[Background]:
         return [*super()._threads(), self.drainer.work, self.releases]

@@ -13,7 +13,9 @@ Constructors do no I/O; ``start`` does.
 Draining (``drain_pilot``) is a template here, the same on every framework; a framework that
 can drain provides three hooks (``_stop_dispatch``, ``_held_units``, ``_requeue_units``),
 calls ``_unit_left`` whenever a unit ends or moves off a pilot, and ``_end_drain`` when a
-pilot goes away before it emptied (see "drains" below).
+pilot goes away before it emptied (see "drains" below). ``retire`` (a pilot finishing the
+work Troy's drain does not see, then leaving) does nothing by default; a framework whose
+pilots run others' work too overrides it (``dask``: Dask's retirement of the worker).
 """
 from __future__ import annotations
 
@@ -309,6 +311,18 @@ class PilotFramework(ABC):
         """Hook: move ``units`` off ``pilot`` (killed there) to run elsewhere, and call
         ``_unit_left`` for each once its attempt there is over (at once or later)."""
         raise IncorrectState(f"framework {self.name!r} ({self.kind}) cannot drain pilots")
+
+    def retire(self, pilot: Pilot, until: float | None = None) -> bool:
+        """Let ``pilot`` finish what it runs that Troy's drain does not see (work of the
+        framework's other users: on ``dask``, plain Dask tasks of the scheduler's other
+        clients) and leave, waiting until ``until`` (epoch seconds; None: as long as it
+        takes) at most. Called after ``drain_pilot``'s ``on_empty``, or before a pilot's
+        machine is given back. True when the pilot left or had nothing to finish; False
+        when it did not make it by ``until`` (the framework's own recovery takes over).
+
+        The default is for a framework that runs only Troy's units: nothing to finish,
+        True at once. A framework whose pilots run other work overrides it."""
+        return True
 
     def lose_pilot(self, pilot: Pilot, reason: str = "lost") -> list[ComputeUnit]:
         """``pilot``'s machine is gone (forced revocation, crash): requeue at once every

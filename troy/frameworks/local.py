@@ -13,7 +13,9 @@ Canceling a pilot (or its walltime running out) kills its running units and requ
 with their queued ones, onto the other pilots. Draining a pilot (``drain_pilot``, the base's
 template) stops new units at once (a draining pilot has no free cores, and units bound to it
 go back to late binding) and kills the running units that would not end in time, which
-requeue the same way; ``lose_pilot`` kills them all. Long units (``long_unit``) prefer valued pilots (see
+requeue the same way; ``lose_pilot`` kills them all. ``retire`` is the base's (True at
+once): a local pilot runs Troy's units alone, so once drained it has nothing left to finish.
+Long units (``long_unit``) prefer valued pilots (see
 ``PilotFramework.set_pilot_values``).
 """
 from __future__ import annotations

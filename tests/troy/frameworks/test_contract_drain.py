@@ -142,6 +142,29 @@ def test_a_pilot_lost_while_draining_requeues_its_units_and_never_calls_on_empty
     assert framework.unit_stats().lost == 0
 
 
+def test_retire_lets_a_drained_pilot_leave_and_loses_nothing(framework, tmp_path):
+    """``PilotFramework.retire`` is on the contract (the elastic manager reached Dask's
+    ``retire_worker`` through ``getattr`` once): True for a drained pilot; on ``local``
+    (the base's) it has nothing to finish, on ``dask`` its worker leaves and the pilot ends
+    DONE, not FAILED; the other pilots run on."""
+    a, b = running_pilot(framework, 1), running_pilot(framework, 1)
+    gate = tmp_path / "gate"
+    u = framework.submit_unit(gated(gate, 1), pilot=a)
+    wait_for(lambda: running_on(u, a), WAIT, what="the unit running")
+    emptied = threading.Event()
+    framework.drain_pilot(a, time.time() + 300, margin=5, on_empty=lambda p: emptied.set())
+    gate.touch()
+    assert u.wait(WAIT) is State.DONE and emptied.wait(WAIT)
+    assert framework.retire(a, time.time() + WAIT) is True
+    if framework.kind == "dask":
+        wait_for(lambda: a.state is State.DONE, WAIT, what="the retired pilot DONE")
+    else:
+        assert a.state is State.RUNNING and a.draining
+    v = framework.submit_unit(CUD(executable="/bin/true"))
+    assert v.wait(WAIT) is State.DONE and v.pilot == b.id
+    assert framework.unit_stats().lost == 0
+
+
 @pytest.mark.parametrize("deadline, margin, says", [
     (float("nan"), 5.0, "deadline"), ("soon", 5.0, "deadline"), (None, -1.0, "margin"),
     (None, True, "margin")])

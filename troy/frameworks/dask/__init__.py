@@ -42,19 +42,40 @@ vanishes goes FAILED and its units requeue the same way (at-least-once).
 """
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["DaskFramework"]
+#: The public API of the ``dask`` framework: what code outside Troy (the elastic manager,
+#: a deployment of node agents) may import, from this package only; its modules are Troy's
+#: insides. Each name is imported when first used: the node's enrolment and agent
+#: (``python -m troy.frameworks.dask...``) run this file first and need no framework.
+_WHERE = {
+    "DaskFramework": "framework", "DaskPilot": "framework",
+    "DaskTLS": "tls",                          # a member's TLS files (``tls=``, ``environ()``)
+    "DenyList": "denylist", "serial_of": "denylist",  # certificates refused before expiry
+    "RENEW_URL_ENV": "enrol",                  # the node agent's certificate renewal URL
+    "cert_info": "enrol",                      # (CN, not before, not after) of a PEM file
+    "silence_dask": "processes",               # Dask's loggers quiet in this process
+}
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    # imported when used: the node's enrolment and agent (``python -m
-    # troy.frameworks.dask...``) run this file first and need no framework
-    if name == "DaskFramework":
-        from troy.frameworks.dask.framework import DaskFramework
-        return DaskFramework
-    raise AttributeError(f"module 'troy.frameworks.dask' has no attribute {name!r}")
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'troy.frameworks.dask' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 if TYPE_CHECKING:
-    from troy.frameworks.dask.framework import DaskFramework
+    from troy.frameworks.dask.denylist import DenyList, serial_of
+    from troy.frameworks.dask.enrol import RENEW_URL_ENV, cert_info
+    from troy.frameworks.dask.framework import DaskFramework, DaskPilot
+    from troy.frameworks.dask.processes import silence_dask
+    from troy.frameworks.dask.tls import DaskTLS

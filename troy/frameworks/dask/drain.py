@@ -1,6 +1,6 @@
 """Pilots joining and leaving the ``dask`` framework: who may be adopted, the drain's hooks
-(the drain itself is ``PilotFramework.drain_pilot``), losses, evacuations, and where long
-units may go (``DaskFramework`` mixes ``PilotMoves`` in).
+(the drain itself is ``PilotFramework.drain_pilot``), retirement (``retire``), losses,
+evacuations, and where long units may go (``DaskFramework`` mixes ``PilotMoves`` in).
 
 Every worker of a framework carries the framework's tag (``topic``) and long-unit tag
 (``topic-long``) as resources; units ask for one of them. Our own workers get both when they
@@ -280,12 +280,14 @@ class PilotMoves:
                              daemon=True).start()
         return units
 
-    def retire_worker(self, pilot: Pilot, until: float | None = None) -> bool:
-        """Dask's own retirement of ``pilot``'s worker, for the work Troy's drain does not
-        see (plain Dask tasks of the scheduler's other clients): the scheduler sends it
-        nothing new, copies the data only it holds to other workers, then removes it (the
-        tasks it was running are rescheduled elsewhere) and closes it. Waits until ``until``
-        (epoch seconds; None: as long as it takes) at most. True if it retired."""
+    def retire(self, pilot: Pilot, until: float | None = None) -> bool:
+        """``PilotFramework.retire``: Dask's own retirement of ``pilot``'s worker, for the
+        work Troy's drain does not see (plain Dask tasks of the scheduler's other clients):
+        the scheduler sends it nothing new, copies the data only it holds to other workers,
+        then removes it (the tasks it was running are rescheduled elsewhere) and closes it;
+        a node agent leaves for good instead of rejoining. Waits until ``until`` (epoch
+        seconds; None: as long as it takes) at most. True if it retired (or had no live
+        worker); False on a timeout or an error (logged; Dask's own recovery takes over)."""
         addr = pilot.native_id
         if not addr or self.client is None or addr in self._dead_addrs:
             return True

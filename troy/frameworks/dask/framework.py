@@ -10,6 +10,7 @@ import os
 import queue
 import re
 import shutil
+import ssl
 import tempfile
 import threading
 import uuid
@@ -247,6 +248,27 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                 return dict(zip(addrs, outs))
             return all_of()
         return self.on_scheduler(run, timeout)
+
+    def tls_contexts(self) -> list[ssl.SSLContext]:
+        """The TLS contexts of this process that hold the framework's certificate: the
+        listeners and connections out of a scheduler it runs in this process, and its
+        client's. Whoever issues the certificates loads a renewed one into them while the
+        framework runs (new handshakes take it; open connections keep theirs). A scheduler
+        in a process of its own reads its files when it starts: none of its contexts."""
+        def of_scheduler(scheduler: Any) -> list[Any]:
+            found = [getattr(getattr(listener, "tcp_server", None), "ssl_options", None)
+                     for listener in getattr(scheduler, "listeners", ())]
+            return [*found, (getattr(scheduler, "connection_args", None) or {}).get(
+                "ssl_context")]
+        found: list[Any] = []
+        if isinstance(self._scheduler, InProcessScheduler):
+            try:
+                found += self._scheduler.call(of_scheduler, 10.0)
+            except Exception as err:  # noqa: BLE001 - the client's is still there
+                log.warning("framework %s: the scheduler's TLS contexts: %s", self.name,
+                            err or type(err).__name__)
+        found.append((getattr(self.client, "connection_args", None) or {}).get("ssl_context"))
+        return list({id(c): c for c in found if isinstance(c, ssl.SSLContext)}.values())
 
     def _start_scheduler(self) -> str:
         if not self.scheduler_process:
