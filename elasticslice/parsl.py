@@ -54,6 +54,7 @@ from parsl.providers.base import ExecutionProvider
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.background import Background
 from elasticslice.managers.config import EndpointConfig
+from elasticslice.managers.cycle import PARSL_INTERVALS
 from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, PolicyConfig
@@ -68,11 +69,8 @@ from elasticslice.pilots.slicetar import NODES, Member, SliceTarball
 log = logging.getLogger(__name__)
 
 INSTALL_PATH = "/local/parsl"
-#: how often each cycle method runs (seconds): quick enough to follow Parsl's strategy
-DEFAULT_INTERVALS = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver_status": 1.0,
-                     "renew": 600.0, "update_all": 3600.0, "update_available": 30.0,
-                     "get_system_state": 60.0, "add_nodes": 1.0, "delete_nodes": 1.0,
-                     "set_system_state": 60.0}
+#: how often each cycle method runs (seconds): the cycle's table (managers/cycle.py)
+DEFAULT_INTERVALS = PARSL_INTERVALS
 _BLOCK_ID = re.compile(r"--block_id[= ](\S+)")
 _CERT_DIR = re.compile(r"--cert_dir[= ](\S+)")
 _ADDRESSES = re.compile(r"(?:^|\s)(?:-a|--addresses)[= ](\S+)")

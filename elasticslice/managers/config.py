@@ -32,6 +32,7 @@ from pathlib import Path
 
 from elasticslice.config import ENV_PREFIX, _bool, _check_url, _number, read_ini
 from elasticslice.errors import ConfigError
+from elasticslice.managers.cycle import DEF_INTERVAL, DEF_INTERVALS, DEF_ORDER
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.rspec.addnodes import XML_BREAKERS
 from elasticslice.rspec.rules import command_problem, startup_problem
@@ -40,16 +41,6 @@ from elasticslice.rspec.tarball import tarball_problem
 MANAGER = "manager"
 ENDPOINT = "endpoint"
 DEFAULT_STATE_DIR = Path("~/.protogeni/elasticslice-state")
-
-# The seed's cycle (SimpleElasticSliceManager.DEF_ORDER / DEF_INTERVAL / DEF_INTERVALS).
-DEF_INTERVAL = 60
-DEF_INTERVALS: Mapping[str, float] = {
-    "update_available": 600, "ensure_sliver": 60, "delete_nodes": 300,
-    "update_sliver_status": 60, "update_all": 86400, "renew": 3600, "add_nodes": 300,
-    "ensure_slice": 60}
-DEF_ORDER: tuple[str, ...] = (
-    "ensure_slice", "ensure_sliver", "update_sliver_status", "renew", "update_all",
-    "update_available", "get_system_state", "add_nodes", "delete_nodes", "set_system_state")
 
 MANAGER_KEYS = (
     "minthreshold", "maxthreshold", "percent_available_minimum", "enable_delete",

@@ -34,6 +34,7 @@ from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.actuator import Actuator
 from elasticslice.managers.background import Background
 from elasticslice.managers.base import ElasticSliceManager, TrackedState
+from elasticslice.managers import cycle as seed_cycle
 from elasticslice.managers.cycle import Cycle
 from elasticslice.managers.endpoint import (PluginElasticSliceClientEndpoint, Releaser,
                                             SimpleElasticSliceClientEndpoint)
@@ -62,15 +63,11 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
 
     CM_METHODS = ["ensure_sliver", "update_sliver_status", "update_available", "update_all",
                   "add_nodes", "delete_nodes"]
-    DEF_INTERVAL = 60
-    DEF_INTERVALS = {"update_available": 600, "ensure_sliver": 60, "delete_nodes": 300,
-                     "update_sliver_status": 60, "update_all": 86400, "renew": 3600,
-                     "add_nodes": 300, "ensure_slice": 60}
+    DEF_INTERVAL = seed_cycle.DEF_INTERVAL  # the cycle's one table (managers/cycle.py)
+    DEF_INTERVALS = dict(seed_cycle.DEF_INTERVALS)
     DEF_MIN_THRESHOLD = 1
     DEF_MAX_THRESHOLD = 10
-    DEF_ORDER = ["ensure_slice", "ensure_sliver", "update_sliver_status", "renew",
-                 "update_all", "update_available", "get_system_state", "add_nodes",
-                 "delete_nodes", "set_system_state"]
+    DEF_ORDER = list(seed_cycle.DEF_ORDER)
     METHOD_RESET_TRIGGERS = {
         "add_nodes": ["update_sliver_status", "update_available", "get_system_state",
                       "set_system_state"],
