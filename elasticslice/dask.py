@@ -288,7 +288,6 @@ class CloudLabCluster(Cluster):
         if manager is not None:
             manager.policy = dataclasses.replace(manager.policy, minthreshold=low,
                                                  maxthreshold=high)
-            manager.minthreshold, manager.maxthreshold = low, high
         if every is not None:  # the manager's pace is set when it starts
             log.info("adapt: interval %s s ignored: the manager reads the target every "
                      "get_system_state interval (the cluster's intervals)", every)

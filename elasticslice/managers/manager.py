@@ -91,7 +91,6 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= maxthreshold "
                                     f"({maxthreshold})")
         PluginElasticSliceHelper.__init__(self, server, config, helper)
-        self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
         self.percent_available_minimum = percent_available_minimum
         self.manage_order = list(manage_order or self.DEF_ORDER)
         self.manage_intervals = {**self.DEF_INTERVALS, **(manage_intervals or {})}
@@ -225,6 +224,28 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     def wake(self, *methods: str) -> None:
         """Run these cycle methods now (events call this; it never waits)."""
         self.cycle.wake(*methods)
+
+    # The seed's thresholds are attributes of the manager; their one place is the policy's
+    # config (what ``decide`` reads): reading or setting them goes through to it.
+    @property
+    def minthreshold(self) -> int:
+        """The nodes always held: ``policy.minthreshold`` (setting it replaces the policy's
+        config)."""
+        return self.policy.minthreshold
+
+    @minthreshold.setter
+    def minthreshold(self, value: int) -> None:
+        self.policy = dataclasses.replace(self.policy, minthreshold=value)
+
+    @property
+    def maxthreshold(self) -> int:
+        """The nodes held at most: ``policy.maxthreshold`` (setting it replaces the policy's
+        config)."""
+        return self.policy.maxthreshold
+
+    @maxthreshold.setter
+    def maxthreshold(self, value: int) -> None:
+        self.policy = dataclasses.replace(self.policy, maxthreshold=value)
 
     @property
     def demand(self) -> int | None:
