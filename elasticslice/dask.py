@@ -33,6 +33,7 @@ from distributed.core import Status, rpc
 from distributed.deploy.cluster import Cluster
 from distributed.security import Security
 
+from elasticslice.validate import is_count
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ _OURS = {"minthreshold": "minimum", "maxthreshold": "maximum", "node_cores": "co
 
 
 def _count(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_count(value, least):
         raise ValueError(f"CloudLabCluster: {name}: expected an integer >= {least}, "
                          f"got {value!r}")
     return value

@@ -65,6 +65,7 @@ from elasticslice.pilots.helper import script_head
 from elasticslice.pilots.manager import EarlyReleases
 from elasticslice.pilots.slicetar import NAME as SLICE_TARBALL
 from elasticslice.pilots.slicetar import NODES, Member, SliceTarball
+from elasticslice.validate import is_command, is_count, is_seconds
 
 log = logging.getLogger(__name__)
 
@@ -510,16 +511,14 @@ def _url_host(address: str) -> str:
 
 
 def _count(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_count(value, least):
         raise ProviderError(f"CloudLabProvider: {name} must be a whole number >= {least}, "
                             f"not {value!r}")
     return value
 
 
 def _seconds(name: str, value: Any, *, positive: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 \
-        and value == value and value != float("inf") and (value > 0 or not positive)
-    if not ok:
+    if not is_seconds(value, positive=positive):
         raise ProviderError(f"CloudLabProvider: {name} must be a number of seconds "
                             f"{'> 0' if positive else '>= 0'}, not {value!r}")
     return float(value)
@@ -593,8 +592,7 @@ class CloudLabProvider(ExecutionProvider):
                               else Path("~/.elasticslice/parsl") / label).expanduser()
         self.hardware_type, self.disk_image = hardware_type, disk_image
         self.image_python, self.listen, self.public_url = image_python, listen, public_url
-        if node_python is not None and (not isinstance(node_python, str) or not node_python
-                                        or any(c in node_python for c in "\n\r\0")):
+        if node_python is not None and not is_command(node_python):
             raise ProviderError(f"CloudLabProvider: node_python must be the image's Python "
                                 f"command (e.g. python3), not {node_python!r}")
         self.node_python = node_python
