@@ -41,8 +41,8 @@ from pathlib import Path
 
 from elasticslice import ENV_PREFIX
 from elasticslice.errors import ConfigError, os_error_reason
-from elasticslice.validate import (bounded_int, boolean, check_address, https_url, is_command,
-                                  number, port_number)
+from elasticslice.validate import (MAX_SECONDS, bounded_int, boolean, check_address, https_url,
+                                  is_command, number, port_number)
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +341,8 @@ def pilot_value(key: str, raw: str) -> object:
             seconds = float(raw)
         except ValueError:
             raise ValueError(f"not a number of seconds: {raw!r}") from None
-        if not math.isfinite(seconds) or seconds < 0 or seconds > 366 * 86400:
-            raise ValueError(f"must be 0 to {366 * 86400} seconds: {raw!r}")
+        if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_SECONDS:
+            raise ValueError(f"must be 0 to {MAX_SECONDS} seconds: {raw!r}")
         if key == "agent_timeout" and seconds < 1:
             raise ValueError(f"must be at least 1 second: {raw!r}")
         return seconds

@@ -21,6 +21,10 @@ from typing import Any
 #: ``err(key, message)``: the caller's error (a ``ConfigError`` naming the key and the file)
 Err = Callable[[str, str], Exception]
 
+#: the longest span of seconds any key takes: longer than any slice lives; beyond it
+#: timedelta and the scheduler overflow (1e300 did)
+MAX_SECONDS = 366 * 86400
+
 _HTTPS_URL_RE = re.compile(r"^https://[^/\s]+(/\S*)?$")
 
 

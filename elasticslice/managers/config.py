@@ -36,7 +36,7 @@ from elasticslice.managers.policy import PolicyConfig
 from elasticslice.rspec.addnodes import XML_BREAKERS
 from elasticslice.rspec.rules import command_problem, startup_problem
 from elasticslice.rspec.tarball import tarball_problem
-from elasticslice.validate import boolean, https_url, ip_literal, number
+from elasticslice.validate import MAX_SECONDS, boolean, https_url, ip_literal, number
 
 MANAGER = "manager"
 ENDPOINT = "endpoint"
@@ -54,8 +54,6 @@ ENDPOINT_KEYS = ("address", "port", "url", "cm_urn", "certificate", "keyfile",
                  "passphrase_file", "enabled", "policy")
 RECLAIM_POLICIES = ("CLIENT", "LIFO")
 INTERVAL_PREFIX = "interval."
-# Longer than any slice lives; beyond it timedelta and the scheduler overflow (1e300 did).
-MAX_SECONDS = 366 * 86400
 MAX_NUM_PCS = 10_000  # nodes in the initial request (1e8 built a request without end)
 
 _PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,30}$")
