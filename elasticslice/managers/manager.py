@@ -53,6 +53,21 @@ from elasticslice.managers.state import ManagerState
 log = logging.getLogger(__name__)
 
 
+class PolicyField:
+    """A seed attribute of the manager whose one place is the policy's config: reading it
+    reads ``manager.policy``, setting it replaces ``manager.policy`` (the next decision
+    uses it)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, manager: Any, owner: type | None = None) -> Any:
+        return self if manager is None else getattr(manager.policy, self.name)
+
+    def __set__(self, manager: Any, value: Any) -> None:
+        manager.policy = dataclasses.replace(manager.policy, **{self.name: value})
+
+
 class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                                 PluginElasticSliceClientEndpoint):
     """A complete manager. Seed options and defaults; ``state_dir`` (or ``state``), the
@@ -68,6 +83,11 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     DEF_MIN_THRESHOLD = 1
     DEF_MAX_THRESHOLD = 10
     DEF_ORDER = list(seed_cycle.DEF_ORDER)
+    # the seed's thresholds: the policy's config holds them, the manager reads through
+    minthreshold = PolicyField()
+    maxthreshold = PolicyField()
+    percent_available_minimum = PolicyField()
+    enable_delete = PolicyField()
     METHOD_RESET_TRIGGERS = {
         "add_nodes": ["update_sliver_status", "update_available", "get_system_state",
                       "set_system_state"],
@@ -91,7 +111,6 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= maxthreshold "
                                     f"({maxthreshold})")
         PluginElasticSliceHelper.__init__(self, server, config, helper)
-        self.percent_available_minimum = percent_available_minimum
         self.manage_order = list(manage_order or self.DEF_ORDER)
         self.manage_intervals = {**self.DEF_INTERVALS, **(manage_intervals or {})}
         self.method_reset_triggers = {k: list(v) for k, v in (
@@ -99,7 +118,6 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             else method_reset_triggers).items()}
         self.retry_interval = retry_interval
         self.nodetype = nodetype
-        self.enable_delete = enable_delete
         self.clock = clock
         self.cms = ([server.cm(c) for c in cmlist] if cmlist else list(server.cms))
         self.cmlist = [c.url for c in self.cms]
@@ -224,28 +242,6 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     def wake(self, *methods: str) -> None:
         """Run these cycle methods now (events call this; it never waits)."""
         self.cycle.wake(*methods)
-
-    # The seed's thresholds are attributes of the manager; their one place is the policy's
-    # config (what ``decide`` reads): reading or setting them goes through to it.
-    @property
-    def minthreshold(self) -> int:
-        """The nodes always held: ``policy.minthreshold`` (setting it replaces the policy's
-        config)."""
-        return self.policy.minthreshold
-
-    @minthreshold.setter
-    def minthreshold(self, value: int) -> None:
-        self.policy = dataclasses.replace(self.policy, minthreshold=value)
-
-    @property
-    def maxthreshold(self) -> int:
-        """The nodes held at most: ``policy.maxthreshold`` (setting it replaces the policy's
-        config)."""
-        return self.policy.maxthreshold
-
-    @maxthreshold.setter
-    def maxthreshold(self, value: int) -> None:
-        self.policy = dataclasses.replace(self.policy, maxthreshold=value)
 
     @property
     def demand(self) -> int | None:

@@ -40,6 +40,11 @@ def test_setting_the_seeds_maxthreshold_changes_what_the_policy_decides(
     assert len(cm_nodes(emulator, tmp_path)) == 4
     manager.minthreshold = 3
     assert manager.policy.minthreshold == 3 and manager.maxthreshold == 4
+    assert manager.enable_delete is False and manager.percent_available_minimum == 0.5
+    manager.enable_delete, manager.percent_available_minimum = True, 0.25
+    assert (manager.policy.enable_delete, manager.policy.percent_available_minimum) == \
+        (True, 0.25)
+    assert not {"enable_delete", "percent_available_minimum"} & set(vars(manager))
 
 
 def test_stops_growing_when_other_tenants_load_the_cm(emulator, make_manager,
