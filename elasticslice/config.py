@@ -41,6 +41,8 @@ from pathlib import Path
 
 from elasticslice import ENV_PREFIX
 from elasticslice.errors import ConfigError, os_error_reason
+from elasticslice.validate import (MAX_SECONDS, bounded_int, boolean, check_address, https_url,
+                                  is_command, number, port_number)
 
 log = logging.getLogger(__name__)
 
@@ -215,18 +217,18 @@ def _build(values: dict[str, str], cfg_path: Path,
                 raise err(key, problem)
         return p
 
-    verify = _bool(values.get("verify", "true"), err)
+    verify = boolean(values.get("verify", "true"), err)
     cm_urls = tuple(u for u in re.split(r"[\s,]+", values["cm_urls"]) if u)
     for url in cm_urls:
-        _check_url(url, err, "cm_urls")
+        https_url(url, err, "cm_urls")
     dynslice_urls = tuple(u for u in re.split(r"[\s,]+", values.get("dynslice_urls", "")) if u)
     for url in dynslice_urls:
-        _check_url(url, err, "dynslice_urls")
+        https_url(url, err, "dynslice_urls")
     if dynslice_urls and len(dynslice_urls) != len(cm_urls):
         raise err("dynslice_urls", "needs one URL per cm_urls entry, in the same order")
     sa_url = values.get("sa_url") or None
     if sa_url:
-        _check_url(sa_url, err, "sa_url")
+        https_url(sa_url, err, "sa_url")
     ca_bundle = path_of("ca_bundle")
     if verify and ca_bundle is None:
         raise err("ca_bundle", "missing (needed to verify the servers; set verify = false "
@@ -248,43 +250,14 @@ def _build(values: dict[str, str], cfg_path: Path,
         slice_name=slice_name,
         project=project,
         verify=verify,
-        timeout=_number(values, "timeout", 60.0, err, minimum=0.1),
-        retries=int(_number(values, "retries", 5, err, minimum=0, integer=True)),
-        retry_delay=_number(values, "retry_delay", 5.0, err, minimum=0.0),
-        retry_max_delay=_number(values, "retry_max_delay", 60.0, err, minimum=0.0),
+        timeout=number(values, "timeout", 60.0, err, minimum=0.1),
+        retries=int(number(values, "retries", 5, err, minimum=0, integer=True)),
+        retry_delay=number(values, "retry_delay", 5.0, err, minimum=0.0),
+        retry_max_delay=number(values, "retry_max_delay", 60.0, err, minimum=0.0),
         credential_cache_dir=cache,
         dynslice_urls=dynslice_urls,
         path=cfg_path,
     )
-
-
-def _bool(raw: str, err) -> bool:  # noqa: ANN001 - local error factory
-    low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise err("verify", f"not a boolean: {raw!r}")
-
-
-def _number(values: dict[str, str], key: str, default: float, err, *,  # noqa: ANN001
-            minimum: float, integer: bool = False) -> float:
-    raw = values.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError as e:
-        kind = "an integer" if integer else "a number"
-        raise err(key, f"not {kind}: {raw!r}") from e
-    if value < minimum:
-        raise err(key, f"must be at least {minimum}: {raw!r}")
-    return value
-
-
-def _check_url(url: str, err, key: str) -> None:  # noqa: ANN001
-    if not re.match(r"^https://[^/\s]+(/\S*)?$", url):
-        raise err(key, f"not an https URL: {url!r}")
 
 
 PILOTS_SECTION = "pilots"
@@ -332,22 +305,6 @@ class PilotSettings:
     publish_port: int | None = None
 
 
-def bounded_int(raw: str, low: int, high: int, what: str) -> int:
-    """``raw`` as an integer from ``low`` to ``high``; ``ValueError`` (one line) if not."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"not {what}: {raw!r}") from None
-    if not low <= value <= high:
-        raise ValueError(f"must be {low} to {high}: {raw!r}")
-    return value
-
-
-def port_number(raw: str) -> int:
-    """A TCP port given as text (0: any free one)."""
-    return bounded_int(raw, 0, 65535, "a port number")
-
-
 def pilot_value(key: str, raw: str) -> object:
     """The value of ``[pilots] key`` (and of the ``run`` option of the same name) given as
     the text ``raw``; ``ValueError`` with one line saying what is wrong."""
@@ -359,7 +316,7 @@ def pilot_value(key: str, raw: str) -> object:
             raise ValueError(problem)
         return raw
     if key == "node_python":
-        if not raw or any(c in raw for c in "\n\r\0"):
+        if not is_command(raw):
             raise ValueError("one line, a command")
         return raw
     if key == "listen":
@@ -384,27 +341,12 @@ def pilot_value(key: str, raw: str) -> object:
             seconds = float(raw)
         except ValueError:
             raise ValueError(f"not a number of seconds: {raw!r}") from None
-        if not math.isfinite(seconds) or seconds < 0 or seconds > 366 * 86400:
-            raise ValueError(f"must be 0 to {366 * 86400} seconds: {raw!r}")
+        if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_SECONDS:
+            raise ValueError(f"must be 0 to {MAX_SECONDS} seconds: {raw!r}")
         if key == "agent_timeout" and seconds < 1:
             raise ValueError(f"must be at least 1 second: {raw!r}")
         return seconds
     raise ValueError(f"unknown key (known: {', '.join(PILOT_KEYS)})")
-
-
-def check_address(raw: str) -> str:
-    """An IP address to listen on (``localhost`` is 127.0.0.1); ``ValueError`` otherwise."""
-    import ipaddress
-    if raw == "localhost":
-        return "127.0.0.1"
-    try:
-        address = ipaddress.ip_address(raw)
-    except ValueError:
-        raise ValueError(f"not an IP address: {raw!r}") from None
-    if address.is_unspecified or address.is_multicast:
-        raise ValueError(f"{raw} is no address nodes can reach: give this machine's address "
-                         f"on the network the nodes are on")
-    return str(address)
 
 
 def _host_port(url: str) -> tuple[str, int]:

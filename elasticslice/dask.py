@@ -33,6 +33,7 @@ from distributed.core import Status, rpc
 from distributed.deploy.cluster import Cluster
 from distributed.security import Security
 
+from elasticslice.validate import is_count
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ _OURS = {"minthreshold": "minimum", "maxthreshold": "maximum", "node_cores": "co
 
 
 def _count(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_count(value, least):
         raise ValueError(f"CloudLabCluster: {name}: expected an integer >= {least}, "
                          f"got {value!r}")
     return value
@@ -288,7 +289,6 @@ class CloudLabCluster(Cluster):
         if manager is not None:
             manager.policy = dataclasses.replace(manager.policy, minthreshold=low,
                                                  maxthreshold=high)
-            manager.minthreshold, manager.maxthreshold = low, high
         if every is not None:  # the manager's pace is set when it starts
             log.info("adapt: interval %s s ignored: the manager reads the target every "
                      "get_system_state interval (the cluster's intervals)", every)

@@ -54,6 +54,7 @@ from parsl.providers.base import ExecutionProvider
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.background import Background
 from elasticslice.managers.config import EndpointConfig
+from elasticslice.managers.cycle import PARSL_INTERVALS
 from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, PolicyConfig
@@ -64,15 +65,13 @@ from elasticslice.pilots.helper import script_head
 from elasticslice.pilots.manager import EarlyReleases
 from elasticslice.pilots.slicetar import NAME as SLICE_TARBALL
 from elasticslice.pilots.slicetar import NODES, Member, SliceTarball
+from elasticslice.validate import is_command, is_count, is_seconds
 
 log = logging.getLogger(__name__)
 
 INSTALL_PATH = "/local/parsl"
-#: how often each cycle method runs (seconds): quick enough to follow Parsl's strategy
-DEFAULT_INTERVALS = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver_status": 1.0,
-                     "renew": 600.0, "update_all": 3600.0, "update_available": 30.0,
-                     "get_system_state": 60.0, "add_nodes": 1.0, "delete_nodes": 1.0,
-                     "set_system_state": 60.0}
+#: how often each cycle method runs (seconds): the cycle's table (managers/cycle.py)
+DEFAULT_INTERVALS = PARSL_INTERVALS
 _BLOCK_ID = re.compile(r"--block_id[= ](\S+)")
 _CERT_DIR = re.compile(r"--cert_dir[= ](\S+)")
 _ADDRESSES = re.compile(r"(?:^|\s)(?:-a|--addresses)[= ](\S+)")
@@ -512,16 +511,14 @@ def _url_host(address: str) -> str:
 
 
 def _count(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_count(value, least):
         raise ProviderError(f"CloudLabProvider: {name} must be a whole number >= {least}, "
                             f"not {value!r}")
     return value
 
 
 def _seconds(name: str, value: Any, *, positive: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 \
-        and value == value and value != float("inf") and (value > 0 or not positive)
-    if not ok:
+    if not is_seconds(value, positive=positive):
         raise ProviderError(f"CloudLabProvider: {name} must be a number of seconds "
                             f"{'> 0' if positive else '>= 0'}, not {value!r}")
     return float(value)
@@ -595,8 +592,7 @@ class CloudLabProvider(ExecutionProvider):
                               else Path("~/.elasticslice/parsl") / label).expanduser()
         self.hardware_type, self.disk_image = hardware_type, disk_image
         self.image_python, self.listen, self.public_url = image_python, listen, public_url
-        if node_python is not None and (not isinstance(node_python, str) or not node_python
-                                        or any(c in node_python for c in "\n\r\0")):
+        if node_python is not None and not is_command(node_python):
             raise ProviderError(f"CloudLabProvider: node_python must be the image's Python "
                                 f"command (e.g. python3), not {node_python!r}")
         self.node_python = node_python

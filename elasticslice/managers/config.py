@@ -23,33 +23,24 @@ unknown key is a :class:`~elasticslice.errors.ConfigError` naming the key and th
 from __future__ import annotations
 
 import configparser
-import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from elasticslice.config import ENV_PREFIX, _bool, _check_url, _number, read_ini
+from elasticslice.config import ENV_PREFIX, read_ini
 from elasticslice.errors import ConfigError
+from elasticslice.managers.cycle import DEF_INTERVAL, DEF_INTERVALS, DEF_ORDER
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.rspec.addnodes import XML_BREAKERS
 from elasticslice.rspec.rules import command_problem, startup_problem
 from elasticslice.rspec.tarball import tarball_problem
+from elasticslice.validate import MAX_SECONDS, boolean, https_url, ip_literal, number
 
 MANAGER = "manager"
 ENDPOINT = "endpoint"
 DEFAULT_STATE_DIR = Path("~/.protogeni/elasticslice-state")
-
-# The seed's cycle (SimpleElasticSliceManager.DEF_ORDER / DEF_INTERVAL / DEF_INTERVALS).
-DEF_INTERVAL = 60
-DEF_INTERVALS: Mapping[str, float] = {
-    "update_available": 600, "ensure_sliver": 60, "delete_nodes": 300,
-    "update_sliver_status": 60, "update_all": 86400, "renew": 3600, "add_nodes": 300,
-    "ensure_slice": 60}
-DEF_ORDER: tuple[str, ...] = (
-    "ensure_slice", "ensure_sliver", "update_sliver_status", "renew", "update_all",
-    "update_available", "get_system_state", "add_nodes", "delete_nodes", "set_system_state")
 
 MANAGER_KEYS = (
     "minthreshold", "maxthreshold", "percent_available_minimum", "enable_delete",
@@ -63,8 +54,6 @@ ENDPOINT_KEYS = ("address", "port", "url", "cm_urn", "certificate", "keyfile",
                  "passphrase_file", "enabled", "policy")
 RECLAIM_POLICIES = ("CLIENT", "LIFO")
 INTERVAL_PREFIX = "interval."
-# Longer than any slice lives; beyond it timedelta and the scheduler overflow (1e300 did).
-MAX_SECONDS = 366 * 86400
 MAX_NUM_PCS = 10_000  # nodes in the initial request (1e8 built a request without end)
 
 _PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,30}$")
@@ -239,12 +228,12 @@ def _flag(values: Mapping[str, str], key: str, default: bool, err: Err) -> bool:
     raw = values.get(key)
     if not raw:
         return default
-    return _bool(raw, lambda _key, message: err(key, message))
+    return boolean(raw, lambda _key, message: err(key, message))
 
 
 def _int(values: Mapping[str, str], key: str, default: int, err: Err, *, minimum: int,
          maximum: int | None = None) -> int:
-    value = int(_number(values, key, default, err, minimum=minimum, integer=True))
+    value = int(number(values, key, default, err, minimum=minimum, integer=True))
     if maximum is not None and value > maximum:
         raise err(key, f"must be at most {maximum}: {values[key]!r}")
     return value
@@ -252,7 +241,7 @@ def _int(values: Mapping[str, str], key: str, default: int, err: Err, *, minimum
 
 def _float(values: Mapping[str, str], key: str, default: float, err: Err, *, minimum: float,
            maximum: float | None = None) -> float:
-    value = _number(values, key, default, err, minimum=minimum)
+    value = number(values, key, default, err, minimum=minimum)
     if value != value or value in (float("inf"), float("-inf")):
         raise err(key, f"not a finite number: {values[key]!r}")
     if maximum is not None and value > maximum:
@@ -404,12 +393,12 @@ def _endpoint(v: Mapping[str, str], base: Path, err: Err) -> EndpointConfig:
     address = v.get("address") or "127.0.0.1"
     if address != "localhost":
         try:
-            ipaddress.ip_address(address)
-        except ValueError:
-            raise err("address", f"not an IP address: {address!r}") from None
+            ip_literal(address)
+        except ValueError as e:
+            raise err("address", str(e)) from None
     url = v.get("url") or None
     if url:
-        _check_url(url, err, "url")
+        https_url(url, err, "url")
     cm_urn = v.get("cm_urn") or None
     if cm_urn and not _URN_RE.match(cm_urn):
         raise err("cm_urn", f"not a URN (urn:publicid:IDN+...): {cm_urn!r}")

@@ -28,6 +28,30 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF_FACTOR = 32
 
+# -- the one table of cycle intervals (seconds) ---------------------------------------------
+#: the seed's order of the cycle's methods (``SimpleElasticSliceManager.DEF_ORDER``)
+DEF_ORDER: tuple[str, ...] = (
+    "ensure_slice", "ensure_sliver", "update_sliver_status", "renew", "update_all",
+    "update_available", "get_system_state", "add_nodes", "delete_nodes", "set_system_state")
+#: the seed's interval of a method not in :data:`DEF_INTERVALS`
+DEF_INTERVAL = 60
+#: the seed's intervals (``SimpleElasticSliceManager.DEF_INTERVALS``, ``[manager]``'s defaults)
+DEF_INTERVALS: Mapping[str, float] = {
+    "update_available": 600, "ensure_sliver": 60, "delete_nodes": 300,
+    "update_sliver_status": 60, "update_all": 86400, "renew": 3600, "add_nodes": 300,
+    "ensure_slice": 60}
+# Quick enough to follow a workload: what the pilot cluster and the Parsl provider share.
+_QUICK = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver_status": 1.0,
+          "renew": 600.0, "update_all": 3600.0}
+#: the pilot cluster's (``run``, ``CloudLabCluster``): quick enough to follow Troy's demand
+PILOT_INTERVALS: Mapping[str, float] = {
+    **_QUICK, "update_available": 5.0, "get_system_state": 1.0, "add_nodes": 2.0,
+    "delete_nodes": 2.0, "set_system_state": 5.0}
+#: the Parsl provider's: quick enough to follow Parsl's strategy
+PARSL_INTERVALS: Mapping[str, float] = {
+    **_QUICK, "update_available": 30.0, "get_system_state": 60.0, "add_nodes": 1.0,
+    "delete_nodes": 1.0, "set_system_state": 60.0}
+
 
 class RunRecorder(Protocol):
     def record_run(self, method: str, *, started: float, finished: float, error: str | None,

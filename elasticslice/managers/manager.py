@@ -34,6 +34,7 @@ from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.actuator import Actuator
 from elasticslice.managers.background import Background
 from elasticslice.managers.base import ElasticSliceManager, TrackedState
+from elasticslice.managers import cycle as seed_cycle
 from elasticslice.managers.cycle import Cycle
 from elasticslice.managers.endpoint import (PluginElasticSliceClientEndpoint, Releaser,
                                             SimpleElasticSliceClientEndpoint)
@@ -52,6 +53,21 @@ from elasticslice.managers.state import ManagerState
 log = logging.getLogger(__name__)
 
 
+class PolicyField:
+    """A seed attribute of the manager whose one place is the policy's config: reading it
+    reads ``manager.policy``, setting it replaces ``manager.policy`` (the next decision
+    uses it)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, manager: Any, owner: type | None = None) -> Any:
+        return self if manager is None else getattr(manager.policy, self.name)
+
+    def __set__(self, manager: Any, value: Any) -> None:
+        manager.policy = dataclasses.replace(manager.policy, **{self.name: value})
+
+
 class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                                 PluginElasticSliceClientEndpoint):
     """A complete manager. Seed options and defaults; ``state_dir`` (or ``state``), the
@@ -62,15 +78,16 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
 
     CM_METHODS = ["ensure_sliver", "update_sliver_status", "update_available", "update_all",
                   "add_nodes", "delete_nodes"]
-    DEF_INTERVAL = 60
-    DEF_INTERVALS = {"update_available": 600, "ensure_sliver": 60, "delete_nodes": 300,
-                     "update_sliver_status": 60, "update_all": 86400, "renew": 3600,
-                     "add_nodes": 300, "ensure_slice": 60}
+    DEF_INTERVAL = seed_cycle.DEF_INTERVAL  # the cycle's one table (managers/cycle.py)
+    DEF_INTERVALS = dict(seed_cycle.DEF_INTERVALS)
     DEF_MIN_THRESHOLD = 1
     DEF_MAX_THRESHOLD = 10
-    DEF_ORDER = ["ensure_slice", "ensure_sliver", "update_sliver_status", "renew",
-                 "update_all", "update_available", "get_system_state", "add_nodes",
-                 "delete_nodes", "set_system_state"]
+    DEF_ORDER = list(seed_cycle.DEF_ORDER)
+    # the seed's thresholds: the policy's config holds them, the manager reads through
+    minthreshold = PolicyField()
+    maxthreshold = PolicyField()
+    percent_available_minimum = PolicyField()
+    enable_delete = PolicyField()
     METHOD_RESET_TRIGGERS = {
         "add_nodes": ["update_sliver_status", "update_available", "get_system_state",
                       "set_system_state"],
@@ -94,8 +111,6 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= maxthreshold "
                                     f"({maxthreshold})")
         PluginElasticSliceHelper.__init__(self, server, config, helper)
-        self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
-        self.percent_available_minimum = percent_available_minimum
         self.manage_order = list(manage_order or self.DEF_ORDER)
         self.manage_intervals = {**self.DEF_INTERVALS, **(manage_intervals or {})}
         self.method_reset_triggers = {k: list(v) for k, v in (
@@ -103,7 +118,6 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
             else method_reset_triggers).items()}
         self.retry_interval = retry_interval
         self.nodetype = nodetype
-        self.enable_delete = enable_delete
         self.clock = clock
         self.cms = ([server.cm(c) for c in cmlist] if cmlist else list(server.cms))
         self.cmlist = [c.url for c in self.cms]

@@ -33,6 +33,7 @@ from typing import Any
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.config import EndpointConfig
+from elasticslice.managers.cycle import PILOT_INTERVALS
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
@@ -49,11 +50,8 @@ from troy.states import FINAL_STATES, State
 
 log = logging.getLogger(__name__)
 
-# how often each cycle method runs (seconds): quick enough to follow a workload
-DEFAULT_INTERVALS = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver_status": 1.0,
-                     "renew": 600.0, "update_all": 3600.0, "update_available": 5.0,
-                     "get_system_state": 1.0, "add_nodes": 2.0, "delete_nodes": 2.0,
-                     "set_system_state": 5.0}
+#: how often each cycle method runs (seconds): the cycle's table (managers/cycle.py)
+DEFAULT_INTERVALS = PILOT_INTERVALS
 STATS_SAVE_INTERVAL = 2.0  # seconds between two saves of the run's unit counters
 
 

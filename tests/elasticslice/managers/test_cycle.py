@@ -115,3 +115,18 @@ def test_stop_drops_scheduled_runs_but_not_explicit_ones() -> None:
     cycle._job("a")  # a run the scheduler had queued before the stop
     assert work.calls == []
     assert cycle.run_once() == {"a": None} and work.calls == ["a"]
+
+
+def test_one_table_of_intervals_serves_the_seed_the_config_the_pilots_and_parsl() -> None:
+    """Issue 35: the interval tables lived in four modules; the cycle's module owns them."""
+    from elasticslice import parsl
+    from elasticslice.managers import config, cycle
+    from elasticslice.managers.manager import SimpleElasticSliceManager as M
+    from elasticslice.pilots import cluster
+    assert config.DEF_INTERVALS is cycle.DEF_INTERVALS and config.DEF_ORDER is cycle.DEF_ORDER
+    assert M.DEF_INTERVALS == dict(cycle.DEF_INTERVALS) and M.DEF_ORDER == list(cycle.DEF_ORDER)
+    assert M.DEF_INTERVAL == cycle.DEF_INTERVAL == 60
+    assert cluster.DEFAULT_INTERVALS is cycle.PILOT_INTERVALS
+    assert parsl.DEFAULT_INTERVALS is cycle.PARSL_INTERVALS
+    for table in (cycle.PILOT_INTERVALS, cycle.PARSL_INTERVALS):
+        assert set(table) == set(cycle.DEF_ORDER)

@@ -25,6 +25,28 @@ def test_grows_to_maxthreshold_while_available(emulator, make_manager, tmp_path:
     assert all(n.node_id for n in held.values())
 
 
+def test_setting_the_seeds_maxthreshold_changes_what_the_policy_decides(
+        emulator, make_manager, tmp_path: Path) -> None:
+    """Issue 35: the thresholds live in the policy's config alone; the seed's attributes
+    read and write through to it."""
+    manager = make_manager(emulator, maxthreshold=2)
+    assert (manager.minthreshold, manager.maxthreshold) == (1, 2)
+    assert "maxthreshold" not in vars(manager) and "minthreshold" not in vars(manager)
+    manager.manage_once()
+    assert len(cm_nodes(emulator, tmp_path)) == 2
+    manager.maxthreshold = 4
+    assert manager.policy.maxthreshold == 4
+    manager.manage_once()
+    assert len(cm_nodes(emulator, tmp_path)) == 4
+    manager.minthreshold = 3
+    assert manager.policy.minthreshold == 3 and manager.maxthreshold == 4
+    assert manager.enable_delete is False and manager.percent_available_minimum == 0.5
+    manager.enable_delete, manager.percent_available_minimum = True, 0.25
+    assert (manager.policy.enable_delete, manager.policy.percent_available_minimum) == \
+        (True, 0.25)
+    assert not {"enable_delete", "percent_available_minimum"} & set(vars(manager))
+
+
 def test_stops_growing_when_other_tenants_load_the_cm(emulator, make_manager,
                                                        tmp_path: Path) -> None:
     load(emulator, POOL - 20)  # 20 of 70 free: under percent_available_minimum 0.5
