@@ -128,6 +128,12 @@ class Cycle:
             if triggered:
                 log.debug("%s changed something: running %s now", name, ", ".join(triggered))
                 self.wake(*triggered)
+        with self._lock:  # woken during a run outside any job (run_once): run it soon
+            again = info.rerun and not info.in_job
+            if again:
+                info.rerun = False
+        if again:
+            self._reschedule(name, self.clock())
         return error is None
 
     def _job(self, name: str) -> None:
@@ -155,7 +161,11 @@ class Cycle:
             info.in_job = False
             again, info.rerun = info.rerun, False
         if again and not self._stopping:
-            self._reschedule(event.job_id, self.clock())
+            # Not here: this may run on the scheduler's own thread, inside its processing of
+            # due jobs (a job that ended before APScheduler attached its done-callback), which
+            # then sets the job's next run from its trigger, over ours.
+            threading.Thread(target=self._reschedule, args=(event.job_id, self.clock()),
+                             name=f"cycle-wake-{event.job_id}", daemon=True).start()
 
     def backoff(self, name: str) -> float:
         info = self.methods[name]
@@ -228,7 +238,7 @@ class Cycle:
             if info is None:
                 continue
             with self._lock:
-                if info.in_job:  # the job runs it again, or _job_released reschedules it
+                if info.in_job or info.running:  # run again after (_job, _job_released)
                     info.rerun = True
                     continue
             self._reschedule(name, self.clock())
