@@ -6,7 +6,10 @@
 * ``reset_triggers``: when a method reports a change (returns something truthy), the methods
   listed for it run at once instead of waiting out their intervals.
 * :meth:`Cycle.wake` runs methods now: events (a node turning ready, a delete notice, a
-  demand change) use it. A wake that arrives while the method runs makes it run once more.
+  demand change) use it. A wake that arrives while the method's job is under way (from inside
+  the run itself, or from another thread) makes the job run the method once more before it
+  returns: rescheduling a job APScheduler still counts as running would be skipped as
+  "maximum number of running instances reached", and the wake lost for a whole interval.
 
 Jobs run one at a time (one worker thread): the methods share the slice and its state.
 """
@@ -20,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -72,7 +76,8 @@ class MethodRun:
     failures: int = 0
     last_error: str | None = None
     running: bool = False
-    rerun: bool = False
+    rerun: bool = False              # woken while its job was under way: run once more
+    in_job: bool = False             # a job of it entered, and not yet released by APScheduler
     last_result: Any = None
     runs: int = 0
     errors: list[str] = field(default_factory=list)
@@ -147,14 +152,44 @@ class Cycle:
             if triggered:
                 log.debug("%s changed something: running %s now", name, ", ".join(triggered))
                 self.wake(*triggered)
-        if info.rerun and self._scheduler is not None:
-            self.wake(name)
+        with self._lock:  # woken during a run outside any job (run_once): run it soon
+            again = info.rerun and not info.in_job
+            if again:
+                info.rerun = False
+        if again:
+            self._reschedule(name, self.clock())
         return error is None
 
     def _job(self, name: str) -> None:
-        """A scheduled run: dropped once stopping (runs queued before the stop)."""
-        if not self._stopping:
+        """A scheduled run: dropped once stopping (runs queued before the stop). Runs the
+        method again while wakes arrived during its pass (each pass clears the flag)."""
+        info = self.methods[name]
+        if self._stopping:
+            return
+        with self._lock:
+            info.in_job = True
+        while not self._stopping:
             self.run_method(name)
+            with self._lock:
+                if not info.rerun:
+                    return
+            log.debug("%s was woken while it ran: running it again", name)
+
+    def _job_released(self, event: JobExecutionEvent) -> None:
+        """APScheduler released a job (its instance count is down): a wake that came after
+        the job's last pass but before this would have been skipped, so it runs now."""
+        info = self.methods.get(event.job_id)
+        if info is None:
+            return
+        with self._lock:
+            info.in_job = False
+            again, info.rerun = info.rerun, False
+        if again and not self._stopping:
+            # Not here: this may run on the scheduler's own thread, inside its processing of
+            # due jobs (a job that ended before APScheduler attached its done-callback), which
+            # then sets the job's next run from its trigger, over ours.
+            threading.Thread(target=self._reschedule, args=(event.job_id, self.clock()),
+                             name=f"cycle-wake-{event.job_id}", daemon=True).start()
 
     def backoff(self, name: str) -> float:
         info = self.methods[name]
@@ -181,14 +216,17 @@ class Cycle:
     def start(self, first_delay: float | None = None) -> None:
         """Schedule every method; the first runs come after ``first_delay`` seconds
         (default: each method's interval, as after a :meth:`run_once`)."""
-        # With one worker, a due run of a busy method is skipped (it runs again anyway):
-        # APScheduler's WARNING for that is noise here.
+        # With one worker, a due run of a method still queued behind another is skipped (the
+        # queued run comes anyway; wakes never are, see _job): APScheduler's WARNING is noise.
         # Its INFO lines (every run of every job) would drown the manager's own.
         for name, level in (("apscheduler", logging.WARNING),
                             ("apscheduler.scheduler", logging.ERROR)):
             if logging.getLogger(name).level == logging.NOTSET:
                 logging.getLogger(name).setLevel(level)
         self._stopping = False
+        with self._lock:
+            for info in self.methods.values():
+                info.in_job = info.rerun = False
         scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(1)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -201,6 +239,8 @@ class Cycle:
             scheduler.add_job(self._job, IntervalTrigger(seconds=info.interval),
                               args=[name], id=name, name=name,
                               next_run_time=now + dt.timedelta(seconds=delay))
+        # Dispatched after APScheduler released the job (executors/base.py _run_job_success).
+        scheduler.add_listener(self._job_released, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
         self._scheduler = scheduler
         scheduler.start()
 
@@ -222,7 +262,7 @@ class Cycle:
             if info is None:
                 continue
             with self._lock:
-                if info.running:
+                if info.in_job or info.running:  # run again after (_job, _job_released)
                     info.rerun = True
                     continue
             self._reschedule(name, self.clock())

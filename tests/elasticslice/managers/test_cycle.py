@@ -1,9 +1,14 @@
 """The cycle on APScheduler: intervals, failures retried with backoff, reset triggers, wakes."""
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 
 from elasticslice.managers.cycle import Cycle
 from elasticslice.managers.state import ManagerState
@@ -130,3 +135,67 @@ def test_one_table_of_intervals_serves_the_seed_the_config_the_pilots_and_parsl(
     assert parsl.DEFAULT_INTERVALS is cycle.PARSL_INTERVALS
     for table in (cycle.PILOT_INTERVALS, cycle.PARSL_INTERVALS):
         assert set(table) == set(cycle.DEF_ORDER)
+
+
+class SlowJobEnd(logging.Handler):
+    """A slow log sink on APScheduler's "job executed" line: it widens the window between a
+    job's return and APScheduler releasing its instance (as a loaded machine does)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.in_window = threading.Event()
+        self.seen = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "executed successfully" in record.getMessage():
+            self.seen += 1
+            if self.seen == 1:
+                self.in_window.set()
+                time.sleep(1.0)
+
+
+@pytest.mark.parametrize("when", ["inside the run", "from another thread during the run",
+                                  "from another thread after the run"])
+def test_a_wake_asked_while_the_job_runs_is_not_lost_as_a_skipped_max_instances(
+        when: str) -> None:
+    executor_log = logging.getLogger("apscheduler.executors.default")
+    slow = SlowJobEnd()
+    executor_log.addHandler(slow)
+    old_level = executor_log.level
+    executor_log.setLevel(logging.INFO)
+    running = threading.Event()
+    go_on = threading.Event()
+    work = Work()
+    cycle: Cycle
+
+    def call(name: str) -> Any:
+        work(name)
+        if work.count(name) == 1:
+            if when == "inside the run":
+                cycle.wake(name)
+            elif when == "from another thread during the run":
+                running.set()
+                go_on.wait(30)
+        return None
+
+    cycle = Cycle(call, order=["ping"], intervals={"ping": 3600}, retry_interval=1)
+    skipped: list[Any] = []
+    cycle.start(first_delay=3600)
+    cycle._scheduler.add_listener(skipped.append, EVENT_JOB_MAX_INSTANCES)
+    cycle.wake("ping")
+    try:
+        if when == "from another thread during the run":
+            wait_for(running.is_set, what="the first run")
+            threading.Thread(target=cycle.wake, args=("ping",)).start()
+            wait_for(lambda: cycle.methods["ping"].rerun, what="the wake noted")
+            go_on.set()
+        elif when == "from another thread after the run":
+            wait_for(slow.in_window.is_set, what="the first run's end")
+            cycle.wake("ping")
+        wait_for(lambda: work.count("ping") >= 2, what="the woken run")
+    finally:
+        cycle.stop()
+        executor_log.removeHandler(slow)
+        executor_log.setLevel(old_level)
+    assert work.count("ping") == 2
+    assert skipped == []   # no run skipped as "maximum number of running instances"
