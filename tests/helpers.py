@@ -7,7 +7,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,29 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def processes_of(marker: str, sessions: Collection[int] = ()) -> dict[int, str]:
+    """The live processes of this machine (zombies left out) whose command line holds
+    ``marker``, or that belong to one of ``sessions`` (a unit runs in a session of its own:
+    what it started is there even without the marker): pid -> command line, read from
+    ``/proc``."""
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) < 4 or fields[0] in ("Z", "X"):
+            continue
+        if marker.encode() in cmd or int(fields[3]) in sessions:
+            found[int(entry.name)] = cmd.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
 
 
 def holds_for(check: Callable[[], object], seconds: float, interval: float = 0.1) -> None:

@@ -14,7 +14,8 @@ import pytest
 import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
-from tests.helpers import holds_for, wait_for
+from troy.states import FINAL_STATES
+from tests.helpers import holds_for, processes_of, wait_for
 from tests.troy.frameworks.nodes import running_pilot
 
 WAIT = 60
@@ -110,17 +111,57 @@ def test_the_watchdog_requeues_what_still_runs_at_deadline_minus_margin(framewor
     assert framework.unit_stats().lost == 0
 
 
-def test_a_unit_canceled_on_a_draining_pilot_lets_it_empty(framework, tmp_path):
+def test_a_unit_canceled_on_a_draining_pilot_lets_it_empty_and_leaves_no_process(
+        framework, tmp_path):
     """Broke on ``dask``: a canceled unit stayed in the drain's count, so on_empty never
-    came."""
+    came. Its process (gated on a file nobody makes: it never ends by itself) outlived its
+    pilot once: a canceled unit's processes are killed, and none is left once the pilot is
+    gone (checked in ``/proc``)."""
     a = running_pilot(framework, 1)
-    u = framework.submit_unit(gated(tmp_path / "gate", 1), pilot=a)
+    gate = tmp_path / "gate"
+    u = framework.submit_unit(gated(gate, 1), pilot=a)
     wait_for(lambda: running_on(u, a), WAIT, what="the unit running")
+    sessions = set(wait_for(lambda: processes_of(str(gate)), WAIT, what="its process"))
     emptied: list[troy.Pilot] = []
     plan = framework.drain_pilot(a, None, on_empty=emptied.append)
     assert plan.kept == [u.id]
     u.cancel()
     wait_for(lambda: emptied == [a], WAIT, what="on_empty")
+    wait_for(lambda: not processes_of(str(gate), sessions), WAIT,
+             what="the canceled unit's processes killed")
+    framework.cancel_pilot(a.id)
+    wait_for(lambda: a.state in FINAL_STATES, WAIT, what="the pilot gone")
+    holds_for(lambda: not processes_of(str(gate), sessions), 0.5)
+
+
+def test_units_canceled_at_any_moment_leave_no_process_once_their_pilot_is_gone(
+        framework, tmp_path):
+    """Units canceled while queued, while being handed to the pilot, just started or running
+    (each gated on a file nobody makes): once the pilot is gone, no process of any is left."""
+    a = running_pilot(framework, 2)
+    marker = str(tmp_path / "never")
+    units = []
+    for i in range(24):
+        units.append(framework.submit_unit(gated(Path(f"{marker}-{i}"), 1), pilot=a))
+        if i % 3 == 0:
+            units[-1].cancel()          # at once: queued, or being dispatched
+        elif i % 3 == 1:
+            time.sleep(0.005 * (i % 7))  # in flight: maybe starting on the pilot
+            units[-1].cancel()
+    # (a canceled unit's process left running holds its core: then this never comes)
+    try:
+        wait_for(lambda: sum(u.state is State.RUNNING for u in units) == 2, WAIT,
+                 what="two units running")
+    except pytest.fail.Exception:
+        pytest.fail(f"not two units running; states {[u.state.name for u in units]}, "
+                    f"processes {sorted(processes_of(marker).values())}")
+    for u in units:
+        u.cancel()
+    assert {u.state for u in units} == {State.CANCELED}
+    wait_for(lambda: not processes_of(marker), WAIT, what="every canceled unit's process killed")
+    framework.cancel_pilot(a.id)
+    wait_for(lambda: a.state in FINAL_STATES, WAIT, what="the pilot gone")
+    holds_for(lambda: not processes_of(marker), 0.5)
 
 
 def test_a_pilot_lost_while_draining_requeues_its_units_and_never_calls_on_empty(

@@ -13,7 +13,7 @@ import troy
 from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.frameworks.dask import DaskFramework
-from tests.helpers import wait_for
+from tests.helpers import processes_of, wait_for
 from tests.troy.helpers import diamond
 from tests.troy.frameworks.nodes import running_pilot
 
@@ -210,3 +210,38 @@ def test_backfill_hands_units_to_a_busy_dask_pilot_up_to_its_backlog(dask_schedu
         assert p.free_cores == 0 and p.room == 0 and units[3].state is State.PENDING
         gate.touch()
         assert us.wait_units(timeout=30) == [State.DONE] * 4
+
+
+def test_a_unit_canceled_while_its_task_is_handed_to_dask_leaves_no_process(
+        dask_scheduler, tmp_path):
+    """The cancel comes while the framework hands the unit's task to Dask (``client.map``
+    returned, the task already started on the worker, its future not yet the unit's): the
+    dispatch only cancelled the future, and Dask never interrupts a task that runs, so the
+    process of the canceled unit ran on (a gated one for ever, on its core)."""
+    marker = str(tmp_path / "never")
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", scheduler_address=dask_scheduler,
+                             sandbox=str(tmp_path / "sb"))
+        a = running_pilot(fw, 1)
+        units: dict[str, troy.ComputeUnit] = {}
+        dask_map = fw.client.map
+
+        def map_then_cancel(function, descriptions, ids, *rest, **options):  # noqa: ANN001
+            futures = dask_map(function, descriptions, ids, *rest, **options)
+            wait_for(lambda: processes_of(marker), 60, what="the unit's process started")
+            wait_for(lambda: set(ids) <= set(units), 60, what="the units submitted")
+            for uid in ids:
+                units[uid].cancel()
+            return futures
+
+        fw.client.map = map_then_cancel
+        u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"while [ ! -e {marker} ]; do sleep 0.02; done"]), pilot=a)
+        units[u.id] = u
+        wait_for(lambda: u.state is State.CANCELED, 60, what="the unit canceled")
+        wait_for(lambda: not processes_of(marker), 60, what="its process killed")
+        fw.client.map = dask_map
+        v = fw.submit_unit(CUD(executable="/bin/true"), pilot=a)   # its core is free again
+        assert v.wait(60) is State.DONE
+        fw.cancel_pilot(a.id)
+    assert not processes_of(marker)

@@ -608,9 +608,13 @@ async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
     done = asyncio.ensure_future(w.finished())
     await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
                        return_when=asyncio.FIRST_COMPLETED)
-    # Leave the scheduler first (it reschedules what ran here), then kill the units.
-    await w.close(timeout=5, executor_wait=False, reason="troy pilot stopped")
-    _kill_all()
+    # Leave the scheduler first (it reschedules what ran here), then kill the units (a close
+    # that fails kills them all the same: they run in sessions of their own and would
+    # outlive this process)
+    try:
+        await w.close(timeout=5, executor_wait=False, reason="troy pilot stopped")
+    finally:
+        _kill_all()
 
 
 async def _serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int = 0) -> None:

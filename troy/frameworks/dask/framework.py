@@ -172,6 +172,9 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         self._started = False
         self._dispatch_lock = threading.RLock()
         self._tags_lock = threading.Lock()
+        # a unit's future set (dispatch) and its cancel flag read, or the flag set and the
+        # future read (cancel_unit), are one step: exactly one of the two kills its task
+        self._cancel_lock = threading.Lock()
         self._moved: dict[str, ComputeUnit] = {}   # units requeued at least once
 
     # ------------------------------------------------------------ lifecycle ---------------
@@ -541,15 +544,35 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                 [self.topic] * len(recs), [self.sandbox] * len(recs),
                 key=[r.key for r in recs], resources=resources,
                 workers=[addr] if addr else None, allow_other_workers=False, pure=False)
-            watched = []
+            watched, doomed = [], []
             for rec, fut in zip(recs, futures):
-                if rec.unit.state in FINAL_STATES or rec.canceling:
+                with self._cancel_lock:
+                    canceled = rec.unit.state in FINAL_STATES or rec.canceling
+                    if not canceled:
+                        rec.future = fut
+                if canceled:
                     fut.cancel()
+                    doomed.append(rec.unit.id)
                     continue
-                rec.future = fut
                 watched.append(fut)
             if watched:
                 self.client.loop.add_callback(self._watch, watched)
+            if doomed:
+                # canceled while handed to Dask: its task may have started on a worker
+                # already, and Dask's cancel never stops a task that runs: kill it there
+                self._kill_canceled(addr, doomed)
+
+    def _kill_canceled(self, addr: str | None, unit_ids: list[str]) -> None:
+        """Kill canceled units' processes on the worker at ``addr`` (None: every worker),
+        without waiting; a unit that has not started there yet never will."""
+        def kill() -> None:
+            try:
+                self.on_node(addr, agent.kill_units, unit_ids)
+            except Exception as err:  # noqa: BLE001 - closing: its workers stop their units
+                log.info("framework %s: killing canceled units on %s: %s", self.name,
+                         addr or "every worker", err)
+
+        threading.Thread(target=kill, daemon=True, name=f"troy-{self.name}-kill").start()
 
     def live_units(self) -> list[ComputeUnit]:
         return [r.unit for r in list(self._records.values())
@@ -560,14 +583,15 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         if rec is None or unit.state in FINAL_STATES:
             unit._set_state(State.CANCELED)
             return
-        rec.canceling = True
+        with self._cancel_lock:
+            rec.canceling = True
+            fut, rec.future = rec.future, None
         addr = rec.addr
         self._records.pop(unit.id, None)
         self._unreserve(rec)
         self._unit_gone(rec, addr)   # a drain waiting for it does not wait any more
         unit._set_state(State.CANCELED, result=UnitResult(error="canceled"))
-        fut, rec.future = rec.future, None
-        if fut is not None:
+        if fut is not None:   # else the dispatch that hands it to Dask kills it
             fut.cancel()
             if fut.status != "finished" and self.client is not None:
                 try:  # kill its processes where it runs (or may be just starting)

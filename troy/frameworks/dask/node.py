@@ -158,8 +158,10 @@ async def _serve_node(scheduler: str, cores: int, name: str | None, host: str | 
         await asyncio.wait([done, asyncio.ensure_future(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
         cut.cancel()
-        await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
-        _kill_all()
+        try:   # a close that fails kills the units all the same (see _serve_worker)
+            await w.close(timeout=5, executor_wait=False, reason="troy node agent stopped")
+        finally:
+            _kill_all()
         if stop.is_set():
             return
         if _leaving.is_set():  # retired by its cluster: the node is going, no rejoining
