@@ -127,7 +127,10 @@ def test_the_scheduler_drops_and_refuses_a_denied_certificate(tmp_path: Path,
         # it tries again (Dask's worker reconnects): refused at each connection
         wait_for(lambda: guard.denied >= 2, 60, what="its reconnection refused")
         assert not fw.on_scheduler(lambda s: list(s.workers))
-        assert fw.find_pilot("node-1").state is not State.RUNNING
+        # the framework hears of its worker leaving on its own thread (late, under load)
+        wait_for(lambda: fw.find_pilot("node-1").state is not State.RUNNING, 60,
+                 what="node-1's pilot no longer running")
+        assert not fw.on_scheduler(lambda s: list(s.workers))
     finally:
         stop(agent)
         fw.close()
