@@ -37,7 +37,6 @@ import re
 import ssl
 import sys
 import threading
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -231,44 +230,19 @@ class KeyRequestError(Exception):
     """The node could not get its key authorised: one line."""
 
 
-def _context(ca_file: str, cert_file: str, key_file_: str) -> ssl.SSLContext:
-    """Mutual TLS that trusts only the cluster CA (pinned: no host name check)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.check_hostname = False
-    ctx.load_verify_locations(cafile=ca_file)
-    ctx.load_cert_chain(cert_file, key_file_)
-    return ctx
-
-
 def post_key(url: str, client_id: str, public_key: str, ctx: ssl.SSLContext) -> str:
     """``POST url/key``; the interchange's public key from the answer."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "https" or not parts.hostname:
-        raise KeyRequestError(f"enrolment URL {url!r}: expected https://HOST:PORT")
-    conn = http.client.HTTPSConnection(parts.hostname, parts.port or 443, timeout=TIMEOUT,
-                                       context=ctx)
+    from troy.frameworks.dask import EnrolError, post_to_control
     try:
-        conn.connect()
-        sock = conn.sock
-        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
-        units = {k: v for rdn in (peer or {}).get("subject", ()) for k, v in rdn}
-        if units.get("organizationalUnitName") != "control":
-            raise KeyRequestError(f"{parts.hostname}:{parts.port}: not the cluster's "
-                                  f"enrolment service (not a control member's certificate)")
-        conn.request("POST", "/key", body=json.dumps({"client_id": client_id,
-                                                      "public_key": public_key}).encode(),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        text = resp.read(1 << 16).decode(errors="replace")
+        status, text = post_to_control(url, "/key", {"client_id": client_id,
+                                                     "public_key": public_key}, ctx, 1 << 16)
     except (OSError, http.client.HTTPException) as err:
         raise KeyRequestError(f"cannot reach the enrolment service {url}: "
                               f"{getattr(err, 'reason', None) or err}") from None
-    finally:
-        conn.close()
-    if resp.status != 200:
-        line = text.strip().splitlines()[0] if text.strip() else resp.reason
-        raise KeyRequestError(f"the node's key was refused ({resp.status}): {line}")
+    except EnrolError as err:  # not https, or not the control's certificate
+        raise KeyRequestError(str(err)) from None
+    if status != 200:
+        raise KeyRequestError(f"the node's key was refused ({status}): {text}")
     try:
         return check_key(json.loads(text)["server_key"])
     except (ValueError, KeyError, TypeError):
@@ -282,12 +256,14 @@ def request_key(url: str, ca_file: str, cert_file: str, cert_key: str, client_id
     public key authorised, and write the interchange's public key there: the folder the
     worker pool's ``--cert_dir`` names; that folder."""
     import zmq
+
+    from troy.frameworks.dask import tls_context
     public, secret = (k.decode() for k in zmq.curve_keypair())
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(out_dir, 0o700)  # Parsl's client refuses a folder others can read
     _write(out_dir / "client.key_secret", key_file(public, secret), 0o600)
     _write(out_dir / "client.key", key_file(public), 0o600)
-    server = post_key(url, client_id, public, _context(ca_file, cert_file, cert_key))
+    server = post_key(url, client_id, public, tls_context(ca_file, cert_file, cert_key))
     _write(out_dir / "server.key", key_file(server), 0o600)
     _write(out_dir / "server.key_secret", key_file(server, NO_SECRET), 0o600)
     return out_dir

@@ -16,7 +16,7 @@ from troy import State
 from tests.helpers import wait_for
 from tests.troy.frameworks.nodes import stop
 from tests.troy.frameworks.test_guard import (  # noqa: F401 - guarded: a fixture
-    _touch, _Touched, guarded, node_files, replaced_node, spy_worker, until)
+    _touch, _Touched, error_chain, guarded, node_files, replaced_node, spy_worker, until)
 
 pytestmark = pytest.mark.slow
 
@@ -146,11 +146,7 @@ def test_one_worker_a_node_certificate(guarded, tmp_path, caplog) -> None:
         try:
             await w
         except Exception as err:  # noqa: BLE001 - what the worker says
-            chain = []
-            while err is not None:
-                chain.append(f"{type(err).__name__}: {err}")
-                err = err.__cause__ or err.__context__
-            return "refused: " + " <- ".join(chain)
+            return "refused: " + error_chain(err)
         await w.close()
         return "joined"
 

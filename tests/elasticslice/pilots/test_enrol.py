@@ -137,7 +137,7 @@ def test_a_request_for_another_client_id_than_the_tokens_is_refused(cluster: Clu
     whatever the request says: a request naming node-2 is refused."""
     key, csr = node_enrol.new_key_and_csr("node-2")
     token = cluster.svc.token_for("node-1", deadline=time.time() + 60)
-    ctx = node_enrol._context(str(cluster.ca.ca_file))
+    ctx = node_enrol.tls_context(str(cluster.ca.ca_file))
     with pytest.raises(node_enrol.EnrolError, match="request is for 'node-2', not 'node-1'"):
         node_enrol._post(cluster.svc.url, "/enrol", {"token": token, "client_id": "node-1",
                                                      "csr": csr.decode()}, ctx)
@@ -216,7 +216,7 @@ def test_renewal_needs_a_worker_certificate(cluster: Cluster) -> None:
     cert, key = cluster.ca.issue("scheduler")  # a control member's: not renewed here
     with pytest.raises(node_enrol.EnrolError, match="only a node's worker certificate"):
         node_enrol.renew(cluster.svc.url, str(cluster.ca.ca_file), str(cert), str(key))
-    ctx = node_enrol._context(str(cluster.ca.ca_file))  # no certificate at all
+    ctx = node_enrol.tls_context(str(cluster.ca.ca_file))  # no certificate at all
     _, csr = node_enrol.new_key_and_csr("node-1")
     with pytest.raises(node_enrol.EnrolError, match="needs the node's current certificate"):
         node_enrol._post(cluster.svc.url, "/renew", {"csr": csr.decode()}, ctx)

@@ -138,6 +138,15 @@ async def spy_worker(fw: DaskFramework, tls: DaskTLS,  # noqa: ANN201 - async ge
         await w.close()
 
 
+def error_chain(err: BaseException | None) -> str:
+    """What a worker refused when joining says, causes included."""
+    chain = []
+    while err is not None:
+        chain.append(f"{type(err).__name__}: {err}")
+        err = err.__cause__ or err.__context__
+    return " <- ".join(chain)
+
+
 async def until(check, seconds: float = 20.0) -> bool:  # noqa: ANN001
     """Poll ``check()`` every 50 ms until it is true (True) or ``seconds`` passed (False)."""
     for _ in range(int(seconds / 0.05)):
@@ -206,11 +215,7 @@ def test_a_worker_of_other_versions_is_refused_with_both(tmp_path, cluster_ca,
             try:
                 await w
             except Exception as err:  # noqa: BLE001 - what the worker says
-                chain = []
-                while err is not None:
-                    chain.append(f"{type(err).__name__}: {err}")
-                    err = err.__cause__ or err.__context__
-                return " <- ".join(chain)
+                return error_chain(err)
             await w.close()
             return "joined"
 

@@ -55,6 +55,9 @@ _WHERE = {
     "DenyList": "denylist", "serial_of": "denylist",  # certificates refused before expiry
     "RENEW_URL_ENV": "enrol",                  # the node agent's certificate renewal URL
     "cert_info": "enrol",                      # (CN, not before, not after) of a PEM file
+    "EnrolError": "enrol",                     # a node's enrolment or request failed
+    "tls_context": "enrol",                    # a client context pinning the cluster CA
+    "post_to_control": "enrol",                # POST to the enrolment service, OU checked
     "silence_dask": "processes",               # Dask's loggers quiet in this process
 }
 __all__ = sorted(_WHERE)
@@ -75,7 +78,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from troy.frameworks.dask.denylist import DenyList, serial_of
-    from troy.frameworks.dask.enrol import RENEW_URL_ENV, cert_info
+    from troy.frameworks.dask.enrol import RENEW_URL_ENV, EnrolError, cert_info, post_to_control, \
+        tls_context
     from troy.frameworks.dask.framework import DaskFramework, DaskPilot
     from troy.frameworks.dask.processes import silence_dask
     from troy.frameworks.dask.tls import DaskTLS

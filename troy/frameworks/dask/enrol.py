@@ -72,8 +72,8 @@ def new_key_and_csr(client_id: str) -> tuple[bytes, bytes]:
     return key_pem, csr.public_bytes(serialization.Encoding.PEM)
 
 
-def _context(ca_file: str, cert_file: str | None = None,
-             key_file: str | None = None) -> ssl.SSLContext:
+def tls_context(ca_file: str, cert_file: str | None = None,
+                key_file: str | None = None) -> ssl.SSLContext:
     """TLS that trusts only the cluster CA (no host name check: the CA is pinned)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -85,16 +85,18 @@ def _context(ca_file: str, cert_file: str | None = None,
     return ctx
 
 
-def _post(url: str, path: str, body: dict[str, str], ctx: ssl.SSLContext) -> str:
-    """POST ``body`` to ``url`` + ``path``; the certificate (PEM) it answers with."""
+def post_to_control(url: str, path: str, body: dict[str, str], ctx: ssl.SSLContext,
+                    limit: int = 1 << 20) -> tuple[int, str]:
+    """POST ``body`` (JSON) to ``url`` + ``path`` at the control node's enrolment service:
+    (HTTP status, the answer's text, or its first line when not 200). The server's role is
+    checked before anything is sent: a node's own certificate (OU worker, of the same CA: a
+    hostile node's) would otherwise be handed what the body carries (:class:`EnrolError`)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "https" or not parts.hostname:
         raise EnrolError(f"enrolment URL {url!r}: expected https://HOST:PORT")
     conn = http.client.HTTPSConnection(parts.hostname, parts.port or 443, timeout=TIMEOUT,
                                        context=ctx)
     try:
-        # the server's role is checked before anything is sent: a node's own certificate
-        # (OU worker, of the same CA: a hostile node's) would otherwise be handed the token
         conn.connect()
         sock = conn.sock
         peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
@@ -105,14 +107,22 @@ def _post(url: str, path: str, body: dict[str, str], ctx: ssl.SSLContext) -> str
         data = json.dumps(body).encode()
         conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
-        text = resp.read(1 << 20).decode(errors="replace")
+        text = resp.read(limit).decode(errors="replace")
     finally:
         conn.close()
     if resp.status != 200:
-        line = text.strip().splitlines()[0] if text.strip() else resp.reason
-        if resp.status == 503:   # e.g. the manager has not read the node's manifest yet
-            raise _NotYet(f"enrolment refused ({resp.status}): {line}")
-        raise _Refusal(f"enrolment refused ({resp.status}): {line}")
+        text = text.strip().splitlines()[0] if text.strip() else resp.reason
+    return resp.status, text
+
+
+def _post(url: str, path: str, body: dict[str, str], ctx: ssl.SSLContext) -> str:
+    """POST ``body`` to ``url`` + ``path``; the certificate (PEM) it answers with."""
+    status, text = post_to_control(url, path, body, ctx)
+    if status != 200:
+        line = text
+        if status == 503:   # e.g. the manager has not read the node's manifest yet
+            raise _NotYet(f"enrolment refused ({status}): {line}")
+        raise _Refusal(f"enrolment refused ({status}): {line}")
     try:
         cert = json.loads(text)["certificate"]
     except (ValueError, KeyError, TypeError):
@@ -162,7 +172,7 @@ def enrol(url: str, token_file: Path, ca_file: Path, client_id: str, out_dir: Pa
     if not ca_file.is_file():
         raise EnrolError(f"no cluster CA certificate at {ca_file}")
     key_pem, csr = new_key_and_csr(client_id)
-    ctx = _context(os.fspath(ca_file))
+    ctx = tls_context(os.fspath(ca_file))
     deadline = time.monotonic() + retry_for
     pause = 1.0
     while True:
@@ -201,7 +211,7 @@ def renew(url: str, ca_file: str, cert_file: str, key_file: str) -> float:
     authenticated by the current ones; the new certificate's expiry (epoch seconds)."""
     client_id = cert_info(cert_file)[0]
     key_pem, csr = new_key_and_csr(client_id)
-    cert = _post(url, "/renew", {"csr": csr.decode()}, _context(ca_file, cert_file, key_file))
+    cert = _post(url, "/renew", {"csr": csr.decode()}, tls_context(ca_file, cert_file, key_file))
     out = Path(cert_file)
     if Path(key_file).parent != out.parent or Path(key_file).name != "node.key" \
             or out.name != "node.pem":
