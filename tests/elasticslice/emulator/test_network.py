@@ -251,12 +251,11 @@ def test_a_neighbour_of_this_machine_cannot_reach_the_control_address(networked)
     interface: a neighbour on this machine's LAN that routes 100.64.0.0/10 here reached the
     scheduler and the callback endpoint. The box's firewall takes packets to its control
     network only from this machine and its nodes. The neighbour: a network namespace on a
-    veth to the host (TEST-NET-1 addresses), routing 100.64.0.0/10 to it."""
+    veth to the host (TEST-NET-2 or -3 addresses), routing 100.64.0.0/10 to it."""
     fabric = networked.server.ctx.boot.fabric
     control = fabric.control_ip
     name, host_end = f"esnb{os.getpid()}", f"esnb{os.getpid()}h"
-    base = 4 * (os.getpid() % 60)
-    here, there = f"192.0.2.{base + 1}", f"192.0.2.{base + 2}"
+    here, there = _spare_pair()
     network._run(["netns", "add", name])
     try:
         network._run([], [f"link add {host_end} type veth peer name eth0 netns {name}",
@@ -276,6 +275,27 @@ def test_a_neighbour_of_this_machine_cannot_reach_the_control_address(networked)
             assert connect(control, served.getsockname()[1]) == "connected"
     finally:
         network._delete_netns(name)
+
+
+def _spare_pair() -> tuple[str, str]:
+    """Two addresses of a /30 in TEST-NET-2/3 that no interface of this machine is on (a
+    machine may itself sit in a documentation network: this one's eth0 is 192.0.2.2/24, and a
+    /30 holding it made the neighbour's answers go nowhere)."""
+    import ipaddress
+    import json
+    taken = [ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False)
+             for link in json.loads(subprocess.run(["ip", "-j", "-4", "addr"], check=True,
+                                                   capture_output=True, text=True).stdout)
+             for a in link.get("addr_info", [])]
+    for block in ("198.51.100.0/24", "203.0.113.0/24"):
+        subnets = list(ipaddress.ip_network(block).subnets(new_prefix=30))
+        start = os.getpid() % len(subnets)  # parallel runs of the suite on one machine
+        for subnet in subnets[start:] + subnets[:start]:
+            if not any(subnet.overlaps(net) for net in taken):
+                first, second = list(subnet.hosts())
+                return str(first), str(second)
+    pytest.fail("no /30 of 198.51.100.0/24 or 203.0.113.0/24 is free of this machine's "
+                "addresses")
 
 
 def _try_connect(host: str, port: int) -> str:
