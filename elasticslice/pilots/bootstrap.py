@@ -60,7 +60,7 @@ import shlex
 from pathlib import Path
 from types import ModuleType
 
-from elasticslice.pilots import nodeinstall, wheeltags
+from elasticslice.pilots import nodefetch, nodeinstall, wheeltags
 
 DEFAULT_TARGET = "/local/pilot/env"
 STAMP = nodeinstall.STAMP_NAME
@@ -74,17 +74,18 @@ HEREDOC = "ELASTICSLICE_PILOT_ENV"
 def _source(module: ModuleType) -> str:
     """A module's source without ``from __future__ import annotations`` (the node's python3
     may be older than 3.7: it must parse there to say it is too old) and without imports of
-    the embedded module."""
+    the embedded modules."""
     text = Path(module.__file__ or "").read_text()
     text = re.sub(r"^from __future__ import annotations\n", "", text, flags=re.M)
-    return re.sub(r"^from elasticslice\.pilots\.wheeltags import \([^)]*\)\n", "", text,
-                  flags=re.M)
+    text = re.sub(r"^from elasticslice\.pilots\.\w+ import \([^)]*\)\n", "", text, flags=re.M)
+    return re.sub(r"^from elasticslice\.pilots\.\w+ import [^(\n]*\n", "", text, flags=re.M)
 
 
 @functools.lru_cache(maxsize=1)
 def installer() -> str:
-    """The installer program the node runs (wheeltags', then nodeinstall's source)."""
-    return _source(wheeltags) + "\n\n" + _source(nodeinstall)
+    """The installer program the node runs (wheeltags', nodefetch's, then nodeinstall's
+    source)."""
+    return "\n\n".join(_source(module) for module in (wheeltags, nodefetch, nodeinstall))
 
 
 def _url_problem(value: str, relative: bool = False) -> bool:
