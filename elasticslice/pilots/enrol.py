@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import http.server
-import json
 import logging
 import secrets
 import ssl
@@ -53,31 +51,19 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import NameOID
 
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.enrolhttp import Refused, Server, read_csr
 from elasticslice.pilots.publish import serve_in_thread, server_url, stop_serving
 from elasticslice.pilots.restart import read_json, write_json
-from elasticslice.serving import GuardedServer, Limits, buffered, default_cap
 from troy.frameworks.dask import DenyList, serial_of
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 64 * 1024  # a CSR and a token fit in far less
-
 
 class EnrolmentError(ElasticSliceError):
     """The enrolment service cannot start."""
-
-
-class Refused(Exception):
-    """A request refused: ``status`` and one line for the node."""
-
-    def __init__(self, status: int, line: str) -> None:
-        super().__init__(line)
-        self.status, self.line = status, line
 
 
 @dataclasses.dataclass
@@ -89,97 +75,6 @@ class _Token:
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def read_csr(pem: Any, client_id: str) -> bytes:
-    """The public key (PEM) of a CSR whose signature verifies and whose CN is
-    ``client_id``; :class:`Refused` otherwise."""
-    if not isinstance(pem, str) or "BEGIN CERTIFICATE REQUEST" not in pem:
-        raise Refused(400, "expected a PEM certificate request in 'csr'")
-    try:
-        csr = x509.load_pem_x509_csr(pem.encode())
-    except ValueError as err:
-        raise Refused(400, f"the certificate request cannot be read: {err}") from None
-    if not csr.is_signature_valid:
-        raise Refused(400, "the certificate request's signature does not verify")
-    names = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    if names != [client_id]:
-        raise Refused(403, f"the certificate request is for {names[0] if names else 'no CN'!r},"
-                           f" not {client_id!r}")
-    return csr.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.0"
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-        service = self.server.service
-        try:
-            body = self._body()
-            if self.path == "/enrol":
-                answer = service.enrol(body, self.client_address[0])
-            elif self.path == "/renew":
-                answer = service.renew(body, self.connection.getpeercert())
-            elif self.path == "/key":
-                answer = service.authorise_key(body, self.connection.getpeercert())
-            else:
-                raise Refused(404, f"no such service: {self.path[:64]!r}")
-        except Refused as err:
-            self._send(err.status, (err.line + "\n").encode(), "text/plain; charset=utf-8")
-            return
-        except Exception:  # noqa: BLE001 - never a traceback to the node
-            log.exception("enrolment: cannot answer %s", self.path[:64])
-            self._send(500, b"internal error: see the control node's log\n", "text/plain")
-            return
-        self._send(200, json.dumps(answer).encode(), "application/json")
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._send(405, b"POST /enrol or /renew\n", "text/plain")
-
-    def _body(self) -> dict[str, Any]:
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            raise Refused(411, "a Content-Length is required") from None
-        if not 0 < length <= MAX_BODY:
-            raise Refused(413, f"a request of {length} bytes: at most {MAX_BODY}")
-        try:
-            data = json.loads(self.rfile.read(length))
-        except ValueError:
-            raise Refused(400, "expected a JSON object") from None
-        if not isinstance(data, dict):
-            raise Refused(400, "expected a JSON object")
-        return data
-
-    def _send(self, status: int, data: bytes, kind: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass  # requests carry tokens: the service logs its own lines, without them
-
-
-class _Server(GuardedServer):
-    """A guarded listener (:mod:`elasticslice.serving`): TLS handshakes and whole requests
-    are read off the accepting thread within deadlines, no thread is given to an idle or
-    trickling stranger, and refused handshakes are counts in a log line a minute."""
-
-    #: a node enrols once and renews hourly; a CSR is small
-    LIMITS = Limits(max_connections=default_cap(), handshake_deadline=5.0,
-                    request_deadline=10.0, response_deadline=30.0, io_timeout=10.0,
-                    workers=4, max_body=MAX_BODY)
-
-    def __init__(self, service: EnrolmentService, host: str, port: int,
-                 context: ssl.SSLContext, limits: Limits | None = None) -> None:
-        self.service = service
-        self.context = context
-        super().__init__((host, port), buffered(_Handler), limits=limits or self.LIMITS,
-                         tls=context, name="enrolment service")
 
 
 class EnrolmentService:
@@ -219,7 +114,7 @@ class EnrolmentService:
         self._warned: set[tuple[str, int]] = set()
         self._forgotten: set[str] = set()
         self._lock = threading.Lock()
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self._thread: threading.Thread | None = None
         self.enrolled = 0   # certificates issued to a token
         self.renewed = 0    # certificates renewed
@@ -289,7 +184,7 @@ class EnrolmentService:
         context.load_verify_locations(cadata=self.ca.cert_pem.decode())
         context.verify_mode = ssl.CERT_OPTIONAL  # renewals show their worker certificate
         try:
-            self._server = _Server(self, self.listen, self.port, context)
+            self._server = Server(self, self.listen, self.port, context)
         except OSError as err:
             raise EnrolmentError(f"cannot serve enrolment on {self.listen}:{self.port}: "
                                  f"{err.strerror or err}") from err
