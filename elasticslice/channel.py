@@ -5,10 +5,12 @@ cluster CA's key; the workload side (Troy's session, a Dask client, Parsl's Data
 decodes what nodes send and so must never hold them. What crosses between the two is small,
 typed and versioned, and nothing of it is ever a pickle:
 
-- workload -> daemon: ``demand`` (nodes wanted), ``pilots`` (each pilot: its node, state,
-  cores, busy or idle since when, units on it), ``drained`` (a drain decision carried out);
-- daemon -> workload: ``node`` events (booting, joined, notice with its deadline, released),
-  ``drain``/``retire``/``lose`` decisions for a node's pilot.
+- workload -> daemon: ``demand`` (Troy's demand in cores and units, and what else asks
+  for nodes), ``pilots`` (each pilot: its node, state, cores, busy or idle since when, units
+  on it), ``drained`` (a drain decision carried out);
+- daemon -> workload: ``node`` events (booting, joined, notice with its deadline,
+  released), ``drain``/``retire``/``lose`` decisions for a node's pilot, and CloudLab's
+  ``values`` of the pilots.
 
 The daemon serves it on a UNIX socket, ``<state_dir>/manager.sock`` (:data:`SOCKET`), mode
 0600 in the 0700 state directory, and the kernel says who connected (``SO_PEERCRED``): a uid
@@ -48,6 +50,9 @@ ROLES = ("workload", "daemon")
 HELLO_TIMEOUT = 10.0         # seconds a peer has to say hello
 
 NUMBER = (int, float)
+#: a ``demand`` frame's counts: those of Troy's ``Demand`` (troy/demand.py)
+DEMAND_FIELDS = ("queued_cores", "running_cores", "waiting_cores", "max_unit_cores",
+                 "units_queued", "units_running", "units_waiting", "units_done")
 #: every message, with its fields: name -> (accepted types, required). ``None`` among the
 #: types: JSON null is accepted.
 MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
@@ -55,19 +60,23 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     "error": {"line": ((str,), True)},
     "bye": {},
     # workload -> daemon
-    "demand": {"nodes": ((*NUMBER, None), True), "cores": ((int,), False)},
+    "demand": {**{name: ((int,), False) for name in DEMAND_FIELDS},
+               "extra_nodes": ((*NUMBER, None), False)},
     "pilots": {"pilots": ((list,), True)},
     "drained": {"client_id": ((str,), True), "requeued": ((int,), True)},
     # daemon -> workload
     "node": {"event": ((str,), True), "client_id": ((str,), True),
              "address": ((str, None), False), "deadline": ((*NUMBER,), False)},
-    "drain": {"client_id": ((str,), True), "until": ((*NUMBER,), True)},
+    "drain": {"client_id": ((str,), True), "until": ((*NUMBER,), True),
+              "margin": ((*NUMBER,), True)},
     "retire": {"client_id": ((str,), True), "until": ((*NUMBER,), True)},
     "lose": {"client_id": ((str,), True), "reason": ((str,), True)},
+    "values": {"values": ((dict,), True)},
 }
 #: the fields of one entry of a ``pilots`` frame
 PILOT: dict[str, tuple[tuple[Any, ...], bool]] = {
-    "client_id": ((str,), True), "state": ((str,), True), "cores": ((int,), True),
+    "client_id": ((str,), True), "pilot_id": ((str,), True), "state": ((str,), True),
+    "cores": ((int,), True),
     "busy": ((bool,), True), "idle_since": ((*NUMBER, None), False),
     "units": ((int,), False),
 }
@@ -127,6 +136,18 @@ def check(message: Any) -> dict[str, Any]:
             if not isinstance(pilot, dict):
                 raise ChannelError(f"pilots[{i}]: must be an object")
             _check_fields(pilot, PILOT, f"pilots[{i}]")
+    if kind == "values":
+        values = message["values"]
+        if len(values) > MAX_PILOTS:
+            raise ChannelError(f"values: {len(values)} entries, at most {MAX_PILOTS}")
+        for name, value in values.items():
+            if len(name) > MAX_TEXT or isinstance(value, bool) or \
+                    not isinstance(value, NUMBER) or not 0 <= value <= 1:
+                raise ChannelError(f"values: {name[:64]!r}: expected a number from 0 to 1")
+    for name, value in message.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0 \
+                and name not in ("until", "deadline"):
+            raise ChannelError(f"{kind}: the field {name!r} is negative")
     return message
 
 

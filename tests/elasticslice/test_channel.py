@@ -65,16 +65,18 @@ def test_demand_in_and_decisions_out(tmp_path: Path) -> None:
         mode = stat.S_IMODE(os.stat(tmp_path / ch.SOCKET).st_mode)
         assert mode == 0o600, oct(mode)
         link = ch.connect(tmp_path, on_message=got.append)
-        link.send("demand", nodes=3, cores=12)
-        link.send("pilots", pilots=[{"client_id": "node-1", "state": "ACTIVE", "cores": 4,
-                                     "busy": False, "idle_since": 1.5, "units": 0}])
+        link.send("demand", queued_cores=8, running_cores=4, extra_nodes=1.5)
+        link.send("pilots", pilots=[{"client_id": "node-1", "pilot_id": "p-1",
+                                     "state": "RUNNING", "cores": 4, "busy": False,
+                                     "idle_since": 1.5, "units": 0}])
         wait_for(lambda: len(daemon.messages) == 2, what="the daemon reading both")
-        assert daemon.messages[0] == {"type": "demand", "nodes": 3, "cores": 12}
+        assert daemon.messages[0] == {"type": "demand", "queued_cores": 8,
+                                      "running_cores": 4, "extra_nodes": 1.5}
         assert daemon.server.workload is not None
         assert daemon.server.workload.peer["pid"] == os.getpid()  # the kernel's word
-        daemon.server.workload.send("drain", client_id="node-1", until=1e9)
+        daemon.server.workload.send("drain", client_id="node-1", until=1e9, margin=5)
         wait_for(lambda: got, what="the drain decision")
-        assert got == [{"type": "drain", "client_id": "node-1", "until": 1e9}]
+        assert got == [{"type": "drain", "client_id": "node-1", "until": 1e9, "margin": 5}]
         link.close()
         wait_for(lambda: daemon.detached, what="the daemon seeing the workload go")
         assert daemon.detached == ["the peer said bye"]
@@ -85,9 +87,9 @@ def test_a_state_directory_deeper_than_a_socket_address(tmp_path: Path) -> None:
     deep.mkdir(parents=True)
     assert len(str(deep / ch.SOCKET)) > 108
     with Daemon(deep) as daemon:
-        ch.connect(deep, on_message=lambda m: None).send("demand", nodes=None)
+        ch.connect(deep, on_message=lambda m: None).send("demand", extra_nodes=None)
         wait_for(lambda: daemon.messages, what="the demand")
-        assert daemon.messages == [{"type": "demand", "nodes": None}]
+        assert daemon.messages == [{"type": "demand", "extra_nodes": None}]
 
 
 STRANGER = textwrap.dedent("""
@@ -154,7 +156,7 @@ def test_a_pickle_is_never_unpickled(tmp_path: Path) -> None:
         assert not marker.exists()
         assert daemon.messages == []
         # the daemon goes on: the next workload attaches
-        ch.connect(tmp_path, on_message=lambda m: None).send("demand", nodes=1)
+        ch.connect(tmp_path, on_message=lambda m: None).send("demand", units_queued=1)
         wait_for(lambda: daemon.messages, what="the next workload's demand")
 
 
@@ -163,19 +165,21 @@ def test_a_frame_too_long_is_not_buffered_whole(tmp_path: Path, caplog) -> None:
         sock = raw(tmp_path)
         sock.sendall(HELLO)
         with pytest.raises(OSError):  # the daemon hangs up while we still send
-            sock.sendall(b'{"type":"demand","nodes":' + b"1" * (4 * ch.MAX_FRAME))
+            sock.sendall(b'{"type":"demand","units_queued":' + b"1" * (4 * ch.MAX_FRAME))
         wait_for(lambda: daemon.server.workload is None, what="the daemon hanging up")
         assert "a frame over 1048576 bytes" in caplog.text and daemon.messages == []
 
 
 @pytest.mark.parametrize("frame, line", [
-    ({"type": "demand", "nodes": True}, "demand: the field 'nodes' must be int or float or "
-                                        "null, not bool"),
-    ({"type": "demand"}, "demand: the field 'nodes' is missing"),
-    ({"type": "demand", "nodes": 1, "why": "x"}, "demand: unknown field 'why'"),
+    ({"type": "demand", "extra_nodes": True}, "demand: the field 'extra_nodes' must be int or "
+                                              "float or null, not bool"),
+    ({"type": "drained", "client_id": "n"}, "drained: the field 'requeued' is missing"),
+    ({"type": "demand", "units_queued": 1, "why": "x"}, "demand: unknown field 'why'"),
+    ({"type": "demand", "units_queued": -1}, "demand: the field 'units_queued' is negative"),
+    ({"type": "values", "values": {"n": 2}}, "values: 'n': expected a number from 0 to 1"),
     ({"type": "shell", "cmd": "rm"}, "unknown message type 'shell'"),
-    ({"type": "pilots", "pilots": [{"client_id": "n", "state": "A", "cores": "4",
-                                    "busy": False}]},
+    ({"type": "pilots", "pilots": [{"client_id": "n", "pilot_id": "p", "state": "A",
+                                    "cores": "4", "busy": False}]},
      "pilots[0]: the field 'cores' must be int, not str"),
     ({"type": "drained", "client_id": "n" * 5000, "requeued": 0},
      "drained: the field 'client_id' is over 4096 characters"),
@@ -196,7 +200,7 @@ def test_a_bad_frame_is_one_line_naming_it(tmp_path: Path, frame: dict[str, Any]
 def test_nan_is_not_json_here(tmp_path: Path) -> None:
     with Daemon(tmp_path):
         sock = raw(tmp_path)
-        sock.sendall(HELLO + b'{"type":"demand","nodes":NaN}\n')
+        sock.sendall(HELLO + b'{"type":"demand","extra_nodes":NaN}\n')
         assert b"NaN is not JSON" in answer(sock)
 
 
@@ -221,7 +225,7 @@ def test_one_workload_at_a_time(tmp_path: Path) -> None:
 WORKLOAD = textwrap.dedent("""
     import sys, time
     from elasticslice import channel
-    channel.connect(sys.argv[1], on_message=lambda m: None).send("demand", nodes=2)
+    channel.connect(sys.argv[1], on_message=lambda m: None).send("demand", units_queued=2)
     print("attached", flush=True)
     time.sleep(60)
 """)
@@ -262,7 +266,7 @@ def test_one_daemon_a_state_directory(tmp_path: Path) -> None:
     stale.bind(str(tmp_path / ch.SOCKET))
     stale.close()
     with Daemon(tmp_path) as daemon:
-        ch.connect(tmp_path, on_message=lambda m: None).send("demand", nodes=0)
+        ch.connect(tmp_path, on_message=lambda m: None).send("demand", units_queued=0)
         wait_for(lambda: daemon.messages, what="the demand")
 
 

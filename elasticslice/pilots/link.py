@@ -1,0 +1,187 @@
+"""The workload side's end of the local channel to the manager daemon.
+
+The workload's process (Troy's session and framework; later a Dask client or Parsl's
+DataFlowKernel) decodes what nodes send, so it holds no CloudLab credential and no CA key:
+those are the manager daemon's (:mod:`elasticslice.pilots.remote` is its end).
+:class:`WorkloadLink` reports the framework's pilots and the session's demand to the daemon,
+every ``interval`` seconds and at once on :meth:`report`, and carries out the daemon's
+decisions on the framework: drain a revoked node's pilot before its deadline (and say when
+it is empty), retire it, lose it, CloudLab's values of the pilots. The daemon's node events
+say which nodes it holds, at which address (:meth:`holds`, :meth:`address_of`: the
+framework's adopt filter). A daemon that goes away is waited for: the link attaches again
+when it is back, and says so in one line.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from elasticslice.channel import DEMAND_FIELDS, Channel, ChannelError, connect
+from troy.states import FINAL_STATES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 1.0   # seconds between two reports
+RETRY = 1.0              # seconds between two attempts to attach again
+
+
+class WorkloadLink:
+    """See the module docstring. ``framework``: a Troy pilot framework; ``session``: what
+    ``demand()`` is read from (a Troy session); ``extra_nodes()``: nodes asked for besides
+    Troy's units (None: none)."""
+
+    def __init__(self, state_dir: str | Path, framework: Any, session: Any, *,
+                 interval: float = DEFAULT_INTERVAL,
+                 extra_nodes: Callable[[], float | None] | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.framework = framework
+        self.session = session
+        self.interval = interval
+        self.extra_nodes = extra_nodes
+        self.channel: Channel | None = None
+        self._held: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._attached = threading.Event()
+        self._work = ThreadPoolExecutor(4, thread_name_prefix="link-decision")
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> WorkloadLink:
+        """Attach to the daemon of ``state_dir`` (:class:`ChannelError`, one line, if none
+        answers) and start reporting."""
+        self._attach()
+        self._thread = threading.Thread(target=self._loop, name="workload-link", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._work.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def attached(self) -> bool:
+        return self._attached.is_set()
+
+    def _attach(self) -> None:
+        self.channel = connect(self.state_dir, on_message=self._on_message,
+                               on_close=self._on_close)
+        self._attached.set()
+        self._wake.set()
+
+    def _on_close(self, reason: str | None) -> None:
+        self._attached.clear()
+        with self._lock:
+            self._held.clear()   # the daemon tells them again when it is back
+        if not self._stop.is_set():
+            log.warning("the manager daemon left (%s): waiting for it", reason)
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._attached.is_set():
+                try:
+                    self._attach()
+                    log.info("attached to the manager daemon again")
+                except ChannelError:
+                    self._stop.wait(RETRY)
+                    continue
+            try:
+                self.report()
+            except ChannelError as err:
+                log.debug("report not sent: %s", err)
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    # ------------------------------------------------------------------ reporting
+    def report(self) -> None:
+        """Send the demand and the pilots now."""
+        channel = self.channel
+        if channel is None or channel.closed:
+            raise ChannelError("not attached to the manager daemon")
+        demand = self.session.demand()
+        fields: dict[str, Any] = {name: int(getattr(demand, name, 0)) for name in DEMAND_FIELDS}
+        if self.extra_nodes is not None:
+            fields["extra_nodes"] = self.extra_nodes()
+        channel.send("demand", **fields)
+        channel.send("pilots", pilots=[self._entry(p) for p in self.framework.list_pilots()
+                                       if p.worker_name and p.state not in FINAL_STATES])
+
+    @staticmethod
+    def _entry(pilot: Any) -> dict[str, Any]:
+        entry = {"client_id": pilot.worker_name, "pilot_id": pilot.id,
+                 "state": pilot.state.value, "cores": int(pilot.size),
+                 "busy": bool(pilot.busy), "idle_since": pilot.idle_since}
+        return entry
+
+    def poke(self) -> None:
+        """Report at once (something changed)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the daemon's word
+    def holds(self, client_id: str) -> bool:
+        """Whether the daemon holds the node ``client_id`` (its events say so)."""
+        with self._lock:
+            return client_id in self._held
+
+    def address_of(self, client_id: str) -> str | None:
+        with self._lock:
+            return self._held.get(client_id)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "node":
+            with self._lock:
+                if message["event"] == "released":
+                    self._held.pop(message["client_id"], None)
+                else:
+                    self._held[message["client_id"]] = message.get("address")
+            return
+        if kind == "values":
+            self.framework.set_pilot_values(message["values"])
+            return
+        if kind not in ("drain", "retire", "lose"):
+            raise ChannelError(f"{kind}: not something the manager daemon sends")
+        self._work.submit(self._decide, message)   # a Dask round trip: off the reader
+
+    def _decide(self, message: dict[str, Any]) -> None:
+        client_id = message["client_id"]
+        pilot = self.framework.find_pilot(client_id)
+        live = pilot is not None and pilot.state not in FINAL_STATES
+        try:
+            if message["type"] == "drain":
+                if not live:
+                    self._drained(client_id, 0)
+                    return
+                requeued: list[str] = []   # filled once the plan is known
+                plan = self.framework.drain_pilot(
+                    pilot, message["until"], margin=message["margin"],
+                    on_empty=lambda _p: self._drained(client_id, len(requeued)))
+                requeued.extend(getattr(plan, "requeued", ()))
+            elif message["type"] == "retire" and live:
+                self.framework.retire(pilot, message["until"])
+            elif message["type"] == "lose" and live:
+                self.framework.lose_pilot(pilot, message["reason"])
+            self.poke()
+        except Exception:  # noqa: BLE001 - one decision failing leaves the link up
+            log.exception("cannot %s the pilot of %s", message["type"], client_id)
+
+    def _drained(self, client_id: str, requeued: int) -> None:
+        channel = self.channel
+        if channel is None:
+            return
+        try:
+            channel.send("drained", client_id=client_id, requeued=requeued)
+        except ChannelError as err:
+            log.warning("the manager daemon did not hear that %s drained: %s", client_id, err)

@@ -1,0 +1,224 @@
+"""The manager daemon's view of the workload side, over the local channel.
+
+The manager daemon holds the CloudLab credentials and the cluster CA's key and so never
+decodes what a node sends; Troy's framework and session live in the workload's process
+(:mod:`elasticslice.pilots.link` is its end). :class:`RemoteWorkload` stands where the
+framework and the session stand for a manager in one process:
+:class:`~elasticslice.pilots.manager.PilotWatch` and
+:class:`~elasticslice.pilots.manager.PilotDrainer` use it as a framework (``find_pilot``,
+``list_pilots``, ``drain_pilot``, ``retire``, ``lose_pilot``, ``set_pilot_values``), and the
+manager reads ``demand()`` from it as from a session. What it knows is the workload side's
+last report, checked JSON (:mod:`elasticslice.channel`); what it decides is sent back.
+
+No workload attached (not started yet, or its process died): no pilot (a revoked node has
+nothing to drain and goes at once; a ready node counts as without its agent, as when the
+workload's process restarts today) and the last demand stands, so the slice is not shrunk
+while the workload comes back. A workload that attaches hears the nodes held at once
+(``held()``), then each node event as it happens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from elasticslice.channel import DEMAND_FIELDS, Channel, ChannelError, ChannelServer
+from troy import Demand
+from troy.states import State
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RemotePilot:
+    """A pilot as the workload side last reported it (the attributes the manager's watch
+    and drainer read of a Troy pilot)."""
+
+    id: str
+    worker_name: str        # the node's client_id
+    state: State
+    size: int
+    busy: bool
+    idle_since: float | None
+    units: int = 0
+
+    @property
+    def native_id(self) -> str:
+        return self.worker_name
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteDrain:
+    """What was asked of the workload side for a revoked node's pilot."""
+
+    pilot: str
+    deadline: float
+    margin: float
+
+
+class RemoteWorkload:
+    """The daemon's end (see the module docstring): serves the channel in ``state_dir``.
+    ``held()``: the nodes held now, as ``(client_id, control address)`` pairs, told to a
+    workload when it attaches; ``on_change()``: called when the demand or the pilots
+    changed (the manager wakes its cycle)."""
+
+    def __init__(self, state_dir: str | Path, *,
+                 held: Callable[[], list[tuple[str, str | None]]] = list,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.held = held
+        self.on_change = on_change
+        self.server = ChannelServer(state_dir, on_message=self._on_message,
+                                    on_attach=self._on_attach, on_detach=self._on_detach)
+        self._lock = threading.Lock()
+        self._pilots: dict[str, RemotePilot] = {}
+        self._demand = Demand()
+        self._extra_nodes: float | None = None
+        self._on_empty: dict[str, list[Callable[[Any], None]]] = {}
+        self._attached = threading.Event()
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> RemoteWorkload:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    @property
+    def attached(self) -> bool:
+        """A workload is attached (from its hello to the moment its pilots are forgotten)."""
+        return self._attached.is_set()
+
+    def _send(self, kind: str, **fields: Any) -> bool:
+        workload = self.server.workload
+        if workload is None:
+            return False
+        try:
+            workload.send(kind, **fields)
+            return True
+        except ChannelError as err:
+            log.warning("the workload side did not get %s: %s", kind, err)
+            return False
+
+    # ------------------------------------------------------------------ what it says
+    def _on_attach(self, channel: Channel) -> None:
+        self._attached.set()
+        for client_id, address in self.held():
+            channel.send("node", event="joined", client_id=client_id, address=address)
+
+    def _on_detach(self, channel: Channel, reason: str | None) -> None:
+        with self._lock:
+            self._pilots.clear()
+            self._on_empty.clear()
+        self._attached.clear()
+        self._changed()
+
+    def _on_message(self, channel: Channel, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "demand":
+            with self._lock:
+                self._demand = Demand(**{k: message.get(k, 0) for k in DEMAND_FIELDS})
+                self._extra_nodes = message.get("extra_nodes")
+            self._changed()
+        elif kind == "pilots":
+            pilots = {}
+            for entry in message["pilots"]:
+                try:
+                    state = State(entry["state"])
+                except ValueError:
+                    raise ChannelError(f"pilots: {entry['client_id'][:64]!r}: unknown state "
+                                       f"{entry['state'][:32]!r}") from None
+                pilots[entry["client_id"]] = RemotePilot(
+                    entry["pilot_id"], entry["client_id"], state, entry["cores"],
+                    entry["busy"], entry.get("idle_since"), entry.get("units", 0))
+            with self._lock:
+                self._pilots = pilots
+            self._changed()
+        elif kind == "drained":
+            with self._lock:
+                callbacks = self._on_empty.pop(message["client_id"], [])
+                pilot = self._pilots.get(message["client_id"])
+            if pilot is None or not callbacks:
+                log.info("the workload side says %s drained: no drain was asked of it",
+                         message["client_id"])
+                return
+            log.info("pilot %s of %s drained (%d unit(s) requeued)", pilot.id,
+                     pilot.worker_name, message["requeued"])
+            for callback in callbacks:
+                callback(pilot)
+        else:
+            raise ChannelError(f"{kind}: not something the workload side sends")
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    # ------------------------------------------------------------------ as a session
+    def demand(self) -> Demand:
+        with self._lock:
+            return self._demand
+
+    @property
+    def extra_nodes(self) -> float | None:
+        """Nodes asked for besides Troy's units (Dask's adaptive target, Parsl's slots)."""
+        return self._extra_nodes
+
+    # ------------------------------------------------------------------ as a framework
+    def list_pilots(self) -> list[RemotePilot]:
+        with self._lock:
+            return list(self._pilots.values())
+
+    def find_pilot(self, key: str) -> RemotePilot | None:
+        with self._lock:
+            found = self._pilots.get(key)
+            if found is None:
+                found = next((p for p in self._pilots.values() if p.id == key), None)
+            return found
+
+    def drain_pilot(self, pilot: RemotePilot, deadline: float | None = None, *,
+                    margin: float = 5.0,
+                    on_empty: Callable[[Any], None] | None = None) -> RemoteDrain:
+        """Ask the workload side to drain ``pilot`` before ``deadline``; ``on_empty(pilot)``
+        when it says the pilot is empty."""
+        if deadline is None:
+            raise ValueError("a remote drain needs a deadline")
+        with self._lock:
+            if on_empty is not None:
+                self._on_empty.setdefault(pilot.worker_name, []).append(on_empty)
+        self._send("drain", client_id=pilot.worker_name, until=deadline, margin=margin)
+        return RemoteDrain(pilot.id, deadline, margin)
+
+    def retire(self, pilot: RemotePilot, until: float | None = None) -> bool:
+        if until is None:
+            raise ValueError("a remote retire needs a time")
+        return self._send("retire", client_id=pilot.worker_name, until=until)
+
+    def lose_pilot(self, pilot: RemotePilot, reason: str = "lost") -> list[Any]:
+        """Tell the workload side ``pilot`` is gone (it requeues the units); counted there,
+        so nothing is returned here."""
+        with self._lock:
+            self._on_empty.pop(pilot.worker_name, None)
+            self._pilots.pop(pilot.worker_name, None)
+        self._send("lose", client_id=pilot.worker_name, reason=reason[:200])
+        return []
+
+    def set_pilot_values(self, values: dict[str, float]) -> None:
+        self._send("values", values={k: float(v) for k, v in values.items()})
+
+    def live_units(self) -> list[Any]:
+        """Units are the workload side's: none here (values go by the pilots' reports)."""
+        return []
+
+    # ------------------------------------------------------------------ node events
+    def node_event(self, event: str, client_id: str, *, address: str | None = None,
+                   deadline: float | None = None) -> None:
+        """Tell the workload side (if attached) what happened to a node."""
+        fields: dict[str, Any] = {"event": event, "client_id": client_id}
+        if address is not None:
+            fields["address"] = address
+        if deadline is not None:
+            fields["deadline"] = deadline
+        self._send("node", **fields)
