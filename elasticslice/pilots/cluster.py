@@ -38,13 +38,11 @@ from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
 from elasticslice.pilots.ca import ClusterCA, renew_scheduler
-from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
 from elasticslice.pilots.manager import PilotSliceManager
-from elasticslice.pilots.publish import TarballPublisher
-from elasticslice.pilots.restart import ClusterFile, StatsLedger, read_json, write_json
-from elasticslice.pilots.slicetar import PublishedSlice
+from elasticslice.pilots.restart import ClusterFile, StatsLedger
+from elasticslice.pilots.services import DENY_FILE, ENROL_FILE, TOKENS_FILE, ControlServices
 from troy.frameworks.dask import DenyList
 from troy.states import FINAL_STATES, State
 
@@ -138,13 +136,10 @@ class ElasticCluster:
         self.image_python = image_python  # None: known from the image (bootstrap.image_python)
         self.scheduler_port, self.enrol_port = scheduler_port, enrol_port
         self.publish_port = publish_port
-        self.publisher: TarballPublisher | None = None  # serves the slice's tarball
-        self._published: PublishedSlice | None = None
-        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node (closed
-        # with the publisher)
+        #: the tarball publisher and the enrolment service (started with the cluster)
+        self.services: ControlServices | None = None
         #: the nodes that failed to start, with their cause (the CM's word and the node's)
         self.failures = NodeFailures()
-        self.enrolment: EnrolmentService | None = None  # issues the nodes' certificates
         #: the serials of certificates of nodes that left: refused by the scheduler and
         #: the enrolment service until they expire
         self.denied = DenyList(self.state_dir / self.DENY_FILE)
@@ -226,19 +221,16 @@ class ElasticCluster:
         self._saving.clear()
         threading.Thread(target=self._save_loop, name="cluster-stats", daemon=True).start()
         # the CM fetches the slice's tarball from it, at the URL the last process served
-        self._published = PublishedSlice(self.state_dir, self.listen, port=self.publish_port,
-                                         public_url=self.public_url)
-        self.publisher = self._published.start()
-        token = self._published.token
-        report_url = self.publisher.accept_reports("report", self._on_report, token=token)
-        self.enrolment = self._start_enrolment()
-        scheduler = self.framework.scheduler_address
-        host = scheduler.removeprefix("tls://").rsplit(":", 1)[0]
+        services = self.services = ControlServices(
+            self.state_dir, self.ca, self.listen, is_held=self._is_held,
+            address_of=self._address_of, on_report=self._on_report,
+            on_enrolled=self._enrolled, deny=self.denied, cert_lifetime=self.cert_lifetime,
+            enrol_port=self.enrol_port, publish_port=self.publish_port,
+            public_url=self.public_url).start()
         self.helper = PilotElasticSliceHelper(
-            self.ca, scheduler, self.state_dir / "tarballs",
-            publisher=self.publisher, enrolment=self.enrolment, token=token,
-            report_url=report_url,
-            enrol_url=f"https://{host}:{self.enrolment.bound_port}", server=self.server,
+            self.ca, self.framework.scheduler_address, self.state_dir / "tarballs",
+            publisher=services.publisher, enrolment=services.enrolment, token=services.token,
+            report_url=services.report_url, enrol_url=services.enrol_url, server=self.server,
             node_python=self.node_python, image_urn=self.disk_image,
             nodetype=self.hardware_type)
         # the tarball is made again without the tokens a killed process put in it (the
@@ -283,54 +275,30 @@ class ElasticCluster:
         current = self._unit_counts()
         return self._ledger.totals(current) if self._ledger is not None else current
 
+    @property
+    def publisher(self) -> Any:
+        """The tarball publisher (None: not started)."""
+        return self.services.publisher if self.services is not None else None
+
+    @property
+    def enrolment(self) -> Any:
+        """The enrolment service that issues the nodes' certificates (None: not started)."""
+        return self.services.enrolment if self.services is not None else None
+
+    @property
+    def wheelroot(self) -> Any:
+        """The nodes' software, a wheelhouse per node's Python and machine (None: none)."""
+        return self.services.wheelroot if self.services is not None else None
+
     def _node_software(self) -> str:
         """The ``start.sh`` lines that build the agent's environment on a node from the
-        wheelhouse root: each node gets the wheelhouse of its own Python and machine (the
-        image's expected one built ahead, when known), at a URL kept across restarts."""
-        from elasticslice.config import cm_is_local
-        from elasticslice.pilots.bootstrap import env_script
-        from elasticslice.pilots.wheelroot import serve_for_image
-        assert self.helper is not None and self._published is not None
+        wheelhouse this cluster publishes (:meth:`ControlServices.node_software`)."""
+        assert self.helper is not None and self.services is not None
         urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
-        self.wheelroot, url = serve_for_image(
-            self.publisher, image_urn=self.helper.image_urn, image_python=self.image_python,
-            cm_local=bool(urls) and all(cm_is_local(u) for u in urls),
-            token=self._published.token, ca=self.ca, keep=self.state_dir / "wheelhouse.json")
-        self._published.serving.append(self.wheelroot)
-        return env_script(url, python="python3", ca=self.ca.cert_pem)
+        return self.services.node_software(image_urn=self.helper.image_urn,
+                                           image_python=self.image_python, cm_urls=urls)
 
-    ENROL_FILE = "enrol.json"
-    TOKENS_FILE = "enrol-tokens.json"   # the tokens' hashes, for a node booting at a restart
-    DENY_FILE = "denied-certs.json"     # serials of the certificates of nodes that left
-
-    def _start_enrolment(self) -> EnrolmentService:
-        """The enrolment service, on the port the last process of this state dir used (the
-        nodes' agents renew there), else on any."""
-        path = self.state_dir / self.ENROL_FILE
-        try:
-            port = int((read_json(path) or {}).get("port", 0))
-        except (ElasticSliceError, ValueError, TypeError):
-            port = 0
-        if self.enrol_port is not None:
-            port = self.enrol_port
-
-        def make(at: int) -> EnrolmentService:
-            return EnrolmentService(self.ca, self.listen, at, is_held=self._is_held,
-                                    address_of=self._address_of,
-                                    cert_lifetime=self.cert_lifetime,
-                                    on_enrolled=self._enrolled,
-                                    keep=self.state_dir / self.TOKENS_FILE,
-                                    deny=self.denied).start()
-        try:
-            service = make(port)
-        except EnrolmentError as err:
-            if not port or self.enrol_port is not None:
-                raise
-            log.warning("the enrolment port %d is taken (%s): the nodes' agents cannot renew "
-                        "there", port, err)
-            service = make(0)
-        write_json(path, {"port": service.bound_port})
-        return service
+    ENROL_FILE, TOKENS_FILE, DENY_FILE = ENROL_FILE, TOKENS_FILE, DENY_FILE
 
     def _enrolled(self, client_id: str) -> None:
         helper = self.helper
@@ -492,16 +460,9 @@ class ElasticCluster:
                 manager.state.close()
             if self.helper is not None:  # the tokens go; the tarball too with the slice
                 self.helper.close(remove=manager is not None and not keep)
-            if self.enrolment is not None:
-                self.enrolment.stop()
-                if manager is not None and not keep:  # no node left to enrol
-                    (self.state_dir / self.TOKENS_FILE).unlink(missing_ok=True)
-                self.enrolment = None
-            if self._published is not None:
-                self._published.stop()
-                self._published = None
-            self.publisher = None
-            self.wheelroot = None  # closed with the publisher
+            services, self.services = self.services, None
+            if services is not None:  # with the slice gone, no node is left to enrol
+                services.close(remove=manager is not None and not keep)
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.release()
