@@ -230,7 +230,7 @@ def test_an_encrypted_node_enrols_and_has_its_own_key_authorised_before_its_pool
 
     from parsl import curvezmq
 
-    from elasticslice.parslkeys import AuthorisedKeys
+    from elasticslice.parsl.keys import AuthorisedKeys
     from elasticslice.pilots.ca import ClusterCA
     from elasticslice.pilots.enrol import EnrolmentService
     from elasticslice.pilots.publish import TarballPublisher
