@@ -21,7 +21,7 @@ from parsl.providers.base import ExecutionProvider
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.cycle import PARSL_INTERVALS
-from elasticslice.managers.policy import NodeState, PolicyConfig
+from elasticslice.managers.policy import NodeState
 from elasticslice.parsl.blocks import Block, BlockBook, BlockState, job_state
 from elasticslice.parsl.keys import AuthorisedKeys, is_loopback
 from elasticslice.parsl.manager import ParslSliceManager
@@ -298,8 +298,11 @@ class CloudLabProvider(ExecutionProvider):
             return NodeState.NOTREADY
         for cm in manager.cmlist:
             rec = manager.state.node(cm, client_id)
-            if rec is not None:
-                return None if rec.gone_at is not None else NodeState.from_cm(rec.state)
+            if rec is None:
+                continue
+            state = NodeState.from_cm(rec.state)
+            # gone: taken (None), or given back after it failed to start (still failed)
+            return state if rec.gone_at is None or state is NodeState.FAILED else None
         return NodeState.NOTREADY  # being added
 
     # ------------------------------------------------------------------ running
@@ -371,7 +374,6 @@ class CloudLabProvider(ExecutionProvider):
             minthreshold=0, maxthreshold=self.max_nodes, manage_intervals=self.intervals,
             retry_interval=1.0, nodetype=self.hardware_type, enable_delete=True,
             email=False, helper=helper, state_dir=self.state_dir / "state",
-            policy=PolicyConfig(idle_timeout=float("inf")),
             endpoint=EndpointConfig(address=self.address, port=self.endpoint_port))
         self.manager.start()
         atexit.register(self.close)
