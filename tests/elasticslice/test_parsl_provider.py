@@ -458,6 +458,8 @@ def test_a_block_asked_for_after_the_last_was_cancelled_gets_a_node_of_its_own(
         first = provider.submit(f"sleep 600; : --cert_dir {cert_dir} --block_id=0", 1, "b0")
         wait_for(lambda: running(first), timeout=120, what="the first block running")
         (old,) = provider.book.get(first).nodes
+        # its start script done: enrolled, its key allowed, the block's command running
+        wait_for(lambda: old in provider.keys.allowed(), timeout=120, what="its key allowed")
         assert provider.cancel([first]) == [True]
         wait_for(lambda: provider.status([first])[0].state is P.JobState.CANCELLED,
                  timeout=30, what="the block cancelled")
