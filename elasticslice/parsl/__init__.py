@@ -14,8 +14,9 @@ worker command (``process_worker_pool.py ... --block_id=N``) from its startup sc
 the environment the node builds from the wheelhouse this provider publishes (the agent's
 wheelhouse plus Parsl: :func:`~elasticslice.pilots.bootstrap.env_script`). The nodes are
 held by a :class:`~.manager.ParslSliceManager`, the project's manager (state dir, intent
-log, callback endpoint, notice book, cycle) with Parsl as its policy: ``add_nodes`` fills
-the open slots of live blocks, ``delete_nodes`` gives back the nodes of blocks that ended.
+log, callback endpoint, notice book, cycle) whose demand is Parsl's blocks: its stock
+policy asks for the open slots of live blocks and gives back the nodes of blocks that
+ended (never the sliver's last).
 
 On NotifyDeletePending for a node of a block, :class:`~.drain.BlockDrainer` holds every
 manager of the block at the interchange (no new task reaches it), waits until the tasks
