@@ -2,6 +2,7 @@
 (:class:`ParslNodeHelper`), the start script it runs and the slice's install tarball."""
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import Any
 
 from elasticslice.managers.helpers import SimpleElasticSliceHelper
 from elasticslice.parsl.blocks import BlockBook
+from elasticslice.parsl.keys import is_loopback
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import script_head
 from elasticslice.pilots.slicetar import NAME as SLICE_TARBALL
@@ -18,6 +20,37 @@ from elasticslice.pilots.slicetar import NODES, Member, SliceTarball
 INSTALL_PATH = "/local/parsl"
 #: on the node: its CurveZMQ pair and the interchange's public key (the pool's --cert_dir)
 NODE_KEYS = f"{INSTALL_PATH}/curve"
+_CERT_DIR = re.compile(r"--cert_dir[= ](\S+)")
+_ADDRESSES = re.compile(r"(?:^|\s)(?:-a|--addresses)[= ](\S+)")
+
+
+class CommandRefused(ValueError):
+    """A worker command no node may run: one line saying why."""
+
+
+def node_command(command: str, address: str) -> tuple[str, Path | None]:
+    """The worker command as a node runs it, and the executor's key folder (None: the pool
+    is not encrypted). An encrypted pool's ``--cert_dir`` (the executor's folder, on this
+    machine) becomes the node's own key folder (:data:`NODE_KEYS`); an unencrypted pool is
+    refused unless every address it reaches the interchange at (``address`` when it names
+    none) is loopback."""
+    found = _CERT_DIR.search(command)
+    if found is None or found.group(1) == "None":
+        where = _ADDRESSES.search(command)
+        exposed = [a for a in (where.group(1).split(",") if where else [address])
+                   if not is_loopback(a)]
+        if exposed:
+            raise CommandRefused(
+                f"HighThroughputExecutor(encrypted=False) would serve Parsl's interchange in "
+                f"the clear on {exposed[0]}, where anyone who reaches it can take the tasks "
+                f"and send it pickles: keep Parsl's default encrypted=True (unencrypted is "
+                f"for loopback only)")
+        return command, None
+    cert_dir = Path(found.group(1))
+    if not (cert_dir / "server.key").is_file():
+        raise CommandRefused(f"the executor's key folder {cert_dir} has no server.key: is "
+                             f"this the executor's command?")
+    return command[:found.start()] + f"--cert_dir {NODE_KEYS}" + command[found.end():], cert_dir
 
 
 class ParslNodeHelper(SimpleElasticSliceHelper):

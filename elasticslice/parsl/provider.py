@@ -23,9 +23,10 @@ from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.cycle import PARSL_INTERVALS
 from elasticslice.managers.policy import NodeState
 from elasticslice.parsl.blocks import Block, BlockBook, BlockState, job_state
-from elasticslice.parsl.keys import AuthorisedKeys, is_loopback
+from elasticslice.parsl.keys import AuthorisedKeys
 from elasticslice.parsl.manager import ParslSliceManager
-from elasticslice.parsl.node import NODE_KEYS, ParslNodeHelper, node_software
+from elasticslice.parsl.node import (CommandRefused, ParslNodeHelper, node_command,
+                                     node_software)
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.validate import is_command, is_count, is_seconds
 
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 #: how often each cycle method runs (seconds): the cycle's table (managers/cycle.py)
 DEFAULT_INTERVALS = PARSL_INTERVALS
 _BLOCK_ID = re.compile(r"--block_id[= ](\S+)")
-_CERT_DIR = re.compile(r"--cert_dir[= ](\S+)")
-_ADDRESSES = re.compile(r"(?:^|\s)(?:-a|--addresses)[= ](\S+)")
 
 
 class ProviderError(ElasticSliceError, ValueError):
@@ -211,33 +210,22 @@ class CloudLabProvider(ExecutionProvider):
         return [sys.executable, "-m", "elasticslice.parsl.keys", "interchange"]
 
     def _node_command(self, command: str) -> str:
-        """The worker command as a node runs it: an encrypted pool's ``--cert_dir`` is the
-        node's own key folder; an unencrypted one only on loopback (else ProviderError)."""
-        found = _CERT_DIR.search(command)
-        if found is None or found.group(1) == "None":
-            where = _ADDRESSES.search(command)
-            addresses = where.group(1).split(",") if where else [self.address]
-            exposed = [a for a in addresses if not is_loopback(a)]
-            if exposed:
+        """The worker command as a node runs it (:func:`~elasticslice.parsl.node.node_command`;
+        ProviderError if it cannot be); an encrypted pool only with our interchange."""
+        try:
+            command, cert_dir = node_command(command, self.address)
+        except CommandRefused as err:
+            raise ProviderError(f"CloudLabProvider: {err}") from None
+        if cert_dir is not None:
+            executor = self._find_executor()
+            launch = list(getattr(executor, "interchange_launch_cmd", None) or [])
+            if executor is not None and launch[-2:] != self.interchange_launch_cmd[-2:]:
                 raise ProviderError(
-                    f"CloudLabProvider: HighThroughputExecutor(encrypted=False) would serve "
-                    f"Parsl's interchange in the clear on {exposed[0]}, where anyone who "
-                    f"reaches it can take the tasks and send it pickles: keep Parsl's "
-                    f"default encrypted=True (unencrypted is for loopback only)")
-            return command
-        cert_dir = Path(found.group(1))
-        if not (cert_dir / "server.key").is_file():
-            raise ProviderError(f"CloudLabProvider: the executor's key folder {cert_dir} has "
-                                f"no server.key: is this the executor's command?")
-        executor = self._find_executor()
-        launch = list(getattr(executor, "interchange_launch_cmd", None) or [])
-        if executor is not None and launch[-2:] != self.interchange_launch_cmd[-2:]:
-            raise ProviderError(
-                "CloudLabProvider: the executor's interchange reads its nodes' keys only "
-                "when it starts: pass interchange_launch_cmd=provider.interchange_launch_cmd "
-                "to HighThroughputExecutor")
-        self.keys = AuthorisedKeys(cert_dir)
-        return command[:found.start()] + f"--cert_dir {NODE_KEYS}" + command[found.end():]
+                    "CloudLabProvider: the executor's interchange reads its nodes' keys only "
+                    "when it starts: pass interchange_launch_cmd=provider."
+                    "interchange_launch_cmd to HighThroughputExecutor")
+            self.keys = AuthorisedKeys(cert_dir)
+        return command
 
     def _on_key(self, client_id: str, public_key: str) -> dict[str, str]:
         """A node enrolled and sends its public key: allowed at the interchange while its
