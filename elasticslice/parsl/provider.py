@@ -66,7 +66,8 @@ class CloudLabProvider(ExecutionProvider):
     provider opens and closes the client); ``state_dir``: the manager's files (default
     ``~/.elasticslice/parsl/<label>``; one provider at a time). ``nodes_per_block``,
     ``init_blocks``, ``min_blocks``, ``max_blocks``, ``parallelism``: as every Parsl
-    provider; ``max_nodes``: nodes held at most (default ``max_blocks * nodes_per_block``).
+    provider; ``max_nodes``: the policy's ``maxthreshold``, nodes that count at most (not
+    those leaving, revoked or failed; default ``max_blocks * nodes_per_block``).
     What a node is: ``hardware_type``, ``disk_image`` (default the CM's), ``image_python``
     (its ``python3``'s version; default known from the image), ``node_python`` (an image
     that already has Parsl, e.g. the box's ``ELASTICSLICE-PILOT``: the ``python3`` to run

@@ -235,6 +235,39 @@ def test_a_node_no_block_wants_goes_back_but_never_the_slivers_last() -> None:
     assert dict(decision.replace) == {"cm": ("parsl-1",)} and not decision.add
 
 
+def test_slots_free_again_when_their_add_failed_but_not_while_it_may_still_come() -> None:
+    from types import SimpleNamespace as NS
+    book = P.BlockBook()
+    block = P.Block("a", "block-0", "cmd 0", 3)
+    book.add(block)
+    for cid in ("parsl-1", "parsl-2", "parsl-3"):
+        book.bind(cid)
+    held, adding = {"parsl-1"}, [NS(kind="add", client_ids=["parsl-2"])]  # its answer lost
+    manager = NS(book=book, cmlist=["cm"], state=NS(
+        open_intents=lambda: adding, node=lambda url, cid: NS() if cid in held else None))
+    P.ParslSliceManager._unbind_unheld(manager)
+    assert (block.nodes, book.open_slots()) == (["parsl-1", "parsl-2"], 1)
+
+
+def test_a_node_given_back_after_it_failed_to_start_keeps_its_block_failed() -> None:
+    """The policy gives back an added node that failed to start; its block stays FAILED
+    (not TIMEOUT, which says CloudLab took its nodes)."""
+    from types import SimpleNamespace as NS
+    records = {"parsl-1": NS(state="failed", gone_at=5.0), "parsl-2": NS(state="ready",
+                                                                         gone_at=5.0)}
+    provider = P.CloudLabProvider(server=object())
+    provider.manager = NS(cmlist=["cm"], state=NS(node=lambda url, cid: records.get(cid)))
+    try:
+        assert [provider._node_state(c) for c in ("parsl-1", "parsl-2", "parsl-3")] == [
+            F, None, N]   # failed, taken, being added
+        provider.book.add(P.Block("a", "block-0", "cmd 0", 1, nodes=["parsl-1"]))
+        provider.book.add(P.Block("b", "block-1", "cmd 1", 1, nodes=["parsl-2"]))
+        assert [s.state for s in provider.status(["a", "b"])] == [P.JobState.FAILED,
+                                                                   P.JobState.TIMEOUT]
+    finally:
+        provider.manager = None
+
+
 def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
     """start.sh, run by a real sh: it finds its block's command in the slice's tarball under
     its name (geni-get's), the environment's lines set py, the worker pool's name runs this
