@@ -73,15 +73,14 @@ def test_the_check_sees_imports_inside_functions_and_relative_ones() -> None:
 #: are Troy's insides: elasticslice imports none of them.
 FRAMEWORK_PACKAGES = ("troy.frameworks", "troy.frameworks.dask")
 #: the bridge to Troy: the only modules of elasticslice that drive Troy's frameworks
-BRIDGE = ("elasticslice.pilots", "elasticslice.dask", "elasticslice.parsl",
-          "elasticslice.parslkeys")
+BRIDGE = ("elasticslice.pilots", "elasticslice.dask", "elasticslice.parsl")
 #: the Troy modules the bridge may import: the package, its state model and errors, and the
 #: framework packages
 BRIDGE_TROY = ("troy", "troy.states", "troy.errors", *FRAMEWORK_PACKAGES)
 #: private attributes the bridge reaches on objects that are not Troy's (Parsl's): allowed
 #: here, by file and expression, and nowhere else
-FOREIGN_REACHES = {("elasticslice/parsl.py", "executor._hold_manager"),
-                   ("elasticslice/parslkeys.py", "curvezmq.ServerContext._start_auth_thread")}
+FOREIGN_REACHES = {("elasticslice/parsl/drain.py", "executor._hold_manager"),
+                   ("elasticslice/parsl/keys.py", "curvezmq.ServerContext._start_auth_thread")}
 
 
 def from_troy(source: str) -> Iterator[tuple[int, str, str | None]]:

@@ -168,6 +168,106 @@ def test_new_nodes_fill_the_oldest_open_block_and_a_failed_add_reopens_its_slots
     assert first.state is P.BlockState.CANCELLED
 
 
+def decided(book: Any, held: dict[str, dict[str, Any]], *, most: int = 4, adding: int = 0,
+            now: float = 100.0) -> Any:
+    """The stock policy's decision on the nodes ``held`` (client_id -> NodeView fields) as
+    the Parsl manager shows them to it (its ``BlockWatch``, its policy's knobs)."""
+    import dataclasses
+
+    from elasticslice.managers.policy import (Availability, NodeView, Observed, PolicyConfig,
+                                              decide)
+    from elasticslice.parsl.manager import PARSL_POLICY, BlockWatch
+    policy = dataclasses.replace(PolicyConfig(
+        minthreshold=0, maxthreshold=most, enable_delete=True, percent_available_minimum=0.0,
+        max_add_per_cycle=most, cmlist=("cm",)), **PARSL_POLICY)
+    views = tuple(NodeView(client_id=cid, cm="cm", added_at=1.0, **{"state": R, **fields})
+                  for cid, fields in held.items())
+    watch = BlockWatch(book, clock=lambda: now)
+    observed = Observed(now=now, nodes=watch.decorate(views), adding=adding,
+                        availability={"cm": {"*": Availability(20, 40)}})
+    observed = dataclasses.replace(observed, demand=watch.demand(observed, policy))
+    return decide(observed, policy)
+
+
+def test_parsls_blocks_are_demand_for_the_stock_policy() -> None:
+    """Issue 35: the manager had its own add and delete rules next to the policy's; now the
+    open slots of live blocks are demand, and the policy decides."""
+    book = P.BlockBook()
+    first, second = P.Block("a", "block-0", "cmd 0", 2), P.Block("b", "block-1", "cmd 1", 2)
+    book.add(first)
+    book.add(second)
+    assert dict(decided(book, {}).add) == {"cm": 4}         # every open slot
+    assert dict(decided(book, {}, most=3).add) == {"cm": 3}  # up to max_nodes
+    for cid in ("parsl-1", "parsl-2", "parsl-3"):
+        book.bind(cid)
+    held = {cid: {} for cid in first.nodes + second.nodes}
+    assert dict(decided(book, held).add) == {"cm": 1} and decided(book, held, adding=1).empty
+    # a block drained or cancelled: its nodes go back at once, the others' stay (busy)
+    book.set_state(first, P.BlockState.CANCELLED)
+    decision = decided(book, held)
+    assert dict(decision.delete) == {} and dict(decision.replace) == {
+        "cm": ("parsl-1", "parsl-2")} and dict(decision.add) == {"cm": 1}
+    # a notice drains a block: its revoked node is CloudLab's to take, its other node busy
+    book.bind("parsl-4")
+    book.set_state(second, P.BlockState.DRAINING)
+    draining = {"parsl-3": {"pending_delete": True}, "parsl-4": {}}
+    assert decided(book, draining).empty
+    book.set_state(second, P.BlockState.DRAINED)   # drained: the other node goes too
+    assert dict(decided(book, draining).replace) == {"cm": ("parsl-4",)}
+
+
+def test_a_node_no_block_wants_goes_back_but_never_the_slivers_last() -> None:
+    """The sliver's first node, its block cancelled while it was the only node; then Parsl
+    asks for a block again. Counted as idle, that node would be room for the new block,
+    which cannot use it: the new block would never get a node."""
+    book = P.BlockBook()
+    old = P.Block("a", "block-0", "cmd 0", 1)
+    book.add(old)
+    book.bind("parsl-1")
+    book.set_state(old, P.BlockState.CANCELLED)
+    first = {"parsl-1": {"initial": True}}
+    assert decided(book, first).empty          # CloudLab keeps a sliver's last node
+    book.add(P.Block("b", "block-1", "cmd 1", 1))
+    decision = decided(book, first)
+    assert dict(decision.add) == {"cm": 1} and not decision.replace
+    book.bind("parsl-2")
+    decision = decided(book, {**first, "parsl-2": {"state": N}})
+    assert dict(decision.replace) == {"cm": ("parsl-1",)} and not decision.add
+
+
+def test_slots_free_again_when_their_add_failed_but_not_while_it_may_still_come() -> None:
+    from types import SimpleNamespace as NS
+    book = P.BlockBook()
+    block = P.Block("a", "block-0", "cmd 0", 3)
+    book.add(block)
+    for cid in ("parsl-1", "parsl-2", "parsl-3"):
+        book.bind(cid)
+    held, adding = {"parsl-1"}, [NS(kind="add", client_ids=["parsl-2"])]  # its answer lost
+    manager = NS(book=book, cmlist=["cm"], state=NS(
+        open_intents=lambda: adding, node=lambda url, cid: NS() if cid in held else None))
+    P.ParslSliceManager._unbind_unheld(manager)
+    assert (block.nodes, book.open_slots()) == (["parsl-1", "parsl-2"], 1)
+
+
+def test_a_node_given_back_after_it_failed_to_start_keeps_its_block_failed() -> None:
+    """The policy gives back an added node that failed to start; its block stays FAILED
+    (not TIMEOUT, which says CloudLab took its nodes)."""
+    from types import SimpleNamespace as NS
+    records = {"parsl-1": NS(state="failed", gone_at=5.0), "parsl-2": NS(state="ready",
+                                                                         gone_at=5.0)}
+    provider = P.CloudLabProvider(server=object())
+    provider.manager = NS(cmlist=["cm"], state=NS(node=lambda url, cid: records.get(cid)))
+    try:
+        assert [provider._node_state(c) for c in ("parsl-1", "parsl-2", "parsl-3")] == [
+            F, None, N]   # failed, taken, being added
+        provider.book.add(P.Block("a", "block-0", "cmd 0", 1, nodes=["parsl-1"]))
+        provider.book.add(P.Block("b", "block-1", "cmd 1", 1, nodes=["parsl-2"]))
+        assert [s.state for s in provider.status(["a", "b"])] == [P.JobState.FAILED,
+                                                                   P.JobState.TIMEOUT]
+    finally:
+        provider.manager = None
+
+
 def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
     """start.sh, run by a real sh: it finds its block's command in the slice's tarball under
     its name (geni-get's), the environment's lines set py, the worker pool's name runs this
@@ -230,7 +330,7 @@ def test_an_encrypted_node_enrols_and_has_its_own_key_authorised_before_its_pool
 
     from parsl import curvezmq
 
-    from elasticslice.parslkeys import AuthorisedKeys
+    from elasticslice.parsl.keys import AuthorisedKeys
     from elasticslice.pilots.ca import ClusterCA
     from elasticslice.pilots.enrol import EnrolmentService
     from elasticslice.pilots.publish import TarballPublisher
@@ -365,3 +465,44 @@ def test_the_tasks_of_a_node_taken_without_notice_are_retried_by_parsl(
         stats = box.provider.stats()
         assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
             (1, 0, 1), stats
+
+
+@pytest.mark.slow
+def test_a_block_asked_for_after_the_last_was_cancelled_gets_a_node_of_its_own(
+        emulator_factory: Any, tmp_path: Path) -> None:
+    """The sliver's only node, its block cancelled, stays (CloudLab keeps a sliver's last
+    node); a block asked for then gets a node of its own, and the old node goes back. The
+    blocks' commands stand in for Parsl's worker pool (no Parsl loaded here)."""
+    from parsl import curvezmq
+
+    from tests.elasticslice.managers.helpers import FAST_INTERVALS, client_for
+    from tests.elasticslice.pilots.helpers import pilot_image
+    emulator = emulator_factory()
+    server = client_for(emulator, tmp_path / "cache")
+    provider = P.CloudLabProvider(server, tmp_path / "state", disk_image=pilot_image(emulator),
+                                  node_python="python3", status_polling_interval=0.5,
+                                  intervals={**FAST_INTERVALS, "renew": 600.0})
+    cert_dir = curvezmq.create_certificates(tmp_path / "run")
+
+    def running(job_id: str) -> bool:
+        return provider.status([job_id])[0].state is P.JobState.RUNNING
+
+    try:
+        first = provider.submit(f"sleep 600; : --cert_dir {cert_dir} --block_id=0", 1, "b0")
+        wait_for(lambda: running(first), timeout=120, what="the first block running")
+        (old,) = provider.book.get(first).nodes
+        # its start script done: enrolled, its key allowed, the block's command running
+        wait_for(lambda: old in provider.keys.allowed(), timeout=120, what="its key allowed")
+        assert provider.cancel([first]) == [True]
+        wait_for(lambda: provider.status([first])[0].state is P.JobState.CANCELLED,
+                 timeout=30, what="the block cancelled")
+        assert cm_nodes(emulator, tmp_path) == [old]
+        second = provider.submit(f"sleep 600; : --cert_dir {cert_dir} --block_id=1", 1, "b1")
+        wait_for(lambda: running(second), timeout=120, what="the second block running")
+        (new,) = provider.book.get(second).nodes
+        wait_for(lambda: cm_nodes(emulator, tmp_path) == [new], timeout=60,
+                 what="the cancelled block's node given back")
+    finally:
+        provider.close()
+        server.close()
+    assert cm_nodes_or_none(emulator, tmp_path) is None

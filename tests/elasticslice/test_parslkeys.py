@@ -1,4 +1,4 @@
-"""``elasticslice.parslkeys``: the nodes' CurveZMQ keys in the executor's key folder, and
+"""``elasticslice.parsl.keys``: the nodes' CurveZMQ keys in the executor's key folder, and
 what the interchange allows from it (fast: no interchange, no node)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_the_interchange_allows_a_nodes_key_from_when_it_is_authorised_until_wit
         tmp_path: Path) -> None:
     """Broke: Parsl's authenticator read the folder once, when the interchange started
     (before any node), so no node's key was ever allowed."""
-    from elasticslice.parslkeys import AuthorisedKeys, FolderKeys, key_file
+    from elasticslice.parsl.keys import AuthorisedKeys, FolderKeys, key_file
     server = zmq.curve_keypair()[0].decode()
     (tmp_path / "server.key").write_bytes(key_file(server))
     allowed, keys = FolderKeys(tmp_path), AuthorisedKeys(tmp_path)
@@ -30,7 +30,7 @@ def test_the_interchange_allows_a_nodes_key_from_when_it_is_authorised_until_wit
 @pytest.mark.parametrize("key", [None, "", "x" * 39, "x" * 41, "x" * 39 + '"',
                                  "x" * 39 + "\n", b"x" * 40])
 def test_only_a_curve_public_key_is_written(tmp_path: Path, key: object) -> None:
-    from elasticslice.parslkeys import AuthorisedKeys, KeyRefused
+    from elasticslice.parsl.keys import AuthorisedKeys, KeyRefused
     with pytest.raises(KeyRefused, match="expected a CurveZMQ public key"):
         AuthorisedKeys(tmp_path).authorise("parsl-1", key)
     assert list(tmp_path.iterdir()) == []
@@ -38,7 +38,7 @@ def test_only_a_curve_public_key_is_written(tmp_path: Path, key: object) -> None
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "", "x" * 65, "a b"])
 def test_a_key_file_is_named_after_a_node_name_only(tmp_path: Path, name: str) -> None:
-    from elasticslice.parslkeys import AuthorisedKeys, KeyRefused
+    from elasticslice.parsl.keys import AuthorisedKeys, KeyRefused
     with pytest.raises(KeyRefused, match="not a node name"):
         AuthorisedKeys(tmp_path).authorise(name, zmq.curve_keypair()[0].decode())
     assert list(tmp_path.iterdir()) == []
@@ -49,7 +49,7 @@ def test_a_key_file_is_named_after_a_node_name_only(tmp_path: Path, name: str) -
     ("127.0.0.1", False), ("::1", False), ("localhost", False)])
 def test_an_unencrypted_interchange_starts_on_loopback_only(address: str | None,
                                                             refused: bool) -> None:
-    from elasticslice.parslkeys import ClearInterchange, check_interchange
+    from elasticslice.parsl.keys import ClearInterchange, check_interchange
     config = {"cert_dir": None, "interchange_address": address}
     if refused:
         with pytest.raises(ClearInterchange, match="unencrypted on"):

@@ -40,7 +40,7 @@ def own_keys(folder: Path, server_public: str) -> Path:
     interchange's public key (public: assume the stranger has it)."""
     import zmq
 
-    from elasticslice.parslkeys import NO_SECRET, key_file
+    from elasticslice.parsl.keys import NO_SECRET, key_file
     public, secret = (k.decode() for k in zmq.curve_keypair())
     folder.mkdir(mode=0o700)
     (folder / "client.key_secret").write_bytes(key_file(public, secret))
@@ -56,7 +56,7 @@ def test_a_manager_with_a_key_it_made_itself_gets_nothing_and_the_work_completes
     import zmq
     from zmq.utils.monitor import recv_monitor_message
 
-    from elasticslice.parslkeys import AuthorisedKeys
+    from elasticslice.parsl.keys import AuthorisedKeys
     emulator = emulator_factory()
     with parsl_on_box(emulator, tmp_path) as box:
         executor = box.executor
@@ -176,7 +176,7 @@ def test_a_key_is_authorised_only_with_the_nodes_own_worker_certificate(
     import zmq
     from parsl import curvezmq
 
-    from elasticslice.parslkeys import AuthorisedKeys, request_key
+    from elasticslice.parsl.keys import AuthorisedKeys, request_key
     from elasticslice.pilots.ca import ClusterCA
     from elasticslice.pilots.enrol import EnrolmentService
     from troy.frameworks.dask.denylist import DenyList

@@ -7,7 +7,7 @@ whose public key is a ``*.key`` file of that folder (``configure_curve(domain="*
 location=cert_dir)`` in ``parsl/curvezmq.py``). No secret of it leaves this machine:
 
 1. a node enrols (its worker certificate: :mod:`elasticslice.pilots.enrol`), then makes its
-   own key pair (``python -m elasticslice.parslkeys node ...``: :func:`request_key`); its
+   own key pair (``python -m elasticslice.parsl.keys node ...``: :func:`request_key`); its
    secret stays on the node (0600, in a 0700 folder);
 2. it sends only its public key, over mutual TLS with its worker certificate, to the
    enrolment service's ``POST /key``; the control side (:class:`AuthorisedKeys`) writes it
@@ -269,7 +269,7 @@ def request_key(url: str, ca_file: str, cert_file: str, cert_key: str, client_id
     return out_dir
 
 
-USAGE = ("usage: python -m elasticslice.parslkeys node URL CA_FILE CERT_FILE KEY_FILE "
+USAGE = ("usage: python -m elasticslice.parsl.keys node URL CA_FILE CERT_FILE KEY_FILE "
          "CLIENT_ID OUT_DIR | interchange")
 
 

@@ -1,0 +1,135 @@
+"""The blocks of a :class:`~elasticslice.parsl.provider.CloudLabProvider`: what Parsl asked
+for (:class:`Block`), which node is whose (:class:`BlockBook`), and Parsl's ``JobState`` of a
+block from the provider's state of it and its nodes' (:func:`job_state`)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from collections.abc import Sequence
+
+from parsl.jobs.states import JobState
+
+from elasticslice.managers.policy import NodeState
+from elasticslice.managers.records import PendingDelete
+
+
+class BlockState(str, enum.Enum):
+    """What the provider knows of a block beyond its nodes' states."""
+
+    LIVE = "live"            # wants its nodes; their states say the rest
+    DRAINING = "draining"    # a node has a notice: its managers are held
+    DRAINED = "drained"      # drained for a notice; its nodes go back
+    CANCELLED = "cancelled"  # Parsl cancelled it; its nodes go back
+
+
+_FINAL = {BlockState.DRAINED: JobState.COMPLETED, BlockState.CANCELLED: JobState.CANCELLED}
+
+
+def job_state(block: BlockState, nodes: Sequence[NodeState | None], slots: int = 0
+              ) -> JobState:
+    """Parsl's state of a block: the provider's ``block`` state and its nodes' states
+    (None: the node is gone), ``slots`` nodes not asked for yet (see docs/parsl.md)."""
+    if block in _FINAL:
+        return _FINAL[block]
+    if block is BlockState.DRAINING:
+        return JobState.HELD
+    alive = [s for s in nodes if s is not None]
+    if any(s is NodeState.READY for s in alive):
+        return JobState.RUNNING
+    if nodes and not alive and not slots:
+        return JobState.TIMEOUT   # taken by CloudLab: expected in a pilot model, no failure
+    if alive and not slots and all(s is NodeState.FAILED for s in alive):
+        return JobState.FAILED
+    return JobState.PENDING
+
+
+@dataclasses.dataclass
+class Block:
+    """A submitted block: its command, size and the client_ids bound to it."""
+
+    job_id: str
+    name: str
+    command: str
+    size: int
+    block_id: str | None = None       # Parsl's, from --block_id (managers report it)
+    nodes: list[str] = dataclasses.field(default_factory=list)
+    state: BlockState = BlockState.LIVE
+    message: str | None = None
+    deadline: float | None = None     # draining: CloudLab takes a node then
+    revoked: dict[str, PendingDelete] = dataclasses.field(default_factory=dict)
+
+    @property
+    def open_slots(self) -> int:
+        return self.size - len(self.nodes) if self.state is BlockState.LIVE else 0
+
+    @property
+    def over(self) -> bool:
+        return self.state in _FINAL
+
+
+class BlockBook:
+    """The blocks and which node is whose; its own short lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.blocks: dict[str, Block] = {}
+        self._of: dict[str, Block] = {}   # client_id -> block
+
+    def add(self, block: Block) -> None:
+        with self._lock:
+            self.blocks[block.job_id] = block
+
+    def get(self, job_id: str) -> Block | None:
+        with self._lock:
+            return self.blocks.get(job_id)
+
+    def of(self, client_id: str | None) -> Block | None:
+        with self._lock:
+            return self._of.get(client_id or "")
+
+    def bind(self, client_id: str) -> Block | None:
+        """Bind a new node to the oldest block with an open slot (None: no block wants one)."""
+        with self._lock:
+            for block in self.blocks.values():
+                if block.open_slots > 0:
+                    block.nodes.append(client_id)
+                    self._of[client_id] = block
+                    return block
+            return None
+
+    def unbind(self, client_ids: Sequence[str]) -> None:
+        """These nodes were never added (AddNodes failed): their slots open again."""
+        with self._lock:
+            for cid in client_ids:
+                block = self._of.pop(cid, None)
+                if block is not None and cid in block.nodes:
+                    block.nodes.remove(cid)
+
+    def open_slots(self) -> int:
+        with self._lock:
+            return sum(b.open_slots for b in self.blocks.values())
+
+    def wanted(self, client_id: str) -> bool:
+        """Whether the node belongs to a block that still wants it."""
+        block = self.of(client_id)
+        return block is not None and not block.over
+
+    def set_state(self, block: Block, state: BlockState, message: str | None = None) -> bool:
+        """Move ``block`` on (a final block stays final); whether it moved."""
+        with self._lock:
+            if block.over:
+                return False
+            block.state, block.message = state, message or block.message
+            return True
+
+    def drain(self, block: Block, rev: PendingDelete) -> bool:
+        """Record a notice for a node of ``block``; True when its drain must start."""
+        with self._lock:
+            block.revoked[rev.node_id] = rev
+            block.deadline = min(rev.deadline, block.deadline or rev.deadline)
+            if block.state is not BlockState.LIVE:
+                return False
+            block.state = BlockState.DRAINING
+            block.message = f"draining: CloudLab takes {rev.client_id} back"
+            return True
