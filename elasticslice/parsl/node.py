@@ -190,26 +190,16 @@ class ParslNodeHelper(SimpleElasticSliceHelper):
             self.slice_tarball.path.unlink(missing_ok=True)
 
 
-def node_software(published: Any, publisher: Any, state_dir: Path, *, server: Any,
-                  node_python: str | None, disk_image: str | None,
-                  image_python: str | None) -> tuple[str, Any]:
-    """sh lines building the nodes' environment (the agent's wheelhouse and Parsl: each node
-    gets the wheelhouse of its own Python and machine, served by ``publisher`` under the
-    ``published`` slice's token, verified against the CA of ``state_dir``), or naming the
-    image's Python that has Parsl (``node_python``); and the wheelhouse root serving it
-    (None with ``node_python``; closed with the publisher)."""
-    from elasticslice.config import cm_is_local
+def node_software(services: Any, *, server: Any, node_python: str | None,
+                  disk_image: str | None, image_python: str | None) -> str:
+    """sh lines building the nodes' environment: the agent's wheelhouse with Parsl, which
+    ``services`` (:class:`~elasticslice.pilots.services.ControlServices`) publishes, each
+    node the wheelhouse of its own Python and machine, verified against the cluster CA; or
+    naming the image's Python that has Parsl (``node_python``)."""
     from elasticslice.pilots.bootstrap import env_script
-    from elasticslice.pilots.ca import ClusterCA
-    from elasticslice.pilots.wheelroot import serve_for_image
     if node_python is not None:
-        return env_script(None, python=node_python), None
-    # the nodes verify their software against this CA (its certificate in start.sh)
-    ca = ClusterCA.open(state_dir / "pki")
+        return env_script(None, python=node_python)
     urls = list(getattr(getattr(server, "config", None), "cm_urls", None) or [])
-    wheelroot, url = serve_for_image(
-        publisher, image_urn=disk_image, image_python=image_python,
-        cm_local=bool(urls) and all(map(cm_is_local, urls)), extra=("parsl",),
-        token=published.token, ca=ca, keep=state_dir / "wheelhouse.json")
-    published.serving.append(wheelroot)
-    return env_script(url, target=f"{INSTALL_PATH}/env", ca=ca.cert_pem), wheelroot
+    return services.node_software(image_urn=disk_image, image_python=image_python,
+                                  cm_urls=urls, extra=("parsl",),
+                                  target=f"{INSTALL_PATH}/env")

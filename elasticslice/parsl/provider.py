@@ -41,10 +41,6 @@ class ProviderError(ElasticSliceError, ValueError):
     """A CloudLabProvider argument or use that cannot work (one line saying why)."""
 
 
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
-
-
 def _count(name: str, value: Any, least: int) -> int:
     if not is_count(value, least):
         raise ProviderError(f"CloudLabProvider: {name} must be a whole number >= {least}, "
@@ -140,17 +136,13 @@ class CloudLabProvider(ExecutionProvider):
         #: the HighThroughputExecutor (default: found in parsl.dfk() by its provider)
         self.executor: Any = None
         self.manager: ParslSliceManager | None = None
-        self.publisher: Any = None
         self.helper: ParslNodeHelper | None = None
-        self._published: Any = None
-        self.wheelroot: Any = None  # the nodes' software, a wheelhouse per node (closed
-        # with the publisher)
+        #: the tarball publisher and the enrolment service (started with the manager)
+        self.services: Any = None
         self.publish_port = None if publish_port is None else _count(
             "publish_port", publish_port, 0)
         #: nodes that failed to start, with the cause their start script sent
         self.failures = NodeFailures()
-        #: the enrolment service of the nodes (started with the manager)
-        self.enrolment: Any = None
         #: the nodes' keys allowed at the executor's interchange (None: not encrypted)
         self.keys: AuthorisedKeys | None = None
         self._lock = threading.Lock()
@@ -320,9 +312,7 @@ class CloudLabProvider(ExecutionProvider):
     def _start(self) -> None:
         from elasticslice.managers.statedir import StateDirLock
         from elasticslice.pilots.ca import ClusterCA
-        from elasticslice.pilots.enrol import EnrolmentService
-        from elasticslice.pilots.slicetar import PublishedSlice
-        from troy.frameworks.dask import DenyList
+        from elasticslice.pilots.services import ControlServices
         if self.server is None:
             from elasticslice.config import load_config
             from elasticslice.rpc.client import ProtoGeniServer
@@ -334,28 +324,23 @@ class CloudLabProvider(ExecutionProvider):
             raise ProviderError(f"{self.state_dir}: cannot use it as the provider's state "
                                 f"directory: {err.strerror or err}") from err
         self._lockfile = StateDirLock(self.state_dir / "state").acquire()
-        self._published = PublishedSlice(self.state_dir, self.address,
-                                         port=self.publish_port, public_url=self.public_url)
-        self.publisher = self._published.start()
-        token = self._published.token
         ca = ClusterCA.open(self.state_dir / "pki")
-        # a token only from its node's manifest address; a node's certificates denied
-        # once it left (the same rules as the pilots': elasticslice.pilots.enrol)
-        self.enrolment = EnrolmentService(
-            ca, self.address, 0, is_held=self._is_held, address_of=self._address_of,
-            on_enrolled=self._enrolled, deny=DenyList(self.state_dir / "denied-certs.json"),
-            on_key=self._on_key).start()
-        env_lines, self.wheelroot = node_software(
-            self._published, self.publisher, self.state_dir, server=self.server,
-            node_python=self.node_python, disk_image=self.disk_image,
-            image_python=self.image_python)
+        # the pilots' services and rules: the slice's tarball at a URL kept across
+        # restarts, a token only from its node's manifest address, a node's certificates
+        # denied once it left (elasticslice.pilots.services)
+        services = self.services = ControlServices(
+            self.state_dir, ca, self.address, is_held=self._is_held,
+            address_of=self._address_of, on_report=self._on_report,
+            on_enrolled=self._enrolled, on_key=self._on_key,
+            publish_port=self.publish_port, public_url=self.public_url).start()
+        env_lines = node_software(services, server=self.server, node_python=self.node_python,
+                                  disk_image=self.disk_image, image_python=self.image_python)
         helper = ParslNodeHelper(
-            self.book, self.publisher, self.state_dir / "tarballs", env_lines,
+            self.book, services.publisher, self.state_dir / "tarballs", env_lines,
             cores=self.cores_per_node, server=self.server, image_urn=self.disk_image,
-            nodetype=self.hardware_type, token=token, failures=self.failures,
-            report_url=self.publisher.accept_reports("report", self._on_report, token=token),
-            ca=ca, enrolment=self.enrolment, on_gone=self._on_gone,
-            enrol_url=f"https://{_url_host(self.address)}:{self.enrolment.bound_port}")
+            nodetype=self.hardware_type, token=services.token, failures=self.failures,
+            report_url=services.report_url, ca=ca, enrolment=services.enrolment,
+            on_gone=self._on_gone, enrol_url=services.enrol_url)
         self.helper = helper
         helper.tarball_url()  # served before any sliver change: the CM fetches it again
         self.manager = ParslSliceManager(
@@ -401,6 +386,16 @@ class CloudLabProvider(ExecutionProvider):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def publisher(self) -> Any:
+        """The tarball publisher (None: not started)."""
+        return self.services.publisher if self.services is not None else None
+
+    @property
+    def enrolment(self) -> Any:
+        """The nodes' enrolment service (None: not started)."""
+        return self.services.enrolment if self.services is not None else None
+
     def _stop(self, *, give_back: bool) -> None:
         manager, self.manager = self.manager, None
         try:
@@ -417,17 +412,12 @@ class CloudLabProvider(ExecutionProvider):
             if self.helper is not None:
                 self.helper.close(remove=manager is not None and give_back)
                 self.helper = None
-            if self.enrolment is not None:
-                self.enrolment.stop()
-                self.enrolment = None
             if self.keys is not None and give_back:  # no node of ours is left
                 for client_id in self.keys.allowed():
                     self.keys.withdraw(client_id)
-            if self._published is not None:
-                self._published.stop()
-                self._published = None
-            self.publisher = None
-            self.wheelroot = None  # closed with the publisher
+            services, self.services = self.services, None
+            if services is not None:
+                services.close(remove=manager is not None and give_back)
             lock, self._lockfile = self._lockfile, None
             if lock is not None:
                 lock.release()
