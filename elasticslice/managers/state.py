@@ -4,11 +4,12 @@ One file, ``<state_dir>/manager.db`` (directory 0700, file 0600): the slice and 
 whether this state directory created or adopted the slice), every node with its history,
 CloudLab's revocations (one row each: its deadline, when we released the node, how it
 ended), resource values, the nodes to give back (``to_release``: one row each until the
-actuator's DeleteNodes took it), the intent log (a row written BEFORE each AddNodes/DeleteNodes and closed after, so a manager
-killed in between knows what to reconcile), and the cycle's runs for ``status``. Secrets are
-never stored. One connection guarded by one lock: every method is atomic and thread-safe;
-:meth:`ManagerState.transaction` groups several. :meth:`ManagerState.read_only` opens the
-same file for ``status`` while the daemon writes it.
+actuator's DeleteNodes took it), the intent log (a row written BEFORE each
+AddNodes/DeleteNodes and closed after, so a manager killed in between knows what to
+reconcile), and the cycle's runs for ``status``. Secrets are never stored. One connection
+guarded by one lock: every method is atomic and thread-safe; :meth:`ManagerState.transaction`
+groups several. :meth:`ManagerState.read_only` opens the same file for ``status`` while the
+daemon writes it.
 """
 from __future__ import annotations
 

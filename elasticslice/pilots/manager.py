@@ -20,8 +20,8 @@
   revocation's deadline (the notice's arrival plus its max_wait_time, unchanged; a
   countdown may only bring it earlier), off CloudLab's thread, and the node is given back
   as soon as the pilot is empty (asked in ``to_release``, given back by the cycle's
-  ``release_nodes``, as every node given back); a node taken anyway (max_wait_time 0, NotifyDeleteComplete,
-  gone from the sliver) has its pilot's units requeued at once.
+  ``release_nodes``, as every node given back); a node taken anyway (max_wait_time 0,
+  NotifyDeleteComplete, gone from the sliver) has its pilot's units requeued at once.
 
 What it counted lives in the state store, so it survives a restart.
 """

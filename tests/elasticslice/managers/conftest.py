@@ -1,8 +1,8 @@
 """Managers against a running emulator (real TLS, real callbacks), with fast settings.
 
-``make_manager(emulator, **options)``: a ``SimpleElasticSliceManager`` (or ``cls=`` a
-subclass) for the emulator's user with a ``SimpleElasticSliceHelper`` (one initial PC), state under the test's tmp dir,
-no cooldowns, short intervals; closed at the end of the test. Helpers are in
+``make_manager(emulator, **options)``: a ``SimpleElasticSliceManager`` (or a subclass,
+``cls=``) for the emulator's user with a ``SimpleElasticSliceHelper`` (one initial PC),
+state under the test's tmp dir, no cooldowns, short intervals; closed at the end of the test. Helpers are in
 :mod:`tests.elasticslice.managers.helpers`.
 """
 from __future__ import annotations
