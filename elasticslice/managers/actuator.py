@@ -3,10 +3,16 @@ the intent log.
 
 Intent before action, then reconcile: an intent row is written BEFORE each AddNodes and
 DeleteNodes and closed after; one whose answer was lost (or whose caller died) stays open
-until :meth:`Actuator.reconcile` settles it against the CM's sliver. The actuator holds no
-lock across its calls: the cycle runs its methods one at a time, a released node is given
-back from another thread (:meth:`give_back`), and the intents in flight in this process
-are left alone by a reconcile.
+until :meth:`Actuator.reconcile` settles it against the CM's sliver.
+
+One way back: every node given back (a policy victim or a node it replaces, a revoked node
+drained or whose delete commands finished) is first a row of the state's ``to_release``
+(:meth:`Actuator.ask_release`, which wakes the cycle's ``release_nodes``), and only
+:meth:`Actuator.release` gives them back, on that job's thread; a row outlives a restart.
+The actuator holds no lock across its calls but the one that keeps two release passes
+apart: the cycle runs its other methods one at a time, ``release_nodes`` on a thread of its
+own (never behind a slow AddNodes), and the intents in flight in this process are left
+alone by a reconcile.
 """
 from __future__ import annotations
 
@@ -23,12 +29,21 @@ from elasticslice.managers.holdings import Holdings, node_id_of
 from elasticslice.managers.observer import FreeNodes
 from elasticslice.managers.ownership import own_slice
 from elasticslice.managers.policy import NodeState
-from elasticslice.rpc.codes import GeniCode
+from elasticslice.managers.records import NodeRecord, Release, ReleaseSource
+from elasticslice.rpc.codes import TRANSIENT_CODES, GeniCode
 from elasticslice.rpc.credential import expires_of, parse_credential
 from elasticslice.rspec.addnodes import check_add_args, pin_add_args
 from elasticslice.rspec.parse import count_nodes
 
 log = logging.getLogger("elasticslice.managers.manager")
+
+
+#: what a node given back is marked gone as, by why it was asked
+GONE_AS = {ReleaseSource.POLICY.value: "given back", ReleaseSource.NOTICE.value: "released early"}
+
+
+def _nothing(*_: Any) -> None:
+    return None
 
 
 def utc(ts: float) -> dt.datetime:
@@ -43,12 +58,14 @@ class Actuator:
     """Calls through ``server`` (a ``ProtoGeniServer``) at ``cms``; records in ``state``
     and ``holdings``; ``helper`` says what the sliver and new nodes are; ``notify(subject,
     body)`` mails; ``free``: the free nodes' names per type (the observer's), from which a
-    node of a wanted hardware type is asked for by name."""
+    node of a wanted hardware type is asked for by name; ``wake(*methods)``: runs cycle
+    methods now (``release_nodes`` once a node is to be given back)."""
 
     def __init__(self, server: Any, state: Any, holdings: Holdings, helper: Any,
                  cms: Sequence[Any], *, clock: Callable[[], float],
                  notify: Callable[[str, str], None], renew_hours: float,
-                 delete_commands_timeout: float, free: FreeNodes | None = None) -> None:
+                 delete_commands_timeout: float, free: FreeNodes | None = None,
+                 wake: Callable[..., None] = _nothing) -> None:
         self.server = server
         self.state = state
         self.holdings = holdings
@@ -59,6 +76,9 @@ class Actuator:
         self.renew_hours = renew_hours
         self.delete_commands_timeout = delete_commands_timeout
         self.free = free or FreeNodes()  # the observer's, from the CMs' advertisements
+        self.wake = wake
+        self._releasing = threading.Lock()  # one release pass at a time (its DeleteNodes)
+        self._kept: set[tuple[str, str]] = set()  # rows held back, said once
         self._lock = threading.Lock()   # the set below only, never across a call
         self._in_flight: set[int] = set()
         self._waiting: set[int] = set()  # open add intents whose wait was said once
@@ -168,16 +188,108 @@ class Actuator:
         return wire, left_out
 
     def delete(self, cm: Any, cids: list[str], why: str = "") -> int:
-        """The helper's delete commands, then DeleteNodes of ``cids``; how many went."""
+        """The policy's choice: the helper's delete commands, then ``cids`` are asked to be
+        given back (:meth:`release` does it); how many were asked."""
         recs = [r for r in (self.state.node(cm.url, c) for c in cids) if r is not None]
         self.run_delete_commands([{"client_id": r.client_id, "node_id": r.node_id or "",
                                    "max_wait_time": 0} for r in recs])
-        self._delete(cm, cids, recs, why, "given back")
+        self.ask_release(recs, ReleaseSource.POLICY.value, why)
         self.state.set_meta("last_delete", repr(self.clock()))
-        return len(cids)
+        return len(recs)
 
-    def _delete(self, cm: Any, cids: list[str], recs: list[Any], why: str,
-                reason: str) -> None:
+    def ask_release(self, recs: list[NodeRecord], source: str, reason: str) -> int:
+        """Record ``recs`` in ``to_release`` (a node asked already keeps its first row) and
+        wake ``release_nodes``; how many rows are new. Never calls out: a callback's thread
+        may ask."""
+        now = self.clock()
+        with self.state.transaction():
+            asked = sum(self.state.ask_release(r.cm, r.client_id, node_id=r.node_id,
+                                               source=source, reason=reason, now=now)
+                        for r in recs)
+        if recs:
+            self.wake("release_nodes")
+        return asked
+
+    def release(self) -> list[Release]:
+        """Give back the nodes of ``to_release``: one DeleteNodes per CM (each node alone
+        when the CM refuses them together), each under an intent; the rows given back.
+
+        A row whose node is no longer held is dropped; one named by a delete intent still
+        open from before (a manager that died in its DeleteNodes) waits for the reconcile.
+        CloudLab refuses to delete a sliver's every node: then one row stays (a revoked
+        node first, which CloudLab takes by its deadline anyway) until another node comes
+        or it leaves. A refused DeleteNodes drops its row (the policy decides again; a
+        revoked node's answer says max_wait_time 0 already); a transient failure or a lost
+        answer keeps the rows for the next pass and raises."""
+        with self._releasing:
+            rows = self.state.releases()
+            if not rows:
+                return []
+            busy = self.in_flight()
+            unsettled = {(i.cm, c) for i in self.state.open_intents()
+                         if i.kind == "delete" and i.id not in busy for c in i.client_ids}
+            by_cm: dict[str, list[tuple[Release, NodeRecord]]] = {}
+            for row in rows:
+                rec = self.state.node(row.cm, row.client_id)
+                if rec is None or rec.gone_at is not None or self._cm(row.cm) is None:
+                    log.debug("%s at %s is no longer held: not given back", row.client_id,
+                              row.cm)
+                    self.state.drop_releases(row.cm, [row.client_id])
+                elif (row.cm, row.client_id) not in unsettled:
+                    by_cm.setdefault(row.cm, []).append((row, rec))
+            done: list[Release] = []
+            error: RPCError | None = None
+            for url, pairs in by_cm.items():
+                pairs = self._keep_one(url, pairs)
+                if not pairs:
+                    continue
+                try:
+                    done += self._give_back(self._cm(url), pairs)
+                except RPCError as err:  # the rows stay: the next pass tries again
+                    error = error or err
+            if error is not None:
+                raise error
+            return done
+
+    def _cm(self, url: str) -> Any:
+        return next((c for c in self.cms if c.url == url), None)
+
+    def _keep_one(self, url: str, pairs: list[tuple[Release, NodeRecord]]
+                  ) -> list[tuple[Release, NodeRecord]]:
+        """``pairs`` less one when they are every node held at ``url`` (CloudLab refuses to
+        delete a sliver's every node): a revoked node's row, else the newest."""
+        if len(pairs) < len(self.state.nodes(url)):
+            return pairs
+        pairs = sorted(pairs, key=lambda p: (p[0].source == ReleaseSource.NOTICE.value,
+                                             p[0].id))
+        kept = pairs.pop()[0]
+        if (url, kept.client_id) not in self._kept:
+            self._kept.add((url, kept.client_id))
+            log.info("%s stays for now: CloudLab keeps one node in a sliver (given back when "
+                     "another comes, or it leaves)", kept.client_id)
+        return pairs
+
+    def _give_back(self, cm: Any, pairs: list[tuple[Release, NodeRecord]]) -> list[Release]:
+        cids = [row.client_id for row, _ in pairs]
+        why = "; ".join(dict.fromkeys(row.reason for row, _ in pairs if row.reason))
+        try:
+            self._delete(cm, cids, [(rec, GONE_AS[row.source]) for row, rec in pairs], why)
+        except RPCError as err:
+            if isinstance(err, TransportError) or err.code in TRANSIENT_CODES:
+                raise
+            if len(pairs) > 1:  # one node CloudLab took meanwhile refuses them all
+                return [r for p in pairs for r in self._give_back(cm, [p])]
+            row = pairs[0][0]
+            self.state.drop_releases(cm.url, cids)
+            log.info("DeleteNodes of %s refused (%s): %s", row.client_id, one_line(err),
+                     "the countdown answer releases it" if row.source ==
+                     ReleaseSource.NOTICE.value else "the policy decides again")
+            return []
+        self.state.drop_releases(cm.url, cids)
+        return [row for row, _ in pairs]
+
+    def _delete(self, cm: Any, cids: list[str], gone: list[tuple[NodeRecord, str]],
+                why: str) -> None:
         intent = self._begin("delete", cm, cids)
         log.info("giving back %d node(s) at %s: %s%s", len(cids), cm.url, " ".join(cids),
                  f" ({why})" if why else "")
@@ -187,25 +299,9 @@ class Actuator:
             self._settle_failed(intent, err)
             raise
         now = self.clock()
-        for rec in recs:
+        for rec, reason in gone:
             self.holdings.forget(rec, now, reason)
         self._end(intent, "done")
-
-    def give_back(self, node_id: str) -> bool:
-        """DeleteNodes of a revoked node we released (CloudLab may count down for a while
-        more otherwise); off the cycle, so never behind a slow AddNodes. False when CloudLab
-        refused (the countdown answer releases it anyway)."""
-        rec = self.state.find_node(node_id)
-        cm = next((c for c in self.cms if rec is not None and c.url == rec.cm), None)
-        if rec is None or rec.gone_at is not None or cm is None:
-            return False
-        try:
-            self._delete(cm, [rec.client_id], [rec], "released early", "released early")
-        except ElasticSliceError as err:
-            log.info("DeleteNodes of %s refused (%s): the countdown answer releases it",
-                     rec.client_id, one_line(err))
-            return False
-        return True
 
     def _settle_failed(self, intent: int, err: RPCError) -> None:
         """A refused call changed nothing; a lost answer stays open until reconciled."""

@@ -30,11 +30,11 @@ class _Counting:
 
 class TrackedState(_Counting):
     """The manager's :class:`ManagerState`, counting the writes that change what the policy
-    sees (nodes, revocations, values, intents), so the policy's view of a large slice is
-    built again only when one happened. Everything else passes through."""
+    sees (nodes, revocations, values, intents, nodes to give back), so the policy's view of
+    a large slice is built again only when one happened. Everything else passes through."""
 
     OBSERVED_WRITES = frozenset({"upsert_node", "mark_gone", "set_values", "begin_intent",
-                                 "finish_intent"})
+                                 "finish_intent", "ask_release", "drop_releases"})
     REVOCATION_WRITES = frozenset({"add", "release", "force", "finish", "expire", "forget"})
 
     def __init__(self, state: ManagerState) -> None:

@@ -11,7 +11,10 @@
   returns: rescheduling a job APScheduler still counts as running would be skipped as
   "maximum number of running instances reached", and the wake lost for a whole interval.
 
-Jobs run one at a time (one worker thread): the methods share the slice and its state.
+Jobs run one at a time (one worker thread, ``cycle``): the methods share the slice and its
+state. The methods of :data:`APART` run on a thread of their own each (``cycle-<method>``),
+so that they never wait behind another: ``release_nodes`` gives nodes back while
+``add_nodes`` may be stuck in a slow AddNodes.
 """
 from __future__ import annotations
 
@@ -36,25 +39,29 @@ MAX_BACKOFF_FACTOR = 32
 #: the seed's order of the cycle's methods (``SimpleElasticSliceManager.DEF_ORDER``)
 DEF_ORDER: tuple[str, ...] = (
     "ensure_slice", "ensure_sliver", "update_sliver_status", "renew", "update_all",
-    "update_available", "get_system_state", "add_nodes", "delete_nodes", "set_system_state")
+    "update_available", "get_system_state", "add_nodes", "delete_nodes", "release_nodes",
+    "set_system_state")
 #: the seed's interval of a method not in :data:`DEF_INTERVALS`
 DEF_INTERVAL = 60
 #: the seed's intervals (``SimpleElasticSliceManager.DEF_INTERVALS``, ``[manager]``'s defaults)
 DEF_INTERVALS: Mapping[str, float] = {
     "update_available": 600, "ensure_sliver": 60, "delete_nodes": 300,
     "update_sliver_status": 60, "update_all": 86400, "renew": 3600, "add_nodes": 300,
-    "ensure_slice": 60}
+    "ensure_slice": 60, "release_nodes": 60}
 # Quick enough to follow a workload: what the pilot cluster and the Parsl provider share.
 _QUICK = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver_status": 1.0,
           "renew": 600.0, "update_all": 3600.0}
 #: the pilot cluster's (``run``, ``CloudLabCluster``): quick enough to follow Troy's demand
 PILOT_INTERVALS: Mapping[str, float] = {
     **_QUICK, "update_available": 5.0, "get_system_state": 1.0, "add_nodes": 2.0,
-    "delete_nodes": 2.0, "set_system_state": 5.0}
+    "delete_nodes": 2.0, "release_nodes": 2.0, "set_system_state": 5.0}
 #: the Parsl provider's: quick enough to follow Parsl's strategy
 PARSL_INTERVALS: Mapping[str, float] = {
     **_QUICK, "update_available": 30.0, "get_system_state": 60.0, "add_nodes": 1.0,
-    "delete_nodes": 1.0, "set_system_state": 60.0}
+    "delete_nodes": 1.0, "release_nodes": 1.0, "set_system_state": 60.0}
+#: the methods that run on a thread of their own, never behind another (a release is woken
+#: as soon as something is to be given back; its interval only retries what is left)
+APART: tuple[str, ...] = ("release_nodes",)
 
 
 class RunRecorder(Protocol):
@@ -93,9 +100,11 @@ class Cycle:
                  reset_triggers: Mapping[str, Sequence[str]] | None = None,
                  retry_interval: float = 30.0, recorder: RunRecorder | None = None,
                  on_error: Callable[[str, BaseException, int], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 apart: Sequence[str] = APART) -> None:
         self.call = call
         self.order = list(order)
+        self.apart = [m for m in apart if m in self.order]
         self.reset_triggers = {k: list(v) for k, v in (reset_triggers or {}).items()}
         self.retry_interval = max(0.01, float(retry_interval))
         self.recorder = recorder
@@ -227,8 +236,11 @@ class Cycle:
         with self._lock:
             for info in self.methods.values():
                 info.in_job = info.rerun = False
+        executors = {"default": ThreadPoolExecutor(1, {"thread_name_prefix": "cycle"})}
+        for name in self.apart:
+            executors[name] = ThreadPoolExecutor(1, {"thread_name_prefix": f"cycle-{name}"})
         scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(1)},
+            executors=executors,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone=dt.timezone.utc)
         now = dt.datetime.now(dt.timezone.utc)
@@ -238,6 +250,7 @@ class Cycle:
             delay = (info.interval if first_delay is None else first_delay) + index * 0.01
             scheduler.add_job(self._job, IntervalTrigger(seconds=info.interval),
                               args=[name], id=name, name=name,
+                              executor=name if name in self.apart else "default",
                               next_run_time=now + dt.timedelta(seconds=delay))
         # Dispatched after APScheduler released the job (executors/base.py _run_job_success).
         scheduler.add_listener(self._job_released, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)

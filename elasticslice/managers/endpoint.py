@@ -169,14 +169,18 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
     by the earliest deadline), else one job per node. ``rlock``: the seed's; it guards the
     resource values only and is never held across I/O. ``book``: where notices are recorded
     (default: a book of this process, every notice counts); ``releaser``: how nodes are
-    released (default: the helper's delete commands); ``clock``: when a call arrived.
+    released (default: the helper's delete commands); ``released(node_ids, outcome)``: told
+    when the release of revoked nodes ended (a manager gives them back); ``clock``: when a
+    call arrived.
     """
 
     def __init__(self, helper: ElasticSliceHelper | None = None, delete_in_group: bool = True,
                  rlock: threading.RLock | None = None, *, book: NoticeBook | None = None,
                  releaser: Releaser | None = None,
+                 released: Callable[[list[str], str], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         ElasticSliceClientEndpoint.__init__(self)
+        self.released = released
         self._ep_helper = helper
         self.delete_in_group = delete_in_group
         self.clock = clock
@@ -280,6 +284,8 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
     def _finish(self, node_ids: list[str], outcome: str) -> None:
         self.book.release(node_ids, outcome)
         log.info("delete of %s finished: %s", " ".join(node_ids), outcome)
+        if self.released is not None:
+            self._call_hook(self.released, node_ids, outcome)
         self._call_hook(self.on_delete_finished, node_ids, outcome)
 
     def delete_finished(self, node_id: str) -> bool:

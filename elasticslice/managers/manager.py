@@ -3,7 +3,11 @@
 A manager keeps a slice alive (``ensure_slice``, ``ensure_sliver``, ``renew``), watches it
 (``update_sliver_status``, ``update_all``, ``update_available``), grows and shrinks it
 (``add_nodes``, ``delete_nodes``, as the pure policy in :mod:`.policy` decides) and answers
-CloudLab's callbacks (the seed's endpoint methods forward to ``client_endpoint``). The
+CloudLab's callbacks (the seed's endpoint methods forward to ``client_endpoint``). Every node
+given back goes one way: asked in the state's ``to_release`` (a policy victim or replaced
+node by ``delete_nodes``, a revoked node once its delete commands finished or, in the
+pilots' and Parsl's managers, once drained), then given back by the actuator on the cycle's
+``release_nodes``, a job on a thread of its own, woken at each ask. The
 seed's methods are its public face; the work is done by small parts it composes, each with
 explicit collaborators:
 
@@ -46,6 +50,7 @@ from elasticslice.managers.observer import Observer
 from elasticslice.managers.ownership import SliceClaim
 from elasticslice.managers.policy import (Decision, Observed, PolicyConfig, decide, failure_pause,
                                          wanted_nodes)
+from elasticslice.managers.records import ReleaseSource
 from elasticslice.managers.registrar import EndpointRegistrar
 from elasticslice.managers.renewer import Renewer
 from elasticslice.managers.state import ManagerState
@@ -91,8 +96,11 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     METHOD_RESET_TRIGGERS = {
         "add_nodes": ["update_sliver_status", "update_available", "get_system_state",
                       "set_system_state"],
-        "delete_nodes": ["update_sliver_status", "update_available", "get_system_state",
-                         "set_system_state"]}
+        "delete_nodes": ["release_nodes"],
+        "release_nodes": ["update_sliver_status", "update_available", "get_system_state",
+                          "set_system_state"]}
+    #: cycle methods woken once a revoked node was given back (besides the reset triggers)
+    RELEASE_WAKES: tuple[str, ...] = ()
 
     def __init__(self, server: Any, config: Any = None, minthreshold: int = DEF_MIN_THRESHOLD,
                  maxthreshold: int = DEF_MAX_THRESHOLD, percent_available_minimum: float = 0.5,
@@ -112,6 +120,10 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                                     f"({maxthreshold})")
         PluginElasticSliceHelper.__init__(self, server, config, helper)
         self.manage_order = list(manage_order or self.DEF_ORDER)
+        if "release_nodes" not in self.manage_order:  # the one way back is always there
+            after = self.manage_order.index("delete_nodes") + 1 \
+                if "delete_nodes" in self.manage_order else len(self.manage_order)
+            self.manage_order.insert(after, "release_nodes")
         self.manage_intervals = {**self.DEF_INTERVALS, **(manage_intervals or {})}
         self.method_reset_triggers = {k: list(v) for k, v in (
             self.METHOD_RESET_TRIGGERS if method_reset_triggers is None
@@ -138,8 +150,9 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.last_observed: Observed | None = None
         self._paused_after: float | None = None  # the failure the last add pause followed
         self._passes = 0
-        # cycle methods run one at a time; no callback, drain or release ever takes it (the
-        # seed's per-instance RLock, ``rlock``)
+        # cycle methods run one at a time; no callback, drain or release ever takes it, nor
+        # the cycle's methods apart (``release_nodes``) (the seed's per-instance RLock,
+        # ``rlock``)
         self._methods_lock = self.rlock = threading.RLock()
         self._stop = threading.Event()
         self._started = False
@@ -164,13 +177,14 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.actuator = Actuator(server, self.state, self.holdings, self, self.cms, clock=now,
                                  notify=self.notify, renew_hours=self.renew_hours,
                                  delete_commands_timeout=delete_commands_timeout,
-                                 free=self.observer.free)
+                                 free=self.observer.free, wake=self.wake)
         self.renewer = Renewer(server, self.state, self.cms,
                                ensure_slice=self.actuator.ensure_slice, clock=now,
                                notify=self.notify, renew_hours=self.renew_hours,
                                margin=self._renew_margin)
         self.client_endpoint = SimpleElasticSliceClientEndpoint(
-            self, delete_in_group, book=self.notices, releaser=self._releaser(), clock=now)
+            self, delete_in_group, book=self.notices, releaser=self._releaser(),
+            released=self._commands_finished, clock=now)
         self.registrar = EndpointRegistrar(server, self.cms, endpoint, self.client_endpoint) \
             if endpoint is not None else None
         self.claim = SliceClaim(server, self.state, adopt=adopt,
@@ -184,6 +198,17 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     def _releaser(self) -> Releaser | None:
         """How revoked nodes are released (None: the helper's delete commands)."""
         return None
+
+    def _commands_finished(self, node_ids: list[str], outcome: str) -> None:
+        """The delete commands of revoked nodes ended (the book released them): the nodes
+        are given back, unless CloudLab takes them anyway (no time was left, or the
+        commands were killed at the deadline or as the nodes went)."""
+        if outcome not in ("done", "failed"):
+            return
+        recs = [r for r in (self.state.find_node(i) for i in node_ids)
+                if r is not None and r.gone_at is None]
+        self.actuator.ask_release(recs, ReleaseSource.NOTICE.value,
+                                  f"revoked, delete commands {outcome}")
 
     @classmethod
     def from_config(cls, server: Any, mconfig: Any, helper: ElasticSliceHelper | None = None,
@@ -215,6 +240,8 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     def _run_method(self, name: str) -> Any:
         if name not in self.manage_order:
             raise ElasticSliceError(f"unknown manager method {name!r}")
+        if name in self.cycle.apart:  # never behind another method (see Actuator.release)
+            return getattr(self, name)()
         with self._methods_lock:
             return getattr(self, name)()
 
@@ -299,6 +326,8 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         """Close the open intents against the CMs' slivers (at start, after a crash)."""
         done = self.actuator.reconcile()
         self._reconciled = True
+        if done and self.state.releases():  # rows that waited for it
+            self.wake("release_nodes")
         return done
 
     def renew(self) -> Any:
@@ -366,6 +395,8 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         return self.decide().give_back(self._cms(cm)[0].url) or None
 
     def delete_nodes(self, cm: Any = None) -> Any:
+        """The policy's victims and replaced nodes: the helper's delete commands, then they
+        are asked to be given back (``release_nodes`` does it); how many were asked."""
         deleted = 0
         for c in self._cms(cm):
             victims = self.should_delete_nodes(c)
@@ -374,12 +405,25 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                 deleted += self.actuator.delete(c, victims, why)
         return deleted
 
+    def release_nodes(self) -> Any:
+        """Give back every node asked (the state's ``to_release``): the one way nodes go
+        back, on a thread of the cycle's own (never behind a slow AddNodes); how many
+        went. Then, when a revoked node went, the methods of ``RELEASE_WAKES`` run."""
+        done = self.actuator.release()
+        if any(r.source == ReleaseSource.NOTICE.value for r in done):
+            self.wake(*self.RELEASE_WAKES)
+        return len(done)
+
     # ------------------------------------------------------------------ node queries
     def is_adding(self, node: str | None = None, cm: Any = None) -> bool:
         return self.actuator.pending("add", node, {c.url for c in self._cms(cm)})
 
     def is_deleting(self, node: str | None = None, cm: Any = None) -> bool:
-        if self.actuator.pending("delete", node, {c.url for c in self._cms(cm)}):
+        urls = {c.url for c in self._cms(cm)}
+        if self.actuator.pending("delete", node, urls):
+            return True
+        if any(node is None or node in (r.node_id, r.client_id)
+               for r in self.state.releases() if r.cm in urls):
             return True
         return any(node is None or node in (p.node_id, p.client_id)
                    for p in self.state.pending_deletes(open_only=True))

@@ -115,7 +115,7 @@ class Observed:
     last_add: float | None = None
     last_delete: float | None = None
     adding: int = 0
-    deleting: frozenset[str] = frozenset()  # client_ids with a DeleteNodes in flight
+    deleting: frozenset[str] = frozenset()  # client_ids to give back, or in a DeleteNodes
     demand_cores: int | None = None  # cores the work wants now (None: no opinion in cores)
     waiting_cores: int = 0           # cores of work not released yet (``lookahead`` counts)
     cores_per_node: int | None = None  # None: no node told its size yet

@@ -77,6 +77,29 @@ class PendingDelete:
     last_seen: float | None = None
 
 
+class ReleaseSource(str, Enum):
+    """Why a node is to be given back: the policy chose it (a victim, or a node it replaces),
+    or CloudLab revoked it and we are done with it (drained, no pilot on it, its delete
+    commands finished)."""
+
+    POLICY = "policy"
+    NOTICE = "notice"
+
+
+@dataclass(frozen=True)
+class Release:
+    """A node to give back (``to_release``): asked at ``asked``, given back by the
+    actuator's next DeleteNodes at ``cm``."""
+
+    cm: str
+    client_id: str
+    node_id: str | None
+    source: str
+    reason: str
+    asked: float
+    id: int = 0
+
+
 @dataclass(frozen=True)
 class Intent:
     id: int

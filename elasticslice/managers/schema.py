@@ -5,15 +5,18 @@ a node we hold, from the first notice to the node leaving the slice) instead of 
 node (version 1's ``pending_deletes``, which a second revocation of the same machine
 overwrote). Version 3 keeps each node's control address as its manifest says (``nodes.ipv4``, the
 ``host@ipv4`` CloudLab gives it): the enrolment service takes a node's token only from that
-address, across restarts of the control process. Older files are migrated when opened for
-writing.
+address, across restarts of the control process. Version 4 keeps the nodes to give back
+(``to_release``: a policy victim, a replaced node, a revoked node drained or whose delete
+commands finished, one row each until the actuator's DeleteNodes took it or the node left),
+so a manager that dies before the DeleteNodes gives them back when it comes back. Older files
+are migrated when opened for writing.
 """
 from __future__ import annotations
 
 import json
 import sqlite3
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -39,6 +42,9 @@ CREATE TABLE IF NOT EXISTS intents (id INTEGER PRIMARY KEY AUTOINCREMENT, kind T
 CREATE TABLE IF NOT EXISTS cycle (method TEXT PRIMARY KEY, last_run REAL, last_ok REAL,
     next_run REAL, last_error TEXT, last_error_at REAL, failures INTEGER DEFAULT 0,
     runs INTEGER DEFAULT 0, last_duration REAL);
+CREATE TABLE IF NOT EXISTS to_release (id INTEGER PRIMARY KEY AUTOINCREMENT, cm TEXT,
+    client_id TEXT, node_id TEXT, source TEXT, reason TEXT, asked REAL,
+    UNIQUE (cm, client_id));
 """
 
 _V1_TO_V2 = """
@@ -66,7 +72,7 @@ def create(conn: sqlite3.Connection) -> str:
 def migrate(conn: sqlite3.Connection, version: str) -> str:
     """Bring a file of an older version up to :data:`SCHEMA_VERSION` (one transaction);
     the version it has after."""
-    if version not in ("1", "2"):
+    if version not in ("1", "2", "3"):
         return version
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -79,6 +85,7 @@ def migrate(conn: sqlite3.Connection, version: str) -> str:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
         if "ipv4" not in columns:   # version 3: the nodes' manifest addresses
             conn.execute("ALTER TABLE nodes ADD COLUMN ipv4 TEXT")
+        # version 4: ``to_release``, made by ``create`` (nothing to give back yet)
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                      (str(SCHEMA_VERSION),))
     except BaseException:

@@ -3,11 +3,13 @@
 One file, ``<state_dir>/manager.db`` (directory 0700, file 0600): the slice and slivers (and
 whether this state directory created or adopted the slice), every node with its history,
 CloudLab's revocations (one row each: its deadline, when we released the node, how it
-ended), resource values, the intent log (a row written BEFORE each AddNodes/DeleteNodes and closed after, so a manager
-killed in between knows what to reconcile), and the cycle's runs for ``status``. Secrets are
-never stored. One connection guarded by one lock: every method is atomic and thread-safe;
-:meth:`ManagerState.transaction` groups several. :meth:`ManagerState.read_only` opens the
-same file for ``status`` while the daemon writes it.
+ended), resource values, the nodes to give back (``to_release``: one row each until the
+actuator's DeleteNodes took it), the intent log (a row written BEFORE each
+AddNodes/DeleteNodes and closed after, so a manager killed in between knows what to
+reconcile), and the cycle's runs for ``status``. Secrets are never stored. One connection
+guarded by one lock: every method is atomic and thread-safe; :meth:`ManagerState.transaction`
+groups several. :meth:`ManagerState.read_only` opens the same file for ``status`` while the
+daemon writes it.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from elasticslice.managers.records import (
-    CycleRecord, Intent, IntentKind, IntentOutcome, NodeRecord, PendingDelete, SliceRecord,
-    SliverRecord, StateError,
+    CycleRecord, Intent, IntentKind, IntentOutcome, NodeRecord, PendingDelete, Release,
+    ReleaseSource, SliceRecord, SliverRecord, StateError,
 )
 from elasticslice.managers.revocations import RevocationLog
 from elasticslice.managers.schema import SCHEMA_VERSION, create, migrate
@@ -33,8 +35,8 @@ DB_NAME = "manager.db"
 
 NODE_FIELDS = ("node_id", "hostname", "state", "initial", "added_at", "ipv4")
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "CycleRecord", "Intent", "IntentKind", "IntentOutcome",
-           "ManagerState", "NodeRecord", "PendingDelete", "SliceRecord", "SliverRecord",
-           "StateError"]
+           "ManagerState", "NodeRecord", "PendingDelete", "Release", "ReleaseSource",
+           "SliceRecord", "SliverRecord", "StateError"]
 
 
 def _text(value: Any) -> Any:
@@ -280,6 +282,30 @@ class ManagerState:
         sql = "SELECT node_id, value FROM node_values"
         rows = self._rows(sql + " WHERE cm = ?", (cm,)) if cm else self._rows(sql)
         return {node_id: value for node_id, value in rows}
+
+    # --- the nodes to give back ------------------------------------------------------------
+    def ask_release(self, cm: str, client_id: str, *, node_id: str | None, source: str,
+                    reason: str, now: float) -> bool:
+        """Record that ``client_id`` at ``cm`` is to be given back; False when it is already
+        (the first ask stands)."""
+        source = ReleaseSource(source).value
+        cur = self._run("INSERT OR IGNORE INTO to_release (cm, client_id, node_id, source, "
+                        "reason, asked) VALUES (?, ?, ?, ?, ?, ?)",
+                        (cm, client_id, node_id, source, reason, now))
+        return cur.rowcount > 0
+
+    def releases(self, cm: str | None = None) -> list[Release]:
+        """The nodes to give back, oldest ask first."""
+        sql = "SELECT cm, client_id, node_id, source, reason, asked, id FROM to_release"
+        rows = self._rows(sql + " WHERE cm = ? ORDER BY id", (cm,)) if cm is not None \
+            else self._rows(sql + " ORDER BY id")
+        return [Release(*r) for r in rows]
+
+    def drop_releases(self, cm: str, client_ids: Sequence[str]) -> None:
+        """Given back, refused, or no longer held: not asked any more."""
+        with self.transaction():
+            for cid in client_ids:
+                self._run("DELETE FROM to_release WHERE cm = ? AND client_id = ?", (cm, cid))
 
     # --- the intent log ----------------------------------------------------------------------
     def begin_intent(self, kind: str, cm: str, client_ids: Sequence[str], *, now: float) -> int:

@@ -18,9 +18,10 @@
   framework's ``adopt_filter``);
 * :class:`PilotDrainer` releases a revoked node: it drains the node's pilot against the
   revocation's deadline (the notice's arrival plus its max_wait_time, unchanged; a
-  countdown may only bring it earlier), off CloudLab's thread, and gives the node back as
-  soon as the pilot is empty; a node taken anyway (max_wait_time 0, NotifyDeleteComplete,
-  gone from the sliver) has its pilot's units requeued at once.
+  countdown may only bring it earlier), off CloudLab's thread, and the node is given back
+  as soon as the pilot is empty (asked in ``to_release``, given back by the cycle's
+  ``release_nodes``, as every node given back); a node taken anyway (max_wait_time 0,
+  NotifyDeleteComplete, gone from the sliver) has its pilot's units requeued at once.
 
 What it counted lives in the state store, so it survives a restart.
 """
@@ -39,7 +40,7 @@ from elasticslice.managers.endpoint import Releaser
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeState, NodeView, Observed, PolicyConfig, \
     wanted_nodes
-from elasticslice.managers.records import PendingDelete
+from elasticslice.managers.records import PendingDelete, ReleaseSource
 from elasticslice.pilots.failures import NodeFailures, what_failed
 from elasticslice.pilots.values import changed as values_changed
 from elasticslice.pilots.values import node_values, pilot_work
@@ -225,25 +226,24 @@ class PilotDrainer:
 
 class EarlyReleases:
     """For managers that drain a revoked node (the pilots', Parsl's): :meth:`_release` when
-    its work is off it. The next countdown answer says max_wait_time 0, and a DeleteNodes goes
-    at once on a thread of its own (``releases``; CloudLab may count down for up to its
-    notify interval more otherwise); then the cycle methods of ``RELEASE_WAKES`` run."""
+    its work is off it. The next countdown answer says max_wait_time 0, and the node is asked
+    in ``to_release``, which wakes the cycle's ``release_nodes``: its DeleteNodes goes at once,
+    on the release job's own thread, never behind a slow AddNodes (CloudLab may count down for
+    up to its notify interval more otherwise); then the cycle methods of ``RELEASE_WAKES``
+    run. :meth:`_release` returns at once (a callback's thread may call it)."""
 
     RELEASE_WAKES: tuple[str, ...] = ("update_sliver_status",)
-    releases: Background
     notices: Any
     actuator: Any
-    wake: Callable[..., None]
+    state: Any
 
     def _release(self, node_id: str, client_id: str | None, why: str) -> None:
         if not self.notices.release([node_id], why):
             return
         log.info("releasing %s (%s) early: %s", node_id, client_id, why)
-        self.releases.post(self._give_back, node_id)
-
-    def _give_back(self, node_id: str) -> None:
-        self.actuator.give_back(node_id)
-        self.wake(*self.RELEASE_WAKES)
+        rec = self.state.find_node(node_id)
+        if rec is not None and rec.gone_at is None:
+            self.actuator.ask_release([rec], ReleaseSource.NOTICE.value, why)
 
 
 class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
@@ -269,7 +269,6 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
         self.session = session
         self.margin = margin
         self.watch = PilotWatch(framework, clock=lambda: self.clock(), node_cores=node_cores)
-        self.releases = Background("node-release", threads=2)
         options["policy"] = dataclasses.replace(
             options.get("policy") or PolicyConfig(), lookahead=lookahead,
             agent_grace=agent_grace, agent_timeout=agent_timeout)
@@ -439,8 +438,9 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
         self.drainer.lose(node.get("client_id"), "node gone")
 
     def delete_nodes(self, cm: Any = None) -> Any:
-        """Give back what the policy chose; each victim's pilot is taken out first, so a
-        unit that reached it meanwhile is requeued, never lost."""
+        """Give back what the policy chose (asked in ``to_release``, as the base class);
+        each victim's pilot is taken out first, so a unit that reached it meanwhile is
+        requeued, never lost."""
         deleted = 0
         for c in self._cms(cm):
             victims = self.should_delete_nodes(c)
@@ -462,7 +462,7 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
             self.framework.retire(pilot, self.clock() + self.RETIRE_TIMEOUT)
 
     def _threads(self) -> list[Background]:
-        return [*super()._threads(), self.drainer.work, self.releases]
+        return [*super()._threads(), self.drainer.work]
 
     # ------------------------------------------------------------------ figures
     @property

@@ -1,8 +1,8 @@
 """Managers against a running emulator (real TLS, real callbacks), with fast settings.
 
-``make_manager(emulator, **options)``: a ``SimpleElasticSliceManager`` for the emulator's
-user with a ``SimpleElasticSliceHelper`` (one initial PC), state under the test's tmp dir,
-no cooldowns, short intervals; closed at the end of the test. Helpers are in
+``make_manager(emulator, **options)``: a ``SimpleElasticSliceManager`` (or a subclass,
+``cls=``) for the emulator's user with a ``SimpleElasticSliceHelper`` (one initial PC),
+state under the test's tmp dir, no cooldowns, short intervals; closed at the end of the test. Helpers are in
 :mod:`tests.elasticslice.managers.helpers`.
 """
 from __future__ import annotations
@@ -23,12 +23,13 @@ def make_manager(tmp_path: Path) -> Iterator[Callable[..., SimpleElasticSliceMan
     made: list[SimpleElasticSliceManager] = []
 
     def make(emulator: Any, *, helper: Any = None, policy: PolicyConfig | None = None,
-             state_dir: Path | None = None, **options: Any) -> SimpleElasticSliceManager:
+             state_dir: Path | None = None, cls: type = SimpleElasticSliceManager,
+             **options: Any) -> SimpleElasticSliceManager:
         server = client_for(emulator, tmp_path / "cache")
         options.setdefault("manage_intervals", FAST_INTERVALS)
         options.setdefault("retry_interval", 0.2)
         options.setdefault("maxthreshold", 4)
-        manager = SimpleElasticSliceManager(
+        manager = cls(
             server, helper=helper or SimpleElasticSliceHelper(num_pcs=1),
             policy=policy or FAST_POLICY, state_dir=state_dir or tmp_path / "state", **options)
         made.append(manager)

@@ -41,7 +41,7 @@ def test_manage_once_runs_one_full_cycle_and_status_json_shows_it(
                          "pending_delete"}
     assert set(data["cycle"]) == {
         "ensure_slice", "ensure_sliver", "update_sliver_status", "renew", "update_all",
-        "update_available", "get_system_state", "add_nodes", "delete_nodes",
+        "update_available", "get_system_state", "add_nodes", "delete_nodes", "release_nodes",
         "set_system_state"}
     assert all(c["last_run"] and c["last_error"] is None for c in data["cycle"].values())
     text = run("--config", str(conf), "status")

@@ -199,3 +199,34 @@ def test_a_wake_asked_while_the_job_runs_is_not_lost_as_a_skipped_max_instances(
         executor_log.setLevel(old_level)
     assert work.count("ping") == 2
     assert skipped == []   # no run skipped as "maximum number of running instances"
+
+
+def test_a_method_apart_runs_on_its_own_thread_while_another_is_stuck() -> None:
+    """Issue 35: ``release_nodes`` gives nodes back while ``add_nodes`` waits for a slow
+    AddNodes; the other methods still run one at a time, on the cycle's thread."""
+    stuck, seen = threading.Event(), {}
+    release = threading.Event()
+
+    def call(name: str) -> None:
+        seen.setdefault(name, set()).add(threading.current_thread().name)
+        if name == "add_nodes":
+            stuck.set()
+            release.wait(30)
+
+    cycle = Cycle(call, order=["add_nodes", "status", "release_nodes"],
+                  intervals={"add_nodes": 3600, "status": 3600, "release_nodes": 3600})
+    assert cycle.apart == ["release_nodes"]
+    cycle.start(first_delay=0)
+    try:
+        wait_for(stuck.is_set, timeout=30, what="add_nodes stuck")
+        cycle.wake("release_nodes")
+        wait_for(lambda: cycle.methods["release_nodes"].runs >= 1, timeout=30,
+                 what="release_nodes beside the stuck add_nodes")
+        assert cycle.methods["status"].runs == 0  # behind add_nodes, as before
+        release.set()
+        wait_for(lambda: cycle.methods["status"].runs >= 1, timeout=30, what="status")
+    finally:
+        release.set()
+        cycle.stop()
+    assert {t.rsplit("_", 1)[0] for t in seen["release_nodes"]} == {"cycle-release_nodes"}
+    assert {t.rsplit("_", 1)[0] for n in ("add_nodes", "status") for t in seen[n]} == {"cycle"}

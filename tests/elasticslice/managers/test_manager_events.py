@@ -117,5 +117,6 @@ def test_resource_values_are_stored_and_the_lowest_valued_node_goes_first(
     load(emulator, POOL - 4 - 10)  # CloudLab runs short: one node goes back
     assert manager.cycle.run_method("update_available")
     assert manager.cycle.run_method("delete_nodes"), manager.cycle.methods["delete_nodes"]
+    assert manager.cycle.run_method("release_nodes"), manager.cycle.methods["release_nodes"]
     assert sorted(cm_nodes(emulator, tmp_path)) == ["node-1", "node-2", "node-4"], \
         (manager.last_decision, manager.availability)

@@ -148,7 +148,7 @@ def test_a_version_1_state_is_migrated_with_its_notices(state_dir):
         """)
     st = ManagerState.open(state_dir)
     try:
-        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "3"
+        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "4"
         [pd] = st.pending_deletes(open_only=True)
         assert (pd.cm, pd.node_id, pd.client_id, pd.deadline) == ("cm", "pc1", "n1", 50.0)
         # the pilots manager's counts, kept apart in version 1, are the outcomes now
@@ -330,10 +330,48 @@ def test_a_version_2_state_is_migrated_and_keeps_its_nodes(state_dir):
         """)
     st = ManagerState.open(state_dir)
     try:
-        assert st.get_meta("schema_version") == "3"
+        assert st.get_meta("schema_version") == "4"
         [node] = st.nodes()
         assert (node.client_id, node.state, node.ipv4) == ("node-1", "ready", None)
         st.upsert_node("cm", "node-1", now=2.0, ipv4="100.64.0.2")
         assert st.node("cm", "node-1").ipv4 == "100.64.0.2"
+    finally:
+        st.close()
+
+
+def test_the_nodes_to_give_back_are_asked_once_and_survive_a_restart(state_dir):
+    st = ManagerState.open(state_dir)
+    assert st.ask_release(CM, "node-2", node_id="pc2", source="notice", reason="drained",
+                          now=10.0)
+    assert not st.ask_release(CM, "node-2", node_id="pc2", source="policy", reason="surplus",
+                              now=11.0)  # the first ask stands
+    assert st.ask_release(CM2, "node-3", node_id="pc3", source="policy", reason="surplus",
+                          now=12.0)
+    with pytest.raises(ValueError):
+        st.ask_release(CM, "node-4", node_id=None, source="whim", reason="", now=13.0)
+    st.close()
+    st = ManagerState.open(state_dir)  # a manager that died before its DeleteNodes
+    try:
+        assert [(r.cm, r.client_id, r.node_id, r.source, r.reason, r.asked)
+                for r in st.releases()] == [(CM, "node-2", "pc2", "notice", "drained", 10.0),
+                                            (CM2, "node-3", "pc3", "policy", "surplus", 12.0)]
+        assert [r.client_id for r in st.releases(CM2)] == ["node-3"]
+        st.drop_releases(CM, ["node-2", "node-9"])
+        assert [r.client_id for r in st.releases()] == ["node-3"]
+    finally:
+        st.close()
+
+
+def test_a_version_3_state_is_migrated_with_nothing_to_give_back(state_dir):
+    state_dir.mkdir(mode=0o700)
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        db.executescript("""
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+            INSERT INTO meta VALUES ('schema_version', '3');
+        """)
+    st = ManagerState.open(state_dir)
+    try:
+        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "4"
+        assert st.releases() == []
     finally:
         st.close()
