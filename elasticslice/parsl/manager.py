@@ -90,7 +90,6 @@ class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
                  margin: float = 5.0, **options: Any) -> None:
         self.book, self._executor, self.margin = book, executor, margin
         self.watch = BlockWatch(book, clock=lambda: self.clock())
-        self.releases = Background("node-release", threads=2)
         most = options.get("maxthreshold", self.DEF_MAX_THRESHOLD)
         options["policy"] = dataclasses.replace(
             options.get("policy") or PolicyConfig(), max_add_per_cycle=most, **PARSL_POLICY)
@@ -139,7 +138,7 @@ class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
                           all(self.state.node(url, cid) is None for url in self.cmlist)])
 
     def _threads(self) -> list[Background]:
-        return [*super()._threads(), self.drainer.work, self.releases]
+        return [*super()._threads(), self.drainer.work]
 
     def stats(self) -> dict[str, int]:
         """revocations, early_releases, forced_releases (as the CM reported them)."""
