@@ -110,7 +110,7 @@ class ManagerMetrics(Collector):
     @staticmethod
     def _cycle(manager: Any) -> Iterator[Metric]:
         now = manager.clock()
-        stored = manager.state.cycle()
+        stored = manager.state.cycle_log.records()
         age = GaugeMetricFamily(PREFIX + "cycle_last_success_age_seconds",
                                 "Seconds since each cycle method last succeeded.",
                                 labels=["method"])

@@ -130,7 +130,7 @@ def status_data(state: Any) -> dict[str, Any]:
                       "pending_delete": ({"deadline": _iso(deadline)}
                                          if deadline is not None else None)})
     cycle = {}
-    for method, c in sorted(state.cycle().items()):
+    for method, c in sorted(state.cycle_log.records().items()):
         cycle[method] = {"last_run": _iso(c.last_run), "last_ok": _iso(c.last_ok),
                          "next_run": _iso(c.next_run), "last_error": c.last_error,
                          "failures": c.failures}

@@ -203,7 +203,7 @@ class Actuator:
         may ask."""
         now = self.clock()
         with self.state.transaction():
-            asked = sum(self.state.ask_release(r.cm, r.client_id, node_id=r.node_id,
+            asked = sum(self.state.to_release.ask(r.cm, r.client_id, node_id=r.node_id,
                                                source=source, reason=reason, now=now)
                         for r in recs)
         if recs:
@@ -222,7 +222,7 @@ class Actuator:
         revoked node's answer says max_wait_time 0 already); a transient failure or a lost
         answer keeps the rows for the next pass and raises."""
         with self._releasing:
-            rows = self.state.releases()
+            rows = self.state.to_release.rows()
             if not rows:
                 return []
             busy = self.in_flight()
@@ -234,7 +234,7 @@ class Actuator:
                 if rec is None or rec.gone_at is not None or self._cm(row.cm) is None:
                     log.debug("%s at %s is no longer held: not given back", row.client_id,
                               row.cm)
-                    self.state.drop_releases(row.cm, [row.client_id])
+                    self.state.to_release.drop(row.cm, [row.client_id])
                 elif (row.cm, row.client_id) not in unsettled:
                     by_cm.setdefault(row.cm, []).append((row, rec))
             done: list[Release] = []
@@ -280,12 +280,12 @@ class Actuator:
             if len(pairs) > 1:  # one node CloudLab took meanwhile refuses them all
                 return [r for p in pairs for r in self._give_back(cm, [p])]
             row = pairs[0][0]
-            self.state.drop_releases(cm.url, cids)
+            self.state.to_release.drop(cm.url, cids)
             log.info("DeleteNodes of %s refused (%s): %s", row.client_id, one_line(err),
                      "the countdown answer releases it" if row.source ==
                      ReleaseSource.NOTICE.value else "the policy decides again")
             return []
-        self.state.drop_releases(cm.url, cids)
+        self.state.to_release.drop(cm.url, cids)
         return [row for row, _ in pairs]
 
     def _delete(self, cm: Any, cids: list[str], gone: list[tuple[NodeRecord, str]],

@@ -34,7 +34,8 @@ class TrackedState(_Counting):
     a large slice is built again only when one happened. Everything else passes through."""
 
     OBSERVED_WRITES = frozenset({"upsert_node", "mark_gone", "set_values", "begin_intent",
-                                 "finish_intent", "ask_release", "drop_releases"})
+                                 "finish_intent"})
+    RELEASE_WRITES = frozenset({"ask", "drop"})
     REVOCATION_WRITES = frozenset({"add", "release", "force", "finish", "expire", "forget"})
 
     def __init__(self, state: ManagerState) -> None:
@@ -42,6 +43,7 @@ class TrackedState(_Counting):
         self.inner = state
         self.writes = 0
         self.revocations = _Counting(state.revocations, self, self.REVOCATION_WRITES)
+        self.to_release = _Counting(state.to_release, self, self.RELEASE_WRITES)
 
 
 class ElasticSliceManager(ElasticSliceHelper):

@@ -192,7 +192,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self.cycle = Cycle(self._run_method, order=self.manage_order,
                            intervals=self.manage_intervals, default_interval=self.DEF_INTERVAL,
                            reset_triggers=self.method_reset_triggers,
-                           retry_interval=self.retry_interval, recorder=self.state,
+                           retry_interval=self.retry_interval, recorder=self.state.cycle_log,
                            on_error=self._on_method_error, clock=now)
 
     def _releaser(self) -> Releaser | None:
@@ -326,7 +326,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         """Close the open intents against the CMs' slivers (at start, after a crash)."""
         done = self.actuator.reconcile()
         self._reconciled = True
-        if done and self.state.releases():  # rows that waited for it
+        if done and self.state.to_release.rows():  # rows that waited for it
             self.wake("release_nodes")
         return done
 
@@ -423,7 +423,7 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         if self.actuator.pending("delete", node, urls):
             return True
         if any(node is None or node in (r.node_id, r.client_id)
-               for r in self.state.releases() if r.cm in urls):
+               for r in self.state.to_release.rows() if r.cm in urls):
             return True
         return any(node is None or node in (p.node_id, p.client_id)
                    for p in self.state.pending_deletes(open_only=True))

@@ -206,7 +206,7 @@ class Observer:
         intents = self.state.open_intents()
         adding = sum(len(i.client_ids) for i in intents if i.kind == "add")
         deleting = frozenset([*(c for i in intents if i.kind == "delete" for c in i.client_ids),
-                              *(r.client_id for r in self.state.releases())])
+                              *(r.client_id for r in self.state.to_release.rows())])
         return Observed(now=self.clock(), nodes=nodes, availability=dict(self.availability),
                         last_add=self._meta_float("last_add"),
                         last_delete=self._meta_float("last_delete"), adding=adding,

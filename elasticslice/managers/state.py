@@ -29,6 +29,7 @@ from elasticslice.managers.records import (
     ReleaseSource, SliceRecord, SliverRecord, StateError,
 )
 from elasticslice.managers.revocations import RevocationLog
+from elasticslice.managers.staterows import CycleLog, ReleaseQueue
 from elasticslice.managers.schema import SCHEMA_VERSION, create, migrate
 
 DB_NAME = "manager.db"
@@ -52,6 +53,8 @@ class ManagerState:
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.RLock()
         self.revocations = RevocationLog(self)
+        self.to_release = ReleaseQueue(self)
+        self.cycle_log = CycleLog(self)
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
@@ -283,30 +286,6 @@ class ManagerState:
         rows = self._rows(sql + " WHERE cm = ?", (cm,)) if cm else self._rows(sql)
         return {node_id: value for node_id, value in rows}
 
-    # --- the nodes to give back ------------------------------------------------------------
-    def ask_release(self, cm: str, client_id: str, *, node_id: str | None, source: str,
-                    reason: str, now: float) -> bool:
-        """Record that ``client_id`` at ``cm`` is to be given back; False when it is already
-        (the first ask stands)."""
-        source = ReleaseSource(source).value
-        cur = self._run("INSERT OR IGNORE INTO to_release (cm, client_id, node_id, source, "
-                        "reason, asked) VALUES (?, ?, ?, ?, ?, ?)",
-                        (cm, client_id, node_id, source, reason, now))
-        return cur.rowcount > 0
-
-    def releases(self, cm: str | None = None) -> list[Release]:
-        """The nodes to give back, oldest ask first."""
-        sql = "SELECT cm, client_id, node_id, source, reason, asked, id FROM to_release"
-        rows = self._rows(sql + " WHERE cm = ? ORDER BY id", (cm,)) if cm is not None \
-            else self._rows(sql + " ORDER BY id")
-        return [Release(*r) for r in rows]
-
-    def drop_releases(self, cm: str, client_ids: Sequence[str]) -> None:
-        """Given back, refused, or no longer held: not asked any more."""
-        with self.transaction():
-            for cid in client_ids:
-                self._run("DELETE FROM to_release WHERE cm = ? AND client_id = ?", (cm, cid))
-
     # --- the intent log ----------------------------------------------------------------------
     def begin_intent(self, kind: str, cm: str, client_ids: Sequence[str], *, now: float) -> int:
         kind = IntentKind(kind).value
@@ -326,29 +305,3 @@ class ManagerState:
 
     def open_intents(self) -> list[Intent]:
         return self.intents(open_only=True)
-
-    # --- the cycle ---------------------------------------------------------------------------
-    def record_run(self, method: str, *, started: float, finished: float, error: str | None,
-                   next_run: float | None) -> None:
-        with self.transaction():
-            self._run("INSERT OR IGNORE INTO cycle (method) VALUES (?)", (method,))
-            if error is None:
-                self._run("UPDATE cycle SET last_run = ?, last_ok = ?, next_run = ?, "
-                          "failures = 0, runs = runs + 1, last_duration = ? WHERE method = ?",
-                          (started, finished, next_run, finished - started, method))
-            else:
-                self._run("UPDATE cycle SET last_run = ?, next_run = ?, last_error = ?, "
-                          "last_error_at = ?, failures = failures + 1, runs = runs + 1, "
-                          "last_duration = ? WHERE method = ?",
-                          (started, next_run, error.splitlines()[0] if error else error,
-                           finished, finished - started, method))
-
-    def set_next_run(self, method: str, next_run: float | None) -> None:
-        with self.transaction():
-            self._run("INSERT OR IGNORE INTO cycle (method) VALUES (?)", (method,))
-            self._run("UPDATE cycle SET next_run = ? WHERE method = ?", (next_run, method))
-
-    def cycle(self) -> dict[str, CycleRecord]:
-        rows = self._rows("SELECT method, last_run, last_ok, next_run, last_error, failures, "
-                          "last_error_at, runs, last_duration FROM cycle ORDER BY method")
-        return {r[0]: CycleRecord(*r) for r in rows}

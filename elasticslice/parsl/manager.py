@@ -31,7 +31,7 @@ from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import NodeView, Observed, PolicyConfig, counted
 from elasticslice.parsl.blocks import BlockBook
 from elasticslice.parsl.drain import BlockDrainer
-from elasticslice.pilots.manager import EarlyReleases
+from elasticslice.pilots.drainer import EarlyReleases
 
 #: the stock policy's knobs for Parsl. Parsl's strategy paces the blocks it asks for
 #: (``strategy_period``, ``parallelism``, ``max_blocks``), so no cooldown and no per-cycle

@@ -29,56 +29,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from elasticslice.errors import RPCError
 from elasticslice.managers.background import Background
 from elasticslice.managers.endpoint import Releaser
 from elasticslice.managers.manager import SimpleElasticSliceManager
-from elasticslice.managers.policy import NodeState, NodeView, Observed, PolicyConfig, \
-    wanted_nodes
-from elasticslice.managers.records import PendingDelete, ReleaseSource
+from elasticslice.managers.policy import Observed, PolicyConfig, wanted_nodes
+from elasticslice.pilots.drainer import EarlyReleases, PilotDrainer
 from elasticslice.pilots.failures import NodeFailures, what_failed
 from elasticslice.pilots.values import changed as values_changed
 from elasticslice.pilots.values import node_values, pilot_work
+from elasticslice.pilots.watch import DEMAND_UNITS, DemandSource, PilotWatch, extra_cores
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, GeniCode
 from troy.frameworks import Pilot, PilotFramework
 from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
-
-DEMAND_UNITS = ("cores", "nodes")
-BOOTING = (NodeState.NOTREADY, NodeState.CHANGING)
-
-
-@dataclasses.dataclass(frozen=True)
-class DemandSource:
-    """A source of demand next to Troy's: ``read()`` gives a number of ``unit`` ("cores"
-    or "nodes"; None or a negative number: nothing)."""
-
-    read: Callable[[], float | None]
-    unit: str = "cores"
-    name: str = ""
-
-
-def extra_cores(values: Sequence[tuple[float | None, str]],
-                cores_per_node: int | None) -> int:
-    """The cores that ``(value, unit)`` pairs add to Troy's demand: cores as they are, nodes
-    times ``cores_per_node`` (none known yet: one core a node, which asks for the first
-    node; the policy plans with the real size once a pilot joined)."""
-    total = 0
-    for value, unit in values:
-        if value is None or value <= 0:
-            continue
-        if unit == "nodes":
-            total += math.ceil(value) * (cores_per_node or 1)
-        else:
-            total += math.ceil(value)
-    return total
-
 
 @dataclasses.dataclass
 class Revocations:
@@ -88,162 +56,6 @@ class Revocations:
     seen: set[str] = dataclasses.field(default_factory=set)
     early: set[str] = dataclasses.field(default_factory=set)
     forced: set[str] = dataclasses.field(default_factory=set)
-
-
-class PilotWatch:
-    """What the pilots say about the nodes: busy, idle since, agent gone since (tracked on
-    the injected clock), and the cores of a node."""
-
-    def __init__(self, framework: PilotFramework, *, clock: Callable[[], float],
-                 node_cores: int | None = None) -> None:
-        self.framework = framework
-        self.clock = clock
-        self.node_cores = node_cores
-        self._agentless: dict[str, float] = {}
-        #: ``() -> {client_id: None (busy now) or when it was last busy}``: work on the
-        #: nodes that Troy does not see (a Dask client's own tasks); see ``decorate``
-        self.activity: Callable[[], dict[str, float | None]] | None = None
-
-    def pilot_of(self, client_id: str | None) -> Pilot | None:
-        """The pilot of the node ``client_id`` (its agent's name), None if none joined."""
-        return self.framework.find_pilot(client_id) if client_id else None
-
-    def cores_per_node(self) -> int | None:
-        if self.node_cores:
-            return self.node_cores
-        sizes = [p.size for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
-        return max(sizes) if sizes else None
-
-    def _activity(self) -> dict[str, float | None]:
-        if self.activity is None:
-            return {}
-        try:
-            return dict(self.activity())
-        except Exception:  # without it, Troy's view alone
-            log.exception("reading the nodes' other activity")
-            return {}
-
-    def decorate(self, views: tuple[NodeView, ...]) -> tuple[NodeView, ...]:
-        """The policy's views with busy, idle_since and the agent's absence from the pilots
-        (a node still booting, or booting again after a reboot, has no agent yet, and is not
-        missing one)."""
-        now = self.clock()
-        out, missing = [], set()
-        other = self._activity()
-        for view in views:
-            pilot = self.pilot_of(view.client_id)
-            if pilot is not None and pilot.state not in FINAL_STATES:
-                busy, since = pilot.busy, pilot.idle_since
-                if view.client_id in other:  # other work: busy, or idle since it ended
-                    last = other[view.client_id]
-                    busy = busy or last is None
-                    since = None if busy else max(since or 0.0, last or 0.0) or None
-                out.append(dataclasses.replace(view, busy=busy, idle_since=since))
-                continue
-            if view.state in BOOTING or (pilot is None and view.state is not NodeState.READY):
-                out.append(view)  # booting, or booting again after a reboot: no agent yet
-                continue
-            missing.add(view.client_id)
-            since = self._agentless.setdefault(view.client_id, now)
-            out.append(dataclasses.replace(view, agentless_since=since,
-                                           had_agent=pilot is not None))
-        for cid in set(self._agentless) - missing:
-            del self._agentless[cid]
-        return tuple(out)
-
-
-class PilotDrainer:
-    """A :class:`~elasticslice.managers.endpoint.Releaser` for pilots. ``start`` returns at
-    once: a node without a live pilot is released there and then, a pilot's drain
-    (``drain_pilot(pilot, revocation.deadline, margin=, on_empty=)``, a Dask round trip)
-    runs on a thread of its own. ``release(node_id, client_id, why)`` is called when the
-    node may go. ``plans``: node_id -> the framework's ``DrainPlan``."""
-
-    def __init__(self, watch: PilotWatch, *, margin: float,
-                 release: Callable[[str, str | None, str], None]) -> None:
-        self.watch = watch
-        self.framework = watch.framework
-        self.margin = margin
-        self.release = release
-        self.plans: dict[str, Any] = {}
-        self.work = Background("pilot-drain", threads=4)
-
-    def _live(self, rev: PendingDelete) -> Pilot | None:
-        pilot = self.watch.pilot_of(rev.client_id)
-        return pilot if pilot is not None and pilot.state not in FINAL_STATES else None
-
-    def start(self, revocations: Sequence[PendingDelete]) -> None:
-        for rev in revocations:
-            pilot = self._live(rev)
-            if pilot is None:
-                self.release(rev.node_id, rev.client_id, "no pilot on it")
-            else:
-                self.work.post(self._drain, rev, pilot)
-
-    def hurry(self, revocation: PendingDelete) -> None:
-        pilot = self._live(revocation)
-        if pilot is not None:
-            self.work.post(self._drain, revocation, pilot)
-
-    def _drain(self, rev: PendingDelete, pilot: Pilot) -> None:
-        log.warning("draining pilot %s of %s: CloudLab takes it in %.0f s", pilot.id,
-                    rev.client_id, rev.deadline - self.watch.clock())
-        self.plans[rev.node_id] = self.framework.drain_pilot(
-            pilot, rev.deadline, margin=self.margin,
-            on_empty=lambda p: self._emptied(rev, p))
-
-    def _emptied(self, rev: PendingDelete, pilot: Pilot) -> None:
-        """Troy's units are off the pilot; the framework retires it before the deadline
-        (``PilotFramework.retire``: on Dask, plain Dask tasks of a client's own, which
-        Troy's drain does not see, move with their data), then the node may go."""
-        if pilot.state not in FINAL_STATES:
-            self.framework.retire(pilot, rev.deadline - self.margin)
-        self.release(rev.node_id, rev.client_id, "drained")
-
-    def gone(self, revocations: Sequence[PendingDelete], *, now: bool = False) -> None:
-        """These nodes are gone, or CloudLab takes them ``now``: their pilots' units are
-        requeued, on a thread of the drainer's (the answer to CloudLab never waits for it:
-        a unit Dask moves by itself off a dead worker is counted by the framework too)."""
-        def lose_all() -> None:
-            for rev in revocations:
-                self.lose(rev.client_id, "taken back by CloudLab")
-        self.work.post(lose_all)
-
-    def lose(self, client_id: str | None, reason: str) -> None:
-        pilot = self.watch.pilot_of(client_id)
-        if pilot is not None and pilot.state not in FINAL_STATES:
-            started = time.monotonic()
-            requeued = self.framework.lose_pilot(pilot, reason)
-            log.info("pilot %s of %s lost (%s): %d unit(s) requeued in %.0f ms", pilot.id,
-                     client_id, reason, len(requeued), (time.monotonic() - started) * 1000)
-
-    def running(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        self.work.close()
-
-
-class EarlyReleases:
-    """For managers that drain a revoked node (the pilots', Parsl's): :meth:`_release` when
-    its work is off it. The next countdown answer says max_wait_time 0, and the node is asked
-    in ``to_release``, which wakes the cycle's ``release_nodes``: its DeleteNodes goes at once,
-    on the release job's own thread, never behind a slow AddNodes (CloudLab may count down for
-    up to its notify interval more otherwise); then the cycle methods of ``RELEASE_WAKES``
-    run. :meth:`_release` returns at once (a callback's thread may call it)."""
-
-    RELEASE_WAKES: tuple[str, ...] = ("update_sliver_status",)
-    notices: Any
-    actuator: Any
-    state: Any
-
-    def _release(self, node_id: str, client_id: str | None, why: str) -> None:
-        if not self.notices.release([node_id], why):
-            return
-        log.info("releasing %s (%s) early: %s", node_id, client_id, why)
-        rec = self.state.find_node(node_id)
-        if rec is not None and rec.gone_at is None:
-            self.actuator.ask_release([rec], ReleaseSource.NOTICE.value, why)
 
 
 class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):

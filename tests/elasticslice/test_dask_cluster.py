@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from elasticslice.dask import CloudLabCluster
-from elasticslice.pilots.manager import extra_cores
+from elasticslice.pilots.watch import extra_cores
 from troy.frameworks.dask.framework import scheduler_workers
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, admin, \
     reclaim_outcome

@@ -39,13 +39,13 @@ class Work:
 def test_run_once_runs_in_order_and_a_failure_does_not_stop_the_others(tmp_path: Path) -> None:
     work = Work(broken={"b"})
     state = ManagerState.open(tmp_path)
-    cycle = Cycle(work, order=["a", "b", "c"], intervals={}, recorder=state)
+    cycle = Cycle(work, order=["a", "b", "c"], intervals={}, recorder=state.cycle_log)
     errors = cycle.run_once()
     assert work.calls == ["a", "b", "c"]
     assert errors == {"a": None, "b": "RuntimeError: b is broken second line", "c": None}
-    record = state.cycle()["b"]
+    record = state.cycle_log.records()["b"]
     assert record.failures == 1 and record.last_error.startswith("RuntimeError: b is broken")
-    assert state.cycle()["a"].last_error is None and state.cycle()["a"].next_run
+    assert state.cycle_log.records()["a"].last_error is None and state.cycle_log.records()["a"].next_run
     state.close()
 
 

@@ -112,7 +112,7 @@ def test_renewal_failure_is_loud_and_retried(emulator, make_manager, tmp_path: P
     manager.state.set_slice(manager.state.slice().urn, manager.state.slice().expires - 3600 * 3)
     assert manager.cycle.run_method("renew") is False
     assert "RENEWAL FAILED" in caplog.text
-    record = manager.state.cycle()["renew"]
+    record = manager.state.cycle_log.records()["renew"]
     assert record.failures == 1 and "renewal failed" in record.last_error
     assert manager.cycle.backoff("renew") == manager.retry_interval
 

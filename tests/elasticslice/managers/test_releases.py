@@ -14,7 +14,7 @@ from typing import Any
 
 from elasticslice.managers import SimpleElasticSliceManager
 from elasticslice.managers.background import Background
-from elasticslice.pilots.manager import EarlyReleases
+from elasticslice.pilots.drainer import EarlyReleases
 from tests.elasticslice.managers.helpers import cm_nodes, with_policy
 from tests.helpers import wait_for
 
@@ -68,7 +68,7 @@ def test_a_drained_node_and_a_policy_victim_go_back_one_way_on_the_release_job(
     [victim] = {"node-3", "node-4"} - set(cm_nodes(emulator, tmp_path))
     assert sorted(c for _, cids in seen for c in cids) == ["node-2", victim]
     assert {name.rsplit("_", 1)[0] for name, _ in seen} == {"cycle-release_nodes"}, seen
-    wait_for(lambda: not manager.state.releases(), timeout=30, what="nothing left to release")
+    wait_for(lambda: not manager.state.to_release.rows(), timeout=30, what="nothing left to release")
     manager.stop()
     assert not [t.name for t in threading.enumerate() if t.name.startswith("node-release")]
     assert gone_reasons(manager) == {"node-2": "released early", victim: "given back"}
@@ -84,17 +84,17 @@ def test_what_a_dead_manager_asked_is_given_back_by_the_next_on_its_state(
     url = first.cmlist[0]
     node_3 = first.state.node(url, "node-3")
     assert first.actuator.ask_release([node_3], "policy", "surplus") == 1
-    first.state.ask_release(url, "node-9", node_id=None, source="notice", reason="drained",
+    first.state.to_release.ask(url, "node-9", node_id=None, source="notice", reason="drained",
                             now=first.clock())  # a node it no longer holds
     first.close()  # died before the DeleteNodes
     assert sorted(cm_nodes(emulator, tmp_path)) == ["node-1", "node-2", "node-3"]
     second = make_manager(emulator, maxthreshold=3, state_dir=tmp_path / "state")
-    assert [r.client_id for r in second.state.releases()] == ["node-3", "node-9"]
+    assert [r.client_id for r in second.state.to_release.rows()] == ["node-3", "node-9"]
     seen = spy_deletes(second)
     second.manage_once()
     assert "node-3" not in cm_nodes(emulator, tmp_path)
     assert seen == [(threading.current_thread().name, ("node-3",))]  # node-9: dropped
-    assert second.state.releases() == []
+    assert second.state.to_release.rows() == []
     assert gone_reasons(second) == {"node-3": "given back"}
 
 
@@ -112,7 +112,7 @@ def test_a_row_whose_deletenodes_may_have_reached_the_cm_waits_for_the_reconcile
     assert second.release_nodes() == 0 and seen == []  # not asked twice
     second.update_sliver_status()  # the reconcile: node-2 is not there
     assert second.release_nodes() == 0 and seen == []
-    assert second.state.releases() == []
+    assert second.state.to_release.rows() == []
     assert gone_reasons(second) == {"node-2": "deleted (reconciled)"}
 
 
@@ -127,4 +127,4 @@ def test_a_sliver_s_every_node_is_never_asked_of_the_cm_at_once(
     assert manager.release_nodes() == 1  # CloudLab refuses a sliver's every node
     assert cm_nodes(emulator, tmp_path) == ["node-1"]
     # the revoked node stays (CloudLab takes it by its deadline anyway), still asked
-    assert [r.client_id for r in manager.state.releases()] == ["node-1"]
+    assert [r.client_id for r in manager.state.to_release.rows()] == ["node-1"]

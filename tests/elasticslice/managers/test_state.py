@@ -48,7 +48,7 @@ def test_everything_survives_reopen(state_dir):
     st.revocations.add(CM, "pc1", "node1", deadline=500.0, now=2.0)
     st.set_values(CM, {"pc1": 0.25}, now=3.0)
     intent = st.begin_intent("add", CM, ["node2", "node3"], now=4.0)
-    st.record_run("renew", started=5.0, finished=6.0, error=None, next_run=3605.0)
+    st.cycle_log.record_run("renew", started=5.0, finished=6.0, error=None, next_run=3605.0)
     st.set_meta("endpoint", "https://127.0.0.1:1234/")
     st.close()
 
@@ -61,7 +61,7 @@ def test_everything_survives_reopen(state_dir):
                                          value=0.25, pending_deadline=500.0)]
         assert [(i.id, i.kind, i.client_ids) for i in st.open_intents()] == [
             (intent, "add", ("node2", "node3"))]
-        assert st.cycle()["renew"].next_run == 3605.0
+        assert st.cycle_log.records()["renew"].next_run == 3605.0
         assert st.get_meta("endpoint") == "https://127.0.0.1:1234/"
     finally:
         st.close()
@@ -201,15 +201,15 @@ def test_intents_open_and_finish(state):
 
 
 def test_cycle_records_runs_errors_and_next_run(state):
-    state.set_next_run("add_nodes", 50.0)
-    state.record_run("add_nodes", started=60.0, finished=61.0, error="BUSY\ntraceback...",
+    state.cycle_log.set_next_run("add_nodes", 50.0)
+    state.cycle_log.record_run("add_nodes", started=60.0, finished=61.0, error="BUSY\ntraceback...",
                      next_run=90.0)
-    state.record_run("add_nodes", started=90.0, finished=90.5, error="BUSY again", next_run=150.0)
-    rec = state.cycle()["add_nodes"]
+    state.cycle_log.record_run("add_nodes", started=90.0, finished=90.5, error="BUSY again", next_run=150.0)
+    rec = state.cycle_log.records()["add_nodes"]
     assert (rec.last_run, rec.last_ok, rec.next_run, rec.last_error, rec.failures, rec.runs) == (
         90.0, None, 150.0, "BUSY again", 2, 2)
-    state.record_run("add_nodes", started=150.0, finished=151.0, error=None, next_run=450.0)
-    assert state.cycle()["add_nodes"] == CycleRecord(
+    state.cycle_log.record_run("add_nodes", started=150.0, finished=151.0, error=None, next_run=450.0)
+    assert state.cycle_log.records()["add_nodes"] == CycleRecord(
         "add_nodes", 150.0, 151.0, 450.0, "BUSY again", 0, last_error_at=90.5, runs=3,
         last_duration=1.0)
 
@@ -271,7 +271,7 @@ def test_concurrent_writers_from_threads(state, state_dir):
                 st.upsert_node(CM, f"t{t}-n{i}", now=float(i) + 0.5, state="ready")
                 iid = st.begin_intent("add", CM, [f"t{t}-n{i}"], now=float(i))
                 st.finish_intent(iid, now=float(i), outcome="done")
-                st.record_run(f"m{t}", started=float(i), finished=float(i), error=None,
+                st.cycle_log.record_run(f"m{t}", started=float(i), finished=float(i), error=None,
                               next_run=None)
         except BaseException as err:  # noqa: BLE001 - reported below
             errors.append(err)
@@ -286,7 +286,7 @@ def test_concurrent_writers_from_threads(state, state_dir):
     assert not errors
     assert len(state.nodes()) == 240 and all(n.state == "ready" for n in state.nodes())
     assert len(state.intents()) == 240 and not state.open_intents()
-    assert {m: r.runs for m, r in state.cycle().items()} == {f"m{t}": 40 for t in range(6)}
+    assert {m: r.runs for m, r in state.cycle_log.records().items()} == {f"m{t}": 40 for t in range(6)}
     assert all(len(state.history(CM, n.client_id)) == 2 for n in state.nodes())
 
 
@@ -341,23 +341,23 @@ def test_a_version_2_state_is_migrated_and_keeps_its_nodes(state_dir):
 
 def test_the_nodes_to_give_back_are_asked_once_and_survive_a_restart(state_dir):
     st = ManagerState.open(state_dir)
-    assert st.ask_release(CM, "node-2", node_id="pc2", source="notice", reason="drained",
+    assert st.to_release.ask(CM, "node-2", node_id="pc2", source="notice", reason="drained",
                           now=10.0)
-    assert not st.ask_release(CM, "node-2", node_id="pc2", source="policy", reason="surplus",
+    assert not st.to_release.ask(CM, "node-2", node_id="pc2", source="policy", reason="surplus",
                               now=11.0)  # the first ask stands
-    assert st.ask_release(CM2, "node-3", node_id="pc3", source="policy", reason="surplus",
+    assert st.to_release.ask(CM2, "node-3", node_id="pc3", source="policy", reason="surplus",
                           now=12.0)
     with pytest.raises(ValueError):
-        st.ask_release(CM, "node-4", node_id=None, source="whim", reason="", now=13.0)
+        st.to_release.ask(CM, "node-4", node_id=None, source="whim", reason="", now=13.0)
     st.close()
     st = ManagerState.open(state_dir)  # a manager that died before its DeleteNodes
     try:
         assert [(r.cm, r.client_id, r.node_id, r.source, r.reason, r.asked)
-                for r in st.releases()] == [(CM, "node-2", "pc2", "notice", "drained", 10.0),
+                for r in st.to_release.rows()] == [(CM, "node-2", "pc2", "notice", "drained", 10.0),
                                             (CM2, "node-3", "pc3", "policy", "surplus", 12.0)]
-        assert [r.client_id for r in st.releases(CM2)] == ["node-3"]
-        st.drop_releases(CM, ["node-2", "node-9"])
-        assert [r.client_id for r in st.releases()] == ["node-3"]
+        assert [r.client_id for r in st.to_release.rows(CM2)] == ["node-3"]
+        st.to_release.drop(CM, ["node-2", "node-9"])
+        assert [r.client_id for r in st.to_release.rows()] == ["node-3"]
     finally:
         st.close()
 
@@ -372,6 +372,6 @@ def test_a_version_3_state_is_migrated_with_nothing_to_give_back(state_dir):
     st = ManagerState.open(state_dir)
     try:
         assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "4"
-        assert st.releases() == []
+        assert st.to_release.rows() == []
     finally:
         st.close()

@@ -12,7 +12,8 @@ import troy
 from elasticslice.managers.policy import NodeState, NodeView
 from elasticslice.managers.records import PendingDelete
 from elasticslice.pilots.link import WorkloadLink
-from elasticslice.pilots.manager import PilotDrainer, PilotWatch
+from elasticslice.pilots.drainer import PilotDrainer
+from elasticslice.pilots.watch import PilotWatch
 from elasticslice.pilots.remote import RemoteWorkload
 from tests.helpers import wait_for
 from troy import ComputeUnitDescription as CUD

@@ -1,0 +1,108 @@
+"""What the pilots say about the nodes, for the policy: :class:`PilotWatch` (busy, idle
+since when, the agent gone since when, the cores of a node) and the demand beside Troy's
+(:class:`DemandSource`, :func:`extra_cores`). The watch reads a Troy framework, or anything
+that answers as one (:class:`~elasticslice.pilots.remote.RemoteWorkload`: the pilots of a
+workload in another process)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+from elasticslice.managers.policy import NodeState, NodeView
+from troy.frameworks import Pilot, PilotFramework
+from troy.states import FINAL_STATES
+
+log = logging.getLogger("elasticslice.pilots.manager")
+
+DEMAND_UNITS = ("cores", "nodes")
+BOOTING = (NodeState.NOTREADY, NodeState.CHANGING)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemandSource:
+    """A source of demand next to Troy's: ``read()`` gives a number of ``unit`` ("cores"
+    or "nodes"; None or a negative number: nothing)."""
+
+    read: Callable[[], float | None]
+    unit: str = "cores"
+    name: str = ""
+
+
+def extra_cores(values: Sequence[tuple[float | None, str]],
+                cores_per_node: int | None) -> int:
+    """The cores that ``(value, unit)`` pairs add to Troy's demand: cores as they are, nodes
+    times ``cores_per_node`` (none known yet: one core a node, which asks for the first
+    node; the policy plans with the real size once a pilot joined)."""
+    total = 0
+    for value, unit in values:
+        if value is None or value <= 0:
+            continue
+        if unit == "nodes":
+            total += math.ceil(value) * (cores_per_node or 1)
+        else:
+            total += math.ceil(value)
+    return total
+
+
+class PilotWatch:
+    """What the pilots say about the nodes: busy, idle since, agent gone since (tracked on
+    the injected clock), and the cores of a node."""
+
+    def __init__(self, framework: PilotFramework, *, clock: Callable[[], float],
+                 node_cores: int | None = None) -> None:
+        self.framework = framework
+        self.clock = clock
+        self.node_cores = node_cores
+        self._agentless: dict[str, float] = {}
+        #: ``() -> {client_id: None (busy now) or when it was last busy}``: work on the
+        #: nodes that Troy does not see (a Dask client's own tasks); see ``decorate``
+        self.activity: Callable[[], dict[str, float | None]] | None = None
+
+    def pilot_of(self, client_id: str | None) -> Pilot | None:
+        """The pilot of the node ``client_id`` (its agent's name), None if none joined."""
+        return self.framework.find_pilot(client_id) if client_id else None
+
+    def cores_per_node(self) -> int | None:
+        if self.node_cores:
+            return self.node_cores
+        sizes = [p.size for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
+        return max(sizes) if sizes else None
+
+    def _activity(self) -> dict[str, float | None]:
+        if self.activity is None:
+            return {}
+        try:
+            return dict(self.activity())
+        except Exception:  # without it, Troy's view alone
+            log.exception("reading the nodes' other activity")
+            return {}
+
+    def decorate(self, views: tuple[NodeView, ...]) -> tuple[NodeView, ...]:
+        """The policy's views with busy, idle_since and the agent's absence from the pilots
+        (a node still booting, or booting again after a reboot, has no agent yet, and is not
+        missing one)."""
+        now = self.clock()
+        out, missing = [], set()
+        other = self._activity()
+        for view in views:
+            pilot = self.pilot_of(view.client_id)
+            if pilot is not None and pilot.state not in FINAL_STATES:
+                busy, since = pilot.busy, pilot.idle_since
+                if view.client_id in other:  # other work: busy, or idle since it ended
+                    last = other[view.client_id]
+                    busy = busy or last is None
+                    since = None if busy else max(since or 0.0, last or 0.0) or None
+                out.append(dataclasses.replace(view, busy=busy, idle_since=since))
+                continue
+            if view.state in BOOTING or (pilot is None and view.state is not NodeState.READY):
+                out.append(view)  # booting, or booting again after a reboot: no agent yet
+                continue
+            missing.add(view.client_id)
+            since = self._agentless.setdefault(view.client_id, now)
+            out.append(dataclasses.replace(view, agentless_since=since,
+                                           had_agent=pilot is not None))
+        for cid in set(self._agentless) - missing:
+            del self._agentless[cid]
+        return tuple(out)
