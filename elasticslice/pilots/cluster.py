@@ -26,7 +26,6 @@ import functools
 import logging
 import math
 import os
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from elasticslice.pilots.ca import ClusterCA, renew_scheduler
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
 from elasticslice.pilots.manager import PilotSliceManager
-from elasticslice.pilots.restart import ClusterFile, StatsLedger
+from elasticslice.pilots.restart import ClusterFile, RunCounters
 from elasticslice.pilots.services import DENY_FILE, ENROL_FILE, TOKENS_FILE, ControlServices
 from troy.frameworks.dask import DenyList
 from troy.states import FINAL_STATES, State
@@ -161,10 +160,10 @@ class ElasticCluster:
         self.resumed = False
         #: how many times the cluster came back on this state dir
         self.restarts = 0
-        self._recovered = 0     # units running when the last process died, run again
-        self._ledger: StatsLedger | None = None
+        #: Troy's unit counters over the run's processes (stats.json)
+        self.counters = RunCounters(self.state_dir, lambda: self.session,
+                                    every=STATS_SAVE_INTERVAL)
         self._lock: StateDirLock | None = None
-        self._saving = threading.Event()
         self.metrics_port, self.metrics_listen = metrics_port, metrics_listen
         self.metrics: MetricsServer | None = None
 
@@ -191,8 +190,7 @@ class ElasticCluster:
         previous = ClusterFile.load(self.state_dir)
         self.resumed = previous is not None
         self.restarts = previous.restarts + 1 if previous is not None else 0
-        self._ledger = StatsLedger(self.state_dir)
-        self._ledger.open()
+        self.counters.open()
         self.ca = ClusterCA.open(self.state_dir / "pki")
         if self.session is None:
             self.session = troy.Session(self.state_dir / "troy.db")
@@ -218,8 +216,7 @@ class ElasticCluster:
             self.state_dir)
         if self.resumed and self._own_session:
             self._recover()
-        self._saving.clear()
-        threading.Thread(target=self._save_loop, name="cluster-stats", daemon=True).start()
+        self.counters.start()
         # the CM fetches the slice's tarball from it, at the URL the last process served
         services = self.services = ControlServices(
             self.state_dir, self.ca, self.listen, is_held=self._is_held,
@@ -266,16 +263,10 @@ class ElasticCluster:
         session = self.session
         if session is None:
             raise ElasticSliceError("the cluster is closed")
-        totals = self._run_totals()
+        totals = self.counters.totals()
         return {**session_units(session), "requeued": totals["units_requeued"],
                 "lost": totals["units_lost"]}
 
-    def _run_totals(self) -> dict[str, int]:
-        """This process' unit counters added to those of the earlier ones on this state dir."""
-        current = self._unit_counts()
-        return self._ledger.totals(current) if self._ledger is not None else current
-
-    @property
     def publisher(self) -> Any:
         """The tarball publisher (None: not started)."""
         return self.services.publisher if self.services is not None else None
@@ -362,24 +353,13 @@ class ElasticCluster:
         running = sum(1 for r in self.session.store.unfinished_units()
                       if r.state is State.RUNNING)
         units = self.session.recover()
-        self._recovered += running
+        self.counters.recovered += running
         log.info("resuming the cluster in %s (restart %d): %d unit(s) dispatched again",
                  self.state_dir, self.restarts, len(units))
 
-    def _save_loop(self) -> None:
-        while not self._saving.wait(STATS_SAVE_INTERVAL):
-            self.save_stats()
-
     def save_stats(self) -> None:
         """Persist this process' unit counters (also done every few seconds)."""
-        ledger, session = self._ledger, self.session
-        if ledger is not None and session is not None:
-            ledger.save(self._unit_counts())
-
-    def _unit_counts(self) -> dict[str, int]:
-        units = self.session.unit_stats()
-        return {"units_requeued": units.requeued + self._recovered,
-                "duplicates": units.duplicates, "units_lost": units.lost}
+        self.counters.save()
 
     def replace_manager(self) -> PilotSliceManager:
         """Start a new manager from the same state (after the old one crashed or was
@@ -421,7 +401,7 @@ class ElasticCluster:
         units_requeued, duplicates, units_lost, restarts: over the whole run on this state
         dir, across restarts (units running when a process died count as requeued)."""
         out: dict[str, Any] = self.manager.stats() if self.manager is not None else {}
-        out.update(self._run_totals())
+        out.update(self.counters.totals())
         out["restarts"] = self.restarts
         return out
 
@@ -432,7 +412,7 @@ class ElasticCluster:
         be resumed: what was in flight stays unfinished in our session's store (not
         CANCELED). Idempotent; safe after a failed ``start``."""
         keep = self.keep if keep is None else keep
-        self._saving.set()
+        self.counters.stop()
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             metrics.stop()

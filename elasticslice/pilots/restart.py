@@ -3,7 +3,7 @@
 ``<state_dir>/cluster.json`` (:class:`ClusterFile`) says where the Dask scheduler serves and
 which process holds it: written as soon as the scheduler serves, read by the next start to
 listen on the same port (the node agents rejoin that address by themselves).
-``<state_dir>/stats.json`` (:class:`StatsLedger`) keeps Troy's unit counters (requeues,
+``<state_dir>/stats.json`` (:class:`StatsLedger`, kept up to date by :class:`RunCounters`) keeps Troy's unit counters (requeues,
 duplicate runs, lost units) of the earlier processes of the run, which die with them; the
 manager's own counters already survive in its state store.
 """
@@ -13,8 +13,9 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,56 @@ class StatsLedger:
         except OSError as err:  # a full disk must not stop the run; the log says so
             log.warning("cannot save the run's counters in %s: %s", self.path,
                         err.strerror or err)
+
+
+class RunCounters:
+    """This process' unit counters (read from ``session()``, a Troy session, None once it
+    is closed) added to those of the run's earlier processes (:class:`StatsLedger`), saved
+    every ``every`` seconds by a thread of its own (:meth:`start` to :meth:`stop`) and at
+    :meth:`save`. ``recovered``: units that were running when the last process died and run
+    again (they count as requeued)."""
+
+    def __init__(self, state_dir: Path, session: Callable[[], Any], every: float = 2.0) -> None:
+        self.ledger = StatsLedger(state_dir)
+        self.session = session
+        self.every = every
+        self.recovered = 0
+        self._opened = False
+        self._last = dict.fromkeys(UNIT_COUNTERS, 0)
+        self._stop = threading.Event()
+
+    def open(self) -> RunCounters:
+        self.ledger.open()
+        self._opened = True
+        return self
+
+    def start(self) -> None:
+        self._stop.clear()
+        threading.Thread(target=self._loop, name="cluster-stats", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.save()
+
+    def current(self) -> dict[str, int]:
+        """This process' counters."""
+        session = self.session()
+        if session is None:   # closed: as last saved
+            return dict(self._last)
+        units = session.unit_stats()
+        return {"units_requeued": units.requeued + self.recovered,
+                "duplicates": units.duplicates, "units_lost": units.lost}
+
+    def save(self) -> None:
+        """Persist this process' counters (also done every ``every`` seconds)."""
+        if self._opened and self.session() is not None:
+            self._last = self.current()
+            self.ledger.save(self._last)
+
+    def totals(self) -> dict[str, int]:
+        """The run's counters: the earlier processes' and this one's."""
+        current = self.current()
+        return self.ledger.totals(current) if self._opened else current
