@@ -9,7 +9,7 @@ node by ``delete_nodes``, a revoked node once its delete commands finished or, i
 pilots' and Parsl's managers, once drained), then given back by the actuator on the cycle's
 ``release_nodes``, a job on a thread of its own, woken at each ask. The
 seed's methods are its public face; the work is done by small parts it composes, each with
-explicit collaborators:
+explicit collaborators, built in one place (:func:`~.parts.build_parts`):
 
 * :class:`~.observer.Observer`: reads the CMs into the state, builds what the policy sees;
 * :class:`~.actuator.Actuator`: acts at the SA and CMs; owns the intent log;
@@ -35,42 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from elasticslice.errors import ElasticSliceError
-from elasticslice.managers.actuator import Actuator
 from elasticslice.managers.background import Background
 from elasticslice.managers.base import ElasticSliceManager, TrackedState
 from elasticslice.managers import cycle as seed_cycle
-from elasticslice.managers.cycle import Cycle
-from elasticslice.managers.endpoint import (PluginElasticSliceClientEndpoint, Releaser,
-                                            SimpleElasticSliceClientEndpoint)
+from elasticslice.managers.endpoint import PluginElasticSliceClientEndpoint, Releaser
 from elasticslice.managers.helpers import ElasticSliceHelper, PluginElasticSliceHelper
-from elasticslice.managers.holdings import Holdings
-from elasticslice.managers.notices import NoticeBook
 from elasticslice.managers.notify import Notifier
-from elasticslice.managers.observer import Observer
-from elasticslice.managers.ownership import SliceClaim
+from elasticslice.managers.parts import PolicyField, build_parts
 from elasticslice.managers.policy import (Decision, Observed, PolicyConfig, decide, failure_pause,
                                          wanted_nodes)
 from elasticslice.managers.records import ReleaseSource
-from elasticslice.managers.registrar import EndpointRegistrar
-from elasticslice.managers.renewer import Renewer
 from elasticslice.managers.state import ManagerState
 
 log = logging.getLogger(__name__)
-
-
-class PolicyField:
-    """A seed attribute of the manager whose one place is the policy's config: reading it
-    reads ``manager.policy``, setting it replaces ``manager.policy`` (the next decision
-    uses it)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, manager: Any, owner: type | None = None) -> Any:
-        return self if manager is None else getattr(manager.policy, self.name)
-
-    def __set__(self, manager: Any, value: Any) -> None:
-        manager.policy = dataclasses.replace(manager.policy, **{self.name: value})
 
 
 class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
@@ -164,36 +141,9 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
 
     def _build(self, server: Any, endpoint: Any, delete_in_group: bool,
                delete_commands_timeout: float, adopt: bool) -> None:
-        """The parts (no I/O)."""
-        now = self._now
-        self.events = Background("manager-events")  # reactions to callbacks, in order
-        self.mail = Background("manager-mail")
-        self.holdings = Holdings(self.state, self, clock=now, notify=self.notify_later,
-                                 post=self.events.post)
-        self.notices = NoticeBook(self.state, holdings=self.holdings, clock=now,
-                                  wake=self.wake, notify=self.notify_later)
-        self.observer = Observer(self.state, self.holdings, self, clock=now,
-                                 notify=self.notify, wake=self.wake)
-        self.actuator = Actuator(server, self.state, self.holdings, self, self.cms, clock=now,
-                                 notify=self.notify, renew_hours=self.renew_hours,
-                                 delete_commands_timeout=delete_commands_timeout,
-                                 free=self.observer.free, wake=self.wake)
-        self.renewer = Renewer(server, self.state, self.cms,
-                               ensure_slice=self.actuator.ensure_slice, clock=now,
-                               notify=self.notify, renew_hours=self.renew_hours,
-                               margin=self._renew_margin)
-        self.client_endpoint = SimpleElasticSliceClientEndpoint(
-            self, delete_in_group, book=self.notices, releaser=self._releaser(),
-            released=self._commands_finished, clock=now)
-        self.registrar = EndpointRegistrar(server, self.cms, endpoint, self.client_endpoint) \
-            if endpoint is not None else None
-        self.claim = SliceClaim(server, self.state, adopt=adopt,
-                                where=str(Path(self.state.path).parent), clock=now)
-        self.cycle = Cycle(self._run_method, order=self.manage_order,
-                           intervals=self.manage_intervals, default_interval=self.DEF_INTERVAL,
-                           reset_triggers=self.method_reset_triggers,
-                           retry_interval=self.retry_interval, recorder=self.state.cycle_log,
-                           on_error=self._on_method_error, clock=now)
+        """The parts (no I/O): :func:`~.parts.build_parts`."""
+        build_parts(self, server, endpoint=endpoint, delete_in_group=delete_in_group,
+                    delete_commands_timeout=delete_commands_timeout, adopt=adopt)
 
     def _releaser(self) -> Releaser | None:
         """How revoked nodes are released (None: the helper's delete commands)."""

@@ -402,11 +402,7 @@ class CloudLabProvider(ExecutionProvider):
             if manager is not None:
                 manager.stop()
                 if give_back:
-                    for cm in manager.cms:
-                        try:
-                            cm.delete_slice(cancel=True)
-                        except ElasticSliceError as err:
-                            log.warning("cannot give the slice back at %s: %s", cm.url, err)
+                    manager.actuator.give_back_slivers()
                 manager.state.close()
         finally:
             if self.helper is not None:

@@ -433,8 +433,8 @@ class ElasticCluster:
             elif framework is not None:
                 framework.close()
             if manager is not None and not keep:
-                self._give_back(manager)
-                self._mark_closed()
+                manager.actuator.give_back_slivers()
+                ClusterFile.mark_closed(self.state_dir)
         finally:
             if manager is not None:
                 manager.state.close()
@@ -446,19 +446,3 @@ class ElasticCluster:
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.release()
-
-    def _mark_closed(self) -> None:
-        try:
-            found = ClusterFile.load(self.state_dir)
-            if found is not None:
-                dataclasses.replace(found, closed=True).save(self.state_dir)
-        except (ElasticSliceError, OSError) as err:
-            log.warning("cannot mark the cluster closed: %s", err)
-
-    @staticmethod
-    def _give_back(manager: PilotSliceManager) -> None:
-        for cm in manager.cms:
-            try:
-                cm.delete_slice(cancel=True)
-            except ElasticSliceError as err:
-                log.warning("cannot give the slice back at %s: %s", cm.url, err)

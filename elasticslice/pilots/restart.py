@@ -73,6 +73,16 @@ class ClusterFile:
         return int(self.scheduler.rsplit(":", 1)[1])
 
     @classmethod
+    def mark_closed(cls, state_dir: Path) -> None:
+        """Say in the file that the cluster gave its nodes back (a warning if it cannot)."""
+        try:
+            found = cls.load(state_dir)
+            if found is not None:
+                dataclasses.replace(found, closed=True).save(state_dir)
+        except (ElasticSliceError, OSError) as err:
+            log.warning("cannot mark the cluster closed: %s", err)
+
+    @classmethod
     def load(cls, state_dir: Path) -> ClusterFile | None:
         path = state_dir / cls.NAME
         data = read_json(path)
