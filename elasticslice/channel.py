@@ -175,7 +175,7 @@ def encode(message: Mapping[str, Any]) -> bytes:
 
 
 @contextlib.contextmanager
-def _address(path: Path) -> Iterator[str]:
+def socket_address(path: Path) -> Iterator[str]:
     """An address for ``path`` that fits a UNIX socket's 107 bytes: the path itself, or the
     same file through this process' descriptor of its directory."""
     text = os.fsdecode(path)
@@ -366,7 +366,7 @@ class ChannelServer:
         """Listen (a socket file left by a dead daemon is replaced; a live daemon's is a
         :class:`ChannelError`)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with _address(self.path) as address:
+        with socket_address(self.path) as address:
             if self.path.exists():
                 if _alive(address):
                     listener.close()
@@ -500,7 +500,7 @@ def connect(state_dir: str | os.PathLike[str], *,
     path = Path(state_dir) / SOCKET
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with _address(path) as address:
+        with socket_address(path) as address:
             sock.connect(address)
         _send_hello(sock, "workload")
         hello, rest = _read_hello(sock)

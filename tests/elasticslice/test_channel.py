@@ -41,8 +41,10 @@ class Daemon:
 
 
 def raw(state_dir: Path) -> socket.socket:
+    """A bare connection to the daemon's socket, as any process of this uid could make."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(state_dir / ch.SOCKET))
+    with ch.socket_address(state_dir / ch.SOCKET) as address:  # pytest's paths can be too long
+        sock.connect(address)
     sock.settimeout(10)
     return sock
 
@@ -263,7 +265,8 @@ def test_one_daemon_a_state_directory(tmp_path: Path) -> None:
             ch.ChannelServer(tmp_path, on_message=lambda c, m: None).start()
     # a socket file a killed daemon left is taken over
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stale.bind(str(tmp_path / ch.SOCKET))
+    with ch.socket_address(tmp_path / ch.SOCKET) as address:
+        stale.bind(address)
     stale.close()
     with Daemon(tmp_path) as daemon:
         ch.connect(tmp_path, on_message=lambda m: None).send("demand", units_queued=0)

@@ -279,7 +279,8 @@ def make_tarball(path: Path, files: dict[str, str], mode: int = 0o755) -> Path:
 class FileServer:
     """Plain HTTP on 127.0.0.1 (port 0) serving a folder, as a web server the CM fetches
     tarballs from; ``fetches`` counts the GETs of each path, ``most_at_once`` the most GETs
-    in flight together (each held ``hold`` seconds before it is answered)."""
+    in flight together (each held ``hold`` seconds before it is answered, and counted until
+    then)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -303,10 +304,13 @@ class FileServer:
                 try:
                     if server.hold:
                         time.sleep(server.hold)
-                    super().do_GET()
                 finally:
+                    # out of the count before the answer goes: a client that has it whole
+                    # may ask again before this thread runs on (a busy machine counted two
+                    # fetches made one after the other as together)
                     with server._lock:
                         server._at_once -= 1
+                super().do_GET()
 
             def log_message(self, *args: Any) -> None:
                 pass
