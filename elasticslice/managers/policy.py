@@ -119,6 +119,7 @@ class Observed:
     demand_cores: int | None = None  # cores the work wants now (None: no opinion in cores)
     waiting_cores: int = 0           # cores of work not released yet (``lookahead`` counts)
     cores_per_node: int | None = None  # None: no node told its size yet
+    extra_nodes: float = 0.0         # nodes asked besides the cores (Dask's adaptive target)
     failed_in_a_row: int = 0          # added nodes that failed to start, one after another
     last_failed_at: float | None = None
 
@@ -196,26 +197,31 @@ def node_count(observed: Observed, config: PolicyConfig | None = None) -> int:
 
 
 def wanted_nodes(config: PolicyConfig, *, nodes: int | None = None, cores: int | None = None,
-                 waiting_cores: int = 0, cores_per_node: int | None = None) -> int | None:
+                 waiting_cores: int = 0, cores_per_node: int | None = None,
+                 extra_nodes: float = 0.0) -> int | None:
     """Nodes the work wants before the thresholds: ``nodes`` when stated, else the cores it
-    wants now plus ``lookahead`` of those waiting, in nodes of ``cores_per_node`` (none
-    known yet: ``minthreshold``, the first node will tell); None: no opinion."""
+    wants now plus ``lookahead`` of those waiting, in nodes of ``cores_per_node``, plus
+    ``extra_nodes`` asked in nodes (rounded up; summed here, never turned into cores). With
+    no node's size known yet, cores ask for ``minthreshold`` (the first node will tell), or
+    for the nodes asked if more. None: no opinion."""
     if nodes is not None:
         return nodes
+    extra = math.ceil(extra_nodes) if extra_nodes > 0 else 0
     if cores is None:
-        return None
+        return extra or None
     total = max(cores, 0) + math.ceil(config.lookahead * max(waiting_cores, 0))
     if total <= 0:
-        return 0
+        return extra
     if not cores_per_node:
-        return config.minthreshold
-    return math.ceil(total / cores_per_node)
+        return max(config.minthreshold, extra)
+    return math.ceil(total / cores_per_node) + extra
 
 
 def observed_wanted(observed: Observed, config: PolicyConfig) -> int | None:
     return wanted_nodes(config, nodes=observed.demand, cores=observed.demand_cores,
                         waiting_cores=observed.waiting_cores,
-                        cores_per_node=observed.cores_per_node)
+                        cores_per_node=observed.cores_per_node,
+                        extra_nodes=observed.extra_nodes)
 
 
 def wanted_count(observed: Observed, config: PolicyConfig) -> int:

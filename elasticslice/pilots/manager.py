@@ -10,8 +10,9 @@
   ready node no agent joined within ``agent_timeout``): the policy replaces those;
 * other demand adds to Troy's: :meth:`PilotSliceManager.add_demand_source` takes a
   callable giving cores or nodes (a Dask scheduler's adaptive target, a fixed ``scale(n)``),
-  read on each ``get_system_state`` and summed with Troy's cores (:func:`extra_cores`), so
-  the same policy (thresholds, cooldowns, hysteresis) decides;
+  read on each ``get_system_state``: cores are summed with Troy's, nodes with the nodes
+  Troy's cores need, in the policy (:func:`extra_demand`), so the same policy (thresholds,
+  cooldowns, hysteresis) decides;
 * CloudLab's resource values go to Troy (``set_system_state``), so the least valuable
   pilots get no long units;
 * only the agents of nodes it holds are adopted (:meth:`PilotSliceManager.accepts`, the
@@ -41,7 +42,7 @@ from elasticslice.pilots.drainer import EarlyReleases, PilotDrainer
 from elasticslice.pilots.failures import NodeFailures, what_failed
 from elasticslice.pilots.values import changed as values_changed
 from elasticslice.pilots.values import node_values, pilot_work
-from elasticslice.pilots.watch import DEMAND_UNITS, DemandSource, PilotWatch, extra_cores
+from elasticslice.pilots.watch import DEMAND_UNITS, DemandSource, PilotWatch, extra_demand
 from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, GeniCode
 from troy.frameworks import Pilot, PilotFramework
 from troy.states import FINAL_STATES
@@ -87,6 +88,7 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
         super().__init__(server, **options)
         self.last_demand: Any = None
         self._cores: tuple[int | None, int] = (None, 0)   # demand: cores now, waiting
+        self._extra_nodes = 0.0                              # demand asked in nodes
         self._refused: set[str] = set()
         self._sources: list[DemandSource] = []
         self._sent_values: dict[str, dict[str, float]] = {}  # CM url -> our values sent
@@ -127,7 +129,7 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     def _demand_fields(self) -> dict[str, Any]:
         cores, waiting = self._cores
         return {"demand_cores": cores, "waiting_cores": waiting,
-                "cores_per_node": self.cores_per_node()}
+                "cores_per_node": self.cores_per_node(), "extra_nodes": self._extra_nodes}
 
     @property
     def demand(self) -> int | None:
@@ -135,7 +137,8 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
         fields = self._demand_fields()
         return wanted_nodes(self.policy, cores=fields["demand_cores"],
                             waiting_cores=fields["waiting_cores"],
-                            cores_per_node=fields["cores_per_node"])
+                            cores_per_node=fields["cores_per_node"],
+                            extra_nodes=fields["extra_nodes"])
 
     def observe(self) -> Observed:
         return self.observer.observe(decorate=self.watch.decorate, **self._demand_fields())
@@ -144,7 +147,8 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
                           name: str = "") -> DemandSource:
         """Demand next to Troy's: ``read()`` (called on each ``get_system_state``, on the
         manager's thread; keep it quick) gives cores or nodes (``unit``) that ADD to Troy's
-        queued and running cores. The policy decides on the sum as on Troy's alone. A source
+        queued and running cores (cores) or to the nodes those need (nodes). The policy
+        decides on the sum as on Troy's alone. A source
         that raises counts as nothing that time (logged). :meth:`remove_demand_source`
         takes it out."""
         if unit not in DEMAND_UNITS:
@@ -162,20 +166,21 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
             self._sources.remove(source)
             self.wake("get_system_state")
 
-    def _extra_cores(self) -> int:
+    def _extra(self) -> tuple[int, float]:
         values: list[tuple[float | None, str]] = []
         for source in list(self._sources):
             try:
                 values.append((source.read(), source.unit))
             except Exception:  # one source failing leaves the others and Troy's
                 log.exception("demand source %s", source.name or source.read)
-        return extra_cores(values, self.cores_per_node())
+        return extra_demand(values)
 
     def get_system_state(self) -> Any:
         demand = self.session.demand()
         self.last_demand = demand
         before = self.demand
-        self._cores = (demand.queued_cores + demand.running_cores + self._extra_cores(),
+        cores, self._extra_nodes = self._extra()
+        self._cores = (demand.queued_cores + demand.running_cores + cores,
                        demand.waiting_cores)
         if self.demand != before:
             self.wake("add_nodes", "delete_nodes")

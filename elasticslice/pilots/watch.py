@@ -1,6 +1,6 @@
 """What the pilots say about the nodes, for the policy: :class:`PilotWatch` (busy, idle
 since when, the agent gone since when, the cores of a node) and the demand beside Troy's
-(:class:`DemandSource`, :func:`extra_cores`). The watch reads a Troy framework, or anything
+(:class:`DemandSource`, :func:`extra_demand`). The watch reads a Troy framework, or anything
 that answers as one (:class:`~elasticslice.pilots.remote.RemoteWorkload`: the pilots of a
 workload in another process)."""
 from __future__ import annotations
@@ -30,20 +30,19 @@ class DemandSource:
     name: str = ""
 
 
-def extra_cores(values: Sequence[tuple[float | None, str]],
-                cores_per_node: int | None) -> int:
-    """The cores that ``(value, unit)`` pairs add to Troy's demand: cores as they are, nodes
-    times ``cores_per_node`` (none known yet: one core a node, which asks for the first
-    node; the policy plans with the real size once a pilot joined)."""
-    total = 0
+def extra_demand(values: Sequence[tuple[float | None, str]]) -> tuple[int, float]:
+    """What ``(value, unit)`` pairs add to Troy's demand: (cores, nodes), each summed in its
+    own unit (the policy adds the nodes to those Troy's cores need; before any node told its
+    size a node is not some guess of cores). None or a value not above 0: nothing."""
+    cores, nodes = 0, 0.0
     for value, unit in values:
         if value is None or value <= 0:
             continue
         if unit == "nodes":
-            total += math.ceil(value) * (cores_per_node or 1)
+            nodes += value
         else:
-            total += math.ceil(value)
-    return total
+            cores += math.ceil(value)
+    return cores, nodes
 
 
 class PilotWatch:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from elasticslice.dask import CloudLabCluster
-from elasticslice.pilots.watch import extra_cores
+from elasticslice.managers.policy import PolicyConfig, wanted_nodes
+from elasticslice.pilots.watch import extra_demand
 from troy.frameworks.dask.framework import scheduler_workers
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, admin, \
     reclaim_outcome
@@ -63,14 +64,24 @@ def test_memory_is_recorded_in_bytes() -> None:
     assert _memory("2 GiB") == 2 * 2**30 and _memory(1000) == 1000 and _memory(None) is None
 
 
-def test_extra_demand_adds_cores_and_nodes_in_cores() -> None:
-    assert extra_cores([], 8) == 0
-    assert extra_cores([(3, "cores"), (2, "nodes")], 8) == 3 + 16
-    assert extra_cores([(2.5, "cores"), (1.2, "nodes")], 8) == 3 + 16  # rounded up
+def test_extra_demand_sums_cores_and_nodes_each_in_its_unit() -> None:
+    assert extra_demand([]) == (0, 0.0)
+    assert extra_demand([(3, "cores"), (2, "nodes")]) == (3, 2.0)
+    assert extra_demand([(2.5, "cores"), (1.2, "nodes"), (1, "nodes")]) == (3, 2.2)
     # nothing asked, or a source with no opinion: nothing
-    assert extra_cores([(0, "nodes"), (None, "cores"), (-2, "nodes")], 8) == 0
-    # no node seen yet: a node counts one core, which asks for the first node
-    assert extra_cores([(4, "nodes")], None) == 4
+    assert extra_demand([(0, "nodes"), (None, "cores"), (-2, "nodes")]) == (0, 0.0)
+
+
+def test_dask_s_target_in_nodes_is_nodes_before_any_node_told_its_size() -> None:
+    """Broke: before a node joined, a target of 4 nodes counted 4 cores of an unknown node
+    size, and the policy asked for minthreshold (1) nodes, then 3 more once the first told
+    its size. Nodes are summed in nodes, in the policy."""
+    config = PolicyConfig(minthreshold=1, maxthreshold=8)
+    assert wanted_nodes(config, cores=0, extra_nodes=4) == 4
+    assert wanted_nodes(config, cores=0, extra_nodes=4, cores_per_node=16) == 4
+    assert wanted_nodes(config, cores=20, cores_per_node=8, extra_nodes=1.5) == 3 + 2
+    assert wanted_nodes(config, cores=5, extra_nodes=2) == 2   # unknown size: at least 1
+    assert wanted_nodes(config, cores=None) is None             # no opinion at all
 
 
 # ---------------------------------------------------------------- slow: the box ------------
