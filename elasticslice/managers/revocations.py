@@ -13,6 +13,11 @@ from typing import Any
 
 from elasticslice.managers.records import PendingDelete
 
+#: the one rule of an early release (an outcome, or released by the deadline while the
+#: revocation is open) and of a forced one, in SQL
+EARLY = "(outcome = 'early' OR (outcome IS NULL AND released <= deadline))"
+FORCED = "(outcome = 'forced')"
+
 _SELECT = ("SELECT cm, node_id, client_id, deadline, first_seen, finished, outcome, released, "
            "note, id, last_seen FROM revocations")
 
@@ -115,6 +120,13 @@ class RevocationLog:
     def counts(self) -> dict[str, int]:
         """revocations, early (released by the deadline) and forced (taken by CloudLab)."""
         [(total, early, forced)] = self.state._rows(
-            "SELECT COUNT(*), COALESCE(SUM(outcome = 'early' OR (outcome IS NULL AND released "
-            "<= deadline)), 0), COALESCE(SUM(outcome = 'forced'), 0) FROM revocations")
+            f"SELECT COUNT(*), COALESCE(SUM({EARLY}), 0), COALESCE(SUM({FORCED}), 0) "
+            "FROM revocations")
         return {"revocations": total, "early": early, "forced": forced}
+
+    def nodes(self) -> dict[str, set[str]]:
+        """The node_ids revoked (``seen``), released ``early``, ``forced``: by the same rule
+        as :meth:`counts`, the one place it is written."""
+        rows = self.state._rows(f"SELECT node_id, {EARLY}, {FORCED} FROM revocations")
+        return {"seen": {r[0] for r in rows}, "early": {r[0] for r in rows if r[1]},
+                "forced": {r[0] for r in rows if r[2]}}

@@ -49,6 +49,7 @@ from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
 
+
 @dataclasses.dataclass
 class Revocations:
     """CloudLab's reclamations of our nodes (node_ids): seen, released early, forced (a
@@ -284,12 +285,7 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     # ------------------------------------------------------------------ figures
     @property
     def revocations(self) -> Revocations:
-        rows = self.state.pending_deletes()
-        return Revocations(
-            seen={r.node_id for r in rows},
-            early={r.node_id for r in rows if r.outcome == "early" or (
-                r.outcome is None and r.released is not None and r.released <= r.deadline)},
-            forced={r.node_id for r in rows if r.outcome == "forced"})
+        return Revocations(**self.state.revocations.nodes())
 
     def stats(self) -> dict[str, Any]:
         """revocations, early_releases, forced_releases, foreign_notices, nodes_peak,
