@@ -55,8 +55,10 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
     """A complete manager. Seed options and defaults; ``state_dir`` (or ``state``), the
     ``helper``, ``clock``, ``policy`` extras (a :class:`PolicyConfig` whose thresholds the
     seed options override), renewal (``renew_hours``, ``renew_margin``), ``endpoint`` (an
-    ``EndpointConfig``; None: no callback server) and ``adopt`` (work on an existing slice
-    this state directory did not create) are keyword extras."""
+    ``EndpointConfig``; None: no callback server), ``adopt`` (work on an existing slice
+    this state directory did not create) and ``releaser`` (how revoked nodes are released:
+    a :class:`~.endpoint.Releaser`; None: the helper's delete commands) are keyword
+    extras."""
 
     CM_METHODS = ["ensure_sliver", "update_sliver_status", "update_available", "update_all",
                   "add_nodes", "delete_nodes"]
@@ -91,7 +93,8 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
                  policy: PolicyConfig | None = None, renew_hours: float = 6.0,
                  renew_margin: float = 3600.0, endpoint: Any = None,
                  delete_in_group: bool = True, delete_commands_timeout: float = 600.0,
-                 clock: Callable[[], float] = time.time, adopt: bool = False) -> None:
+                 clock: Callable[[], float] = time.time, adopt: bool = False,
+                 releaser: Releaser | None = None) -> None:
         if minthreshold < 0 or maxthreshold < minthreshold:
             raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= maxthreshold "
                                     f"({maxthreshold})")
@@ -134,20 +137,18 @@ class SimpleElasticSliceManager(ElasticSliceManager, PluginElasticSliceHelper,
         self._stop = threading.Event()
         self._started = False
         self._reconciled = False
-        self._build(server, endpoint, delete_in_group, delete_commands_timeout, adopt)
+        self._build(server, endpoint, delete_in_group, delete_commands_timeout, adopt,
+                    releaser)
         self.note_client_ids(r.client_id for r in self.state.nodes(include_gone=True))
         for intent in self.state.open_intents():
             self.note_client_ids(intent.client_ids)
 
     def _build(self, server: Any, endpoint: Any, delete_in_group: bool,
-               delete_commands_timeout: float, adopt: bool) -> None:
+               delete_commands_timeout: float, adopt: bool, releaser: Releaser | None) -> None:
         """The parts (no I/O): :func:`~.parts.build_parts`."""
         build_parts(self, server, endpoint=endpoint, delete_in_group=delete_in_group,
-                    delete_commands_timeout=delete_commands_timeout, adopt=adopt)
-
-    def _releaser(self) -> Releaser | None:
-        """How revoked nodes are released (None: the helper's delete commands)."""
-        return None
+                    delete_commands_timeout=delete_commands_timeout, adopt=adopt,
+                    releaser=releaser)
 
     def _commands_finished(self, node_ids: list[str], outcome: str) -> None:
         """The delete commands of revoked nodes ended (the book released them): the nodes

@@ -35,11 +35,12 @@ class PolicyField:
 
 
 def build_parts(manager: Any, server: Any, *, endpoint: Any, delete_in_group: bool,
-                delete_commands_timeout: float, adopt: bool) -> None:
+                delete_commands_timeout: float, adopt: bool, releaser: Any = None) -> None:
     """Give ``manager`` its parts (no I/O): the callbacks' and mail's threads, the node
     records (holdings), the notice book, the observer, the actuator, the renewer, the
     callback endpoint and its registrar (``endpoint``: an ``EndpointConfig``, None: no
-    server), the slice claim and the cycle."""
+    server; ``releaser``: how revoked nodes are released, passed in by the manager that has
+    one, None: the helper's delete commands), the slice claim and the cycle."""
     m, now = manager, manager._now
     state = m.state
     m.events = Background("manager-events")  # reactions to callbacks, in order
@@ -55,7 +56,7 @@ def build_parts(manager: Any, server: Any, *, endpoint: Any, delete_in_group: bo
     m.renewer = Renewer(server, state, m.cms, ensure_slice=m.actuator.ensure_slice, clock=now,
                         notify=m.notify, renew_hours=m.renew_hours, margin=m._renew_margin)
     m.client_endpoint = SimpleElasticSliceClientEndpoint(
-        m, delete_in_group, book=m.notices, releaser=m._releaser(),
+        m, delete_in_group, book=m.notices, releaser=releaser,
         released=m._commands_finished, clock=now)
     m.registrar = EndpointRegistrar(server, m.cms, endpoint, m.client_endpoint) \
         if endpoint is not None else None

@@ -88,19 +88,16 @@ class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
 
     def __init__(self, server: Any, *, book: BlockBook, executor: Callable[[], Any],
                  margin: float = 5.0, **options: Any) -> None:
-        self.book, self._executor, self.margin = book, executor, margin
-        self.watch = BlockWatch(book, clock=lambda: self.clock())
         most = options.get("maxthreshold", self.DEF_MAX_THRESHOLD)
         options["policy"] = dataclasses.replace(
             options.get("policy") or PolicyConfig(), max_add_per_cycle=most, **PARSL_POLICY)
         options.setdefault("percent_available_minimum", 0.0)
-        super().__init__(server, **options)
-
-    def _releaser(self) -> BlockDrainer:
-        self.drainer = BlockDrainer(self.book, self._executor, margin=self.margin,
-                                    release=self._release, clock=self._now,
-                                    wake=lambda: self.wake("delete_nodes"))
-        return self.drainer
+        # the parts that see blocks, passed in (they call back only once running)
+        drainer = BlockDrainer(book, executor, margin=margin, release=self._release,
+                               clock=lambda: self._now(), wake=lambda: self.wake("delete_nodes"))
+        super().__init__(server, releaser=drainer, **options)
+        self.book, self._executor, self.margin = book, executor, margin
+        self.watch, self.drainer = BlockWatch(book, clock=lambda: self.clock()), drainer
 
     def observe(self) -> Observed:
         """What the policy sees: the nodes as the blocks see them, and their demand."""

@@ -35,7 +35,6 @@ from typing import Any
 
 from elasticslice.errors import RPCError
 from elasticslice.managers.background import Background
-from elasticslice.managers.endpoint import Releaser
 from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import Observed, PolicyConfig, wanted_nodes
 from elasticslice.pilots.drainer import EarlyReleases, PilotDrainer
@@ -78,25 +77,24 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
                  margin: float = 5.0, node_cores: int | None = None, lookahead: float = 0.0,
                  agent_grace: float = 15.0, agent_timeout: float = 120.0,
                  failures: NodeFailures | None = None, **options: Any) -> None:
+        options["policy"] = dataclasses.replace(
+            options.get("policy") or PolicyConfig(), lookahead=lookahead,
+            agent_grace=agent_grace, agent_timeout=agent_timeout)
+        # the parts that see pilots, passed in (they call back only once running)
+        watch = PilotWatch(framework, clock=lambda: self.clock(), node_cores=node_cores)
+        drainer = PilotDrainer(watch, margin=margin, release=self._release)
+        super().__init__(server, releaser=drainer, **options)
+        self.watch, self.drainer = watch, drainer
         self.framework = framework
         self.failures = failures if failures is not None else NodeFailures()
         self.session = session
         self.margin = margin
-        self.watch = PilotWatch(framework, clock=lambda: self.clock(), node_cores=node_cores)
-        options["policy"] = dataclasses.replace(
-            options.get("policy") or PolicyConfig(), lookahead=lookahead,
-            agent_grace=agent_grace, agent_timeout=agent_timeout)
-        super().__init__(server, **options)
         self.last_demand: Any = None
         self._cores: tuple[int | None, int] = (None, 0)   # demand: cores now, waiting
         self._extra_nodes = 0.0                              # demand asked in nodes
         self._refused: set[str] = set()
         self._sources: list[DemandSource] = []
         self._sent_values: dict[str, dict[str, float]] = {}  # CM url -> our values sent
-
-    def _releaser(self) -> Releaser:
-        self.drainer = PilotDrainer(self.watch, margin=self.margin, release=self._release)
-        return self.drainer
 
     # ------------------------------------------------------------------ pilots of nodes
     def pilot_of(self, client_id: str | None) -> Pilot | None:
