@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import os
 import time
@@ -285,10 +284,8 @@ class CloudLabCluster(Cluster):
         duration = parse_timedelta(target_duration)
         every = None if interval is None else parse_timedelta(interval)
         self.minimum, self.maximum = low, high
-        manager = self.manager
-        if manager is not None:
-            manager.policy = dataclasses.replace(manager.policy, minthreshold=low,
-                                                 maxthreshold=high)
+        if self.elastic is not None:   # its policy and its manager's: one change
+            self.elastic.set_bounds(low, high)
         if every is not None:  # the manager's pace is set when it starts
             log.info("adapt: interval %s s ignored: the manager reads the target every "
                      "get_system_state interval (the cluster's intervals)", every)

@@ -15,9 +15,10 @@ early. See docs/pilots.md.
 from __future__ import annotations
 
 from elasticslice.pilots.ca import ClusterCA, ClusterCAError
-from elasticslice.pilots.cluster import ClusterSnapshot, ElasticCluster
+from elasticslice.pilots.cluster import ElasticCluster
 from elasticslice.pilots.helper import PilotElasticSliceHelper
 from elasticslice.pilots.manager import PilotSliceManager, Revocations
+from elasticslice.pilots.snapshot import ClusterSnapshot
 
 __all__ = ["ClusterCA", "ClusterCAError", "ClusterSnapshot", "ElasticCluster",
            "PilotElasticSliceHelper", "PilotSliceManager", "Revocations"]

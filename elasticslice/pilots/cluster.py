@@ -33,6 +33,7 @@ from typing import Any
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.cycle import PILOT_INTERVALS
+from elasticslice.managers.parts import PolicyField
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
 from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
@@ -42,6 +43,7 @@ from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
 from elasticslice.pilots.manager import PilotSliceManager
 from elasticslice.pilots.restart import ClusterFile, RunCounters
 from elasticslice.pilots.services import DENY_FILE, ENROL_FILE, TOKENS_FILE, ControlServices
+from elasticslice.pilots.snapshot import ClusterSnapshot
 from troy.frameworks.dask import DenyList
 from troy.states import FINAL_STATES, State
 
@@ -62,48 +64,28 @@ def default_policy(maxthreshold: int) -> PolicyConfig:
                         percent_available_minimum=0.25)
 
 
-@dataclasses.dataclass(frozen=True)
-class ClusterSnapshot:
-    """What the cluster looks like now (for progress lines)."""
-
-    nodes_held: int
-    pilots: int
-    units_queued: int
-    units_running: int
-    units_done: int
-    revocations: int
-    nodes_wanted: int | None = None   # what Troy's demand asks for (None: not known yet)
-    pilot_cores: tuple[int, ...] = ()  # the size of each live pilot
-
-
 class ElasticCluster:
-    """The facade: see the module docstring. ``server``: a ``ProtoGeniServer``;
-    ``state_dir``: the cluster's files (0700). ``listen``: where the scheduler, the
-    enrolment service, the tarball publisher and the callback endpoint listen, which the
-    nodes must reach (None: ``[pilots] listen`` of the server's config, which the box sets
-    to its control address, else the address routed to the CM). ``margin``: seconds kept before a
-    revocation's deadline; ``idle_timeout``: seconds a pilot stays idle before its node is
-    given back (None: never); ``intervals``: cycle intervals over :data:`DEFAULT_INTERVALS`;
-    ``policy``: a :class:`PolicyConfig` (its thresholds and idle_timeout are set from the
-    arguments); ``session``: a Troy session to use (default: one of its own);
-    ``manager_options`` and ``framework_options`` go to the manager and the framework;
-    ``node_python`` and ``disk_image``: what pilot nodes run and boot (default: ``[pilots]``
-    of the server's config; see :class:`PilotElasticSliceHelper`); without a
-    ``node_python`` each node builds the agent's environment with its image's ``python3``
-    (version ``image_python``; None: known from the image) from the wheelhouse this cluster
-    publishes (docs/node-software.md). The slice's one tarball is
-    served to the CM by a :class:`TarballPublisher` on ``listen``, at a URL kept across
-    restarts (:class:`~elasticslice.pilots.slicetar.PublishedSlice`); ``public_url``: the base
-    URL the CM fetches it from (None: the publisher's own address). Nodes enrol at an
-    :class:`EnrolmentService` on ``listen`` (HTTPS, the cluster CA's certificate) and get
-    certificates valid ``cert_lifetime`` seconds, renewed while the node is held.
-    ``scheduler_port``, ``enrol_port``, ``publish_port``: fixed ports for the scheduler, the
-    enrolment service and the publisher (for a firewall; None: the ones this state directory
-    used last, else any free one). Nodes that fail to start are named with their cause in
-    :attr:`failures`.
-    ``metrics_port``: serve the manager's Prometheus metrics (:mod:`elasticslice.metrics`)
-    on ``metrics_listen``:``metrics_port`` (0: any free port; None: no endpoint), from
-    :meth:`start` to :meth:`close`; :attr:`metrics_url` is where."""
+    """The facade: see the module docstring and docs/pilots.md. ``server``: a
+    ``ProtoGeniServer``; ``state_dir``: the cluster's files (0700); ``listen``: where the
+    scheduler and the nodes' services (:class:`ControlServices`) listen, which the nodes must
+    reach (None: ``[pilots] listen`` of the config, else the address routed to the CM);
+    ``margin``: seconds kept before a revocation's deadline; ``idle_timeout``: seconds a
+    pilot stays idle before its node goes (None: never); ``intervals``: over
+    :data:`DEFAULT_INTERVALS`; ``policy``: a :class:`PolicyConfig` (thresholds and
+    idle_timeout from the arguments); ``session``: a Troy session (default: its own);
+    ``manager_options``/``framework_options``: to the manager and the framework;
+    ``node_python``, ``disk_image``, ``image_python``: what nodes run and boot (default:
+    ``[pilots]``; without ``node_python`` a node builds the agent's environment from the
+    wheelhouse published here, docs/node-software.md); ``public_url``: the base URL the CM
+    fetches the slice's tarball from (None: the publisher's); ``cert_lifetime``: of the
+    nodes' certificates; ``scheduler_port``, ``enrol_port``, ``publish_port``: fixed ports
+    (None: this state dir's last, else any); ``metrics_port``/``metrics_listen``: the
+    manager's Prometheus metrics (None: none; :attr:`metrics_url`). Nodes that failed to
+    start are in :attr:`failures`."""
+
+    #: the cluster's bounds: its policy's (the one place; :meth:`set_bounds` changes them)
+    minthreshold = PolicyField()
+    maxthreshold = PolicyField()
 
     def __init__(self, server: Any, state_dir: Path, *, minthreshold: int = 1,
                  maxthreshold: int = 10, hardware_type: str | None = None,
@@ -121,7 +103,6 @@ class ElasticCluster:
                  publish_port: int | None = None) -> None:
         self.server = server
         self.state_dir = Path(state_dir).expanduser().resolve()
-        self.minthreshold, self.maxthreshold = minthreshold, maxthreshold
         self.hardware_type = hardware_type
         # None: [pilots] listen of the server's config, else the address routed to the CM
         self.listen = listen if listen is not None else pilots_listen(server)
@@ -145,7 +126,8 @@ class ElasticCluster:
         base = policy or default_policy(maxthreshold)
         # None: idle pilots are never given back (the policy's None means "no idle rule")
         self.policy = dataclasses.replace(
-            base, idle_timeout=math.inf if idle_timeout is None else idle_timeout)
+            base, idle_timeout=math.inf if idle_timeout is None else idle_timeout,
+            minthreshold=minthreshold, maxthreshold=maxthreshold)
         self.node_cores = node_cores
         self.keep = keep
         self.manager_options = dict(manager_options or {})
@@ -267,6 +249,7 @@ class ElasticCluster:
         return {**session_units(session), "requeued": totals["units_requeued"],
                 "lost": totals["units_lost"]}
 
+    @property
     def publisher(self) -> Any:
         """The tarball publisher (None: not started)."""
         return self.services.publisher if self.services is not None else None
@@ -361,6 +344,19 @@ class ElasticCluster:
         """Persist this process' unit counters (also done every few seconds)."""
         self.counters.save()
 
+    def set_bounds(self, minthreshold: int, maxthreshold: int) -> None:
+        """Hold from ``minthreshold`` to ``maxthreshold`` nodes from now on: the cluster's
+        policy and its running manager's (a manager replaced later keeps them)."""
+        if not 0 <= minthreshold <= maxthreshold:
+            raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= "
+                                    f"maxthreshold ({maxthreshold})")
+        self.policy = dataclasses.replace(self.policy, minthreshold=minthreshold,
+                                          maxthreshold=maxthreshold)
+        manager = self.manager
+        if manager is not None:
+            manager.policy = dataclasses.replace(manager.policy, minthreshold=minthreshold,
+                                                 maxthreshold=maxthreshold)
+
     def replace_manager(self) -> PilotSliceManager:
         """Start a new manager from the same state (after the old one crashed or was
         stopped); the pilots and the session are untouched."""
@@ -384,17 +380,7 @@ class ElasticCluster:
 
     def snapshot(self) -> ClusterSnapshot:
         """Now, from memory and the local state store (no network call)."""
-        manager = self.manager
-        nodes = len(manager.state.nodes()) if manager is not None else 0
-        demand = self.session.demand()
-        pilots = self.pilots()
-        return ClusterSnapshot(
-            nodes_held=nodes, pilots=len(pilots),
-            nodes_wanted=manager.demand if manager is not None else None,
-            pilot_cores=tuple(p.size for p in pilots),
-            units_queued=demand.units_queued, units_running=demand.units_running,
-            units_done=demand.units_done,
-            revocations=len(manager.revocations.seen) if manager is not None else 0)
+        return ClusterSnapshot.of(self.manager, self.session, self.pilots())
 
     def stats(self) -> dict[str, Any]:
         """revocations, early_releases, forced_releases, nodes_peak, node_seconds,
