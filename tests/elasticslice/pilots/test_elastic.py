@@ -141,10 +141,15 @@ def test_a_manager_restarted_mid_workflow_resumes(emulator, make_cluster, witnes
     wait_for(lambda: len(cluster.pilots()) == 3, timeout=120, what="3 pilots")
     before = {p.id for p in cluster.pilots()}
     old = cluster.manager
+    cluster.set_bounds(2, 3)   # as CloudLabCluster.adapt(minimum=2) does
+    assert (old.minthreshold, old.maxthreshold) == (2, 3)
     crash(old)
     assert ran_on(witness) == {}  # mid-workflow: no unit ended
     manager = cluster.replace_manager()
     old.state.close()
+    # the bounds are the cluster's policy's: the new manager has them (it had the
+    # constructor's before, and an adapt's bounds were lost with the old manager)
+    assert (manager.minthreshold, manager.maxthreshold) == (2, 3)
     wait_for(lambda: manager.cycle.methods["add_nodes"].runs >= 3, timeout=60,
              what="the new manager's cycle")
     gate.unlink()
