@@ -181,11 +181,11 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
                  clock: Callable[[], float] = time.time) -> None:
         ElasticSliceClientEndpoint.__init__(self)
         self.released = released
-        self._ep_helper = helper
+        self._helper = helper
         self.delete_in_group = delete_in_group
         self.clock = clock
         self._values_lock = rlock if rlock is not None else threading.RLock()
-        self._ep_values: dict[str, ResourceValue] = {}
+        self._values: dict[str, ResourceValue] = {}
         self.book = book if book is not None else NoticeBook(ManagerState.in_memory(),
                                                              clock=clock)
         self.releaser: Releaser = releaser if releaser is not None else CommandReleaser(
@@ -245,9 +245,9 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
                                 n.get("component_urn")) for n in nodes]
         with self._values_lock:
             for v in values:
-                self._ep_values[v.node_id] = v
-            while len(self._ep_values) > MAX_VALUES:  # bounded: the oldest entries go first
-                del self._ep_values[next(iter(self._ep_values))]
+                self._values[v.node_id] = v
+            while len(self._values) > MAX_VALUES:  # bounded: the oldest entries go first
+                del self._values[next(iter(self._values))]
         log.info("SetResourceValues: %d node(s)", len(values))
         self._call_hook(self.book.values, values)
         self._call_hook(self.on_resource_values, values)
@@ -255,7 +255,7 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
 
     # -- deletes -----------------------------------------------------------------------------
     def _delete_commands(self, nodelist: list[dict[str, Any]]) -> list[str]:
-        helper: Any = self._ep_helper
+        helper: Any = self._helper
         if helper is None and callable(getattr(self, "get_delete_commands", None)):
             helper = self
         if helper is None:
@@ -305,7 +305,7 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
     def resource_values(self) -> dict[str, ResourceValue]:
         """The latest SetResourceValues value of every node (node_id -> value)."""
         with self._values_lock:
-            return dict(self._ep_values)
+            return dict(self._values)
 
     def deletes_running(self) -> int:
         return self.releaser.running()
