@@ -81,13 +81,10 @@ def test_a_notice_drains_the_pilot_across_the_channel(sides) -> None:
         drainer.start([PendingDelete("cm", "pc1", "node-1", time.time() + 120, time.time())])
         wait_for(lambda: released, timeout=30, what="the node released once drained")
         assert released == [("pc1", "node-1", "drained")]
-        assert all(u.state is State.DONE for u in short)   # they fitted: they finished
-        assert pilot.draining or pilot.state is not State.RUNNING
-        # nothing new goes to the drained pilot
-        later = service.submit_unit(CUD(executable="/bin/true"))
-        time.sleep(0.5)
-        assert later.state is not State.DONE
-        later.cancel()
+        # they fitted before the deadline: they finished there, none was requeued
+        wait_for(lambda: all(u.state is State.DONE for u in short), what="the units done")
+        assert framework.unit_stats().requeued == 0
+        assert pilot.draining and framework.drain_plan(pilot) is not None   # nothing new goes there
     finally:
         drainer.close()
 
