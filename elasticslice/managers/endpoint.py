@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 MAX_ID = 256                # characters in a node_id / client_id
 MAX_URN = 1024              # characters in a component_urn
 MAX_WAIT_TIME = 2**31 - 1   # XML-RPC's int
-MAX_VALUES = MAX_NODES      # resource values kept in memory (the oldest go first)
 KINDS = ("pending", "complete", "values")
 __all__ = ["MAX_NODES", "MAX_PARALLEL_DELETES", "DeleteNotice", "ElasticSliceClientEndpoint",
            "PluginElasticSliceClientEndpoint", "Releaser", "ResourceValue",
@@ -166,8 +165,8 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
     ``helper``: whose ``get_delete_commands(nodelist)`` gives the shell commands to run before
     nodes are given back (None: this object's own ``get_delete_commands`` when it has one,
     else no commands). ``delete_in_group``: all new nodes of one notice in one job (bounded
-    by the earliest deadline), else one job per node. ``rlock``: the seed's; it guards the
-    resource values only and is never held across I/O. ``book``: where notices are recorded
+    by the earliest deadline), else one job per node. ``rlock``: the seed's, kept for its
+    signature (the resource values are the state's, which has its own lock). ``book``: where notices are recorded
     (default: a book of this process, every notice counts); ``releaser``: how nodes are
     released (default: the helper's delete commands); ``released(node_ids, outcome)``: told
     when the release of revoked nodes ended (a manager gives them back); ``clock``: when a
@@ -184,8 +183,7 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         self._helper = helper
         self.delete_in_group = delete_in_group
         self.clock = clock
-        self._values_lock = rlock if rlock is not None else threading.RLock()
-        self._values: dict[str, ResourceValue] = {}
+        self.rlock = rlock if rlock is not None else threading.RLock()
         self.book = book if book is not None else NoticeBook(ManagerState.in_memory(),
                                                              clock=clock)
         self.releaser: Releaser = releaser if releaser is not None else CommandReleaser(
@@ -243,11 +241,6 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
         nodes = parse_nodelist(params, kind="values")
         values = [ResourceValue(n["node_id"], n["value"], n.get("client_id"),
                                 n.get("component_urn")) for n in nodes]
-        with self._values_lock:
-            for v in values:
-                self._values[v.node_id] = v
-            while len(self._values) > MAX_VALUES:  # bounded: the oldest entries go first
-                del self._values[next(iter(self._values))]
         log.info("SetResourceValues: %d node(s)", len(values))
         self._call_hook(self.book.values, values)
         self._call_hook(self.on_resource_values, values)
@@ -303,9 +296,10 @@ class SimpleElasticSliceClientEndpoint(ElasticSliceClientEndpoint):
                              p.last_seen or p.first_seen) for p in self.book.open()]
 
     def resource_values(self) -> dict[str, ResourceValue]:
-        """The latest SetResourceValues value of every node (node_id -> value)."""
-        with self._values_lock:
-            return dict(self._values)
+        """The latest SetResourceValues value of every node we hold (every node, without a
+        manager): node_id -> value, as the state keeps them (the one place)."""
+        return {node_id: ResourceValue(node_id, value, client_id, urn)
+                for node_id, value, client_id, urn in self.book.recorded_values()}
 
     def deletes_running(self) -> int:
         return self.releaser.running()

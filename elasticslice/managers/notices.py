@@ -214,6 +214,7 @@ class NoticeBook:
         """SetResourceValues: the values (items with node_id, value, client_id?) of nodes we
         hold, recorded per CM; the cycle's ``set_system_state`` hands them on."""
         by_cm: dict[str, dict[str, float]] = {}
+        names = {v.node_id: (v.client_id, v.component_urn) for v in values}
         for v in values:
             if self.holdings is None:
                 cm: str | None = ""
@@ -226,9 +227,15 @@ class NoticeBook:
                 by_cm.setdefault(cm, {})[v.node_id] = float(v.value)
         now = self.clock()
         for cm, vals in by_cm.items():
-            self.state.set_values(cm, vals, now=now)
+            self.state.set_values(cm, vals, now=now, names=names)
         if by_cm:
             self.wake("set_system_state")
+
+    def recorded_values(self) -> list[tuple[str, float, str | None, str | None]]:
+        """The values recorded, oldest first: (node_id, value, client_id, component_urn)."""
+        return [tuple(r) for r in self.state._rows(
+            "SELECT node_id, value, client_id, component_urn FROM node_values "
+            "ORDER BY updated, rowid")]
 
     # -- what follows a notice ---------------------------------------------------------------
     def release(self, node_ids: list[str], note: str) -> list[str]:

@@ -8,15 +8,17 @@ overwrote). Version 3 keeps each node's control address as its manifest says (``
 address, across restarts of the control process. Version 4 keeps the nodes to give back
 (``to_release``: a policy victim, a replaced node, a revoked node drained or whose delete
 commands finished, one row each until the actuator's DeleteNodes took it or the node left),
-so a manager that dies before the DeleteNodes gives them back when it comes back. Older files
-are migrated when opened for writing.
+so a manager that dies before the DeleteNodes gives them back when it comes back. Version 5
+keeps what CloudLab said with each resource value (``node_values.client_id``,
+``component_urn``): the state is the one place SetResourceValues is kept. Older files are
+migrated when opened for writing.
 """
 from __future__ import annotations
 
 import json
 import sqlite3
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -36,7 +38,7 @@ CREATE TABLE IF NOT EXISTS revocations (id INTEGER PRIMARY KEY AUTOINCREMENT, cm
     released REAL, finished REAL, outcome TEXT, note TEXT);
 CREATE INDEX IF NOT EXISTS revocations_open ON revocations (node_id, finished);
 CREATE TABLE IF NOT EXISTS node_values (cm TEXT, node_id TEXT, value REAL, updated REAL,
-    PRIMARY KEY (cm, node_id));
+    client_id TEXT, component_urn TEXT, PRIMARY KEY (cm, node_id));
 CREATE TABLE IF NOT EXISTS intents (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, cm TEXT,
     client_ids TEXT, created REAL, finished REAL, outcome TEXT);
 CREATE TABLE IF NOT EXISTS cycle (method TEXT PRIMARY KEY, last_run REAL, last_ok REAL,
@@ -72,7 +74,7 @@ def create(conn: sqlite3.Connection) -> str:
 def migrate(conn: sqlite3.Connection, version: str) -> str:
     """Bring a file of an older version up to :data:`SCHEMA_VERSION` (one transaction);
     the version it has after."""
-    if version not in ("1", "2", "3"):
+    if version not in ("1", "2", "3", "4"):
         return version
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -86,6 +88,10 @@ def migrate(conn: sqlite3.Connection, version: str) -> str:
         if "ipv4" not in columns:   # version 3: the nodes' manifest addresses
             conn.execute("ALTER TABLE nodes ADD COLUMN ipv4 TEXT")
         # version 4: ``to_release``, made by ``create`` (nothing to give back yet)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(node_values)")}
+        for column in ("client_id", "component_urn"):   # version 5: what came with a value
+            if column not in columns:
+                conn.execute(f"ALTER TABLE node_values ADD COLUMN {column} TEXT")
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                      (str(SCHEMA_VERSION),))
     except BaseException:

@@ -275,11 +275,17 @@ class ManagerState:
         """Every revocation (``open_only``: those whose node has not left yet)."""
         return self.revocations.all(open_only=open_only)
 
-    def set_values(self, cm: str, values: Mapping[str, float], *, now: float) -> None:
+    def set_values(self, cm: str, values: Mapping[str, float], *, now: float,
+                   names: Mapping[str, tuple[str | None, str | None]] | None = None) -> None:
+        """CloudLab's values of nodes at ``cm`` (node_id -> 0..1), with what it said of each
+        (``names``: node_id -> (client_id, component_urn))."""
+        names = names or {}
         with self.transaction():
             for node_id, value in values.items():
-                self._run("INSERT OR REPLACE INTO node_values (cm, node_id, value, updated) "
-                          "VALUES (?, ?, ?, ?)", (cm, node_id, float(value), now))
+                client_id, urn = names.get(node_id, (None, None))
+                self._run("INSERT OR REPLACE INTO node_values (cm, node_id, value, updated, "
+                          "client_id, component_urn) VALUES (?, ?, ?, ?, ?, ?)",
+                          (cm, node_id, float(value), now, client_id, urn))
 
     def values(self, cm: str | None = None) -> dict[str, float]:
         sql = "SELECT node_id, value FROM node_values"

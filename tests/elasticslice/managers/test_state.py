@@ -148,7 +148,7 @@ def test_a_version_1_state_is_migrated_with_its_notices(state_dir):
         """)
     st = ManagerState.open(state_dir)
     try:
-        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "4"
+        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "5"
         [pd] = st.pending_deletes(open_only=True)
         assert (pd.cm, pd.node_id, pd.client_id, pd.deadline) == ("cm", "pc1", "n1", 50.0)
         # the pilots manager's counts, kept apart in version 1, are the outcomes now
@@ -330,7 +330,7 @@ def test_a_version_2_state_is_migrated_and_keeps_its_nodes(state_dir):
         """)
     st = ManagerState.open(state_dir)
     try:
-        assert st.get_meta("schema_version") == "4"
+        assert st.get_meta("schema_version") == "5"
         [node] = st.nodes()
         assert (node.client_id, node.state, node.ipv4) == ("node-1", "ready", None)
         st.upsert_node("cm", "node-1", now=2.0, ipv4="100.64.0.2")
@@ -371,7 +371,32 @@ def test_a_version_3_state_is_migrated_with_nothing_to_give_back(state_dir):
         """)
     st = ManagerState.open(state_dir)
     try:
-        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "4"
+        assert st.get_meta("schema_version") == str(SCHEMA_VERSION) == "5"
         assert st.to_release.rows() == []
+    finally:
+        st.close()
+
+
+def test_a_version_4_state_keeps_its_values_and_takes_what_came_with_them(state_dir):
+    """Version 5: a value's client_id and component_urn are kept with it (the endpoint kept
+    them in memory, a second copy); a version-4 file's values stay."""
+    state_dir.mkdir(mode=0o700)
+    with sqlite3.connect(state_dir / DB_NAME) as db:
+        db.executescript("""
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+            INSERT INTO meta VALUES ('schema_version', '4');
+            CREATE TABLE node_values (cm TEXT, node_id TEXT, value REAL, updated REAL,
+                PRIMARY KEY (cm, node_id));
+            INSERT INTO node_values VALUES ('cm', 'pc1', 0.5, 1.0);
+        """)
+    st = ManagerState.open(state_dir)
+    try:
+        assert st.get_meta("schema_version") == "5"
+        assert st.values() == {"pc1": 0.5}
+        st.set_values("cm", {"pc2": 0.25}, now=2.0,
+                      names={"pc2": ("node-2", "urn:publicid:IDN+x+node+pc2")})
+        assert st._rows("SELECT node_id, client_id, component_urn FROM node_values "
+                        "ORDER BY node_id") == [("pc1", None, None),
+                                                ("pc2", "node-2", "urn:publicid:IDN+x+node+pc2")]
     finally:
         st.close()
