@@ -54,11 +54,11 @@ _QUICK = {"ensure_slice": 60.0, "ensure_sliver": 10.0, "update_sliver_status": 1
 #: the pilot cluster's (``run``, ``CloudLabCluster``): quick enough to follow Troy's demand
 PILOT_INTERVALS: Mapping[str, float] = {
     **_QUICK, "update_available": 5.0, "get_system_state": 1.0, "add_nodes": 2.0,
-    "delete_nodes": 2.0, "release_nodes": 2.0, "set_system_state": 5.0}
+    "delete_nodes": 2.0, "release_nodes": 5.0, "set_system_state": 5.0}
 #: the Parsl provider's: quick enough to follow Parsl's strategy
 PARSL_INTERVALS: Mapping[str, float] = {
     **_QUICK, "update_available": 30.0, "get_system_state": 60.0, "add_nodes": 1.0,
-    "delete_nodes": 1.0, "release_nodes": 1.0, "set_system_state": 60.0}
+    "delete_nodes": 1.0, "release_nodes": 5.0, "set_system_state": 60.0}
 #: the methods that run on a thread of their own, never behind another (a release is woken
 #: as soon as something is to be given back; its interval only retries what is left)
 APART: tuple[str, ...] = ("release_nodes",)
