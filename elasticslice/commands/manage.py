@@ -114,7 +114,9 @@ def manage_cmd(ctx: click.Context, once: bool, adopt: bool) -> None:
 
 
 def status_data(state: Any) -> dict[str, Any]:
-    """The `status --json` document: {"slice": {...}, "nodes": [...], "cycle": {...}}."""
+    """The `status --json` document: {"slice": {...}, "nodes": [...], "to_release":
+    [...], "cycle": {...}}; ``to_release``: the nodes asked to be given back that the
+    manager's ``release_nodes`` has not given back yet, oldest first, each with why."""
     record = state.slice()
     slivers = [{"cm": s.cm, "urn": s.urn, "expires": _iso(s.expires), "status": s.status}
                for s in state.slivers()]
@@ -134,10 +136,13 @@ def status_data(state: Any) -> dict[str, Any]:
         cycle[method] = {"last_run": _iso(c.last_run), "last_ok": _iso(c.last_ok),
                          "next_run": _iso(c.next_run), "last_error": c.last_error,
                          "failures": c.failures}
+    to_release = [{"cm": r.cm, "client_id": r.client_id, "node_id": r.node_id,
+                   "source": r.source, "reason": r.reason, "asked": _iso(r.asked)}
+                  for r in state.to_release.rows()]
     return {"slice": {"urn": record.urn if record else None,
                       "expires": _iso(record.expires) if record else None,
                       "slivers": slivers},
-            "nodes": nodes, "cycle": cycle}
+            "nodes": nodes, "to_release": to_release, "cycle": cycle}
 
 
 def _print_status(data: dict[str, Any]) -> None:
@@ -152,6 +157,11 @@ def _print_status(data: dict[str, Any]) -> None:
         value = "" if n["value"] is None else f"  value {n['value']:.2f}"
         click.echo(f"  {n['client_id']:<16} {n['node_id'] or '-':<10} {n['state']:<9}"
                    f" {n['hostname'] or ''}{value}{extra}")
+    if data["to_release"]:
+        click.echo(f"to give back {len(data['to_release'])}")
+    for r in data["to_release"]:
+        click.echo(f"  {r['client_id']:<16} {r['node_id'] or '-':<10} asked {r['asked']}"
+                   f" ({r['source']}): {r['reason']}")
     click.echo("cycle")
     for method, c in data["cycle"].items():
         err = f"  ERROR ({c['failures']}x): {c['last_error']}" if c["last_error"] else ""
@@ -163,8 +173,8 @@ def _print_status(data: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
 @click.pass_context
 def status_cmd(ctx: click.Context, as_json: bool) -> None:
-    """Show the manager's view: slice and sliver expiry, nodes, and the cycle's methods
-    (last run, next run, last error). Reads the state directory; the daemon may or may
+    """Show the manager's view: slice and sliver expiry, nodes, the nodes asked to be given
+    back and not yet gone, and the cycle's methods (last run, next run, last error). Reads the state directory; the daemon may or may
     not be running."""
     from elasticslice.managers.config import load_manager_config
     from elasticslice.managers.state import ManagerState

@@ -32,7 +32,8 @@ def test_manage_once_runs_one_full_cycle_and_status_json_shows_it(
     result = run("--config", str(conf), "status", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data) == {"slice", "nodes", "cycle"}
+    assert set(data) == {"slice", "nodes", "to_release", "cycle"}
+    assert data["to_release"] == []
     assert data["slice"]["urn"].endswith("+slice+" + "elastic") or data["slice"]["urn"]
     assert data["slice"]["expires"] and data["slice"]["slivers"][0]["expires"]
     assert sorted(n["client_id"] for n in data["nodes"]) == ["node-1", "node-2", "node-3"]
@@ -46,6 +47,19 @@ def test_manage_once_runs_one_full_cycle_and_status_json_shows_it(
     assert all(c["last_run"] and c["last_error"] is None for c in data["cycle"].values())
     text = run("--config", str(conf), "status")
     assert text.exit_code == 0 and "node-3" in text.output and "add_nodes" in text.output
+    assert "to give back" not in text.output
+    # a node asked to go back that the manager (stopped here) has not given back yet
+    state = ManagerState.open(tmp_path / "state")
+    node = next(n for n in state.nodes() if n.client_id == "node-3")
+    state.to_release.ask(node.cm, "node-3", node_id=node.node_id, source="policy",
+                         reason="idle 60 s", now=1_800_000_000.0)
+    state.close()
+    data = json.loads(run("--config", str(conf), "status", "--json").output)
+    assert data["to_release"] == [{"cm": node.cm, "client_id": "node-3",
+                                   "node_id": node.node_id, "source": "policy",
+                                   "reason": "idle 60 s", "asked": "2027-01-15T08:00:00Z"}]
+    text = run("--config", str(conf), "status").output
+    assert "to give back 1" in text and "node-3" in text and "(policy): idle 60 s" in text
 
 
 def test_status_without_state_is_one_line(emulator, tmp_path: Path) -> None:
