@@ -53,6 +53,9 @@ STATE_DIR = Path("/run/elasticslice-net")
 NETNS_DIR = Path("/run/netns")
 CONTROL_BASE = 64  # 100.64.0.0/10: 64 control networks of /16
 CONTROL_NETS = 64
+#: seconds a stopped box's control network is kept from boxes that did not have it (its
+#: own restart takes it back: a manager listening at the old address reaches it again)
+HOLD_RELEASED = 60.0
 CLONE_NEWNET = 0x40000000
 _counter = itertools.count(1)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -159,6 +162,26 @@ def _prefixlen(netmask: str | None) -> int:
         return ipaddress.IPv4Network(f"0.0.0.0/{netmask or '255.255.255.0'}").prefixlen
     except ValueError:
         return 24
+
+
+def _mark_released(k: int) -> None:
+    try:
+        (STATE_DIR / f"released-{k}").touch()
+    except OSError:
+        pass  # only a hint for the next allocation
+
+
+def _recently_released(now: float | None = None) -> set[int]:
+    """The control networks (their k) that a box released within :data:`HOLD_RELEASED`."""
+    now = time.time() if now is None else now
+    held: set[int] = set()
+    for marker in STATE_DIR.glob("released-*") if STATE_DIR.is_dir() else []:
+        try:
+            if now - marker.stat().st_mtime < HOLD_RELEASED:
+                held.add(int(marker.name.split("-", 1)[1]))
+        except (OSError, ValueError):
+            continue
+    return held
 
 
 def reap() -> list[str]:
@@ -316,14 +339,20 @@ class Fabric:
             time.sleep(0.05)
 
     def _free_subnet(self, prefer: str | None = None) -> int:
+        """The control network to take (the caller holds the global lock): the one it had
+        (``prefer``) when free, else the lowest free one that no box stopped within
+        :data:`HOLD_RELEASED` seconds (a box restarting wants its own back; broke: a
+        parallel test's new box took it between the stop and the start, and the chaos
+        run's manager, listening at the old address, reached no CM fetch), else any free."""
         used = {int(m) - CONTROL_BASE for m in re.findall(r"inet 100\.(\d+)\.", _addresses())}
         wanted = re.fullmatch(r"100\.(\d+)\.0\.1", prefer or "")
         if wanted and 0 <= int(wanted.group(1)) - CONTROL_BASE < CONTROL_NETS \
                 and int(wanted.group(1)) - CONTROL_BASE not in used:
             return int(wanted.group(1)) - CONTROL_BASE
-        for k in range(CONTROL_NETS):
-            if k not in used:
-                return k
+        held = _recently_released()
+        free = [k for k in range(CONTROL_NETS) if k not in used]
+        for k in [k for k in free if k not in held] + free:
+            return k
         raise NetworkError("every control network of 100.64.0.0/10 is in use on this machine")
 
     def stop(self) -> None:
@@ -337,6 +366,7 @@ class Fabric:
         _delete_table(self.name)
         if self.k >= 0:
             self._wait_address_gone()
+            _mark_released(self.k)
         if self._lock_fd is not None:
             (STATE_DIR / f"{self.name}.lock").unlink(missing_ok=True)
             os.close(self._lock_fd)

@@ -335,6 +335,29 @@ def test_a_restarted_box_keeps_its_control_address(monkeypatch, emulator_factory
 
 
 @needs_network
+def test_a_new_box_leaves_a_stopped_box_its_network(monkeypatch, emulator_factory) -> None:
+    """Broke under the parallel suite: between a box's stop and its restart (the chaos run
+    restarts the emulator under a running manager) a new box of another test took the
+    lowest free control network, the stopped box's; the restarted box got another, and the
+    manager's tarball URL at the old address was "offline" for the CM. A network stays
+    held for its box a minute after it stopped."""
+    from elasticslice.emulator import EmulatorServer
+    from tests.elasticslice.emulator.helpers import FAST
+    monkeypatch.setenv(network.ENV_VAR, "on")
+    first = emulator_factory()
+    address = first.control_address
+    first.server.stop()
+    second = emulator_factory()          # a new box, with the first one's network free
+    assert second.control_address != address
+    again = EmulatorServer(first.dir, port=0, **FAST)
+    again.start()
+    try:
+        assert again.ctx.boot.control_address() == address
+    finally:
+        again.stop()
+
+
+@needs_network
 def test_a_gone_emulators_firewall_table_does_not_cut_off_the_next_box() -> None:
     """A table left without its emulator's lock (its namespaces gone, so its control network
     looks free) dropped every packet of the next box on that network from its nodes: their

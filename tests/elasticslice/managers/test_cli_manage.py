@@ -198,7 +198,13 @@ def test_the_code_blocks_of_docs_manager_md_run(emulator, tmp_path: Path,
     assert mcfg.tarballs == (("https://example.org/exp.tar.gz", "/"),)
     # The status example has the shape `status --json` prints.
     (doc,) = re.findall(r"```json\n(.*?)```", text, flags=re.S)
-    assert set(json.loads(doc)) == {"slice", "nodes", "cycle"}
+    from elasticslice.commands.manage import status_data
+    empty = ManagerState.in_memory()
+    try:
+        assert set(json.loads(doc)) == set(status_data(empty)) == {
+            "slice", "nodes", "to_release", "cycle"}
+    finally:
+        empty.close()
     # The python blocks run.
     namespace: dict[str, Any] = {"__name__": "docs_manager"}
     for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
