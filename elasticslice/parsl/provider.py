@@ -234,14 +234,6 @@ class CloudLabProvider(ExecutionProvider):
         if self.keys is not None:
             self.keys.withdraw(client_id)
 
-    def _is_held(self, client_id: str) -> bool:
-        manager = self.manager
-        return manager is not None and manager.holdings.holds(client_id)
-
-    def _address_of(self, client_id: str) -> str | None:
-        manager = self.manager
-        return manager.holdings.address_of(client_id) if manager is not None else None
-
     def status(self, job_ids: Sequence[object]) -> list[JobStatus]:
         return [self._status(str(j)) for j in job_ids]
 
@@ -329,9 +321,8 @@ class CloudLabProvider(ExecutionProvider):
         # restarts, a token only from its node's manifest address, a node's certificates
         # denied once it left (elasticslice.pilots.services)
         services = self.services = ControlServices(
-            self.state_dir, ca, self.address, is_held=self._is_held,
-            address_of=self._address_of, on_report=self._on_report,
-            on_enrolled=self._enrolled, on_key=self._on_key,
+            self.state_dir, ca, self.address, manager=lambda: self.manager,
+            helper=lambda: self.helper, failures=self.failures, on_key=self._on_key,
             publish_port=self.publish_port, public_url=self.public_url).start()
         env_lines = node_software(services, server=self.server, node_python=self.node_python,
                                   disk_image=self.disk_image, image_python=self.image_python)
@@ -352,20 +343,6 @@ class CloudLabProvider(ExecutionProvider):
         self.manager.start()
         atexit.register(self.close)
         log.info("CloudLab provider %s: state in %s", self.label, self.state_dir)
-
-    def _enrolled(self, client_id: str) -> None:
-        helper = self.helper
-        if helper is not None:
-            helper.enrolled(client_id)
-
-    def _on_report(self, data: dict[str, Any], peer: str) -> None:
-        """A node's start failed, it says why (a claim: the CM's status decides)."""
-        client_id = data.get("client_id")
-        manager = self.manager
-        if isinstance(client_id, str) and manager is not None and \
-                manager.holdings.holds(client_id) and \
-                self.failures.report(client_id, data.get("line")):
-            manager.wake("update_sliver_status")
 
     def stats(self) -> dict[str, int]:
         """revocations, early_releases, forced_releases, blocks (submitted)."""

@@ -201,9 +201,9 @@ class ElasticCluster:
         self.counters.start()
         # the CM fetches the slice's tarball from it, at the URL the last process served
         services = self.services = ControlServices(
-            self.state_dir, self.ca, self.listen, is_held=self._is_held,
-            address_of=self._address_of, on_report=self._on_report,
-            on_enrolled=self._enrolled, deny=self.denied, cert_lifetime=self.cert_lifetime,
+            self.state_dir, self.ca, self.listen, manager=lambda: self.manager,
+            helper=lambda: self.helper, failures=self.failures, deny=self.denied,
+            cert_lifetime=self.cert_lifetime,
             enrol_port=self.enrol_port, publish_port=self.publish_port,
             public_url=self.public_url).start()
         self.helper = PilotElasticSliceHelper(
@@ -273,31 +273,6 @@ class ElasticCluster:
                                            image_python=self.image_python, cm_urls=urls)
 
     ENROL_FILE, TOKENS_FILE, DENY_FILE = ENROL_FILE, TOKENS_FILE, DENY_FILE
-
-    def _enrolled(self, client_id: str) -> None:
-        helper = self.helper
-        if helper is not None:
-            helper.enrolled(client_id)
-
-    def _on_report(self, data: dict[str, Any], peer: str) -> None:
-        """A node's start failed, it says why (a claim: the CM's status decides)."""
-        client_id = data.get("client_id")
-        manager = self.manager
-        if not (isinstance(client_id, str) and manager is not None
-                and manager.holds(client_id)):
-            return
-        if self.failures.report(client_id, data.get("line")):
-            manager.wake("update_sliver_status")
-
-    def _is_held(self, client_id: str) -> bool:
-        manager = self.manager
-        return manager is not None and manager.holds(client_id)
-
-    def _address_of(self, client_id: str) -> str | None:
-        """The control address the manifest gives ``client_id`` (enrolment is taken only
-        from there)."""
-        manager = self.manager
-        return manager.holdings.address_of(client_id) if manager is not None else None
 
     def new_manager(self) -> PilotSliceManager:
         """A manager on the cluster's state, helper, framework and session (not started)."""

@@ -26,6 +26,7 @@ from typing import Any
 from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.enrol import EnrolmentError, EnrolmentService
+from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.publish import TarballPublisher
 from elasticslice.pilots.restart import read_json, write_json
 from elasticslice.pilots.slicetar import PublishedSlice
@@ -39,25 +40,26 @@ DENY_FILE = "denied-certs.json"    # serials of the certificates of nodes that l
 
 
 class ControlServices:
-    """See the module docstring. ``is_held(client_id)`` and ``address_of(client_id)``: the
-    manager's word on a node (enrolment is taken only from a held node's manifest
-    address); ``on_report(data, peer)``: a node's report of a failed start; ``on_key``: the
-    enrolment service's ``/key`` route (Parsl's CurveZMQ keys; None: none);
-    ``on_enrolled(client_id)``: a node got its first certificate. ``enrol_port``,
+    """See the module docstring. ``manager()`` and ``helper()``: the running manager and the
+    slice's helper (None while there is none): the manager's word on a node (enrolment is
+    taken only from a held node's manifest address), the helper told when a node got its
+    first certificate (its token leaves the tarball); ``failures``: where a node's report
+    of a failed start goes (the CM's status decides; the manager's ``update_sliver_status``
+    is woken); ``on_key``: the enrolment service's ``/key`` route (Parsl's CurveZMQ keys;
+    None: none). ``enrol_port``,
     ``publish_port``: fixed ports (None: the last process', else any); ``public_url``: the
     base URL the CM fetches from (None: the publisher's own)."""
 
     def __init__(self, state_dir: Path, ca: ClusterCA, listen: str, *,
-                 is_held: Callable[[str], bool], address_of: Callable[[str], str | None],
-                 on_report: Callable[[dict[str, Any], str], None],
-                 on_enrolled: Callable[[str], None] | None = None,
+                 manager: Callable[[], Any], helper: Callable[[], Any],
+                 failures: NodeFailures,
                  on_key: Callable[[str, str], dict[str, str]] | None = None,
                  deny: DenyList | None = None, cert_lifetime: float = 3600.0,
                  enrol_port: int | None = None, publish_port: int | None = None,
                  public_url: str | None = None) -> None:
         self.state_dir, self.ca, self.listen = Path(state_dir), ca, listen
-        self.is_held, self.address_of = is_held, address_of
-        self.on_report, self.on_enrolled, self.on_key = on_report, on_enrolled, on_key
+        self.manager, self.helper, self.failures = manager, helper, failures
+        self.on_key = on_key
         self.denied = deny if deny is not None else DenyList(self.state_dir / DENY_FILE)
         self.cert_lifetime = cert_lifetime
         self.enrol_port, self.publish_port, self.public_url = enrol_port, publish_port, \
@@ -76,7 +78,7 @@ class ControlServices:
             self.published = PublishedSlice(self.state_dir, self.listen,
                                             port=self.publish_port, public_url=self.public_url)
             self.publisher = self.published.start()
-            self.report_url = self.publisher.accept_reports("report", self.on_report,
+            self.report_url = self.publisher.accept_reports("report", self._on_report,
                                                             token=self.token)
             self.enrolment = self._start_enrolment()
         except BaseException:
@@ -111,8 +113,8 @@ class ControlServices:
             port = self.enrol_port
 
         def make(at: int) -> EnrolmentService:
-            return EnrolmentService(self.ca, self.listen, at, is_held=self.is_held,
-                                    address_of=self.address_of,
+            return EnrolmentService(self.ca, self.listen, at, is_held=self._is_held,
+                                    address_of=self._address_of,
                                     cert_lifetime=self.cert_lifetime,
                                     on_enrolled=self._enrolled, on_key=self.on_key,
                                     keep=self.state_dir / TOKENS_FILE,
@@ -128,9 +130,29 @@ class ControlServices:
         write_json(path, {"port": service.bound_port})
         return service
 
+    # -- the manager's word, for the nodes' requests ------------------------------------------
+    def _is_held(self, client_id: str) -> bool:
+        manager = self.manager()
+        return manager is not None and manager.holdings.holds(client_id)
+
+    def _address_of(self, client_id: str) -> str | None:
+        """The control address the manifest gives ``client_id`` (enrolment is taken only
+        from there)."""
+        manager = self.manager()
+        return manager.holdings.address_of(client_id) if manager is not None else None
+
     def _enrolled(self, client_id: str) -> None:
-        if self.on_enrolled is not None:
-            self.on_enrolled(client_id)
+        helper = self.helper()
+        if helper is not None:
+            helper.enrolled(client_id)
+
+    def _on_report(self, data: dict[str, Any], peer: str) -> None:
+        """A node's start failed, it says why (a claim: the CM's status decides)."""
+        client_id, manager = data.get("client_id"), self.manager()
+        if isinstance(client_id, str) and manager is not None and \
+                manager.holdings.holds(client_id) and \
+                self.failures.report(client_id, data.get("line")):
+            manager.wake("update_sliver_status")
 
     def node_software(self, *, image_urn: str | None, image_python: str | None,
                       cm_urls: Sequence[str] = (), extra: Sequence[str] = (),
