@@ -196,16 +196,17 @@ class Channel:
 
     def __init__(self, sock: socket.socket, *, on_message: Callable[[dict[str, Any]], None],
                  on_close: Callable[[str | None], None] | None = None,
-                 name: str = "channel") -> None:
+                 name: str = "channel", peer: dict[str, Any] | None = None,
+                 pending: bytes = b"") -> None:
         self.sock = sock
         self.on_message = on_message
         self.on_close = on_close
         self.name = name
-        self.peer: dict[str, Any] = {}   # the peer's hello
+        self.peer: dict[str, Any] = dict(peer or {})   # the peer's hello
         self._send_lock = threading.Lock()
         self._closed = threading.Event()
         self._reason: str | None = None
-        self._buffer = b""   # what came after the peer's hello
+        self._buffer = pending   # what came after the peer's hello
 
     @property
     def closed(self) -> bool:
@@ -427,9 +428,8 @@ class ChannelServer:
             return
         channel = Channel(sock, on_message=lambda m: self.on_message(channel, m),
                           on_close=lambda reason: self._detached(channel, reason),
-                          name=f"channel-workload-{pid}")
-        channel.peer = {**hello, "pid": pid}
-        channel._buffer = rest
+                          name=f"channel-workload-{pid}", peer={**hello, "pid": pid},
+                          pending=rest)
         with self._lock:
             current = self.workload
             if self._listener is None:
@@ -511,8 +511,6 @@ def connect(state_dir: str | os.PathLike[str], *,
     except ChannelError:
         sock.close()
         raise
-    channel = Channel(sock, on_message=on_message, on_close=on_close,
-                      name=f"channel-daemon-{hello.get('pid')}")
-    channel.peer = hello
-    channel._buffer = rest
-    return channel.start()
+    return Channel(sock, on_message=on_message, on_close=on_close,
+                   name=f"channel-daemon-{hello.get('pid')}", peer=hello,
+                   pending=rest).start()
