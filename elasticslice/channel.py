@@ -5,12 +5,13 @@ cluster CA's key; the workload side (Troy's session, a Dask client, Parsl's Data
 decodes what nodes send and so must never hold them. What crosses between the two is small,
 typed and versioned, and nothing of it is ever a pickle:
 
-- workload -> daemon: ``demand`` (Troy's demand in cores and units, and what else asks
-  for nodes), ``pilots`` (each pilot: its node, state, cores, busy or idle since when, units
-  on it), ``drained`` (a drain decision carried out);
+- workload -> daemon: ``scheduler`` (where the nodes' agents join), ``demand`` (Troy's
+  demand in cores and units, and what else asks for nodes), ``pilots`` (each pilot: its
+  node, state, cores, busy or idle since when, units on it), ``drained`` (a drain decision
+  carried out), ``close`` (the run ends: stop, giving the slice back or not);
 - daemon -> workload: ``node`` events (booting, joined, notice with its deadline,
-  released), ``drain``/``retire``/``lose`` decisions for a node's pilot, and CloudLab's
-  ``values`` of the pilots.
+  released), ``drain``/``retire``/``lose`` decisions for a node's pilot, CloudLab's
+  ``values`` of the pilots, and the nodes that failed to start (``failures``).
 
 The daemon serves it on a UNIX socket, ``<state_dir>/manager.sock`` (:data:`SOCKET`), mode
 0600 in the 0700 state directory, and the kernel says who connected (``SO_PEERCRED``): a uid
@@ -48,6 +49,7 @@ MAX_FRAME = 1 << 20          # bytes of one frame, its newline included
 MAX_PILOTS = 10_000          # entries of one ``pilots`` frame
 ROLES = ("workload", "daemon")
 HELLO_TIMEOUT = 10.0         # seconds a peer has to say hello
+SILENT = "the peer closed the connection before its hello"
 
 NUMBER = (int, float)
 #: a ``demand`` frame's counts: those of Troy's ``Demand`` (troy/demand.py)
@@ -64,6 +66,8 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
                "extra_nodes": ((*NUMBER, None), False)},
     "pilots": {"pilots": ((list,), True)},
     "drained": {"client_id": ((str,), True), "requeued": ((int,), True)},
+    "scheduler": {"address": ((str,), True)},
+    "close": {"give_back": ((bool,), True)},
     # daemon -> workload
     "node": {"event": ((str,), True), "client_id": ((str,), True),
              "address": ((str, None), False), "deadline": ((*NUMBER,), False)},
@@ -72,6 +76,7 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     "retire": {"client_id": ((str,), True), "until": ((*NUMBER,), True)},
     "lose": {"client_id": ((str,), True), "reason": ((str,), True)},
     "values": {"values": ((dict,), True)},
+    "failures": {"failures": ((list,), True)},
 }
 #: the fields of one entry of a ``pilots`` frame
 PILOT: dict[str, tuple[tuple[Any, ...], bool]] = {
@@ -80,6 +85,12 @@ PILOT: dict[str, tuple[tuple[Any, ...], bool]] = {
     "busy": ((bool,), True), "idle_since": ((*NUMBER, None), False),
     "units": ((int,), False),
 }
+#: the fields of one entry of a ``failures`` frame (a node that failed to start)
+FAILURE: dict[str, tuple[tuple[Any, ...], bool]] = {
+    "client_id": ((str,), True), "node_id": ((str,), True), "what": ((str,), True),
+    "cause": ((str, None), False), "seen_at": ((*NUMBER,), True),
+}
+MAX_FAILURES = 1000          # entries of one ``failures`` frame
 NODE_EVENTS = ("booting", "joined", "notice", "released")
 MAX_TEXT = 4096  # characters of any string field
 
@@ -136,6 +147,14 @@ def check(message: Any) -> dict[str, Any]:
             if not isinstance(pilot, dict):
                 raise ChannelError(f"pilots[{i}]: must be an object")
             _check_fields(pilot, PILOT, f"pilots[{i}]")
+    if kind == "failures":
+        failures = message["failures"]
+        if len(failures) > MAX_FAILURES:
+            raise ChannelError(f"failures: {len(failures)} entries, at most {MAX_FAILURES}")
+        for i, failure in enumerate(failures):
+            if not isinstance(failure, dict):
+                raise ChannelError(f"failures[{i}]: must be an object")
+            _check_fields(failure, FAILURE, f"failures[{i}]")
     if kind == "values":
         values = message["values"]
         if len(values) > MAX_PILOTS:
@@ -324,7 +343,7 @@ def _read_hello(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
         except OSError as err:
             raise ChannelError(f"the peer is gone ({err.strerror or err})") from None
         if not chunk:
-            raise ChannelError("the peer closed the connection before its hello")
+            raise ChannelError(SILENT)
         buffer += chunk
     line, rest = buffer.split(b"\n", 1)
     hello = decode(line)
@@ -424,6 +443,9 @@ class ChannelServer:
             if hello["role"] != "workload":
                 raise ChannelError(f"a {hello['role']} cannot attach to a manager daemon")
         except ChannelError as err:
+            if str(err) == SILENT:   # a probe (daemon_answers): nothing to refuse
+                sock.close()
+                return
             self._refuse(sock, pid, str(err))
             return
         channel = Channel(sock, on_message=lambda m: self.on_message(channel, m),
@@ -437,7 +459,7 @@ class ChannelServer:
                 return
             if current is not None and not current.closed:
                 self._refuse(sock, pid, f"another workload (pid {current.peer.get('pid')}) is "
-                                        "attached to this manager daemon")
+                                        "attached to this manager daemon; stop it first")
                 return
             self.workload = channel   # before the hello: stop() closes it from then on
             try:
@@ -514,3 +536,12 @@ def connect(state_dir: str | os.PathLike[str], *,
     return Channel(sock, on_message=on_message, on_close=on_close,
                    name=f"channel-daemon-{hello.get('pid')}", peer=hello,
                    pending=rest).start()
+
+
+def daemon_answers(state_dir: str | os.PathLike[str]) -> bool:
+    """Whether a manager daemon listens on ``state_dir``'s socket (nothing is sent)."""
+    path = Path(state_dir) / SOCKET
+    if not path.exists():
+        return False
+    with socket_address(path) as address:
+        return _alive(address)

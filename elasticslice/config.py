@@ -113,8 +113,11 @@ def default_config_path() -> Path:
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
-                env: Mapping[str, str] | None = None) -> ClientConfig:
-    """Read, override from the environment, and check a config file."""
+                env: Mapping[str, str] | None = None, *,
+                open_files: bool = True) -> ClientConfig:
+    """Read, override from the environment, and check a config file. ``open_files=False``:
+    the certificate, passphrase and CA files are named, not opened (a process that must not
+    hold the CloudLab credentials reads its settings so; the manager daemon checks them)."""
     env = os.environ if env is None else env
     cfg_path, parser = read_ini(path)
     where = str(cfg_path)
@@ -135,7 +138,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     if env.get("PROTOGENI_CERTIFICATE"):
         values["certificate"] = env["PROTOGENI_CERTIFICATE"].strip()
         from_env["certificate"] = "PROTOGENI_CERTIFICATE"
-    return _build(values, cfg_path, from_env)
+    return _build(values, cfg_path, from_env, open_files=open_files)
 
 
 MAX_FILE_BYTES = 16 << 20  # a config, certificate, passphrase or CA bundle file
@@ -188,7 +191,8 @@ def read_ini(path: str | os.PathLike[str] | None) -> tuple[Path, configparser.Co
 
 
 def _build(values: dict[str, str], cfg_path: Path,
-           from_env: Mapping[str, str] | None = None) -> ClientConfig:
+           from_env: Mapping[str, str] | None = None, *,
+           open_files: bool = True) -> ClientConfig:
     where = str(cfg_path)
     base = cfg_path.resolve().parent
     from_env = from_env or {}
@@ -208,7 +212,7 @@ def _build(values: dict[str, str], cfg_path: Path,
             return None
         p = Path(raw).expanduser()
         p = p if p.is_absolute() else base / p
-        if must_exist:  # open it: missing, a directory, or unreadable are told apart
+        if must_exist and open_files:  # open it: missing, a directory, unreadable
             try:
                 problem = small_file_problem(p)
             except OSError as e:

@@ -10,6 +10,7 @@ same ``--state-dir``, which resumes the run.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -207,6 +208,10 @@ class World:
                     except subprocess.TimeoutExpired:
                         os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
+                daemon = self.daemon_pid()   # one left by a killed run: it keeps nothing now
+                if daemon is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(daemon, signal.SIGTERM)
                 if self._out is not None:
                     self._out.close()
                     self._out = None
@@ -248,17 +253,38 @@ class World:
         return bool(handler(fault))
 
     def restart_manager(self, fault: Fault) -> bool:
-        """A crash: SIGKILL to the cluster's process group (manager, Troy, scheduler; the
-        process holding nothing else), then the same command on the same state dir."""
+        """A crash: SIGKILL to the cluster's processes (the run's process group: Troy and
+        the scheduler; and its manager daemon, in a session of its own), then the same
+        command on the same state dir."""
         with self._lock:
             proc = self.proc
             if proc is None or proc.poll() is not None:
                 return False
+            daemon = self.daemon_pid()
             os.killpg(proc.pid, signal.SIGKILL)
+            if daemon is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(daemon, signal.SIGKILL)
             proc.wait()
-            log.warning("chaos: SIGKILL to the cluster process (pid %d)", proc.pid)
+            log.warning("chaos: SIGKILL to the cluster process (pid %d) and its manager "
+                        "daemon (pid %s)", proc.pid, daemon)
             self._launch()
         return True
+
+    def daemon_pid(self) -> int | None:
+        """The pid of the run's manager daemon (its state dir's lock says), if any."""
+        try:
+            text = (self.state_dir / "state" / "manage.lock").read_text().strip()
+        except OSError:
+            return None
+        if not text.isdigit():
+            return None
+        try:   # a pid of a daemon that ended may be another process' now
+            cmdline = Path(f"/proc/{text}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return int(text) if b"daemon" in cmdline and os.fsencode(self.state_dir) in cmdline \
+            else None
 
     def kill_pilot(self, fault: Fault) -> bool:
         scheduler = self.cluster_file().get("scheduler")

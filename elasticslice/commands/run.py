@@ -32,6 +32,8 @@ TICK = 0.5          # seconds between two looks at the run
 PROGRESS_EVERY = 5.0  # a progress line at least this often while something changes
 RUN_FILE = "run.json"
 OUTPUT_DIR = "output"  # DIR/output: each task's stdout and stderr
+#: seconds the manager daemon keeps the nodes with no run attached (default: the daemon's)
+ORPHAN_ENV = "ELASTICSLICE_ORPHAN_TIMEOUT"
 #: the report's ``stats``: its names, and the cluster's counter each comes from
 STATS = {"units_requeued": "units_requeued", "duplicate_runs": "duplicates",
          "units_lost": "units_lost", "revocations": "revocations",
@@ -420,9 +422,8 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
     """Stop the cluster: a run that ended gives its nodes back (unless ``keep``), one that
     stopped before its end keeps them for a resume (unless ``release``) and leaves what was
     in flight unfinished in its store. Returns how many nodes it held."""
-    held = cluster.snapshot().nodes_held if cluster.manager is not None else 0
+    held = cluster.snapshot().nodes_held if cluster.session is not None else 0
     cluster.close(keep=keep if ended else not release, resume=not ended)
-    cluster.server.close()
     return held
 
 
@@ -496,34 +497,35 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
                    f"runs the workflow again)", err=True)
         finish(ctx, ended_report(state_dir, theirs, outputs, base), report)
     from elasticslice.config import load_config
-    from elasticslice.pilots import ElasticCluster
     from elasticslice.pilots.restart import write_json
-    from elasticslice.managers.ownership import preflight
-    from elasticslice.rpc.client import ProtoGeniServer
-    client = load_config(getattr(ctx.obj, "config_path", None))
+    from elasticslice.pilots.workload import DaemonCommand, WorkloadCluster
+    config_path = getattr(ctx.obj, "config_path", None)
+    # the settings only: the CloudLab credentials are the manager daemon's to open
+    client = load_config(config_path, open_files=False)
     chosen = resolve_settings(client, settings, max_nodes)  # bad values: exit 2, no node
-    server = ProtoGeniServer(client)
-    try:  # the CM answers and the slice is ours (or --adopt): else nothing is made
-        preflight(server, state_dir / "state", adopt=adopt, connect_timeout=connect_timeout)
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as err:
-        server.close()
-        raise ElasticSliceError(f"--state-dir {state_dir}: cannot make it: "
-                                f"{err.strerror or err}") from err
-    except BaseException:
-        server.close()
+    debug = bool(getattr(ctx.obj, "debug", False))
+    orphan = os.environ.get(ORPHAN_ENV)
+    command = DaemonCommand(str(client.path) if config_path is not None else None,
+                            settings, max_nodes=max_nodes, adopt=adopt,
+                            connect_timeout=connect_timeout, debug=debug,
+                            orphan_timeout=float(orphan) if orphan else None)
+    cluster = WorkloadCluster(command, state_dir, listen=chosen.listen,
+                              scheduler_port=chosen.scheduler_port, keep=keep,
+                              metrics=chosen.metrics_port is not None)
+    try:  # the daemon checks the config and the slice (or --adopt): else nothing is made
+        cluster.attach()
+    except ElasticSliceError as err:
+        if getattr(err, "status", 1) == 2:
+            raise BadUsage(str(err)) from err
         raise
     try:
         outputs.open()    # a bad --output-dir is said before any node is taken
     except TroyError as err:
-        server.close()
+        cluster.close(keep=True, resume=True)
         raise BadUsage(str(err)) from err
-    log_to_file(state_dir / "run.log", bool(getattr(ctx.obj, "debug", False)))
-    arguments = chosen.cluster_arguments()
-    arguments["manager_options"]["adopt"] = adopt
+    log_to_file(state_dir / "run.log", debug)
     log.info("settings: %s", ", ".join(f"{name} {getattr(chosen, name)!r} ({source})"
                                        for name, source in chosen.sources.items()))
-    cluster = ElasticCluster(server, state_dir, keep=keep, **arguments)
     started = time.time()
     data: dict[str, Any] | None = None
     interrupted, timed_out = False, ""

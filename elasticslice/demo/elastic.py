@@ -18,13 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticslice.config import load_config
 from elasticslice.demo.console import Console, DemoError, port_open, rel, stop_emulator
 from elasticslice.demo.report import ElasticReport, Progress, ProgressPrinter, event_lines
 from elasticslice.demo.tenantload import TenantLoad
 from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
-from elasticslice.rpc.client import ProtoGeniServer
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +78,6 @@ class ElasticDemo:
         self.report = ElasticReport(workload=options.workload.name,
                                     time_scale=options.time_scale)
         self.emu: EmulatorServer | None = None
-        self.server: ProtoGeniServer | None = None
         self.cluster: Any = None
         self.tenants: TenantLoad | None = None
         self.outputs: Any = None   # troy.output.OutputKeeper, once the workload is loaded
@@ -138,21 +135,24 @@ class ElasticDemo:
 
     # ---------------------------------------------------------------- step 2
     def start_cluster(self) -> None:
-        self.c.step("Start the elastic cluster: manager, TLS Dask scheduler, Troy; every "
-                    "node a pilot", "elastic cluster")
-        try:
-            from elasticslice.pilots import ElasticCluster
-        except ImportError as err:
-            raise DemoError(f"the elastic cluster is not in this checkout ({err}); "
-                            f"`--static` runs the single-machine demo") from err
-        self.server = ProtoGeniServer(load_config(self.emu_dir / "elasticslice.conf"))
+        self.c.step("Start the elastic cluster: manager daemon, TLS Dask scheduler, Troy; "
+                    "every node a pilot", "elastic cluster")
+        from elasticslice.commands.run import resolve_settings
+        from elasticslice.config import load_config
+        from elasticslice.pilots.workload import DaemonCommand, WorkloadCluster
+        config = self.emu_dir / "elasticslice.conf"
         self.started_at = time.time()   # the report's timeline starts here (waits included)
-        # listens where the emulator's config says its nodes reach this machine (its
-        # control address when nodes have networks of their own), else loopback
-        self.cluster = ElasticCluster(
-            self.server, self.dir / "cluster", minthreshold=self.o.nodes_min,
-            maxthreshold=self.o.nodes_max, margin=self.o.margin,
-            idle_timeout=self.o.idle_timeout, node_cores=self.node_cores)
+        # as `elasticslice run` does: the manager daemon holds the credentials and the CA
+        # key, this process Troy and the scheduler; both listen where the emulator's config
+        # says its nodes reach this machine (its control address), else loopback
+        settings = {"margin": str(self.o.margin), "idle_timeout": str(self.o.idle_timeout),
+                    "node_cores": str(self.node_cores)}
+        command = DaemonCommand(str(config), settings, max_nodes=self.o.nodes_max,
+                                min_nodes=self.o.nodes_min)
+        chosen = resolve_settings(load_config(config, open_files=False), settings,
+                                  self.o.nodes_max)
+        self.cluster = WorkloadCluster(command, self.dir / "cluster", listen=chosen.listen,
+                                       scheduler_port=chosen.scheduler_port)
         self.cluster.start()
         fw = self.cluster.framework
         address = getattr(fw, "scheduler_address", None) or getattr(fw, "address", None)
@@ -209,8 +209,8 @@ class ElasticDemo:
         self.finish_workload(workload, run.exception())
 
     def pilot_cores(self) -> int | None:
-        manager = getattr(self.cluster, "manager", None)
-        cores = manager.cores_per_node() if manager is not None else None
+        pilots = self.cluster.pilots() if self.cluster is not None else []
+        cores = max((p.size for p in pilots), default=0)
         return int(cores) if cores else None
 
     def load_workload(self, max_cores: int | None) -> Any:
@@ -327,9 +327,6 @@ class ElasticDemo:
                 log.exception("cannot read the cluster's last counters")
             log.info("closing the elastic cluster")
             cluster.close()
-        if self.server is not None:
-            self.server.close()
-            self.server = None
 
     def stop_emulator(self) -> None:
         if self.emu is not None:

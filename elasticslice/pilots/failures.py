@@ -107,6 +107,23 @@ class NodeFailures:
         with self._lock:
             return [dataclasses.replace(f) for f in self._failures]
 
+    def merge(self, entries: list[dict[str, Any]]) -> None:
+        """The failures another process saw (the manager daemon's, over the channel:
+        ``to_json`` and ``seen_at`` each), added or given their cause; those shown stay
+        shown."""
+        with self._lock:
+            known = {(f.client_id, f.seen_at): f for f in self._failures}
+            for entry in entries:
+                key = (entry["client_id"], float(entry["seen_at"]))
+                failure = known.get(key)
+                if failure is None:
+                    failure = NodeFailure(entry["client_id"], entry["node_id"],
+                                          entry["what"], entry.get("cause"), key[1])
+                    self._failures.append(failure)
+                    known[key] = failure
+                elif failure.cause is None:
+                    failure.cause = entry.get("cause")
+
 
 def what_failed(entry: Any) -> str:
     """What the CM's SliverStatus entry of a failed node says, in a few words."""

@@ -34,14 +34,24 @@ class WorkloadLink:
     ``demand()`` is read from (a Troy session); ``extra_nodes()``: nodes asked for besides
     Troy's units (None: none)."""
 
-    def __init__(self, state_dir: str | Path, framework: Any, session: Any, *,
+    def __init__(self, state_dir: str | Path, framework: Any = None, session: Any = None, *,
                  interval: float = DEFAULT_INTERVAL,
-                 extra_nodes: Callable[[], float | None] | None = None) -> None:
+                 extra_nodes: Callable[[], float | None] | None = None,
+                 on_node: Callable[[str, str], None] | None = None,
+                 on_failures: Callable[[list[dict[str, Any]]], None] | None = None,
+                 revive: Callable[[], None] | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.framework = framework
         self.session = session
         self.interval = interval
         self.extra_nodes = extra_nodes
+        #: ``(event, client_id)`` for each node event (after the link's own bookkeeping)
+        self.on_node = on_node
+        self.on_failures = on_failures
+        #: called before each attempt to attach again (start a daemon that died)
+        self.revive = revive
+        #: where the nodes' agents join (told to the daemon at each attach): :meth:`serve`
+        self.scheduler_address: str | None = None
         self.channel: Channel | None = None
         self._held: dict[str, str | None] = {}
         self._lock = threading.Lock()
@@ -50,6 +60,8 @@ class WorkloadLink:
         self._attached = threading.Event()
         self._work = ThreadPoolExecutor(4, thread_name_prefix="link-decision")
         self._thread: threading.Thread | None = None
+        self._closed_by_daemon = threading.Event()
+        self._closing = False   # the daemon was told the run ends: its bye is expected
 
     # ------------------------------------------------------------------ running
     def start(self) -> WorkloadLink:
@@ -75,16 +87,48 @@ class WorkloadLink:
         return self._attached.is_set()
 
     def _attach(self) -> None:
-        self.channel = connect(self.state_dir, on_message=self._on_message,
-                               on_close=self._on_close)
+        channel = connect(self.state_dir, on_message=self._on_message,
+                          on_close=self._on_close)
+        self.channel = channel
+        if self.scheduler_address is not None:
+            channel.send("scheduler", address=self.scheduler_address)
         self._attached.set()
         self._wake.set()
 
+    def serve(self, framework: Any, session: Any) -> None:
+        """From now on, report ``framework``'s pilots and ``session``'s demand, and tell the
+        daemon where the nodes' agents join (the framework's scheduler)."""
+        self.framework, self.session = framework, session
+        self.scheduler_address = framework.scheduler_address
+        channel = self.channel
+        if channel is not None and not channel.closed:
+            channel.send("scheduler", address=self.scheduler_address)
+        self.poke()
+
+    def accepts(self, name: str | None, address: str, resources: Any = None) -> bool:
+        """The framework's ``adopt_filter``: only the agents of nodes the daemon holds."""
+        return bool(name) and self.holds(str(name))
+
+    def close_daemon(self, give_back: bool, timeout: float) -> bool:
+        """Tell the daemon the run ends (``give_back``: the slice goes back) and wait until
+        it says it is done (False: it did not within ``timeout`` seconds, or is gone)."""
+        channel = self.channel
+        if channel is None or channel.closed:
+            return False
+        self._closed_by_daemon.clear()
+        self._closing = True
+        try:
+            channel.send("close", give_back=give_back)
+        except ChannelError:
+            return False
+        return self._closed_by_daemon.wait(timeout)
+
     def _on_close(self, reason: str | None) -> None:
+        self._closed_by_daemon.set()
         self._attached.clear()
         with self._lock:
             self._held.clear()   # the daemon tells them again when it is back
-        if not self._stop.is_set():
+        if not self._stop.is_set() and not self._closing:
             log.warning("the manager daemon left (%s): waiting for it", reason)
             self._wake.set()
 
@@ -92,6 +136,8 @@ class WorkloadLink:
         while not self._stop.is_set():
             if not self._attached.is_set():
                 try:
+                    if self.revive is not None:
+                        self.revive()
                     self._attach()
                     log.info("attached to the manager daemon again")
                 except ChannelError:
@@ -110,6 +156,8 @@ class WorkloadLink:
         channel = self.channel
         if channel is None or channel.closed:
             raise ChannelError("not attached to the manager daemon")
+        if self.framework is None or self.session is None:
+            return   # nothing to report before the workload's side is up
         demand = self.session.demand()
         fields: dict[str, Any] = {name: int(getattr(demand, name, 0)) for name in DEMAND_FIELDS}
         if self.extra_nodes is not None:
@@ -147,9 +195,16 @@ class WorkloadLink:
                     self._held.pop(message["client_id"], None)
                 else:
                     self._held[message["client_id"]] = message.get("address")
+            if self.on_node is not None:
+                self.on_node(message["event"], message["client_id"])
+            return
+        if kind == "failures":
+            if self.on_failures is not None:
+                self.on_failures(message["failures"])
             return
         if kind == "values":
-            self.framework.set_pilot_values(message["values"])
+            if self.framework is not None:
+                self.framework.set_pilot_values(message["values"])
             return
         if kind not in ("drain", "retire", "lose"):
             raise ChannelError(f"{kind}: not something the manager daemon sends")
@@ -157,6 +212,10 @@ class WorkloadLink:
 
     def _decide(self, message: dict[str, Any]) -> None:
         client_id = message["client_id"]
+        if self.framework is None:
+            if message["type"] == "drain":
+                self._drained(client_id, 0)
+            return
         pilot = self.framework.find_pilot(client_id)
         live = pilot is not None and pilot.state not in FINAL_STATES
         try:

@@ -39,6 +39,7 @@ from elasticslice.managers.manager import SimpleElasticSliceManager
 from elasticslice.managers.policy import Observed, PolicyConfig, wanted_nodes
 from elasticslice.pilots.drainer import EarlyReleases, PilotDrainer
 from elasticslice.pilots.failures import NodeFailures, what_failed
+from elasticslice.pilots.snapshot import node_stats
 from elasticslice.pilots.values import changed as values_changed
 from elasticslice.pilots.values import node_values, pilot_work
 from elasticslice.pilots.watch import DEMAND_UNITS, DemandSource, PilotWatch, extra_demand
@@ -288,17 +289,4 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
     def stats(self) -> dict[str, Any]:
         """revocations, early_releases, forced_releases, foreign_notices, nodes_peak,
         node_seconds."""
-        counts = self.notices.counts()
-        now = self.clock()
-        spans = [(r.added_at or now, r.gone_at or now)
-                 for r in self.state.nodes(include_gone=True)]
-        events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans],
-                        key=lambda e: (e[0], e[1]))
-        held = peak = 0
-        for _, step in events:
-            held += step
-            peak = max(peak, held)
-        return {"revocations": counts["revocations"], "early_releases": counts["early"],
-                "forced_releases": counts["forced"], "foreign_notices": counts["foreign"],
-                "nodes_peak": peak,
-                "node_seconds": round(sum(max(0.0, b - a) for a, b in spans), 1)}
+        return node_stats(self.state, self.notices.counts(), self.clock())

@@ -67,9 +67,17 @@ class RemoteWorkload:
 
     def __init__(self, state_dir: str | Path, *,
                  held: Callable[[], list[tuple[str, str | None]]] = list,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 on_scheduler: Callable[[str], None] | None = None,
+                 on_close: Callable[[bool], None] | None = None) -> None:
         self.held = held
         self.on_change = on_change
+        #: ``(address)``: where the workload's scheduler serves the nodes' agents
+        self.on_scheduler = on_scheduler
+        #: ``(give_back)``: the workload says the run ends
+        self.on_close = on_close
+        self._told: dict[str, str | None] = {}   # the nodes the workload was told of
+        self._failures_told = -1
         self.server = ChannelServer(state_dir, on_message=self._on_message,
                                     on_attach=self._on_attach, on_detach=self._on_detach)
         self._lock = threading.Lock()
@@ -105,9 +113,36 @@ class RemoteWorkload:
 
     # ------------------------------------------------------------------ what it says
     def _on_attach(self, channel: Channel) -> None:
-        self._attached.set()
-        for client_id, address in self.held():
+        held = dict(self.held())
+        with self._lock:
+            self._told = held
+            self._failures_told = -1
+        for client_id, address in held.items():
             channel.send("node", event="joined", client_id=client_id, address=address)
+        self._attached.set()
+
+    def tell_nodes(self) -> None:
+        """Tell the workload (if attached) of the nodes held since it last heard, and of
+        those gone: its framework adopts only the agents of nodes held."""
+        if not self.attached:
+            return
+        held = dict(self.held())
+        with self._lock:
+            told, self._told = self._told, held
+        for client_id, address in held.items():
+            if client_id not in told or told[client_id] != address:
+                self.node_event("joined", client_id, address=address)
+        for client_id in told.keys() - held.keys():
+            self.node_event("released", client_id)
+
+    def tell_failures(self, failures: list[dict[str, Any]]) -> None:
+        """The nodes that failed to start (``to_json`` with ``seen_at``), when there are
+        more than the workload heard of (the last :data:`~elasticslice.channel.MAX_FAILURES`)."""
+        if not self.attached or len(failures) == self._failures_told:
+            return
+        from elasticslice.channel import MAX_FAILURES
+        if self._send("failures", failures=failures[-MAX_FAILURES:]):
+            self._failures_told = len(failures)
 
     def _on_detach(self, channel: Channel, reason: str | None) -> None:
         with self._lock:
@@ -137,6 +172,12 @@ class RemoteWorkload:
             with self._lock:
                 self._pilots = pilots
             self._changed()
+        elif kind == "scheduler":
+            if self.on_scheduler is not None:
+                self.on_scheduler(message["address"])
+        elif kind == "close":
+            if self.on_close is not None:
+                self.on_close(message["give_back"])
         elif kind == "drained":
             with self._lock:
                 callbacks = self._on_empty.pop(message["client_id"], [])

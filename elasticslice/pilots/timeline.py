@@ -63,5 +63,6 @@ def node_events(manager: Any) -> list[dict[str, Any]]:
 
 def run_timeline(cluster: Any, started: float) -> dict[str, Any]:
     """The ``timeline`` of a report of a run on ``cluster`` that started at ``started``."""
+    view = cluster.view() if hasattr(cluster, "view") else cluster.manager
     return {"started": started, "pilots": pilot_nodes(cluster.framework),
-            "events": node_events(cluster.manager)}
+            "events": node_events(view)}

@@ -58,6 +58,10 @@ class PilotWatch:
         #: ``() -> {client_id: None (busy now) or when it was last busy}``: work on the
         #: nodes that Troy does not see (a Dask client's own tasks); see ``decorate``
         self.activity: Callable[[], dict[str, float | None]] | None = None
+        #: ``() -> bool``: the framework cannot see the pilots now (the workload's process
+        #: is gone, its pilots with it for the time being): every node counts as busy, so
+        #: none is given back or replaced for want of an agent until it sees again
+        self.blind: Callable[[], bool] | None = None
 
     def pilot_of(self, client_id: str | None) -> Pilot | None:
         """The pilot of the node ``client_id`` (its agent's name), None if none joined."""
@@ -82,6 +86,9 @@ class PilotWatch:
         """The policy's views with busy, idle_since and the agent's absence from the pilots
         (a node still booting, or booting again after a reboot, has no agent yet, and is not
         missing one)."""
+        if self.blind is not None and self.blind():
+            self._agentless.clear()   # the agents' grace starts again when it sees
+            return tuple(dataclasses.replace(v, busy=True, idle_since=None) for v in views)
         now = self.clock()
         out, missing = [], set()
         other = self._activity()

@@ -82,9 +82,8 @@ def test_a_sigkilled_run_resumes_with_its_nodes_and_runs_no_done_task_again(
         finally:
             second.send_signal(signal.SIGCONT)
         assert third.returncode == 1 and out3 == "", err3
-        assert err3.strip() == (f"Error: {state_dir / 'state'}: another manager (pid "
-                                f"{second.pid}) is running on this state directory; stop it "
-                                f"first")
+        assert err3.strip() == (f"Error: {state_dir}: another workload (pid {second.pid}) "
+                                f"is attached to this manager daemon; stop it first")
         out, _ = second.communicate(timeout=RUN_TIMEOUT)
     finally:
         if second.poll() is None:

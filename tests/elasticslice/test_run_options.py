@@ -219,7 +219,8 @@ def test_a_run_uses_what_the_options_and_the_config_say(emulator: Any, tmp_path:
     assert [v["node"] for v in report["timeline"]["pilots"].values()] == ["node-1"]
     log = (state / "run.log").read_text()
     here = emulator.control_address  # the box's config says listen there
-    assert f"registered the endpoint https://{here}:{port}/ at" in log, log[-3000:]
+    daemon = (state / "daemon.log").read_text()   # the manager's: the manager daemon's log
+    assert f"registered the endpoint https://{here}:{port}/ at" in daemon, daemon[-3000:]
     for said in (f"endpoint_port {port} (--endpoint-port)", "node_cores 1 (--node-cores)",
                  f"margin 7.0 ({conf} [pilots] margin)",
                  f"hardware_type 'm510' ({conf} [pilots] hardware_type)",

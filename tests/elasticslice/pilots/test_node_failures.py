@@ -50,7 +50,7 @@ def test_a_node_that_fails_to_start_is_named_with_its_cause_and_adds_pause(
             # 3 added nodes in a row failed: the policy waits before adding more (a minute
             # first), so the initial node and three added ones, not one every cycle
             wait_for(lambda: "added nodes in a row failed to start: no add for" in
-                     _text(state_dir / "run.log"), RUN_TIMEOUT, 0.5,
+                     _text(state_dir / "daemon.log"), RUN_TIMEOUT, 0.5,
                      what="adds paused after nodes failed to start")
         finally:
             run.send_signal(signal.SIGINT)

@@ -1,0 +1,381 @@
+"""The workload's half of an elastic cluster split by trust: :class:`WorkloadCluster`.
+
+``elasticslice run`` runs its workflow here: Troy's session and the Dask scheduler the
+nodes' agents join (over TLS, with the scheduler's own certificate), in the user's process.
+What holds the CloudLab credentials and the cluster CA's key is another process, the
+manager daemon (:mod:`elasticslice.pilots.daemon`), which this one starts, or attaches to
+when one already serves the state directory, and stops on :meth:`WorkloadCluster.close`.
+The two speak over the local channel (:mod:`elasticslice.channel`,
+:class:`~elasticslice.pilots.link.WorkloadLink` at this end): demand and pilots out, the
+nodes held and failed, drains and CloudLab's values in. Nothing of a node's is decoded in
+the daemon, and nothing of the CloudLab account is opened here: the config file is read
+for its settings only, never its certificate or passphrase.
+
+A daemon that dies (even of SIGKILL) is started again by the link and resumes from its
+state; this process dying leaves the daemon keeping the nodes for ``orphan_timeout``
+seconds, and the same command resumes on them. Its figures (nodes, revocations) are read
+from the daemon's state, read-only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from elasticslice.channel import ChannelError, daemon_answers
+from elasticslice.errors import ElasticSliceError
+from elasticslice.managers.statedir import StateDirLock
+from elasticslice.pilots.daemon import LOG_FILE, TLS_FILE
+from elasticslice.pilots.failures import NodeFailures
+from elasticslice.pilots.link import WorkloadLink
+from elasticslice.pilots.restart import ClusterFile, RunCounters, read_json
+from elasticslice.pilots.snapshot import ClusterSnapshot, StateView
+from troy.frameworks.dask import DaskTLS
+from troy.states import FINAL_STATES, State
+
+log = logging.getLogger(__name__)
+
+STATS_SAVE_INTERVAL = 2.0   # seconds between two saves of the run's unit counters
+START_TIMEOUT = 180.0       # seconds a daemon has to be ready, besides its CM's timeout
+CLOSE_TIMEOUT = 300.0       # seconds the daemon has to give the slice back
+RELOAD_EVERY = 5.0          # seconds between two looks at the scheduler's certificate
+
+
+@dataclasses.dataclass
+class DaemonCommand:
+    """How to start the manager daemon of a run: its config file, the run's settings as
+    given (JSON), and the options of ``elasticslice run`` it follows."""
+
+    config: str | None
+    settings: Mapping[str, Any]
+    max_nodes: int | None = None
+    min_nodes: int | None = None
+    adopt: bool = False
+    connect_timeout: float = 60.0
+    orphan_timeout: float | None = None
+    debug: bool = False
+
+    def argv(self, state_dir: Path) -> list[str]:
+        args = [sys.executable, "-m", "elasticslice.pilots.daemon", "--state-dir",
+                str(state_dir), "--settings", json.dumps(dict(self.settings)),
+                "--connect-timeout", str(self.connect_timeout)]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
+        if self.max_nodes is not None:
+            args += ["--max-nodes", str(self.max_nodes)]
+        if self.min_nodes is not None:
+            args += ["--min-nodes", str(self.min_nodes)]
+        if self.orphan_timeout is not None:
+            args += ["--orphan-timeout", str(self.orphan_timeout)]
+        return args + ["--adopt"] * self.adopt + ["--debug"] * self.debug
+
+
+def spawn_daemon(command: DaemonCommand, state_dir: Path) -> subprocess.Popen:
+    """Start the daemon and wait until it serves the channel; its one ``Error:`` line (as
+    :class:`ElasticSliceError`, with the exit status in ``status``) when it cannot."""
+    proc = subprocess.Popen(command.argv(state_dir), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)   # a Ctrl-C here is not its signal
+    limit = command.connect_timeout + START_TIMEOUT
+    out, err = _until_ready(proc, time.monotonic() + limit)
+    if out is None:
+        proc.kill()
+        proc.wait()
+        raise ElasticSliceError(f"{state_dir}: the manager daemon did not start within "
+                                f"{limit:g} s")
+    if b"ready" in out.split() and proc.poll() is None:
+        return proc
+    proc.wait()
+    lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
+    line = lines[-1] if lines else f"the manager daemon exited {proc.returncode}"
+    failure = ElasticSliceError(line[len("Error: "):] if line.startswith("Error: ") else line)
+    failure.status = proc.returncode   # type: ignore[attr-defined]
+    raise failure
+
+
+class WorkloadCluster:
+    """The workload's half (see the module docstring): what ``elasticslice run`` needs of
+    an elastic cluster. ``command``: how to start the daemon; ``listen``/``scheduler_port``:
+    where the scheduler serves the nodes' agents; ``framework_options``: to Troy's ``dask``
+    framework; ``keep``: :meth:`close` leaves the nodes held by default."""
+
+    def __init__(self, command: DaemonCommand, state_dir: Path, *, listen: str,
+                 scheduler_port: int | None = None, keep: bool = False,
+                 metrics: bool = False,
+                 framework_options: Mapping[str, Any] | None = None) -> None:
+        self.command = command
+        self.state_dir = Path(state_dir).expanduser().resolve()
+        self.listen, self.scheduler_port, self.keep = listen, scheduler_port, keep
+        self.metrics = metrics   # the daemon serves metrics: start waits for their URL
+        self.framework_options = dict(framework_options or {})
+        self.failures = NodeFailures()
+        self.session: Any = None
+        self.framework: Any = None
+        self.link: WorkloadLink | None = None
+        self.daemon: subprocess.Popen | None = None   # the daemon this process started
+        self.resumed = False
+        self.restarts = 0
+        self.counters = RunCounters(self.state_dir, lambda: self.session,
+                                    every=STATS_SAVE_INTERVAL)
+        self._view: StateView | None = None
+        self._stop = threading.Event()
+        self._daemon_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the daemon
+    def _revive(self) -> None:
+        """A daemon for the link to attach to: the one serving the state dir, else a new
+        one (``ChannelError`` with its line when it cannot start)."""
+        with self._daemon_lock:
+            if self._stop.is_set() or daemon_answers(self.state_dir):
+                return
+            if self.daemon is not None and self.daemon.poll() is None:
+                return   # ours, still starting
+            try:
+                self.daemon = spawn_daemon(self.command, self.state_dir)
+            except ElasticSliceError as err:
+                log.warning("the manager daemon cannot start again: %s", err)
+                raise ChannelError(str(err)) from err
+            log.warning("the manager daemon was gone: a new one (pid %d) serves %s",
+                        self.daemon.pid, self.state_dir)
+
+    # ------------------------------------------------------------------ running
+    def attach(self) -> None:
+        """Attach to the daemon of the state dir, started first if none serves it (it
+        checks the config and the slice, then makes the state dir): its one line as
+        :class:`ElasticSliceError` if it cannot; nothing is made then."""
+        if self.link is not None:
+            return
+        if not daemon_answers(self.state_dir):
+            self.daemon = spawn_daemon(self.command, self.state_dir)
+        link = WorkloadLink(self.state_dir, on_node=self._on_node,
+                            on_failures=self.failures.merge, revive=self._revive)
+        try:
+            link.start()
+        except ChannelError as err:
+            line = str(err).removeprefix("refused: ")
+            raise ElasticSliceError(f"{self.state_dir}: {line}") from err
+        self.link = link
+
+    def start(self) -> None:
+        """:meth:`attach`, then Troy's session and the scheduler, whose address the daemon
+        hears (its manager starts then); on failure what started is stopped."""
+        try:
+            self.attach()
+            self._start()
+        except BaseException:
+            self.close(keep=True, resume=True)
+            raise
+        log.info("elastic cluster up: scheduler %s, state %s, manager daemon %s",
+                 self.framework.scheduler_address, self.state_dir, self.daemon_pid)
+
+    def _start(self) -> None:
+        import troy
+        assert self.link is not None
+        previous = ClusterFile.load(self.state_dir)
+        self.resumed = previous is not None
+        self.restarts = previous.restarts + 1 if previous is not None else 0
+        self.counters.open()
+        tls = self._tls()
+        self.session = troy.Session(self.state_dir / "troy.db")
+        options = {"adopt_workers": True, "listen": self.listen, "prefetch": 0,
+                   **self.framework_options}
+        if self.scheduler_port is not None:
+            options.setdefault("port", self.scheduler_port)
+        if previous is not None and not previous.closed:   # the agents rejoin it there
+            options.setdefault("port", previous.port)
+        try:
+            self.framework = self.session.add_framework(
+                "dask", "cloudlab", tls=tls, adopt_filter=self.link.accepts, **options)
+        except Exception as err:
+            if previous is None or previous.closed:
+                raise
+            raise ElasticSliceError(
+                f"{self.state_dir}: cannot serve the Dask scheduler on port {options['port']} "
+                f"again (the nodes' agents rejoin {previous.scheduler}): {err}") from err
+        ClusterFile(self.framework.scheduler_address, os.getpid(), self.restarts).save(
+            self.state_dir)
+        if self.resumed:
+            self._recover()
+        self.counters.start()
+        self.link.serve(self.framework, self.session)
+        self.framework.adopt_joined()
+        threading.Thread(target=self._reload_loop, args=(tls,), name="scheduler-cert",
+                         daemon=True).start()
+        deadline = time.monotonic() + 15
+        while self.metrics and self.metrics_url is None and time.monotonic() < deadline:
+            time.sleep(0.1)   # the daemon serves them once its manager runs
+
+    def _tls(self) -> DaskTLS:
+        data = read_json(self.state_dir / TLS_FILE)
+        try:
+            return DaskTLS(**data)   # type: ignore[arg-type]
+        except TypeError:
+            raise ElasticSliceError(f"{self.state_dir / TLS_FILE}: not what the manager "
+                                    f"daemon writes; stop it and move the file away") from None
+
+    def _reload_loop(self, tls: DaskTLS) -> None:
+        """The scheduler's certificate, loaded again when the daemon renewed it."""
+        seen = _mtime(tls.cert_file)
+        while not self._stop.wait(RELOAD_EVERY):
+            now = _mtime(tls.cert_file)
+            framework = self.framework
+            if now == seen or framework is None:
+                continue
+            try:
+                for context in framework.tls_contexts():
+                    context.load_cert_chain(tls.cert_file, tls.key_file)
+                seen = now
+                log.info("the scheduler's certificate was renewed")
+            except (OSError, ValueError) as err:   # half-written: the next look
+                log.debug("the scheduler's certificate: %s", err)
+
+    def _recover(self) -> None:
+        running = sum(1 for r in self.session.store.unfinished_units()
+                      if r.state is State.RUNNING)
+        units = self.session.recover()
+        self.counters.recovered += running
+        log.info("resuming the cluster in %s (restart %d): %d unit(s) dispatched again",
+                 self.state_dir, self.restarts, len(units))
+
+    def _on_node(self, event: str, client_id: str) -> None:
+        framework = self.framework
+        if event == "joined" and framework is not None:   # its agent may be waiting
+            framework.adopt_joined()
+
+    @property
+    def daemon_pid(self) -> int | None:
+        """The daemon's pid, as the state directory's lock says (None: not known)."""
+        try:
+            text = (self.state_dir / "state" / StateDirLock.FILE).read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def overlay(self) -> Any:
+        from troy import Overlay
+        return Overlay.following(self.framework)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """The daemon's metrics endpoint (None: none asked for, or not up yet)."""
+        data = read_json(self.state_dir / "metrics.json") or {}
+        url = data.get("url")
+        return url if isinstance(url, str) else None
+
+    # ------------------------------------------------------------------ looking
+    def view(self) -> StateView | None:
+        """The daemon's state, read-only (None: none yet)."""
+        if self._view is None:
+            from elasticslice.managers.records import StateError
+            from elasticslice.managers.state import ManagerState
+            try:
+                self._view = StateView(ManagerState.read_only(self.state_dir / "state"))
+            except StateError:
+                return None
+        return self._view
+
+    def pilots(self) -> list[Any]:
+        return [p for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
+
+    def snapshot(self) -> ClusterSnapshot:
+        return ClusterSnapshot.of(self.view(), self.session, self.pilots())
+
+    def stats(self) -> dict[str, Any]:
+        view = self.view()
+        out: dict[str, Any] = view.stats() if view is not None else {}
+        out.update(self.counters.totals())
+        out["restarts"] = self.restarts
+        return out
+
+    def save_stats(self) -> None:
+        self.counters.save()
+
+    # ------------------------------------------------------------------ stopping
+    def close(self, keep: bool | None = None, *, resume: bool = False) -> None:
+        """Troy first (its pilots leave quietly), then the daemon: it gives the slice back
+        unless ``keep`` and exits. ``resume``: what was in flight stays unfinished in the
+        store. Idempotent."""
+        keep = self.keep if keep is None else keep
+        self._stop.set()
+        self.counters.stop()
+        if self.session is not None:
+            try:
+                self.save_stats()
+            except Exception:  # closing anyway
+                log.exception("cannot save the run's counters")
+        session, self.session = self.session, None
+        self.framework = None
+        try:
+            if session is not None:
+                session.close(keep_unfinished=resume)
+        finally:
+            self._close_daemon(give_back=not keep)
+
+    def _close_daemon(self, give_back: bool) -> None:
+        link, self.link = self.link, None
+        if link is None:
+            return
+        try:
+            if not link.attached:   # it died: a new one gives the slice back
+                self._stop.clear()
+                deadline = time.monotonic() + 60
+                while not link.attached and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                self._stop.set()
+            done = link.close_daemon(give_back, CLOSE_TIMEOUT)
+            if done and give_back:
+                ClusterFile.mark_closed(self.state_dir)
+            if not done:
+                log.warning("the manager daemon did not say it stopped: see %s",
+                            self.state_dir / LOG_FILE)
+        finally:
+            link.close()
+            if self._view is not None:
+                self._view.state.close()
+                self._view = None
+            daemon = self.daemon
+            if daemon is not None:
+                try:
+                    daemon.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    log.warning("the manager daemon (pid %d) is still there: stopping it",
+                                daemon.pid)
+                    daemon.terminate()
+                    daemon.wait()
+
+
+def _until_ready(proc: subprocess.Popen, deadline: float) -> tuple[bytes | None, bytes]:
+    """What the daemon wrote on stdout and stderr until both ended (it is ready, its
+    output now goes to its log, or it exited); None for stdout at ``deadline``."""
+    import selectors
+    chunks: dict[Any, list[bytes]] = {proc.stdout: [], proc.stderr: []}
+    with selectors.DefaultSelector() as selector:
+        for pipe in chunks:
+            selector.register(pipe, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, b"".join(chunks[proc.stderr])
+            for key, _ in selector.select(left):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fileobj].append(data)
+                else:
+                    selector.unregister(key.fileobj)
+                    key.fileobj.close()
+    return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr])
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0

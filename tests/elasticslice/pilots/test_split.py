@@ -1,0 +1,214 @@
+"""`elasticslice run` split by trust, tried the way an attacker and a crash would: the
+CloudLab key, its passphrase and the cluster CA's key are opened by the manager daemon's
+process alone; the daemon never loads Dask or Parsl and holds no connection to the Dask
+scheduler; what a node (or a stranger) sends to every port the daemon serves never runs
+there as a pickle; and a SIGKILL of the daemon mid-run costs no unit and leaves no node.
+Real processes against a real emulator."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elasticslice.channel import socket_address
+from tests.elasticslice.helpers import (FORKJOIN, RUN_TIMEOUT, nodes_in_slices,
+                                        pilot_image_config, units)
+from tests.helpers import process_alive, wait_for
+
+pytestmark = pytest.mark.slow
+
+#: a sitecustomize that logs every file each Python process opens (audit hook "open"),
+#: one file per process: PID.opened
+AUDIT = textwrap.dedent('''
+    import os, sys
+    _busy = []
+    def _hook(event, args):
+        if event != "open" or _busy or not args or not isinstance(args[0], (str, bytes)):
+            return
+        _busy.append(1)
+        try:
+            out = os.path.join(os.environ["OPEN_LOG_DIR"], f"{os.getpid()}.opened")
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.write(fd, os.fsencode(args[0]) + b"\\n")
+            os.close(fd)
+        except Exception:
+            pass
+        finally:
+            _busy.pop()
+    sys.addaudithook(_hook)
+''')
+
+class Marker:
+    """Unpickled anywhere, it writes the file it names: proof that a pickle ran there."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"echo ran-in-pid-$$ >> {self.path}",))
+
+def run_env(tmp: Path, audit: bool = False) -> dict[str, str]:
+    env = {**os.environ, "ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(tmp / "cred-cache")}
+    if audit:
+        hooks = tmp / "hooks"
+        hooks.mkdir()
+        (hooks / "sitecustomize.py").write_text(AUDIT)
+        (tmp / "opened").mkdir()
+        env["PYTHONPATH"] = os.pathsep.join([str(hooks), env.get("PYTHONPATH", "")])
+        env["OPEN_LOG_DIR"] = str(tmp / "opened")
+    return env
+
+def start_run(emulator: Any, tmp: Path, state_dir: Path, env: dict[str, str],
+              log: Path, time_scale: float = 0.03) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "elasticslice.cli", "-c", str(pilot_image_config(emulator, tmp)),
+         "run", str(FORKJOIN), "--state-dir", str(state_dir), "--time-scale", str(time_scale),
+         "--max-nodes", "2"], env=env, stdout=subprocess.PIPE, stderr=open(log, "a"),
+        text=True, stdin=subprocess.DEVNULL)
+
+def daemon_pid(state_dir: Path) -> int | None:
+    try:
+        text = (state_dir / "state" / "manage.lock").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+def opened_by(tmp: Path, pid: int) -> list[str]:
+    path = tmp / "opened" / f"{pid}.opened"
+    return path.read_text().splitlines() if path.exists() else []
+
+def tcp_sockets(pid: int) -> list[tuple[int, int, int]]:
+    """(local port, remote port, TCP state) of each TCP socket process ``pid`` holds."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[9] in inodes:
+                    found.append((int(fields[1].rsplit(":", 1)[1], 16),
+                                  int(fields[2].rsplit(":", 1)[1], 16), int(fields[3], 16)))
+    return found
+
+LISTEN = 0x0A
+
+def test_the_credentials_are_the_daemon_s_alone_and_it_never_speaks_dask(
+        emulator: Any, tmp_path: Path) -> None:
+    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
+    env = run_env(tmp_path, audit=True)
+    run = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.2)  # ~20 s tasks
+    marker = tmp_path / "pickle-ran"
+    try:
+        wait_for(lambda: "DONE" in [s for s, _ in units(state_dir).values()], RUN_TIMEOUT,
+                 0.2, what="a task done on a node")
+        daemon = daemon_pid(state_dir)
+        assert daemon is not None and daemon != run.pid and process_alive(daemon)
+        scheduler_port = int(json.loads((state_dir / "cluster.json").read_text())
+                             ["scheduler"].rsplit(":", 1)[1])
+        sockets = tcp_sockets(daemon)
+        # the daemon holds no connection to (nor listener of) the Dask scheduler
+        assert all(scheduler_port not in (local, remote) for local, remote, _ in sockets)
+        # what a node or a stranger can reach of the daemon: its channel (a pickle is not
+        # a frame), and every port it listens on, each sent pickles, raw and over TLS, and
+        # a pickle in an HTTP body
+        payload = pickle.dumps(Marker(str(marker)))
+        with socket_address(state_dir / "manager.sock") as address:
+            channel = socket.socket(socket.AF_UNIX)
+            channel.connect(address)
+        channel.sendall(payload + b"\n")
+        channel.close()
+        listening = sorted({local for local, _, state in sockets if state == LISTEN})
+        assert len(listening) >= 3   # enrolment, tarball publisher, callback endpoint
+        for port in listening:
+            for wrap in (False, True):
+                hostile_send(emulator.control_address, port, payload, wrap)
+        assert run.poll() is None   # all of it while the run goes on
+        out, _ = run.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, log.read_text()[-3000:]
+    assert out.startswith("DONE: 10/10 tasks done"), out
+    assert not marker.exists(), marker.read_text()
+    wait_for(lambda: not process_alive(daemon), 60, what="the daemon to end with the run")
+    # who opened what: the CloudLab key and passphrase, the CA's key
+    emu = Path(emulator.config_path).parent
+    secrets = {str(emu / "user.pem"), str(emu / "password"),
+               str(state_dir / "pki" / "ca.key")}
+    theirs, mine = set(opened_by(tmp_path, daemon)), set(opened_by(tmp_path, run.pid))
+    assert secrets <= theirs, sorted(secrets - theirs)
+    assert not secrets & mine, sorted(secrets & mine)
+    # the daemon never loaded Dask, Parsl or cloudpickle: it cannot decode their messages
+    assert not [p for p in theirs if "/distributed/" in p or "/parsl/" in p
+                or "/cloudpickle/" in p], sorted(theirs)[:20]
+    assert any("/distributed/" in p for p in mine)   # the audit hook sees imports
+    assert nodes_in_slices(emulator) == 0
+
+def hostile_send(host: str, port: int, payload: bytes, wrap: bool) -> None:
+    """``payload`` raw and as an HTTP POST body, plain or over TLS (no client
+    certificate), to ``host:port``; whatever the server answers or does."""
+    for body in (payload, b"POST /report HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/octet-stream\r\nContent-Length: "
+                          + str(len(payload)).encode() + b"\r\n\r\n" + payload):
+        try:
+            sock = socket.create_connection((host, port), timeout=5)
+        except OSError:
+            continue
+        try:
+            if wrap:
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+                sock = context.wrap_socket(sock, server_hostname=host)
+            sock.sendall(body)
+            sock.settimeout(1)
+            sock.recv(4096)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+def test_a_sigkilled_daemon_comes_back_and_the_run_loses_nothing(
+        emulator: Any, tmp_path: Path) -> None:
+    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
+    run = start_run(emulator, tmp_path, state_dir, run_env(tmp_path), log)
+    try:
+        wait_for(lambda: "RUNNING" in [s for s, _ in units(state_dir).values()],
+                 RUN_TIMEOUT, 0.2, what="a task running on a node")
+        first = daemon_pid(state_dir)
+        assert first is not None and first != run.pid
+        os.kill(first, 9)
+        wait_for(lambda: daemon_pid(state_dir) not in (None, first)
+                 and process_alive(daemon_pid(state_dir)), 120, 0.2,
+                 what="a new daemon serving the run")
+        out, _ = run.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    stderr = log.read_text()
+    assert run.returncode == 0, stderr[-3000:]
+    assert out.startswith("DONE: 10/10 tasks done, 0 failed, 0 canceled;"), out
+    assert re.search(r", 0 lost(;|$)", out.strip()), out
+    assert "Traceback" not in stderr
+    assert "the manager daemon was gone: a new one" in (state_dir / "run.log").read_text()
+    assert nodes_in_slices(emulator) == 0   # the new daemon gave the slice back
