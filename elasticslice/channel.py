@@ -11,7 +11,8 @@ typed and versioned, and nothing of it is ever a pickle:
   carried out), ``close`` (the run ends: stop, giving the slice back or not);
 - daemon -> workload: ``node`` events (booting, joined, notice with its deadline,
   released), ``drain``/``retire``/``lose`` decisions for a node's pilot, CloudLab's
-  ``values`` of the pilots, and the nodes that failed to start (``failures``).
+  ``values`` of the pilots, the nodes that failed to start (``failures``), and ``report``
+  (send the demand and the pilots now: a decision is about to be made on them).
 
 The daemon serves it on a UNIX socket, ``<state_dir>/manager.sock`` (:data:`SOCKET`), mode
 0600 in the 0700 state directory, and the kernel says who connected (``SO_PEERCRED``): a uid
@@ -77,6 +78,7 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     "lose": {"client_id": ((str,), True), "reason": ((str,), True)},
     "values": {"values": ((dict,), True)},
     "failures": {"failures": ((list,), True)},
+    "report": {},
 }
 #: the fields of one entry of a ``pilots`` frame
 PILOT: dict[str, tuple[tuple[Any, ...], bool]] = {

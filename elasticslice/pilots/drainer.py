@@ -40,10 +40,20 @@ class PilotDrainer:
     def start(self, revocations: Sequence[PendingDelete]) -> None:
         for rev in revocations:
             pilot = self._live(rev)
-            if pilot is None:
-                self.release(rev.node_id, rev.client_id, "no pilot on it")
-            else:
+            if pilot is not None:
                 self.work.post(self._drain, rev, pilot)
+            elif hasattr(self.framework, "refresh"):   # reported from afar: ask first
+                self.work.post(self._drain_if_any, rev)
+            else:
+                self.release(rev.node_id, rev.client_id, "no pilot on it")
+
+    def _drain_if_any(self, rev: PendingDelete) -> None:
+        self.watch.refresh()
+        pilot = self._live(rev)
+        if pilot is None:
+            self.release(rev.node_id, rev.client_id, "no pilot on it")
+        else:
+            self._drain(rev, pilot)
 
     def hurry(self, revocation: PendingDelete) -> None:
         pilot = self._live(revocation)

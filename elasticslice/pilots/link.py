@@ -25,7 +25,7 @@ from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL = 1.0   # seconds between two reports
+DEFAULT_INTERVAL = 0.5   # seconds between two reports (and at once on a pilot's change)
 RETRY = 1.0              # seconds between two attempts to attach again
 
 
@@ -100,6 +100,7 @@ class WorkloadLink:
         daemon where the nodes' agents join (the framework's scheduler)."""
         self.framework, self.session = framework, session
         self.scheduler_address = framework.scheduler_address
+        framework.add_pilot_callback(lambda _pilot, _state: self.poke())   # joined, ended
         channel = self.channel
         if channel is not None and not channel.closed:
             channel.send("scheduler", address=self.scheduler_address)
@@ -197,6 +198,9 @@ class WorkloadLink:
                     self._held[message["client_id"]] = message.get("address")
             if self.on_node is not None:
                 self.on_node(message["event"], message["client_id"])
+            return
+        if kind == "report":
+            self.poke()
             return
         if kind == "failures":
             if self.on_failures is not None:

@@ -259,6 +259,7 @@ class PilotSliceManager(EarlyReleases, SimpleElasticSliceManager):
         each victim's pilot is taken out first, so a unit that reached it meanwhile is
         requeued, never lost."""
         deleted = 0
+        self.watch.refresh()   # the victims among the idle as they are now
         for c in self._cms(cm):
             victims = self.should_delete_nodes(c)
             if victims:

@@ -31,6 +31,8 @@ from troy.states import State
 
 log = logging.getLogger(__name__)
 
+REFRESH_TIMEOUT = 1.0   # seconds a decision waits for the workload's fresh report
+
 
 @dataclasses.dataclass
 class RemotePilot:
@@ -86,6 +88,7 @@ class RemoteWorkload:
         self._extra_nodes: float | None = None
         self._on_empty: dict[str, list[Callable[[Any], None]]] = {}
         self._attached = threading.Event()
+        self._reported = threading.Event()   # a pilots frame came
 
     # ------------------------------------------------------------------ running
     def start(self) -> RemoteWorkload:
@@ -171,6 +174,7 @@ class RemoteWorkload:
                     entry["busy"], entry.get("idle_since"), entry.get("units", 0))
             with self._lock:
                 self._pilots = pilots
+            self._reported.set()
             self._changed()
         elif kind == "scheduler":
             if self.on_scheduler is not None:
@@ -196,6 +200,18 @@ class RemoteWorkload:
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
+
+    def refresh(self, timeout: float = REFRESH_TIMEOUT) -> bool:
+        """Ask the workload for its pilots now and wait (at most ``timeout`` seconds) for
+        them: a decision about to be made on them (a revoked node without a pilot goes at
+        once; a victim is chosen among the idle) sees what is, not the last report. False:
+        not attached, or no answer in time (the last report stands)."""
+        if not self.attached:
+            return False
+        self._reported.clear()
+        if not self._send("report"):
+            return False
+        return self._reported.wait(timeout)
 
     # ------------------------------------------------------------------ as a session
     def demand(self) -> Demand:

@@ -63,6 +63,14 @@ class PilotWatch:
         #: none is given back or replaced for want of an agent until it sees again
         self.blind: Callable[[], bool] | None = None
 
+    def refresh(self) -> None:
+        """Before a decision on the pilots: a framework that reports from afar (the
+        manager daemon's :class:`~elasticslice.pilots.remote.RemoteWorkload`) is asked for
+        what is now; Troy's own frameworks are always current."""
+        refresh = getattr(self.framework, "refresh", None)
+        if refresh is not None:
+            refresh()
+
     def pilot_of(self, client_id: str | None) -> Pilot | None:
         """The pilot of the node ``client_id`` (its agent's name), None if none joined."""
         return self.framework.find_pilot(client_id) if client_id else None
