@@ -22,6 +22,7 @@ import logging
 import os
 import ssl
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -74,8 +75,7 @@ class CertWatch:
         if stamp is None or stamp == self.loaded:
             return False
         try:
-            for context in self.contexts():
-                context.load_cert_chain(self.cert_file, self.key_file)
+            self._load()
         except (OSError, ssl.SSLError) as err:
             if stamp != self._failed:   # once per change, not every few seconds
                 log.warning("the scheduler's new certificate %s does not load (yet): %s",
@@ -85,6 +85,24 @@ class CertWatch:
         self.loaded = stamp
         log.warning("the scheduler reloaded its certificate from %s", self.cert_file)
         return True
+
+
+    def _load(self) -> None:
+        """Load a snapshot of the pair, checked first on a scratch context: a pair that
+        does not match, loaded into a live context, leaves it with the new certificate
+        and the old key (every handshake then fails: no shared cipher)."""
+        with tempfile.TemporaryDirectory(prefix="troy-cert-") as tmp:  # 0700: the key
+            pair = []
+            for name, path in (("cert.pem", self.cert_file), ("key.pem", self.key_file)):
+                with open(path, "rb") as f:
+                    data = f.read()
+                copy = os.path.join(tmp, name)
+                with open(os.open(copy, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+                    f.write(data)
+                pair.append(copy)
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(*pair)
+            for context in self.contexts():
+                context.load_cert_chain(*pair)
 
 
 def watch_certificate(scheduler: Any, interval: float = CERT_CHECK_SECONDS) -> CertWatch | None:
@@ -119,8 +137,9 @@ async def serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int 
     watch_certificate(s)
     try:
         await s
-    except OSError as err:   # the port is taken (SO_REUSEADDR: TIME_WAIT is no obstacle)
-        sys.stderr.write(f"troy scheduler: cannot listen on {host}:{port}: {err}\n")
+    except Exception as err:  # noqa: BLE001 - the port is taken (Dask wraps the OSError);
+        cause = err.__cause__ or err  # SO_REUSEADDR: TIME_WAIT is no obstacle
+        sys.stderr.write(f"troy scheduler: cannot listen on {host}:{port}: {cause}\n")
         sys.stderr.flush()
         os._exit(1)
     quicken(s)
