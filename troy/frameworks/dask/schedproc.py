@@ -312,9 +312,14 @@ class SchedulerRecovery:
             with self._dispatch_lock:
                 self._requeue_in_flight(lambda fut: fut.status == "cancelled")
         else:
+            log.info("framework %s: its Dask client did not reconnect (%s): a new one",
+                     self.name, old.status)
             client = Client(address, set_as_default=False,
                             timeout=f"{self.connect_timeout}s", security=self._security)
             with self._dispatch_lock:
+                if not self._started:   # closed meanwhile: it closed the old client
+                    client.close(timeout=5)
+                    return
                 self._requeue_in_flight(lambda fut: True)
                 self.client = client
             threading.Thread(target=old.close, kwargs={"timeout": 5}, daemon=True).start()
