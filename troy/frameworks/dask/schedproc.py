@@ -178,6 +178,9 @@ class SchedulerProcess:
         self.address = address
         return address
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.proc.poll() is None
+
     def reason(self) -> str:
         return (self.proc.log_tail() if self.proc is not None else "") or "no output"
 
@@ -250,14 +253,17 @@ class SchedulerRecovery:
         stale = getattr(self.client, "scheduler_comm", None)
         proc.stop()   # its pipes
         new = self._restart_scheduler(port)
+        adopted = new is not None and self._adopt_scheduler(new)
         try:
-            if new is not None and self._adopt_scheduler(new):
-                self._reconnect(new.address, stale)
+            if adopted and self._reconnect(new, stale):
                 self._resume_after_scheduler()
         except Exception:  # noqa: BLE001 - logged; the units already requeued run nowhere
             log.exception("framework %s: resuming after its scheduler died", self.name)
         finally:
-            self._scheduler_up.set()
+            if not adopted or new.alive():   # else the next recovery, at once, sets it
+                self._scheduler_up.set()
+        if adopted:   # watched from now: one recovery at a time (a dead one is seen at once)
+            self._watch_scheduler(new)
 
     def _restart_scheduler(self, port: int) -> SchedulerProcess | None:
         """A new scheduler on ``port``, tried for :data:`SAME_PORT_SECONDS`; then on any port
@@ -291,16 +297,18 @@ class SchedulerRecovery:
                 proc.stop()
                 return False
             self._scheduler = proc
-        self._watch_scheduler(proc)
         return True
 
-    def _reconnect(self, address: str, stale: Any) -> None:
-        """The client on ``address``: Dask's own reconnects to the same address (its
-        futures are cancelled, they were the old scheduler's); else a new client."""
+    def _reconnect(self, new: SchedulerProcess, stale: Any) -> bool:
+        """The client on ``new``'s address: Dask's own reconnects to the same address (its
+        futures are cancelled, they were the old scheduler's); else a new client. False if
+        ``new`` ended meanwhile."""
         from distributed import Client
-        old = self.client
+        old, address = self.client, new.address
         deadline = time.monotonic() + self.connect_timeout
         while address == self.scheduler_address and time.monotonic() < deadline:
+            if not new.alive():
+                return False
             comm = getattr(old, "scheduler_comm", None)
             if old.status == "running" and comm is not None and comm is not stale:
                 break
@@ -319,12 +327,13 @@ class SchedulerRecovery:
             with self._dispatch_lock:
                 if not self._started:   # closed meanwhile: it closed the old client
                     client.close(timeout=5)
-                    return
+                    return False
                 self._requeue_in_flight(lambda fut: True)
                 self.client = client
             threading.Thread(target=old.close, kwargs={"timeout": 5}, daemon=True).start()
         self.scheduler_address = address
         self._subscribe()
+        return True
 
     def _requeue_in_flight(self, lost: Callable[[Any], bool]) -> None:
         """Requeue the units whose Dask futures were the old scheduler's. Under
