@@ -169,3 +169,28 @@ def test_a_scheduler_process_whose_port_is_taken_says_so_in_one_line(tmp_path) -
         taken.close()
     assert f"troy scheduler: cannot listen on 127.0.0.1:{port}: " in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_scheduler_killed_again_while_it_comes_back_loses_no_unit(tmp_path) -> None:
+    """Killed again as soon as it is back (its framework may still be reconnecting): one
+    recovery after the other, and every unit still ends DONE."""
+    fw = DaskFramework("twice", sandbox=str(tmp_path / "sb"), scheduler_process=True)
+    fw.start()
+    try:
+        address = fw.scheduler_address
+        running_pilot(fw, 2)
+        units = [fw.submit_unit(CUD(executable="/bin/sh", arguments=["-c", "sleep 1"]))
+                 for _ in range(6)]
+        wait_for(lambda: any(u.state is State.RUNNING for u in units), 60, what="a unit")
+        killed = [fw.scheduler_pid]
+        os.kill(killed[0], signal.SIGKILL)
+        wait_for(lambda: fw.scheduler_pid not in killed, 60, what="a new scheduler")
+        killed.append(fw.scheduler_pid)
+        os.kill(killed[1], signal.SIGKILL)   # while its framework reconnects to it
+        units += [fw.submit_unit(CUD(function=pow, args=(2, 5))) for _ in range(3)]
+        assert [u.wait(180) for u in units] == [State.DONE] * 9
+        assert fw.unit_stats().lost == 0
+        assert fw.scheduler_address == address and fw.scheduler_pid not in killed
+    finally:
+        fw.close()
