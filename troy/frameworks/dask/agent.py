@@ -27,7 +27,6 @@ from typing import Any
 
 from troy.descriptions import ComputeUnitDescription
 from troy.execution import execute, kill
-from troy.frameworks.dask.processes import tls_options
 from troy.frameworks.dask import guard
 from troy.frameworks.dask.tls import hide_security_environ, security_from_config
 from troy.unit import OutputTail, UnitResult
@@ -617,23 +616,6 @@ async def _serve_worker(scheduler: str, name: str, nthreads: int, cores: int,
         _kill_all()
 
 
-async def _serve_scheduler(saturation: float, host: str = "127.0.0.1", port: int = 0) -> None:
-    import dask
-    from distributed import Scheduler
-    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
-        s = Scheduler(host=host, port=port, dashboard=False,
-                      dashboard_address="127.0.0.1:0",
-                      **tls_options(security_from_config()))
-    guard.install(s, "scheduler")
-    await s
-    quicken(s)
-    sys.stdout.write(json.dumps({"address": s.address}) + "\n")
-    sys.stdout.flush()
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, sys.stdin.buffer.read)
-    await s.close()
-
-
 NODE_USAGE = ("usage: python -m troy.frameworks.dask node SCHEDULER CORES [NAME [HOST]]\n"
               "  a pilot agent: a Dask worker with CORES as its cores resource; TLS from\n"
               "  DASK_DISTRIBUTED__COMM__TLS__* (see troy.frameworks.dask.tls)")
@@ -647,7 +629,8 @@ def main(argv: list[str]) -> None:
     import_dask_for_an_agent()
     apply_agent_defaults()
     if len(argv) in (2, 4) and argv[0] == "scheduler":
-        asyncio.run(_serve_scheduler(float(argv[1]), *argv[2:3], *map(int, argv[3:4])))
+        from troy.frameworks.dask.schedproc import serve_scheduler
+        asyncio.run(serve_scheduler(float(argv[1]), *argv[2:3], *map(int, argv[3:4])))
         return
     if argv[:1] == ["node"]:
         if not 3 <= len(argv) <= 5 or not argv[2].isdigit() or int(argv[2]) < 1:

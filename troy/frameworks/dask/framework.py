@@ -27,6 +27,8 @@ from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
                                             resolve_dask_log_level)
 from troy.frameworks.dask.address import scheduler_url
+from troy.frameworks.dask.schedproc import (SchedulerProcess, SchedulerRecovery,
+                                            scheduler_contexts)
 from troy.frameworks.dask.tls import DaskTLS
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
@@ -84,7 +86,7 @@ def scheduler_workers(client: Any) -> dict[str, dict[str, Any]]:
     return dict(identity.get("workers", {}))
 
 
-class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
+class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
     """Pilots are Dask workers; units are Dask tasks that run ``troy.execution.execute``.
 
     Options: ``scheduler_address`` (None: start a scheduler in-process on 127.0.0.1),
@@ -96,7 +98,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
     scheduler on their own and carry a ``cores`` resource as RUNNING pilots),
     ``prefetch`` (each pilot's backlog, see ``DaskPilot``; None: 4 per core of the pilot),
     ``scheduler_process`` (run the scheduler we start in
-    its own process), ``connect_timeout`` and ``pilot_start_timeout`` (seconds),
+    its own process: brought back on the same address if it dies, see ``schedproc``), ``connect_timeout`` and ``pilot_start_timeout`` (seconds),
     ``dask_log_level`` (Dask's ``distributed`` loggers, here and in the processes we start;
     ``"auto"``: WARNING unless the root logger is at DEBUG; None: as Dask configures them),
     ``tls`` (a ``DaskTLS``, or a dict of its files: mutual TLS between the client, the
@@ -157,7 +159,10 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         self.client: Any = None
         self.topic = ""
         self._own_sandbox = False
-        self._scheduler: AgentProcess | InProcessScheduler | None = None
+        self._scheduler: SchedulerProcess | InProcessScheduler | None = None
+        self._sched_lock = threading.Lock()
+        self._scheduler_up = threading.Event()   # cleared while a new scheduler comes up
+        self._scheduler_up.set()
         self._records: dict[str, UnitRecord] = {}
         self._workers: dict[str, _Worker] = {}      # pilot id -> worker
         self._by_addr: dict[str, Pilot] = {}
@@ -199,21 +204,27 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             raise NoSuccess(f"framework {self.name!r}: cannot reach Dask scheduler "
                             f"{address}: {err}") from err
         self.scheduler_address = address
-        agent.quicken(self.client)
         # the topic is also the workers' private resource and a command-line argument
         safe = re.sub(r"[^A-Za-z0-9_.]+", "_", self.name)[:40]
         self.topic = f"troy-{safe}-{uuid.uuid4().hex[:8]}"
-        self.client.subscribe_topic(self.topic, lambda ev: self._inbox.put(ev[1]))
-        topic = self.topic   # units' results ride its events: the scheduler keeps only a few
-        self.on_scheduler(lambda s: agent.keep_few_events(s, topic))
-        self.client.subscribe_topic("all", self._on_cluster_event)
+        self._subscribe()
         for target, tname in ((self._submit_loop, "submit"), (self._event_loop, "events")):
             t = threading.Thread(target=target, name=f"troy-{self.name}-{tname}", daemon=True)
             t.start()
             self._threads.append(t)
         self._started = True
+        if isinstance(self._scheduler, SchedulerProcess):
+            self._watch_scheduler(self._scheduler)
         if self.adopt_workers:
             self.adopt_joined()
+
+    def _subscribe(self) -> None:
+        """The client takes the units' events (``topic``) and the cluster's (``all``)."""
+        agent.quicken(self.client)
+        self.client.subscribe_topic(self.topic, lambda ev: self._inbox.put(ev[1]))
+        topic = self.topic   # units' results ride its events: the scheduler keeps only a few
+        self.on_scheduler(lambda s: agent.keep_few_events(s, topic))
+        self.client.subscribe_topic("all", self._on_cluster_event)
 
     def adopt_joined(self) -> None:
         """Offer every worker that joined already for adoption again: for an
@@ -257,16 +268,12 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         listeners and connections out of a scheduler it runs in this process, and its
         client's. Whoever issues the certificates loads a renewed one into them while the
         framework runs (new handshakes take it; open connections keep theirs). A scheduler
-        in a process of its own reads its files when it starts: none of its contexts."""
-        def of_scheduler(scheduler: Any) -> list[Any]:
-            found = [getattr(getattr(listener, "tcp_server", None), "ssl_options", None)
-                     for listener in getattr(scheduler, "listeners", ())]
-            return [*found, (getattr(scheduler, "connection_args", None) or {}).get(
-                "ssl_context")]
+        in a process of its own reloads its files when they change on disk
+        (``schedproc.CertWatch``): none of its contexts here."""
         found: list[Any] = []
         if isinstance(self._scheduler, InProcessScheduler):
             try:
-                found += self._scheduler.call(of_scheduler, 10.0)
+                found += self._scheduler.call(scheduler_contexts, 10.0)
             except Exception as err:  # noqa: BLE001 - the client's is still there
                 log.warning("framework %s: the scheduler's TLS contexts: %s", self.name,
                             err or type(err).__name__)
@@ -279,14 +286,11 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
                 self.name, self.worker_saturation, self._security, self.listen, self.port,
                 self.dashboard_address, deny_file=self.tls.deny_file if self.tls else None)
             return self._scheduler.start()
-        proc = AgentProcess(["scheduler", str(self.worker_saturation), self.listen,
-                             str(self.port)],
-                            os.path.join(self.sandbox, "scheduler.log"), self._log_level,
-                            self._tls_environ())
-        address = proc.read_address(self.connect_timeout + 30)
+        proc = self._scheduler_proc(self.port)
+        address = proc.start(self.connect_timeout + 30)
         if address is None:
             raise NoSuccess(f"framework {self.name!r}: the Dask scheduler did not start: "
-                            f"{proc.log_tail() or 'no output'}")
+                            f"{proc.reason()}")
         self._scheduler = proc
         return address
 
@@ -294,8 +298,9 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         return self.tls.environ() if self.tls is not None else None
 
     def _stop_scheduler(self) -> None:
-        scheduler, self._scheduler = self._scheduler, None
-        if isinstance(scheduler, AgentProcess):
+        with self._sched_lock:
+            scheduler, self._scheduler = self._scheduler, None
+        if isinstance(scheduler, SchedulerProcess):
             scheduler.stop()
         elif scheduler is not None:
             scheduler.close()
@@ -315,6 +320,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         for pilot in live:
             if pilot.native_id:
                 self._dead_addrs.add(pilot.native_id)
+        self._scheduler_up.set()   # a submitter waiting for a new scheduler: stop waiting
         self._submitq.put(None)
         self._inbox.put(None)
         for t in self._threads:
@@ -348,19 +354,39 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         return pilot
 
     def _launch_pilot(self, pilot: Pilot) -> None:
-        size = pilot.description.size
-        proc = AgentProcess(["worker", self.scheduler_address, pilot.id,
-                             str(self.threads_per_pilot or size), str(size), self.topic],
-                            os.path.join(self.sandbox, f"{pilot.id}.log"), self._log_level,
-                            self._tls_environ())
+        proc = self._worker_proc(pilot)
         self._workers[pilot.id] = _Worker(pilot, proc)
         threading.Thread(target=self._await_worker, args=(pilot, proc),
                          name=f"troy-{pilot.id}-start", daemon=True).start()
 
+    def _worker_proc(self, pilot: Pilot) -> AgentProcess:
+        size = pilot.description.size
+        return AgentProcess(["worker", str(self.scheduler_address), pilot.id,
+                             str(self.threads_per_pilot or size), str(size), self.topic],
+                            os.path.join(self.sandbox or ".", f"{pilot.id}.log"),
+                            self._log_level, self._tls_environ())
+
+    def _relaunch(self, pilot: Pilot) -> None:
+        """A new worker for our pilot whose worker's scheduler died (the old worker leaves
+        first, its units killed); the pilot stays RUNNING, lost if it cannot."""
+        w = self._workers[pilot.id]
+        if w.proc is not None:
+            w.proc.stop()
+        if pilot.state in FINAL_STATES or not self._started:
+            return
+        w.proc = proc = self._worker_proc(pilot)
+        if not self._started:   # closed meanwhile: close() stopped the old one
+            proc.stop()
+            return
+        self._await_worker(pilot, proc)
+
     def _await_worker(self, pilot: Pilot, proc: AgentProcess) -> None:
         addr = proc.read_address(self.pilot_start_timeout)
         if addr is None:
-            if pilot.state not in FINAL_STATES:
+            if pilot.state is State.RUNNING:   # its new worker, after its scheduler died
+                self.lose_pilot(pilot, f"its worker did not start again: "
+                                       f"{proc.log_tail() or 'no output'}")
+            elif pilot.state not in FINAL_STATES:
                 log.error("pilot %s: its worker did not start: %s", pilot.id,
                           proc.log_tail() or "no output")
                 pilot._set_state(State.FAILED)
@@ -370,7 +396,7 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
         pilot.native_id = addr
         self._by_addr[addr] = pilot
         w = self._workers[pilot.id]
-        if pilot.description.walltime:
+        if pilot.description.walltime and w.timer is None:
             w.timer = threading.Timer(pilot.description.walltime, self._expire, (pilot,))
             w.timer.daemon = True
             w.timer.start()
@@ -501,9 +527,15 @@ class DaskFramework(PilotMoves, UnitEvents, PilotFramework):
             except queue.Empty:
                 pass
             stop = None in batch
+            self._scheduler_up.wait()   # a scheduler coming back: dispatch once it serves
             try:
                 self._dispatch([r for r in batch if r is not None])
             except Exception:  # keep serving; fail what we could not dispatch
+                if not self._scheduler_up.is_set() and self._started:  # it died meanwhile:
+                    for rec in batch:                                   # for the new one
+                        if rec is not None and rec.future is None:
+                            self._submitq.put(rec)
+                    continue
                 log.exception("framework %s: dispatching %d units failed", self.name, len(batch))
                 for rec in batch:
                     if rec is not None and rec.future is None:
