@@ -185,7 +185,10 @@ class WorkloadCluster:
         self.counters.open()
         tls = self._tls()
         self.session = troy.Session(self.state_dir / "troy.db")
+        # the scheduler in a process of its own: it decodes what nodes send, and dies alone
+        # (the framework brings it back on its address, the agents rejoin)
         options = {"adopt_workers": True, "listen": self.listen, "prefetch": 0,
+                   "scheduler_process": True,
                    **self.framework_options}
         if self.scheduler_port is not None:
             options.setdefault("port", self.scheduler_port)

@@ -69,11 +69,12 @@ def run_env(tmp: Path, audit: bool = False) -> dict[str, str]:
     return env
 
 def start_run(emulator: Any, tmp: Path, state_dir: Path, env: dict[str, str],
-              log: Path, time_scale: float = 0.03) -> subprocess.Popen:
+              log: Path, time_scale: float = 0.03,
+              extra: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "elasticslice.cli", "-c", str(pilot_image_config(emulator, tmp)),
          "run", str(FORKJOIN), "--state-dir", str(state_dir), "--time-scale", str(time_scale),
-         "--max-nodes", "2"], env=env, stdout=subprocess.PIPE, stderr=open(log, "a"),
+         "--max-nodes", "2", *extra], env=env, stdout=subprocess.PIPE, stderr=open(log, "a"),
         text=True, stdin=subprocess.DEVNULL)
 
 def daemon_pid(state_dir: Path) -> int | None:
@@ -187,28 +188,70 @@ def hostile_send(host: str, port: int, payload: bytes, wrap: bool) -> None:
         finally:
             sock.close()
 
-def test_a_sigkilled_daemon_comes_back_and_the_run_loses_nothing(
+def children(pid: int, marker: str) -> list[int]:
+    """The processes whose parent is ``pid`` and whose command line has ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and marker.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_each_of_the_three_processes_sigkilled_in_turn_the_run_loses_nothing(
         emulator: Any, tmp_path: Path) -> None:
+    """The manager daemon, then the Dask scheduler, then the run's own process, each with
+    SIGKILL during one run: the daemon is started again by the run, the scheduler by its
+    framework on its address, the run by its user (the same command attaches to the daemon
+    that kept the nodes); the run ends with every task done, none lost, no node held."""
     state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
-    run = start_run(emulator, tmp_path, state_dir, run_env(tmp_path), log)
+    env = run_env(tmp_path)
+    run = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.1, extra=("--release",))
+    second = None
     try:
         wait_for(lambda: "RUNNING" in [s for s, _ in units(state_dir).values()],
                  RUN_TIMEOUT, 0.2, what="a task running on a node")
+        # 1. the manager daemon
         first = daemon_pid(state_dir)
         assert first is not None and first != run.pid
         os.kill(first, 9)
         wait_for(lambda: daemon_pid(state_dir) not in (None, first)
                  and process_alive(daemon_pid(state_dir)), 120, 0.2,
                  what="a new daemon serving the run")
-        out, _ = run.communicate(timeout=RUN_TIMEOUT)
+        daemon = daemon_pid(state_dir)
+        # 2. the Dask scheduler, in a process of its own
+        address = json.loads((state_dir / "cluster.json").read_text())["scheduler"]
+        [scheduler] = children(run.pid, "troy.frameworks.dask scheduler")
+        os.kill(scheduler, 9)
+        wait_for(lambda: [p for p in children(run.pid, "troy.frameworks.dask scheduler")
+                          if p != scheduler], 120, 0.2, what="a new scheduler")
+        wait_for(lambda: "RUNNING" in [s for s, _ in units(state_dir).values()],
+                 RUN_TIMEOUT, 0.2, what="a task running again")
+        # 3. the run's own process: the daemon keeps the nodes for the same command
+        os.kill(run.pid, 9)
+        run.wait()
+        assert process_alive(daemon) and nodes_in_slices(emulator) >= 1
+        second = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.1,
+                           extra=("--release",))
+        out, _ = second.communicate(timeout=RUN_TIMEOUT)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        for proc in (run, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
     stderr = log.read_text()
-    assert run.returncode == 0, stderr[-3000:]
+    assert second.returncode == 0, stderr[-3000:]
     assert out.startswith("DONE: 10/10 tasks done, 0 failed, 0 canceled;"), out
     assert re.search(r", 0 lost(;|$)", out.strip()), out
+    assert "1 restart(s)" in out   # the run's own process came back once
     assert "Traceback" not in stderr
+    assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] == address
     assert "the manager daemon was gone: a new one" in (state_dir / "run.log").read_text()
-    assert nodes_in_slices(emulator) == 0   # the new daemon gave the slice back
+    assert nodes_in_slices(emulator) == 0   # given back: --release, and the run ended
+    wait_for(lambda: not process_alive(daemon), 60, what="the daemon to end with the run")
