@@ -36,6 +36,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     # workload -> daemon
     "demand": {**{name: ((int,), False) for name in DEMAND_FIELDS},
                "extra_nodes": ((*NUMBER, None), False)},
-    "pilots": {"pilots": ((list,), True)},
+    "pilots": {"pilots": ((list,), True), "seq": ((int,), False)},
     "drained": {"client_id": ((str,), True), "requeued": ((int,), True)},
     "scheduler": {"address": ((str,), True)},
     "close": {"give_back": ((bool,), True)},
@@ -78,7 +79,7 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     "lose": {"client_id": ((str,), True), "reason": ((str,), True)},
     "values": {"values": ((dict,), True)},
     "failures": {"failures": ((list,), True)},
-    "report": {},
+    "report": {"seq": ((int,), True)},
 }
 #: the fields of one entry of a ``pilots`` frame
 PILOT: dict[str, tuple[tuple[Any, ...], bool]] = {
@@ -93,6 +94,7 @@ FAILURE: dict[str, tuple[tuple[Any, ...], bool]] = {
     "cause": ((str, None), False), "seen_at": ((*NUMBER,), True),
 }
 MAX_FAILURES = 1000          # entries of one ``failures`` frame
+SIGNED = ("until", "deadline")   # fields that may be negative (none is, today)
 NODE_EVENTS = ("booting", "joined", "notice", "released")
 MAX_TEXT = 4096  # characters of any string field
 
@@ -126,6 +128,9 @@ def _check_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[tuple[Any,
             raise ChannelError(f"{where}: the field {name!r} is over {MAX_TEXT} characters")
         if isinstance(value, float) and not math.isfinite(value):
             raise ChannelError(f"{where}: the field {name!r} is not a finite number")
+        if isinstance(value, NUMBER) and not isinstance(value, bool) and value < 0 \
+                and name not in SIGNED:
+            raise ChannelError(f"{where}: the field {name!r} is negative")
 
 
 def check(message: Any) -> dict[str, Any]:
@@ -134,7 +139,7 @@ def check(message: Any) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ChannelError(f"a frame must be a JSON object, not {type(message).__name__}")
     kind = message.get("type")
-    if kind not in MESSAGES:
+    if not isinstance(kind, str) or kind not in MESSAGES:
         raise ChannelError(f"unknown message type {str(kind)[:64]!r}")
     _check_fields({k: v for k, v in message.items() if k != "type"}, MESSAGES[kind], kind)
     if kind == "hello" and message["role"] not in ROLES:
@@ -165,10 +170,6 @@ def check(message: Any) -> dict[str, Any]:
             if len(name) > MAX_TEXT or isinstance(value, bool) or \
                     not isinstance(value, NUMBER) or not 0 <= value <= 1:
                 raise ChannelError(f"values: {name[:64]!r}: expected a number from 0 to 1")
-    for name, value in message.items():
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0 \
-                and name not in ("until", "deadline"):
-            raise ChannelError(f"{kind}: the field {name!r} is negative")
     return message
 
 
@@ -226,6 +227,7 @@ class Channel:
         self.peer: dict[str, Any] = dict(peer or {})   # the peer's hello
         self._send_lock = threading.Lock()
         self._closed = threading.Event()
+        self._finish_lock = threading.Lock()
         self._reason: str | None = None
         self._buffer = pending   # what came after the peer's hello
 
@@ -265,9 +267,10 @@ class Channel:
         self._finish(line)
 
     def _finish(self, reason: str | None) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
+        with self._finish_lock:   # once, whichever thread sees the end first
+            if self._closed.is_set():
+                return
+            self._closed.set()
         self._reason = reason
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -323,6 +326,9 @@ class Channel:
             self._finish("the peer closed the connection")
         except ChannelError as err:
             self.refuse(str(err))
+        except Exception as err:  # noqa: BLE001 - a bug of ours: the connection ends, said
+            log.exception("%s: reading", self.name)
+            self.refuse(f"a frame could not be read ({type(err).__name__})")
 
 
 def _send_hello(sock: socket.socket, role: str) -> None:
@@ -483,9 +489,9 @@ class ChannelServer:
             # the line must reach the peer: what it sent and nobody read would make the
             # close a reset that discards it. Up to 64 KiB within a second, thrown away
             sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(1.0)
-            left = 65536
-            while left > 0:
+            left, until = 65536, time.monotonic() + 1.0
+            while left > 0 and time.monotonic() < until:
+                sock.settimeout(max(0.01, until - time.monotonic()))
                 chunk = sock.recv(min(left, 16384))
                 if not chunk:
                     break

@@ -145,8 +145,9 @@ class ElasticDemo:
         # as `elasticslice run` does: the manager daemon holds the credentials and the CA
         # key, this process Troy and the scheduler; both listen where the emulator's config
         # says its nodes reach this machine (its control address), else loopback
-        settings = {"margin": str(self.o.margin), "idle_timeout": str(self.o.idle_timeout),
-                    "node_cores": str(self.node_cores)}
+        settings = {"margin": str(self.o.margin), "idle_timeout": str(self.o.idle_timeout)}
+        if self.node_cores is not None:   # else what the first node has
+            settings["node_cores"] = str(self.node_cores)
         command = DaemonCommand(str(config), settings, max_nodes=self.o.nodes_max,
                                 min_nodes=self.o.nodes_min)
         chosen = resolve_settings(load_config(config, open_files=False), settings,

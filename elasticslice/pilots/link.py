@@ -62,6 +62,8 @@ class WorkloadLink:
         self._thread: threading.Thread | None = None
         self._closed_by_daemon = threading.Event()
         self._closing = False   # the daemon was told the run ends: its bye is expected
+        self._asked = 0         # the last report the daemon asked for (its sequence number)
+        self._unsent = ""       # the last reason a report was not sent (said once)
 
     # ------------------------------------------------------------------ running
     def start(self) -> WorkloadLink:
@@ -146,8 +148,11 @@ class WorkloadLink:
                     continue
             try:
                 self.report()
+                self._unsent = ""
             except ChannelError as err:
-                log.debug("report not sent: %s", err)
+                if self._attached.is_set() and str(err) != self._unsent:
+                    log.warning("the manager daemon did not get the pilots: %s", err)
+                self._unsent = str(err)
             self._wake.wait(self.interval)
             self._wake.clear()
 
@@ -164,8 +169,11 @@ class WorkloadLink:
         if self.extra_nodes is not None:
             fields["extra_nodes"] = self.extra_nodes()
         channel.send("demand", **fields)
-        channel.send("pilots", pilots=[self._entry(p) for p in self.framework.list_pilots()
-                                       if p.worker_name and p.state not in FINAL_STATES])
+        with self._lock:
+            seq = self._asked   # the last report the daemon asked for: this one answers it
+        channel.send("pilots", seq=seq,
+                     pilots=[self._entry(p) for p in self.framework.list_pilots()
+                             if p.worker_name and p.state not in FINAL_STATES])
 
     @staticmethod
     def _entry(pilot: Any) -> dict[str, Any]:
@@ -200,6 +208,8 @@ class WorkloadLink:
                 self.on_node(message["event"], message["client_id"])
             return
         if kind == "report":
+            with self._lock:
+                self._asked = max(self._asked, message["seq"])
             self.poke()
             return
         if kind == "failures":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,8 @@ class RemoteWorkload:
         self._extra_nodes: float | None = None
         self._on_empty: dict[str, list[Callable[[Any], None]]] = {}
         self._attached = threading.Event()
-        self._reported = threading.Event()   # a pilots frame came
+        self._reported = threading.Condition()   # a pilots frame answered a report
+        self._asked = self._answered = 0           # report sequence numbers
 
     # ------------------------------------------------------------------ running
     def start(self) -> RemoteWorkload:
@@ -174,7 +176,11 @@ class RemoteWorkload:
                     entry["busy"], entry.get("idle_since"), entry.get("units", 0))
             with self._lock:
                 self._pilots = pilots
-            self._reported.set()
+            seq = message.get("seq", 0)
+            if seq:
+                with self._reported:
+                    self._answered = max(self._answered, seq)
+                    self._reported.notify_all()
             self._changed()
         elif kind == "scheduler":
             if self.on_scheduler is not None:
@@ -208,10 +214,19 @@ class RemoteWorkload:
         not attached, or no answer in time (the last report stands)."""
         if not self.attached:
             return False
-        self._reported.clear()
-        if not self._send("report"):
+        with self._lock:
+            self._asked += 1
+            seq = self._asked
+        if not self._send("report", seq=seq):
             return False
-        return self._reported.wait(timeout)
+        until = time.monotonic() + timeout
+        with self._reported:   # a report sent before it was asked does not count
+            while self._answered < seq:
+                left = until - time.monotonic()
+                if left <= 0 or not self.attached:
+                    return False
+                self._reported.wait(left)
+        return True
 
     # ------------------------------------------------------------------ as a session
     def demand(self) -> Demand:

@@ -185,6 +185,14 @@ def test_a_frame_too_long_is_not_buffered_whole(tmp_path: Path, caplog) -> None:
      "pilots[0]: the field 'cores' must be int, not str"),
     ({"type": "drained", "client_id": "n" * 5000, "requeued": 0},
      "drained: the field 'client_id' is over 4096 characters"),
+    ({"type": []}, "unknown message type '[]'"),   # once killed the reader, and the socket
+    ({"type": {"a": 1}}, "unknown message type \"{'a': 1}\""),
+    ({"type": "pilots", "pilots": [{"client_id": "n", "pilot_id": "p", "state": "A",
+                                    "cores": -4, "busy": False}]},
+     "pilots[0]: the field 'cores' is negative"),
+    ({"type": "drained", "client_id": "n", "requeued": 0.5 - 1},
+     "drained: the field 'requeued' must be int, not float"),
+    ({"type": "demand", "extra_nodes": -2.5}, "demand: the field 'extra_nodes' is negative"),
 ])
 def test_a_bad_frame_is_one_line_naming_it(tmp_path: Path, frame: dict[str, Any],
                                            line: str) -> None:
@@ -195,6 +203,9 @@ def test_a_bad_frame_is_one_line_naming_it(tmp_path: Path, frame: dict[str, Any]
         reply = answer(sock).decode()
         assert json.dumps(line) in reply, reply
         assert daemon.messages == []
+        # the server goes on: the next workload attaches
+        wait_for(lambda: daemon.server.workload is None, what="the bad peer let go")
+        ch.connect(tmp_path, on_message=lambda m: None).close()
         with pytest.raises(ch.ChannelError, match="must be"):
             ch.encode({"type": "drain", "client_id": "n", "until": "soon"})  # ours too
 

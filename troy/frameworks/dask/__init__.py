@@ -25,7 +25,9 @@ Modules: ``framework`` (``DaskFramework``, ``DaskPilot``), ``events`` (unit reco
 state handling), ``drain`` (pilots joining and leaving: adoption, deadline-aware drains,
 losses, long units kept off low-valued pilots), ``agent`` (what runs in the worker and
 scheduler processes), ``processes`` (starting and stopping those processes, or a scheduler
-in this process), ``tls`` (mutual TLS), ``address`` (scheduler addresses).
+in this process), ``schedproc`` (a scheduler in its own process: brought back on its
+address when it dies, its certificate reloaded when its files change), ``tls`` (mutual
+TLS), ``address`` (scheduler addresses).
 
 Elastic pilots. Every worker carries the framework's tag as a resource (units ask for it):
 our own workers from the start, workers that join on their own (node agents) once adopted,

@@ -251,12 +251,15 @@ class SchedulerRecovery:
         log.warning("framework %s: its Dask scheduler (pid %s) ended (exit %s); starting a "
                     "new one on %s", self.name, proc.pid, code, self.scheduler_address)
         stale = getattr(self.client, "scheduler_comm", None)
+        # the pilots whose workers were the dead scheduler's: an agent that rejoins the new
+        # one before the client does is adopted as a new pilot, which is left as it is
+        old_pilots = [p for p in self.list_pilots() if p.state not in FINAL_STATES]
         proc.stop()   # its pipes
         new = self._restart_scheduler(port)
         adopted = new is not None and self._adopt_scheduler(new)
         try:
             if adopted and self._reconnect(new, stale):
-                self._resume_after_scheduler()
+                self._resume_after_scheduler(old_pilots)
         except Exception:  # noqa: BLE001 - logged; the units already requeued run nowhere
             log.exception("framework %s: resuming after its scheduler died", self.name)
         finally:
@@ -345,10 +348,11 @@ class SchedulerRecovery:
             rec.future = None   # nothing to cancel: the scheduler that had it is gone
             self._requeue_rec(rec, rec.addr)
 
-    def _resume_after_scheduler(self) -> None:
-        """Every pilot's worker was the old scheduler's: ours get a new worker, the others
-        are lost (their agents rejoin and are adopted again, as new pilots)."""
-        for pilot in self.list_pilots():
+    def _resume_after_scheduler(self, pilots: list[Any]) -> None:
+        """The ``pilots`` (live when the scheduler died) had workers of the old scheduler:
+        ours get a new worker, the others are lost (their agents rejoin and are adopted
+        again, as new pilots; one adopted already is not among ``pilots``)."""
+        for pilot in pilots:
             addr = pilot.native_id
             if pilot.state in FINAL_STATES or not addr or addr in self._dead_addrs:
                 continue
