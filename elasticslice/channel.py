@@ -8,7 +8,8 @@ typed and versioned, and nothing of it is ever a pickle:
 - workload -> daemon: ``scheduler`` (where the nodes' agents join), ``demand`` (Troy's
   demand in cores and units, and what else asks for nodes), ``pilots`` (each pilot: its
   node, state, cores, busy or idle since when, units on it), ``drained`` (a drain decision
-  carried out), ``close`` (the run ends: stop, giving the slice back or not);
+  carried out), ``bounds`` (hold from this many nodes to that many), ``close`` (the run
+  ends: stop, giving the slice back or not);
 - daemon -> workload: ``node`` events (booting, joined, notice with its deadline,
   released), ``drain``/``retire``/``lose`` decisions for a node's pilot, CloudLab's
   ``values`` of the pilots, the nodes that failed to start (``failures``), and ``report``
@@ -70,6 +71,7 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     "drained": {"client_id": ((str,), True), "requeued": ((int,), True)},
     "scheduler": {"address": ((str,), True)},
     "close": {"give_back": ((bool,), True)},
+    "bounds": {"minthreshold": ((int,), True), "maxthreshold": ((int,), True)},
     # daemon -> workload
     "node": {"event": ((str,), True), "client_id": ((str,), True),
              "address": ((str, None), False), "deadline": ((*NUMBER,), False)},

@@ -7,8 +7,11 @@
         cluster.adapt(minimum=1, maximum=4)
         print(sum(client.gather(client.map(pow, range(64), [2] * 64))))
 
-It owns an :class:`~elasticslice.pilots.ElasticCluster`: the cluster CA, the Dask scheduler
-(mutual TLS; its dashboard on 127.0.0.1), the enrolment service and the manager. Every node
+It owns the workload's half of an elastic cluster
+(:class:`~elasticslice.pilots.workload.WorkloadCluster`: Troy and the Dask scheduler, mutual
+TLS, its dashboard on 127.0.0.1) and starts its manager daemon, the one process that opens
+the CloudLab credentials and the cluster CA's key and that never decodes what a Dask worker
+sends (the user's client does, by Dask's design). Every node
 the manager holds boots, enrols and joins as one Dask worker with the node's cores as
 threads. Dask's own work drives the slice through the manager's policy, never around it:
 :meth:`CloudLabCluster.scale` is a fixed demand of n nodes, :meth:`CloudLabCluster.adapt`
@@ -102,8 +105,10 @@ class CloudLabCluster(Cluster):
     CA: :attr:`security` is a ``distributed.Security`` with a ``control`` client certificate,
     so ``Client(cluster)`` works); a ``Security`` of yours is handed to clients as is.
     ``dashboard_address``: the Dask dashboard (default 127.0.0.1, any port; None: none).
-    Other keyword arguments go to :class:`~elasticslice.pilots.ElasticCluster` (``margin``,
-    ``idle_timeout``, ``intervals``, ``policy``, ``node_python``, ``disk_image``...).
+    Other keyword arguments go to the manager daemon as
+    :class:`~elasticslice.pilots.ElasticCluster` takes them (``margin``, ``idle_timeout``,
+    ``intervals``, ``policy``, ``node_python``, ``disk_image``...; values JSON can carry: the
+    daemon is another process), ``framework_options`` to Troy's Dask framework.
     """
 
     def __init__(self, *, config: str | os.PathLike[str] | None = None,
@@ -141,7 +146,7 @@ class CloudLabCluster(Cluster):
         self.dashboard_address = dashboard_address
         self._user_security = None if security is True else security
         self._cluster_options = dict(cluster_options)
-        self.elastic: Any = None       # the ElasticCluster, once started
+        self.elastic: Any = None       # the WorkloadCluster, once started
         self.security: Security | None = self._user_security
         self._address = ""
         self._source: Any = None       # the manager's demand source: scale's or adapt's
@@ -161,36 +166,50 @@ class CloudLabCluster(Cluster):
             return self
         return _().__await__()
 
-    def _elastic_options(self, server: Any) -> dict[str, Any]:
+    def _workload(self) -> Any:
+        """The workload's half of the cluster (Troy, the scheduler) and how to start its
+        manager daemon, which alone opens the CloudLab credentials and the CA key."""
+        import types
+
+        from elasticslice.config import load_config
         from elasticslice.pilots.helper import pilots_listen
+        from elasticslice.pilots.workload import DaemonCommand, WorkloadCluster
+        config = self.config
+        if config is None:  # as the CLI's --config, whose default is the variable's
+            config = os.environ.get("ELASTICSLICE_CONFIG") or None
+        client = load_config(config, open_files=False)   # its settings only
         options = dict(self._cluster_options)
         framework = dict(options.pop("framework_options", None) or {})
         if self.dashboard_address is not None:
             framework.setdefault("dashboard_address", self.dashboard_address)
+        keep = bool(options.pop("keep", False))
+        scheduler_port = options.pop("scheduler_port", None)
+        listen = self.listen or pilots_listen(types.SimpleNamespace(config=client))
         options.update(minthreshold=self.minimum, maxthreshold=self.maximum,
                        hardware_type=self.hardware_type, node_cores=self.cores,
-                       framework_options=framework,
-                       listen=self.listen or pilots_listen(server))
+                       listen=listen)
         if self.image is not None:
             options["disk_image"] = self.image
         if self.public_url is not None:
             options["public_url"] = self.public_url
-        return options
+        command = DaemonCommand(str(client.path), arguments=options)
+        # a dashboard needs the scheduler in this process
+        return WorkloadCluster(command, self.state_dir, listen=listen,
+                               scheduler_port=scheduler_port, keep=keep,
+                               scheduler_process=self.dashboard_address is None,
+                               framework_options=framework)
 
     def _start_elastic(self) -> None:
-        """Blocking (a thread of the loop's): the server, the preflight, the cluster."""
-        from elasticslice.managers.ownership import preflight
-        from elasticslice.pilots import ElasticCluster
-        server = open_server(self.config)
+        """Blocking (a thread of the loop's): the daemon (it checks the config and the
+        slice), then the workload's half."""
+        elastic = self._workload()
+        elastic.set_demand(activity=self._activity)
         try:
-            preflight(server, self.state_dir / "state", adopt=False, connect_timeout=60.0)
-            self.elastic = ElasticCluster(server, self.state_dir,
-                                          **self._elastic_options(server))
-            self.elastic.start()
+            elastic.start()
         except BaseException:
             self.elastic = None
-            server.close()
             raise
+        self.elastic = elastic
 
     async def _start(self) -> None:
         if self.status != Status.created:
@@ -204,10 +223,8 @@ class CloudLabCluster(Cluster):
             self.status = Status.failed
             raise
         if self.security is None:
-            self.security = self.elastic.ca.dask_tls("client").security()
+            self.security = self.elastic.client_tls().security()
         self._address = self.elastic.framework.scheduler_address
-        # the policy sees plain Dask tasks too: a node running them is busy, not idle
-        self.elastic.manager.watch.activity = self._activity
         self.scheduler_comm = rpc(self.scheduler_address,
                                   connection_args=self.security.get_connection_args("client"))
         self._log(f"CloudLab cluster up: scheduler {self.scheduler_address}, "
@@ -217,10 +234,7 @@ class CloudLabCluster(Cluster):
     def _close_elastic(self) -> None:
         elastic, self.elastic = self.elastic, None
         if elastic is not None:
-            try:
-                elastic.close()
-            finally:
-                elastic.server.close()
+            elastic.close()
 
     async def _close(self) -> None:
         if self.status == Status.closed:
@@ -241,16 +255,28 @@ class CloudLabCluster(Cluster):
     # ------------------------------------------------------------------ scaling
     @property
     def manager(self) -> Any:
-        """The :class:`~elasticslice.pilots.PilotSliceManager` (None before start)."""
-        return self.elastic.manager if self.elastic is not None else None
+        """The manager daemon's state as this process reads it (a
+        :class:`~elasticslice.pilots.snapshot.StateView`: ``state``, ``stats()``; None
+        before start). The manager itself runs in the daemon, with the credentials."""
+        return self.elastic.view() if self.elastic is not None else None
 
     def _set_source(self, read: Any, unit: str = "nodes", name: str = "") -> None:
-        manager = self.manager
-        old, self._source = self._source, None
-        if manager is not None and old is not None:
-            manager.remove_demand_source(old)
-        if manager is not None and read is not None:
-            self._source = manager.add_demand_source(read, unit=unit, name=name)
+        """Dask's demand in nodes, read every half second and sent to the daemon, whose
+        policy decides (a source that raises counts as none that time)."""
+        self._source = read
+        if self.elastic is not None:
+            self.elastic.set_demand(self._demand if read is not None else None,
+                                    self._activity)
+
+    def _demand(self) -> float | None:
+        read = self._source
+        if read is None:
+            return None
+        try:
+            return float(read())
+        except Exception:  # noqa: BLE001 - none this time; the next report tries again
+            log.exception("Dask's demand (%s)", self._target.get("mode"))
+            return None
 
     def scale(self, n: int | None = None, *, memory: Any = None, cores: Any = None) -> None:
         """Hold ``n`` nodes (a fixed demand of ``n`` nodes; at most ``maximum``, at least
@@ -333,9 +359,8 @@ class CloudLabCluster(Cluster):
         return format_dashboard_link(host, port)
 
     def nodes(self) -> int:
-        """Nodes the manager holds now."""
-        manager = self.manager
-        return len(manager.state.nodes()) if manager is not None else 0
+        """Nodes the manager daemon holds now."""
+        return self.elastic.nodes() if self.elastic is not None else 0
 
     async def _get_logs(self, cluster: bool = True, scheduler: bool = True,
                         workers: bool = True) -> Any:

@@ -146,7 +146,8 @@ class ManagerDaemon:
             self.remote = RemoteWorkload(self.state_dir, held=self._held,
                                          on_change=self._changed,
                                          on_scheduler=self._on_scheduler,
-                                         on_close=self._on_close).start()
+                                         on_close=self._on_close,
+                                         on_bounds=self.set_bounds).start()
         except BaseException:
             self.close(give_back=False)
             raise
@@ -156,10 +157,11 @@ class ManagerDaemon:
     def _write_tls(self) -> None:
         """The scheduler's certificate (issued again when due) and where it is."""
         assert self.ca is not None
-        tls = self.ca.dask_tls("scheduler")
+        tls, client = self.ca.dask_tls("scheduler"), self.ca.dask_tls("client")
         write_json(self.state_dir / TLS_FILE, {
             "ca_file": tls.ca_file, "cert_file": tls.cert_file, "key_file": tls.key_file,
-            "deny_file": str(self.state_dir / DENY_FILE)})
+            "deny_file": str(self.state_dir / DENY_FILE),
+            "client_cert_file": client.cert_file, "client_key_file": client.key_file})
         self._renewed = time.monotonic()
 
     def _on_scheduler(self, address: str) -> None:
@@ -170,6 +172,22 @@ class ManagerDaemon:
     def _on_close(self, give_back: bool) -> None:
         self._closing = bool(give_back)
         self._wake.set()
+
+    def set_bounds(self, minthreshold: int, maxthreshold: int) -> None:
+        """Hold from ``minthreshold`` to ``maxthreshold`` nodes from now on (the workload's
+        ``adapt(minimum=, maximum=)``): the policy's and the running manager's."""
+        if not 0 <= minthreshold <= maxthreshold:
+            log.warning("bounds %d..%d ignored: need 0 <= minimum <= maximum", minthreshold,
+                        maxthreshold)
+            return
+        self.policy = dataclasses.replace(self.policy, minthreshold=minthreshold,
+                                          maxthreshold=maxthreshold)
+        manager = self.manager
+        if manager is not None:
+            manager.policy = dataclasses.replace(manager.policy, minthreshold=minthreshold,
+                                                 maxthreshold=maxthreshold)
+            manager.wake("add_nodes", "delete_nodes")
+        log.info("bounds now %d to %d node(s)", minthreshold, maxthreshold)
 
     def _changed(self) -> None:
         manager = self.manager
@@ -347,6 +365,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--state-dir", required=True, type=Path, help="the run's directory")
     parser.add_argument("--settings", default="{}",
                         help="the run's settings, as `elasticslice run` was given them (JSON)")
+    parser.add_argument("--arguments", default=None,
+                        help="instead of --settings: the ManagerDaemon's keyword arguments "
+                             "(JSON; 'policy' an object of PolicyConfig's fields), as "
+                             "CloudLabCluster passes them")
     parser.add_argument("--max-nodes", type=int, default=None)
     parser.add_argument("--min-nodes", type=int, default=None)
     parser.add_argument("--adopt", action="store_true")
@@ -365,23 +387,47 @@ def build(args: argparse.Namespace) -> ManagerDaemon:
     from elasticslice.rpc.client import ProtoGeniServer
     try:
         settings = json.loads(args.settings)
+        given = json.loads(args.arguments) if args.arguments is not None else None
     except ValueError as err:
-        raise ElasticSliceError(f"--settings: not JSON: {err}") from None
+        raise ElasticSliceError(f"--settings/--arguments: not JSON: {err}") from None
     client = load_config(args.config)
-    chosen = resolve_settings(client, settings, args.max_nodes)
+    if given is None:
+        chosen = resolve_settings(client, settings, args.max_nodes)
+        arguments = chosen.cluster_arguments()
+        if args.min_nodes is not None:
+            arguments["minthreshold"] = min(args.min_nodes, arguments["maxthreshold"])
+    else:
+        arguments = _arguments_of(given)
+    arguments.setdefault("manager_options", {})["adopt"] = args.adopt
     state_dir = args.state_dir.expanduser().resolve()
     server = ProtoGeniServer(client)
     try:
         preflight(server, state_dir / "state", adopt=args.adopt,
                   connect_timeout=args.connect_timeout)
+        return ManagerDaemon(server, state_dir, orphan_timeout=args.orphan_timeout,
+                             **arguments)
+    except TypeError as err:   # an argument it does not take
+        server.close()
+        raise ElasticSliceError(f"--arguments: {err}") from None
     except BaseException:
         server.close()
         raise
-    arguments = chosen.cluster_arguments()
-    arguments["manager_options"]["adopt"] = args.adopt
-    if args.min_nodes is not None:
-        arguments["minthreshold"] = min(args.min_nodes, arguments["maxthreshold"])
-    return ManagerDaemon(server, state_dir, orphan_timeout=args.orphan_timeout, **arguments)
+
+
+def _arguments_of(given: Any) -> dict[str, Any]:
+    """``--arguments`` as ManagerDaemon's keyword arguments (its policy a PolicyConfig)."""
+    if not isinstance(given, dict):
+        raise ElasticSliceError("--arguments: expected a JSON object")
+    arguments = dict(given)
+    policy = arguments.get("policy")
+    if policy is not None:
+        if not isinstance(policy, dict):
+            raise ElasticSliceError("--arguments: policy: expected an object")
+        try:
+            arguments["policy"] = PolicyConfig(**policy)
+        except (TypeError, ValueError) as err:
+            raise ElasticSliceError(f"--arguments: policy: {err}") from None
+    return arguments
 
 
 def _log_to(path: Path, debug: bool) -> None:

@@ -39,17 +39,24 @@ class WorkloadLink:
                  extra_nodes: Callable[[], float | None] | None = None,
                  on_node: Callable[[str, str], None] | None = None,
                  on_failures: Callable[[list[dict[str, Any]]], None] | None = None,
-                 revive: Callable[[], None] | None = None) -> None:
+                 revive: Callable[[], None] | None = None,
+                 on_attach: Callable[[WorkloadLink], None] | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.framework = framework
         self.session = session
         self.interval = interval
         self.extra_nodes = extra_nodes
+        #: ``() -> {client_id: None (busy now) or when it was last busy}``: work on the
+        #: nodes the framework does not see (a Dask client's own tasks), merged into the
+        #: pilots reported (``PilotWatch.activity``'s rule)
+        self.activity: Callable[[], dict[str, float | None]] | None = None
         #: ``(event, client_id)`` for each node event (after the link's own bookkeeping)
         self.on_node = on_node
         self.on_failures = on_failures
         #: called before each attempt to attach again (start a daemon that died)
         self.revive = revive
+        #: ``(link)``: attached (again), after the scheduler's address was told
+        self.on_attach = on_attach
         #: where the nodes' agents join (told to the daemon at each attach): :meth:`serve`
         self.scheduler_address: str | None = None
         self.channel: Channel | None = None
@@ -92,9 +99,11 @@ class WorkloadLink:
         channel = connect(self.state_dir, on_message=self._on_message,
                           on_close=self._on_close)
         self.channel = channel
+        self._attached.set()
+        if self.on_attach is not None:
+            self.on_attach(self)
         if self.scheduler_address is not None:
             channel.send("scheduler", address=self.scheduler_address)
-        self._attached.set()
         self._wake.set()
 
     def serve(self, framework: Any, session: Any) -> None:
@@ -171,16 +180,41 @@ class WorkloadLink:
         channel.send("demand", **fields)
         with self._lock:
             seq = self._asked   # the last report the daemon asked for: this one answers it
+        other = self._activity()
         channel.send("pilots", seq=seq,
-                     pilots=[self._entry(p) for p in self.framework.list_pilots()
+                     pilots=[self._entry(p, other) for p in self.framework.list_pilots()
                              if p.worker_name and p.state not in FINAL_STATES])
 
+    def _activity(self) -> dict[str, float | None]:
+        if self.activity is None:
+            return {}
+        try:
+            return dict(self.activity())
+        except Exception:  # noqa: BLE001 - without it, the framework's view alone
+            log.exception("reading the nodes' other activity")
+            return {}
+
     @staticmethod
-    def _entry(pilot: Any) -> dict[str, Any]:
-        entry = {"client_id": pilot.worker_name, "pilot_id": pilot.id,
-                 "state": pilot.state.value, "cores": int(pilot.size),
-                 "busy": bool(pilot.busy), "idle_since": pilot.idle_since}
-        return entry
+    def _entry(pilot: Any, other: dict[str, float | None]) -> dict[str, Any]:
+        busy, since = bool(pilot.busy), pilot.idle_since
+        if pilot.worker_name in other:   # other work: busy, or idle since it ended
+            last = other[pilot.worker_name]
+            busy = busy or last is None
+            since = None if busy else max(since or 0.0, last or 0.0) or None
+        return {"client_id": pilot.worker_name, "pilot_id": pilot.id,
+                "state": pilot.state.value, "cores": int(pilot.size), "busy": busy,
+                "idle_since": since}
+
+    def send_bounds(self, minthreshold: int, maxthreshold: int) -> bool:
+        """Tell the daemon to hold from ``minthreshold`` to ``maxthreshold`` nodes."""
+        channel = self.channel
+        if channel is None or channel.closed:
+            return False
+        try:
+            channel.send("bounds", minthreshold=minthreshold, maxthreshold=maxthreshold)
+        except ChannelError:
+            return False
+        return True
 
     def poke(self) -> None:
         """Report at once (something changed)."""

@@ -72,13 +72,16 @@ class RemoteWorkload:
                  held: Callable[[], list[tuple[str, str | None]]] = list,
                  on_change: Callable[[], None] | None = None,
                  on_scheduler: Callable[[str], None] | None = None,
-                 on_close: Callable[[bool], None] | None = None) -> None:
+                 on_close: Callable[[bool], None] | None = None,
+                 on_bounds: Callable[[int, int], None] | None = None) -> None:
         self.held = held
         self.on_change = on_change
         #: ``(address)``: where the workload's scheduler serves the nodes' agents
         self.on_scheduler = on_scheduler
         #: ``(give_back)``: the workload says the run ends
         self.on_close = on_close
+        #: ``(minthreshold, maxthreshold)``: the workload's new bounds
+        self.on_bounds = on_bounds
         self._told: dict[str, str | None] = {}   # the nodes the workload was told of
         self._failures_told = -1
         self.server = ChannelServer(state_dir, on_message=self._on_message,
@@ -185,6 +188,9 @@ class RemoteWorkload:
         elif kind == "scheduler":
             if self.on_scheduler is not None:
                 self.on_scheduler(message["address"])
+        elif kind == "bounds":
+            if self.on_bounds is not None:
+                self.on_bounds(message["minthreshold"], message["maxthreshold"])
         elif kind == "close":
             if self.on_close is not None:
                 self.on_close(message["give_back"])

@@ -55,7 +55,10 @@ class DaemonCommand:
     given (JSON), and the options of ``elasticslice run`` it follows."""
 
     config: str | None
-    settings: Mapping[str, Any]
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: instead of ``settings``: the daemon's keyword arguments (JSON-able; ``policy`` a
+    #: ``PolicyConfig``), as ``CloudLabCluster`` gives them
+    arguments: Mapping[str, Any] | None = None
     max_nodes: int | None = None
     min_nodes: int | None = None
     adopt: bool = False
@@ -69,6 +72,15 @@ class DaemonCommand:
                 "--connect-timeout", str(self.connect_timeout)]
         if self.config is not None:
             args += ["--config", str(self.config)]
+        if self.arguments is not None:
+            arguments = dict(self.arguments)
+            if dataclasses.is_dataclass(arguments.get("policy")):
+                arguments["policy"] = dataclasses.asdict(arguments["policy"])
+            try:
+                args += ["--arguments", json.dumps(arguments)]
+            except (TypeError, ValueError) as err:
+                raise ElasticSliceError(f"the manager daemon's arguments must be what JSON "
+                                        f"carries: {err}") from None
         if self.max_nodes is not None:
             args += ["--max-nodes", str(self.max_nodes)]
         if self.min_nodes is not None:
@@ -109,12 +121,15 @@ class WorkloadCluster:
 
     def __init__(self, command: DaemonCommand, state_dir: Path, *, listen: str,
                  scheduler_port: int | None = None, keep: bool = False,
-                 metrics: bool = False,
+                 metrics: bool = False, scheduler_process: bool = True,
                  framework_options: Mapping[str, Any] | None = None) -> None:
         self.command = command
         self.state_dir = Path(state_dir).expanduser().resolve()
         self.listen, self.scheduler_port, self.keep = listen, scheduler_port, keep
         self.metrics = metrics   # the daemon serves metrics: start waits for their URL
+        #: the Dask scheduler in a process of its own (False: in this one, as a dashboard
+        #: needs it)
+        self.scheduler_process = scheduler_process
         self.framework_options = dict(framework_options or {})
         self.failures = NodeFailures()
         self.session: Any = None
@@ -126,6 +141,9 @@ class WorkloadCluster:
         self.counters = RunCounters(self.state_dir, lambda: self.session,
                                     every=STATS_SAVE_INTERVAL)
         self._view: StateView | None = None
+        self._bounds: tuple[int, int] | None = None
+        self._extra_nodes: Any = None
+        self._activity: Any = None
         self._stop = threading.Event()
         self._daemon_lock = threading.Lock()
 
@@ -156,7 +174,9 @@ class WorkloadCluster:
         if not daemon_answers(self.state_dir):
             self.daemon = spawn_daemon(self.command, self.state_dir)
         link = WorkloadLink(self.state_dir, on_node=self._on_node,
-                            on_failures=self.failures.merge, revive=self._revive)
+                            on_failures=self.failures.merge, revive=self._revive,
+                            on_attach=self._on_attach)
+        link.extra_nodes, link.activity = self._extra_nodes, self._activity
         try:
             link.start()
         except ChannelError as err:
@@ -188,7 +208,7 @@ class WorkloadCluster:
         # the scheduler in a process of its own: it decodes what nodes send, and dies alone
         # (the framework brings it back on its address, the agents rejoin)
         options = {"adopt_workers": True, "listen": self.listen, "prefetch": 0,
-                   "scheduler_process": True,
+                   "scheduler_process": self.scheduler_process,
                    **self.framework_options}
         if self.scheduler_port is not None:
             options.setdefault("port", self.scheduler_port)
@@ -212,17 +232,52 @@ class WorkloadCluster:
         self.framework.adopt_joined()
         threading.Thread(target=self._reload_loop, args=(tls,), name="scheduler-cert",
                          daemon=True).start()
-        deadline = time.monotonic() + 15
-        while self.metrics and self.metrics_url is None and time.monotonic() < deadline:
-            time.sleep(0.1)   # the daemon serves them once its manager runs
+        deadline = time.monotonic() + 30   # its manager runs: its state and metrics are
+        while (self.view() is None or self.metrics and self.metrics_url is None) \
+                and time.monotonic() < deadline and self.link.attached:
+            time.sleep(0.1)
 
-    def _tls(self) -> DaskTLS:
-        data = read_json(self.state_dir / TLS_FILE)
+    def _tls(self, member: str = "scheduler") -> DaskTLS:
+        """The TLS files of the scheduler (``member``) or of a Dask client (``"client"``:
+        ``Client(cluster)``), as the daemon wrote them."""
+        data = read_json(self.state_dir / TLS_FILE) or {}
+        prefix = "client_" if member == "client" else ""
         try:
-            return DaskTLS(**data)   # type: ignore[arg-type]
-        except TypeError:
+            return DaskTLS(data["ca_file"], data[f"{prefix}cert_file"],
+                           data[f"{prefix}key_file"],
+                           data["deny_file"] if member == "scheduler" else None)
+        except KeyError:
             raise ElasticSliceError(f"{self.state_dir / TLS_FILE}: not what the manager "
                                     f"daemon writes; stop it and move the file away") from None
+
+    def client_tls(self) -> DaskTLS:
+        """A Dask client's TLS files (OU ``control``: it may do what the user's client
+        does), issued by the daemon."""
+        return self._tls("client")
+
+    def set_bounds(self, minthreshold: int, maxthreshold: int) -> None:
+        """Hold from ``minthreshold`` to ``maxthreshold`` nodes from now on (the daemon's
+        policy; said again to a daemon started later)."""
+        if not 0 <= minthreshold <= maxthreshold:
+            raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= "
+                                    f"maxthreshold ({maxthreshold})")
+        self._bounds = (minthreshold, maxthreshold)
+        if self.link is not None:
+            self.link.send_bounds(minthreshold, maxthreshold)
+
+    def set_demand(self, extra_nodes: Any = None, activity: Any = None) -> None:
+        """Demand besides Troy's units, in nodes (``extra_nodes()``, None: none), and the
+        nodes' work Troy does not see (``activity()``, as ``PilotWatch.activity``)."""
+        self._extra_nodes, self._activity = extra_nodes, activity
+        if self.link is not None:
+            self.link.extra_nodes = extra_nodes
+            self.link.activity = activity
+            self.link.poke()
+
+    def nodes(self) -> int:
+        """The nodes the daemon holds now (its state, read-only)."""
+        view = self.view()
+        return len(view.state.nodes()) if view is not None else 0
 
     def _reload_loop(self, tls: DaskTLS) -> None:
         """The scheduler's certificate, loaded again when the daemon renewed it."""
@@ -247,6 +302,11 @@ class WorkloadCluster:
         self.counters.recovered += running
         log.info("resuming the cluster in %s (restart %d): %d unit(s) dispatched again",
                  self.state_dir, self.restarts, len(units))
+
+    def _on_attach(self, link: WorkloadLink) -> None:
+        """A daemon (again): it hears the bounds given since it started."""
+        if self._bounds is not None:
+            link.send_bounds(*self._bounds)
 
     def _on_node(self, event: str, client_id: str) -> None:
         framework = self.framework

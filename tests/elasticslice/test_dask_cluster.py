@@ -101,6 +101,27 @@ def test_direction_changes_are_counted_where_the_count_turns() -> None:
     assert direction_changes([(1, -1)]) == []
 
 
+class OpenedHere:
+    """The files this process opens while started (an audit hook: it stays, idle, after)."""
+
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+        self.on = False
+
+    def start(self) -> OpenedHere:
+        import sys
+
+        def hook(event: str, args: tuple) -> None:
+            if self.on and event == "open" and args and isinstance(args[0], (str, bytes)):
+                self.paths.add(os.path.abspath(os.fsdecode(args[0])))
+        sys.addaudithook(hook)
+        self.on = True
+        return self
+
+    def stop(self) -> None:
+        self.on = False
+
+
 def revoke_a_busy_added_node(client: Any, cluster: CloudLabCluster, emulator: Any,
                              initial: str) -> str:
     """Revoke (as CloudLab's admin) an added node whose Dask worker runs a task now; its
@@ -113,8 +134,8 @@ def revoke_a_busy_added_node(client: Any, cluster: CloudLabCluster, emulator: An
         return None
     name = str(wait_for(busy_added, timeout=120, what="a busy added node"))
     assert cluster.nodes() > 1                      # grown past one node
-    manager = cluster.manager
-    node_id = manager.state.node(manager.cmlist[0], name).node_id
+    manager = cluster.manager   # the daemon's state, read-only
+    [node_id] = [r.node_id for r in manager.state.nodes() if r.client_id == name]
     admin(emulator).call("Revoke", nodes=[node_id])
     wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=60,
              what="the reclamation to end")
@@ -135,6 +156,7 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
     emulator = emulator_factory(max_wait=30, notify_interval=0.3)
     monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
     witness = Witness(emulator.control_address)
+    opened = OpenedHere().start()   # what this process (the Dask user's) opens
     cooldown = 3.0
     policy = dataclasses.replace(FAST_POLICY, add_cooldown=cooldown, delete_cooldown=cooldown,
                                  max_delete_per_cycle=1)
@@ -211,8 +233,10 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
             cluster.scale(3)
             wait_for(lambda: len(scheduler_workers(client)) == 3, timeout=120,
                      what="three workers")
-            runs = manager.cycle.methods["delete_nodes"].runs
-            wait_for(lambda: manager.cycle.methods["delete_nodes"].runs >= runs + 20,
+            def delete_rounds() -> int:
+                return manager.state.cycle_log.records()["delete_nodes"].runs
+            runs = delete_rounds()
+            wait_for(lambda: delete_rounds() >= runs + 20,
                      timeout=60, what="twenty more delete_nodes rounds")
             assert cluster.nodes() == 3 and len(scheduler_workers(client)) == 3
         stats = manager.stats()
@@ -228,6 +252,14 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
         assert all(b - a >= cooldown for a, b in zip(changes, changes[1:])), steps
     finally:
         cluster.close()
+        opened.stop()
         witness.close()
     status = admin(emulator).call("Status")      # close() gave the nodes back
     assert status["slivers"] == [] and sum(row["slice"] for row in status["pool"].values()) == 0
+    # the user's process, whose Dask client unpickles what workers send, never opened the
+    # CloudLab key, its passphrase or the cluster CA's key: the manager daemon did
+    emu = Path(emulator.config_path).parent
+    secrets = {str(emu / "user.pem"), str(emu / "password"),
+               str((tmp_path / "dask" / "pki" / "ca.key").resolve())}
+    assert not secrets & opened.paths, sorted(secrets & opened.paths)
+    assert any(p.endswith("scheduler-tls.json") for p in opened.paths)   # it saw opens
