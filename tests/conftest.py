@@ -33,6 +33,8 @@ from tests.helpers import REPO
 os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "1s")
 os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL", "2s")
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL", "100ms")  # as agents
+# a manager daemon whose run a test killed for good keeps its nodes a minute, not ten
+os.environ.setdefault("ELASTICSLICE_ORPHAN_TIMEOUT", "60")
 import dask.config  # noqa: E402 - after the variables it reads
 
 dask.config.refresh()

@@ -32,8 +32,6 @@ TICK = 0.5          # seconds between two looks at the run
 PROGRESS_EVERY = 5.0  # a progress line at least this often while something changes
 RUN_FILE = "run.json"
 OUTPUT_DIR = "output"  # DIR/output: each task's stdout and stderr
-#: seconds the manager daemon keeps the nodes with no run attached (default: the daemon's)
-ORPHAN_ENV = "ELASTICSLICE_ORPHAN_TIMEOUT"
 #: the report's ``stats``: its names, and the cluster's counter each comes from
 STATS = {"units_requeued": "units_requeued", "duplicate_runs": "duplicates",
          "units_lost": "units_lost", "revocations": "revocations",
@@ -466,7 +464,9 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     """Run WORKFLOW (Troy JSON or WfFormat) on an elastic cluster of the configured CM.
 
     The cluster grows to the workflow's demand (up to --max-nodes); every node runs a Troy
-    pilot agent that joins this process' Dask scheduler over TLS. Progress goes to stderr,
+    pilot agent that joins this run's Dask scheduler (a process of its own) over TLS. The
+    CloudLab credentials are opened by the manager daemon alone, which this command starts
+    (or attaches to) and stops at the end; its log is DIR/daemon.log. Progress goes to stderr,
     one summary line to stdout; each task's output is kept in DIR/output. DIR keeps
     everything: if this process dies (even of SIGKILL), or stops on Ctrl-C, SIGTERM or
     --timeout, the same command with the same --state-dir resumes the run: the nodes held
@@ -504,11 +504,9 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     client = load_config(config_path, open_files=False)
     chosen = resolve_settings(client, settings, max_nodes)  # bad values: exit 2, no node
     debug = bool(getattr(ctx.obj, "debug", False))
-    orphan = os.environ.get(ORPHAN_ENV)
     command = DaemonCommand(str(client.path) if config_path is not None else None,
                             settings, max_nodes=max_nodes, adopt=adopt,
-                            connect_timeout=connect_timeout, debug=debug,
-                            orphan_timeout=float(orphan) if orphan else None)
+                            connect_timeout=connect_timeout, debug=debug)
     cluster = WorkloadCluster(command, state_dir, listen=chosen.listen,
                               scheduler_port=chosen.scheduler_port, keep=keep,
                               metrics=chosen.metrics_port is not None)

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 TLS_FILE = "scheduler-tls.json"   # where the scheduler's certificate, key and CA are
 LOG_FILE = "daemon.log"
+DAEMON_FILE = "daemon.json"       # the serving daemon's pid and arguments
 ORPHAN_TIMEOUT = 600.0  # seconds without a workload before the daemon stops (nodes kept)
 SYNC_EVERY = 0.5        # seconds between two tellings of the nodes held and failed
 RENEW_EVERY = 60.0      # seconds between two checks of the scheduler's certificate
@@ -264,15 +265,20 @@ class ManagerDaemon:
     def _held(self) -> list[tuple[str, str | None]]:
         """The nodes held (and being added), with their control address."""
         manager = self.manager
-        if manager is None:
+        if manager is not None:
+            return held_nodes(manager.state)
+        # before the manager runs (a daemon started again): what the state says, so that
+        # the agents rejoining a resumed run are adopted at once
+        from elasticslice.managers.records import StateError
+        from elasticslice.managers.state import ManagerState
+        try:
+            state = ManagerState.read_only(self.state_dir / "state")
+        except StateError:
             return []
-        state = manager.state
-        held = {r.client_id: r.ipv4 for r in state.nodes() if r.gone_at is None}
-        for intent in state.open_intents():
-            if intent.kind == "add":
-                for client_id in intent.client_ids:
-                    held.setdefault(client_id, None)
-        return sorted(held.items())
+        try:
+            return held_nodes(state)
+        finally:
+            state.close()
 
     def _sync_loop(self) -> None:
         while not self._stopped.wait(SYNC_EVERY):
@@ -352,6 +358,16 @@ class ManagerDaemon:
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.release()
+
+
+def held_nodes(state: Any) -> list[tuple[str, str | None]]:
+    """The nodes ``state`` holds (and those being added), with their control address."""
+    held = {r.client_id: r.ipv4 for r in state.nodes() if r.gone_at is None}
+    for intent in state.open_intents():
+        if intent.kind == "add":
+            for client_id in intent.client_ids:
+                held.setdefault(client_id, None)
+    return sorted(held.items())
 
 
 # ---------------------------------------------------------------------- the command ----
@@ -460,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the workload tells it when to stop
+    write_json(daemon.state_dir / DAEMON_FILE,
+               {"pid": os.getpid(), "argv": sys.argv[1:] if argv is None else list(argv)})
     print("ready", flush=True)
     _log_to(daemon.state_dir / LOG_FILE, args.debug)
     log.info("manager daemon %d serving %s", os.getpid(), daemon.state_dir)

@@ -33,7 +33,7 @@ from typing import Any
 from elasticslice.channel import ChannelError, daemon_answers
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.statedir import StateDirLock
-from elasticslice.pilots.daemon import LOG_FILE, TLS_FILE
+from elasticslice.pilots.daemon import DAEMON_FILE, LOG_FILE, TLS_FILE
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.link import WorkloadLink
 from elasticslice.pilots.restart import ClusterFile, RunCounters, read_json
@@ -47,6 +47,9 @@ STATS_SAVE_INTERVAL = 2.0   # seconds between two saves of the run's unit counte
 START_TIMEOUT = 180.0       # seconds a daemon has to be ready, besides its CM's timeout
 CLOSE_TIMEOUT = 300.0       # seconds the daemon has to give the slice back
 RELOAD_EVERY = 5.0          # seconds between two looks at the scheduler's certificate
+#: seconds the manager daemon keeps the nodes with no workload attached (default: the
+#: daemon's, 600)
+ORPHAN_ENV = "ELASTICSLICE_ORPHAN_TIMEOUT"
 
 
 @dataclasses.dataclass
@@ -85,8 +88,15 @@ class DaemonCommand:
             args += ["--max-nodes", str(self.max_nodes)]
         if self.min_nodes is not None:
             args += ["--min-nodes", str(self.min_nodes)]
-        if self.orphan_timeout is not None:
-            args += ["--orphan-timeout", str(self.orphan_timeout)]
+        orphan = self.orphan_timeout
+        if orphan is None and os.environ.get(ORPHAN_ENV):
+            try:
+                orphan = float(os.environ[ORPHAN_ENV])
+            except ValueError:
+                raise ElasticSliceError(f"${ORPHAN_ENV}: {os.environ[ORPHAN_ENV]!r} is not a "
+                                        f"number of seconds") from None
+        if orphan is not None:
+            args += ["--orphan-timeout", str(orphan)]
         return args + ["--adopt"] * self.adopt + ["--debug"] * self.debug
 
 
@@ -171,6 +181,8 @@ class WorkloadCluster:
         :class:`ElasticSliceError` if it cannot; nothing is made then."""
         if self.link is not None:
             return
+        if daemon_answers(self.state_dir) and not self._same_command():
+            self._replace_daemon()
         if not daemon_answers(self.state_dir):
             self.daemon = spawn_daemon(self.command, self.state_dir)
         link = WorkloadLink(self.state_dir, on_node=self._on_node,
@@ -183,6 +195,32 @@ class WorkloadCluster:
             line = str(err).removeprefix("refused: ")
             raise ElasticSliceError(f"{self.state_dir}: {line}") from err
         self.link = link
+
+    def _same_command(self) -> bool:
+        """Whether the daemon serving the state dir was started as this cluster would start
+        it (its settings): it writes its arguments in ``daemon.json``."""
+        data = read_json(self.state_dir / DAEMON_FILE) or {}
+        ours = self.command.argv(self.state_dir)
+        return data.get("argv") == ours[ours.index("--state-dir"):]
+
+    def _replace_daemon(self) -> None:
+        """The daemon serving the state dir has other settings (a run resumed with other
+        options): it stops, keeping the nodes, and a new one takes them with ours."""
+        log.warning("the manager daemon of %s has other settings: it stops (the nodes are "
+                    "kept) and a new one starts with these", self.state_dir)
+        link = WorkloadLink(self.state_dir)
+        try:
+            link.start()
+        except ChannelError as err:
+            raise ElasticSliceError(f"{self.state_dir}: {str(err).removeprefix('refused: ')}") \
+                from err
+        try:
+            link.close_daemon(False, CLOSE_TIMEOUT)
+        finally:
+            link.close()
+        deadline = time.monotonic() + 30
+        while daemon_answers(self.state_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def start(self) -> None:
         """:meth:`attach`, then Troy's session and the scheduler, whose address the daemon
