@@ -250,13 +250,19 @@ class WorkloadLink:
             if self.on_failures is not None:
                 self.on_failures(message["failures"])
             return
-        if kind == "values":
+        if kind == "values":   # may be a Dask round trip: off the reader, as decisions
             if self.framework is not None:
-                self.framework.set_pilot_values(message["values"])
+                self._work.submit(self._values, message["values"])
             return
         if kind not in ("drain", "retire", "lose"):
             raise ChannelError(f"{kind}: not something the manager daemon sends")
         self._work.submit(self._decide, message)   # a Dask round trip: off the reader
+
+    def _values(self, values: dict[str, float]) -> None:
+        try:
+            self.framework.set_pilot_values(values)
+        except Exception:  # noqa: BLE001 - the next values come with the next cycle
+            log.exception("cannot give the pilots CloudLab's values")
 
     def _decide(self, message: dict[str, Any]) -> None:
         client_id = message["client_id"]

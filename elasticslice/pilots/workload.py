@@ -155,6 +155,7 @@ class WorkloadCluster:
         self._extra_nodes: Any = None
         self._activity: Any = None
         self._stop = threading.Event()
+        self._adopt = threading.Event()
         self._daemon_lock = threading.Lock()
 
     # ------------------------------------------------------------------ the daemon
@@ -270,6 +271,7 @@ class WorkloadCluster:
         self.framework.adopt_joined()
         threading.Thread(target=self._reload_loop, args=(tls,), name="scheduler-cert",
                          daemon=True).start()
+        threading.Thread(target=self._adopt_loop, name="cluster-adopt", daemon=True).start()
         deadline = time.monotonic() + 30   # its manager runs: its state and metrics are
         while (self.view() is None or self.metrics and self.metrics_url is None) \
                 and time.monotonic() < deadline and self.link.attached:
@@ -347,9 +349,26 @@ class WorkloadCluster:
             link.send_bounds(*self._bounds)
 
     def _on_node(self, event: str, client_id: str) -> None:
-        framework = self.framework
-        if event == "joined" and framework is not None:   # its agent may be waiting
-            framework.adopt_joined()
+        if event == "joined":   # its agent may be waiting: offered again, off the channel
+            self._adopt.set()
+
+    def _adopt_loop(self) -> None:
+        """Agents that joined before their node was known here are offered for adoption
+        again (a Dask round trip: never on the channel's reader)."""
+        while not self._stop.is_set():
+            self._adopt.wait(1.0)
+            if not self._adopt.is_set():
+                continue
+            self._adopt.clear()
+            framework = self.framework
+            if framework is None:
+                continue
+            try:
+                framework.adopt_joined()
+            except Exception as err:  # noqa: BLE001 - its scheduler coming back: next time
+                log.debug("offering the joined agents again: %s", err)
+                self._adopt.set()
+                self._stop.wait(1.0)
 
     @property
     def daemon_pid(self) -> int | None:

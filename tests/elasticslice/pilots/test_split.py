@@ -237,8 +237,10 @@ def test_each_of_the_three_processes_sigkilled_in_turn_the_run_loses_nothing(
         os.kill(run.pid, 9)
         run.wait()
         assert process_alive(daemon) and nodes_in_slices(emulator) >= 1
+        # resumed with another setting: the daemon that kept the nodes stops, keeping them,
+        # and one with the new setting takes them
         second = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.1,
-                           extra=("--release",))
+                           extra=("--release", "--max-nodes", "3"))
         out, _ = second.communicate(timeout=RUN_TIMEOUT)
     finally:
         for proc in (run, second):
@@ -252,6 +254,11 @@ def test_each_of_the_three_processes_sigkilled_in_turn_the_run_loses_nothing(
     assert "1 restart(s)" in out   # the run's own process came back once
     assert "Traceback" not in stderr
     assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] == address
-    assert "the manager daemon was gone: a new one" in (state_dir / "run.log").read_text()
+    run_log = (state_dir / "run.log").read_text()
+    assert "the manager daemon was gone: a new one" in run_log
+    assert "has other settings: it stops (the nodes are kept)" in stderr   # said at once
+    assert not process_alive(daemon)
+    # three daemons served the run: the first, the one after its SIGKILL, the new settings'
+    assert len(re.findall(r"manager daemon \d+ serving", (state_dir / "daemon.log").read_text())) \
+        == 3
     assert nodes_in_slices(emulator) == 0   # given back: --release, and the run ended
-    wait_for(lambda: not process_alive(daemon), 60, what="the daemon to end with the run")
