@@ -173,7 +173,8 @@ class CloudLabCluster(Cluster):
 
         from elasticslice.config import load_config
         from elasticslice.pilots.helper import pilots_listen
-        from elasticslice.pilots.workload import DaemonCommand, WorkloadCluster
+        from elasticslice.pilots.daemon import DaemonCommand
+        from elasticslice.pilots.workload import WorkloadCluster
         config = self.config
         if config is None:  # as the CLI's --config, whose default is the variable's
             config = os.environ.get("ELASTICSLICE_CONFIG") or None

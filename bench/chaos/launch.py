@@ -42,10 +42,10 @@ def _tuned(cls: Any) -> None:
 def tune() -> None:
     """Every ``ElasticCluster`` and ``ManagerDaemon`` made from now on gets :data:`TUNING`,
     and the daemons a run starts are started through this launcher."""
-    from elasticslice.pilots import cluster, daemon, workload
+    from elasticslice.pilots import cluster, daemon
     _tuned(cluster.ElasticCluster)
     _tuned(daemon.ManagerDaemon)
-    argv = workload.DaemonCommand.argv
+    argv = daemon.DaemonCommand.argv
     if getattr(argv, "chaos_tuned", False):
         return
 
@@ -56,7 +56,7 @@ def tune() -> None:
         return [*args[:at], "bench.chaos.launch", "daemon", *args[at + 1:]]
 
     through_us.chaos_tuned = True  # type: ignore[attr-defined]
-    workload.DaemonCommand.argv = through_us  # type: ignore[method-assign]
+    daemon.DaemonCommand.argv = through_us  # type: ignore[method-assign]
 
 
 def main() -> None:

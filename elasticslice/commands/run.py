@@ -498,7 +498,8 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
         finish(ctx, ended_report(state_dir, theirs, outputs, base), report)
     from elasticslice.config import load_config
     from elasticslice.pilots.restart import write_json
-    from elasticslice.pilots.workload import DaemonCommand, WorkloadCluster
+    from elasticslice.pilots.daemon import DaemonCommand
+    from elasticslice.pilots.workload import WorkloadCluster
     config_path = getattr(ctx.obj, "config_path", None)
     # the settings only: the CloudLab credentials are the manager daemon's to open
     client = load_config(config_path, open_files=False)

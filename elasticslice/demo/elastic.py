@@ -139,7 +139,8 @@ class ElasticDemo:
                     "every node a pilot", "elastic cluster")
         from elasticslice.commands.run import resolve_settings
         from elasticslice.config import load_config
-        from elasticslice.pilots.workload import DaemonCommand, WorkloadCluster
+        from elasticslice.pilots.daemon import DaemonCommand
+        from elasticslice.pilots.workload import WorkloadCluster
         config = self.emu_dir / "elasticslice.conf"
         self.started_at = time.time()   # the report's timeline starts here (waits included)
         # as `elasticslice run` does: the manager daemon holds the credentials and the CA

@@ -18,12 +18,10 @@ from the daemon's state, read-only.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -33,7 +31,8 @@ from typing import Any
 from elasticslice.channel import ChannelError, daemon_answers
 from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.statedir import StateDirLock
-from elasticslice.pilots.daemon import DAEMON_FILE, LOG_FILE, TLS_FILE
+from elasticslice.pilots.daemon import (DAEMON_FILE, LOG_FILE, TLS_FILE, DaemonCommand,
+                                        spawn_daemon)
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.link import WorkloadLink
 from elasticslice.pilots.restart import ClusterFile, RunCounters, read_json
@@ -44,83 +43,8 @@ from troy.states import FINAL_STATES, State
 log = logging.getLogger(__name__)
 
 STATS_SAVE_INTERVAL = 2.0   # seconds between two saves of the run's unit counters
-START_TIMEOUT = 180.0       # seconds a daemon has to be ready, besides its CM's timeout
 CLOSE_TIMEOUT = 300.0       # seconds the daemon has to give the slice back
 RELOAD_EVERY = 5.0          # seconds between two looks at the scheduler's certificate
-#: seconds the manager daemon keeps the nodes with no workload attached (default: the
-#: daemon's, 600)
-ORPHAN_ENV = "ELASTICSLICE_ORPHAN_TIMEOUT"
-
-
-@dataclasses.dataclass
-class DaemonCommand:
-    """How to start the manager daemon of a run: its config file, the run's settings as
-    given (JSON), and the options of ``elasticslice run`` it follows."""
-
-    config: str | None
-    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: instead of ``settings``: the daemon's keyword arguments (JSON-able; ``policy`` a
-    #: ``PolicyConfig``), as ``CloudLabCluster`` gives them
-    arguments: Mapping[str, Any] | None = None
-    max_nodes: int | None = None
-    min_nodes: int | None = None
-    adopt: bool = False
-    connect_timeout: float = 60.0
-    orphan_timeout: float | None = None
-    debug: bool = False
-
-    def argv(self, state_dir: Path) -> list[str]:
-        args = [sys.executable, "-m", "elasticslice.pilots.daemon", "--state-dir",
-                str(state_dir), "--settings", json.dumps(dict(self.settings)),
-                "--connect-timeout", str(self.connect_timeout)]
-        if self.config is not None:
-            args += ["--config", str(self.config)]
-        if self.arguments is not None:
-            arguments = dict(self.arguments)
-            if dataclasses.is_dataclass(arguments.get("policy")):
-                arguments["policy"] = dataclasses.asdict(arguments["policy"])
-            try:
-                args += ["--arguments", json.dumps(arguments)]
-            except (TypeError, ValueError) as err:
-                raise ElasticSliceError(f"the manager daemon's arguments must be what JSON "
-                                        f"carries: {err}") from None
-        if self.max_nodes is not None:
-            args += ["--max-nodes", str(self.max_nodes)]
-        if self.min_nodes is not None:
-            args += ["--min-nodes", str(self.min_nodes)]
-        orphan = self.orphan_timeout
-        if orphan is None and os.environ.get(ORPHAN_ENV):
-            try:
-                orphan = float(os.environ[ORPHAN_ENV])
-            except ValueError:
-                raise ElasticSliceError(f"${ORPHAN_ENV}: {os.environ[ORPHAN_ENV]!r} is not a "
-                                        f"number of seconds") from None
-        if orphan is not None:
-            args += ["--orphan-timeout", str(orphan)]
-        return args + ["--adopt"] * self.adopt + ["--debug"] * self.debug
-
-
-def spawn_daemon(command: DaemonCommand, state_dir: Path) -> subprocess.Popen:
-    """Start the daemon and wait until it serves the channel; its one ``Error:`` line (as
-    :class:`ElasticSliceError`, with the exit status in ``status``) when it cannot."""
-    proc = subprocess.Popen(command.argv(state_dir), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)   # a Ctrl-C here is not its signal
-    limit = command.connect_timeout + START_TIMEOUT
-    out, err = _until_ready(proc, time.monotonic() + limit)
-    if out is None:
-        proc.kill()
-        proc.wait()
-        raise ElasticSliceError(f"{state_dir}: the manager daemon did not start within "
-                                f"{limit:g} s")
-    if b"ready" in out.split() and proc.poll() is None:
-        return proc
-    proc.wait()
-    lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
-    line = lines[-1] if lines else f"the manager daemon exited {proc.returncode}"
-    failure = ElasticSliceError(line[len("Error: "):] if line.startswith("Error: ") else line)
-    failure.status = proc.returncode   # type: ignore[attr-defined]
-    raise failure
 
 
 class WorkloadCluster:
@@ -470,28 +394,6 @@ class WorkloadCluster:
                                 daemon.pid)
                     daemon.terminate()
                     daemon.wait()
-
-
-def _until_ready(proc: subprocess.Popen, deadline: float) -> tuple[bytes | None, bytes]:
-    """What the daemon wrote on stdout and stderr until both ended (it is ready, its
-    output now goes to its log, or it exited); None for stdout at ``deadline``."""
-    import selectors
-    chunks: dict[Any, list[bytes]] = {proc.stdout: [], proc.stderr: []}
-    with selectors.DefaultSelector() as selector:
-        for pipe in chunks:
-            selector.register(pipe, selectors.EVENT_READ)
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None, b"".join(chunks[proc.stderr])
-            for key, _ in selector.select(left):
-                data = os.read(key.fd, 65536)
-                if data:
-                    chunks[key.fileobj].append(data)
-                else:
-                    selector.unregister(key.fileobj)
-                    key.fileobj.close()
-    return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr])
 
 
 def _mtime(path: str) -> float:
