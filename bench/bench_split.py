@@ -92,7 +92,7 @@ def pilots(count: int) -> list[BenchPilot]:
 
 def entries(count: int) -> list[dict[str, Any]]:
     """The ``pilots`` frame's entries of :func:`pilots`, as the link makes them."""
-    return [WorkloadLink._entry(p) for p in pilots(count)]
+    return [WorkloadLink._entry(p, {}) for p in pilots(count)]
 
 
 @dataclass

@@ -188,7 +188,7 @@ class CloudLabCluster(Cluster):
         listen = self.listen or pilots_listen(types.SimpleNamespace(config=client))
         options.update(minthreshold=self.minimum, maxthreshold=self.maximum,
                        hardware_type=self.hardware_type, node_cores=self.cores,
-                       listen=listen)
+                       listen=listen, client_cert=self._user_security is None)
         if self.image is not None:
             options["disk_image"] = self.image
         if self.public_url is not None:

@@ -137,7 +137,7 @@ class ElasticDemo:
     def start_cluster(self) -> None:
         self.c.step("Start the elastic cluster: manager daemon, TLS Dask scheduler, Troy; "
                     "every node a pilot", "elastic cluster")
-        from elasticslice.commands.run import resolve_settings
+        from elasticslice.runsettings import resolve_settings
         from elasticslice.config import load_config
         from elasticslice.pilots.daemon import DaemonCommand
         from elasticslice.pilots.workload import WorkloadCluster

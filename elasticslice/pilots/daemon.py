@@ -180,7 +180,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 def build(args: argparse.Namespace) -> ManagerDaemon:
     """The daemon of a run: its config's server, its settings resolved as `run` does, and
     the slice checked (``preflight``); :class:`ElasticSliceError` or ``BadUsage``."""
-    from elasticslice.commands.run import resolve_settings
+    from elasticslice.runsettings import resolve_settings
     from elasticslice.config import load_config
     from elasticslice.managers.ownership import preflight
     from elasticslice.rpc.client import ProtoGeniServer
@@ -246,12 +246,12 @@ def _log_to(path: Path, debug: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Start, say ``ready`` on stdout, then serve with the log in ``DIR/daemon.log``."""
-    from elasticslice.commands.run import BadUsage
+    from elasticslice.runsettings import SettingsError
     args = _arguments(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         daemon = build(args).start()
-    except BadUsage as err:
+    except SettingsError as err:
         print(f"Error: {err}", file=sys.stderr, flush=True)
         return 2
     except (ElasticSliceError, OSError) as err:

@@ -73,7 +73,8 @@ def cluster_policy(policy: PolicyConfig | None, minthreshold: int, maxthreshold:
 class ManagerDaemon:
     """See the module docstring. ``server``: a ``ProtoGeniServer``; the other arguments as
     :class:`~elasticslice.pilots.ElasticCluster`'s (``scheduler_port`` is the workload's
-    and is ignored here)."""
+    and is ignored here); ``client_cert``: issue a Dask client's certificate too (a Dask
+    user's ``Client(cluster)``)."""
 
     def __init__(self, server: Any, state_dir: Path, *, minthreshold: int = 1,
                  maxthreshold: int = 10, hardware_type: str | None = None,
@@ -88,7 +89,7 @@ class ManagerDaemon:
                  metrics_port: int | None = None, metrics_listen: str = "127.0.0.1",
                  scheduler_port: int | None = None, enrol_port: int | None = None,
                  publish_port: int | None = None,
-                 orphan_timeout: float = ORPHAN_TIMEOUT) -> None:
+                 orphan_timeout: float = ORPHAN_TIMEOUT, client_cert: bool = False) -> None:
         self.server = server
         self.state_dir = Path(state_dir).expanduser().resolve()
         self.hardware_type, self.listen, self.margin = hardware_type, listen, margin
@@ -103,6 +104,7 @@ class ManagerDaemon:
         self.metrics_port, self.metrics_listen = metrics_port, metrics_listen
         self.enrol_port, self.publish_port = enrol_port, publish_port
         self.orphan_timeout = orphan_timeout
+        self.client_cert = client_cert   # issue a Dask client's certificate too
         self.failures = NodeFailures()
         self.ca: ClusterCA | None = None
         self.services: ControlServices | None = None
@@ -151,11 +153,13 @@ class ManagerDaemon:
     def _write_tls(self) -> None:
         """The scheduler's certificate (issued again when due) and where it is."""
         assert self.ca is not None
-        tls, client = self.ca.dask_tls("scheduler"), self.ca.dask_tls("client")
-        write_json(self.state_dir / TLS_FILE, {
-            "ca_file": tls.ca_file, "cert_file": tls.cert_file, "key_file": tls.key_file,
-            "deny_file": str(self.state_dir / DENY_FILE),
-            "client_cert_file": client.cert_file, "client_key_file": client.key_file})
+        tls = self.ca.dask_tls("scheduler")
+        files = {"ca_file": tls.ca_file, "cert_file": tls.cert_file, "key_file": tls.key_file,
+                 "deny_file": str(self.state_dir / DENY_FILE)}
+        if self.client_cert:   # a Dask user's client (CloudLabCluster) has its own
+            client = self.ca.dask_tls("client")
+            files.update(client_cert_file=client.cert_file, client_key_file=client.key_file)
+        write_json(self.state_dir / TLS_FILE, files)
         self._renewed = time.monotonic()
 
     def _on_scheduler(self, address: str) -> None:

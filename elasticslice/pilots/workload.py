@@ -131,14 +131,14 @@ class WorkloadCluster:
     def _replace_daemon(self) -> None:
         """The daemon serving the state dir has other settings (a run resumed with other
         options): it stops, keeping the nodes, and a new one takes them with ours."""
-        log.warning("the manager daemon of %s has other settings: it stops (the nodes are "
-                    "kept) and a new one starts with these", self.state_dir)
         link = WorkloadLink(self.state_dir)
-        try:
+        try:   # refused while another workload is attached to it
             link.start()
         except ChannelError as err:
             raise ElasticSliceError(f"{self.state_dir}: {str(err).removeprefix('refused: ')}") \
                 from err
+        log.warning("the manager daemon of %s has other settings: it stops (the nodes are "
+                    "kept) and a new one starts with these", self.state_dir)
         try:
             link.close_daemon(False, CLOSE_TIMEOUT)
         finally:
