@@ -89,7 +89,8 @@ class BootRunner:
             self._network = choice = network.choose()
             if choice.on:
                 try:
-                    self.fabric = network.Fabric().start(prefer=self._last_control_address())
+                    self.fabric = network.Fabric().start(
+                        prefer=self._last_control_address(), owner=str(self.ctx.directory))
                 except (network.NetworkError, OSError) as err:
                     self._network = choice = network.Choice(False, str(err))
             if self.fabric is not None:

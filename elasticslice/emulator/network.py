@@ -164,21 +164,22 @@ def _prefixlen(netmask: str | None) -> int:
         return 24
 
 
-def _mark_released(k: int) -> None:
+def _mark_released(k: int, owner: str) -> None:
     try:
-        (STATE_DIR / f"released-{k}").touch()
+        (STATE_DIR / f"released-{k}").write_text(owner)
     except OSError:
         pass  # only a hint for the next allocation
 
 
-def _recently_released(now: float | None = None) -> set[int]:
-    """The control networks (their k) that a box released within :data:`HOLD_RELEASED`."""
+def _recently_released(now: float | None = None) -> dict[int, str]:
+    """The control networks (their k) that a box released within :data:`HOLD_RELEASED`,
+    with the box's owner (its emulator directory)."""
     now = time.time() if now is None else now
-    held: set[int] = set()
+    held: dict[int, str] = {}
     for marker in STATE_DIR.glob("released-*") if STATE_DIR.is_dir() else []:
         try:
             if now - marker.stat().st_mtime < HOLD_RELEASED:
-                held.add(int(marker.name.split("-", 1)[1]))
+                held[int(marker.name.split("-", 1)[1])] = marker.read_text()
         except (OSError, ValueError):
             continue
     return held
@@ -268,6 +269,7 @@ class Fabric:
     def __init__(self) -> None:
         self.name = f"es{os.getpid()}x{next(_counter)}"
         self.k = -1
+        self.owner = ""   # the box's emulator directory (start)
         self._lock_fd: int | None = None
         self._lans: set[str] = set()
         self._nodes: dict[str, str] = {}  # node_id -> its namespace
@@ -300,10 +302,11 @@ class Fabric:
         return NETNS_DIR / f"{self.name}-{node_id}"
 
     # ---- life cycle
-    def start(self, prefer: str | None = None) -> Fabric:
+    def start(self, prefer: str | None = None, owner: str = "") -> Fabric:
         """Make the fabric. ``prefer``: the control address this box had before (a restart
-        on the same directory): kept when it is free, so nodes and a running manager that
-        listens there reach this machine at the same address again."""
+        on the same directory, ``owner``): kept when it is free, so nodes and a running
+        manager that listens there reach this machine at the same address again."""
+        self.owner = owner
         STATE_DIR.mkdir(mode=0o700, exist_ok=True)
         with open(STATE_DIR / ".lock", "a") as global_lock:
             fcntl.flock(global_lock, fcntl.LOCK_EX)
@@ -345,11 +348,13 @@ class Fabric:
         parallel test's new box took it between the stop and the start, and the chaos
         run's manager, listening at the old address, reached no CM fetch), else any free."""
         used = {int(m) - CONTROL_BASE for m in re.findall(r"inet 100\.(\d+)\.", _addresses())}
-        wanted = re.fullmatch(r"100\.(\d+)\.0\.1", prefer or "")
-        if wanted and 0 <= int(wanted.group(1)) - CONTROL_BASE < CONTROL_NETS \
-                and int(wanted.group(1)) - CONTROL_BASE not in used:
-            return int(wanted.group(1)) - CONTROL_BASE
         held = _recently_released()
+        wanted = re.fullmatch(r"100\.(\d+)\.0\.1", prefer or "")
+        k = int(wanted.group(1)) - CONTROL_BASE if wanted else -1
+        # its own, unless another box released it a moment ago (and wants it back: broke,
+        # an old directory's box took the network a restarting box had just let go)
+        if 0 <= k < CONTROL_NETS and k not in used and held.get(k, self.owner) == self.owner:
+            return k
         free = [k for k in range(CONTROL_NETS) if k not in used]
         for k in [k for k in free if k not in held] + free:
             return k
@@ -366,7 +371,7 @@ class Fabric:
         _delete_table(self.name)
         if self.k >= 0:
             self._wait_address_gone()
-            _mark_released(self.k)
+            _mark_released(self.k, self.owner)
         if self._lock_fd is not None:
             (STATE_DIR / f"{self.name}.lock").unlink(missing_ok=True)
             os.close(self._lock_fd)

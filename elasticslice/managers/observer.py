@@ -86,8 +86,11 @@ class Observer:
         state = self.state
         records = {r.client_id: r for r in state.nodes(cm.url)}
         adopting = not records and not state.nodes(cm.url, include_gone=True)
-        in_flight = {c for i in state.open_intents() if i.kind == "add" and i.cm == cm.url
-                     for c in i.client_ids}
+        # nodes an AddNodes or a DeleteNodes is about: the actuator records them (and why
+        # they went: a manifest read between a DeleteNodes and its record once made a node
+        # released early "not in the sliver any more")
+        in_flight = {c for i in state.open_intents() if i.kind in ("add", "delete")
+                     and i.cm == cm.url for c in i.client_ids}
         changes = 0
         settled: list[tuple[Any, str]] = []
         seen = set()

@@ -216,7 +216,9 @@ def test_idle_connections_never_keep_the_cm_out(emulator_pki, callers):
                 oldest.settimeout(10)
                 assert oldest.recv(1) == b""   # the oldest went
                 oldest.close()
-            assert server.stats()["idle connections evicted (all slots taken)"] == 3
+            # one eviction per call at least (a hog that topped the table up while the call's
+            # connection was still counted, on a loaded machine, makes one more)
+            assert server.stats()["idle connections evicted (all slots taken)"] >= 3
         finally:
             for hog in hogs:
                 hog.close()
