@@ -233,7 +233,7 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
     """Stop the cluster: a run that ended gives its nodes back (unless ``keep``), one that
     stopped before its end keeps them for a resume (unless ``release``) and leaves what was
     in flight unfinished in its store. Returns how many nodes it held."""
-    held = cluster.snapshot().nodes_held if cluster.session is not None else 0
+    held = cluster.nodes() if cluster.session is not None else 0
     cluster.close(keep=keep if ended else not release, resume=not ended)
     return held
 

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         daemon.serve()
     finally:
         daemon.server.close()
-    return 0
+    return 1 if daemon.failed else 0
 
 
 if __name__ == "__main__":

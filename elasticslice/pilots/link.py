@@ -25,6 +25,7 @@ from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
 
+REFUSED = "the peer refused: "   # a Channel's reason when the other end said why it closed
 DEFAULT_INTERVAL = 0.5   # seconds between two reports (and at once on a pilot's change)
 RETRY = 1.0              # seconds between two attempts to attach again
 
@@ -69,6 +70,8 @@ class WorkloadLink:
         self._thread: threading.Thread | None = None
         self._closed_by_daemon = threading.Event()
         self._closing = False   # the daemon was told the run ends: its bye is expected
+        #: why the daemon refused this workload for good (None: it did not)
+        self.fatal: str | None = None
         self._asked = 0         # the last report the daemon asked for (its sequence number)
         self._unsent = ""       # the last reason a report was not sent (said once)
 
@@ -138,6 +141,12 @@ class WorkloadLink:
     def _on_close(self, reason: str | None) -> None:
         self._closed_by_daemon.set()
         self._attached.clear()
+        if reason and reason.startswith(REFUSED) and not self._closing:
+            # the daemon cannot serve this run (its manager cannot start): no use coming back
+            self.fatal = reason[len(REFUSED):]
+            self._stop.set()
+            log.info("the manager daemon stopped: %s", self.fatal)   # the caller says it
+            return
         with self._lock:
             self._held.clear()   # the daemon tells them again when it is back
         if not self._stop.is_set() and not self._closing:

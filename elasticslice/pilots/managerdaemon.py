@@ -105,6 +105,7 @@ class ManagerDaemon:
         self.enrol_port, self.publish_port = enrol_port, publish_port
         self.orphan_timeout = orphan_timeout
         self.client_cert = client_cert   # issue a Dask client's certificate too
+        self.failed: str | None = None     # why the manager could not start
         self.failures = NodeFailures()
         self.ca: ClusterCA | None = None
         self.services: ControlServices | None = None
@@ -309,7 +310,11 @@ class ManagerDaemon:
             address = self.scheduler_address
             if address is not None and (self.helper is None
                                         or self.helper.scheduler != address):
-                self._start_manager(address)
+                try:
+                    self._start_manager(address)
+                except Exception as err:  # noqa: BLE001 - said to the workload, in one line
+                    self._cannot_start(err)
+                    return False
             if self.remote.attached:
                 self._alone_since = None
             elif self._alone_since is None:
@@ -321,6 +326,20 @@ class ManagerDaemon:
                             "same run resumes on them)", self.orphan_timeout)
                 self.close(give_back=False)
                 return False
+
+    def _cannot_start(self, err: Exception) -> None:
+        """The manager cannot start (its state, its endpoint's port...): the workload is
+        told in one line (it stops: another daemon would fail the same way), the nodes
+        are kept."""
+        from elasticslice.managers.cycle import one_line
+        line = f"the manager cannot start: {one_line(err)}"
+        log.exception("%s", line)
+        self.failed = line
+        assert self.remote is not None
+        workload = self.remote.server.workload
+        if workload is not None:
+            workload.refuse(line)
+        self.close(give_back=False)
 
     def stop(self) -> None:
         """Stop serving (keeping the nodes), from a signal handler or another thread."""

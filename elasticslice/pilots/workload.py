@@ -198,8 +198,9 @@ class WorkloadCluster:
         threading.Thread(target=self._adopt_loop, name="cluster-adopt", daemon=True).start()
         deadline = time.monotonic() + 30   # its manager runs: its state and metrics are
         while (self.view() is None or self.metrics and self.metrics_url is None) \
-                and time.monotonic() < deadline and self.link.attached:
+                and time.monotonic() < deadline and not self.link.fatal:
             time.sleep(0.1)
+        self.check()
 
     def _tls(self, member: str = "scheduler") -> DaskTLS:
         """The TLS files of the scheduler (``member``) or of a Dask client (``"client"``:
@@ -329,7 +330,15 @@ class WorkloadCluster:
     def pilots(self) -> list[Any]:
         return [p for p in self.framework.list_pilots() if p.state not in FINAL_STATES]
 
+    def check(self) -> None:
+        """:class:`ElasticSliceError` with the daemon's line if it stopped for good."""
+        link = self.link
+        if link is not None and link.fatal:
+            raise ElasticSliceError(f"{self.state_dir}: {link.fatal} (see "
+                                    f"{self.state_dir / LOG_FILE})")
+
     def snapshot(self) -> ClusterSnapshot:
+        self.check()
         return ClusterSnapshot.of(self.view(), self.session, self.pilots())
 
     def stats(self) -> dict[str, Any]:
@@ -368,7 +377,7 @@ class WorkloadCluster:
         if link is None:
             return
         try:
-            if not link.attached:   # it died: a new one gives the slice back
+            if not link.attached and not link.fatal:   # it died: a new one gives it back
                 self._stop.clear()
                 deadline = time.monotonic() + 60
                 while not link.attached and time.monotonic() < deadline:
@@ -377,7 +386,7 @@ class WorkloadCluster:
             done = link.close_daemon(give_back, CLOSE_TIMEOUT)
             if done and give_back:
                 ClusterFile.mark_closed(self.state_dir)
-            if not done:
+            if not done and not link.fatal:
                 log.warning("the manager daemon did not say it stopped: see %s",
                             self.state_dir / LOG_FILE)
         finally:

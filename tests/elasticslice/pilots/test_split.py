@@ -262,3 +262,29 @@ def test_each_of_the_three_processes_sigkilled_in_turn_the_run_loses_nothing(
     assert len(re.findall(r"manager daemon \d+ serving", (state_dir / "daemon.log").read_text())) \
         == 3
     assert nodes_in_slices(emulator) == 0   # given back: --release, and the run ended
+
+
+def test_a_daemon_whose_manager_cannot_start_ends_the_run_in_one_line(
+        emulator: Any, tmp_path: Path) -> None:
+    """The callback endpoint's port taken: the daemon's manager cannot start after it said
+    it was ready; the run says why in one line and exits 1 (another daemon would fail the
+    same way: none is started again), and no daemon is left."""
+    taken = socket.socket()
+    taken.bind((emulator.control_address, 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
+    try:
+        run = start_run(emulator, tmp_path, state_dir, run_env(tmp_path), log,
+                        extra=("--endpoint-port", str(port)))
+        out, _ = run.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        taken.close()
+    errors = [line for line in log.read_text().splitlines() if not line.startswith("[")]
+    assert run.returncode == 1 and out == "", errors
+    assert errors == [f"Error: {state_dir}: the manager cannot start: cannot listen on "
+                      f"{emulator.control_address}:{port}: Address already in use (see "
+                      f"{state_dir / 'daemon.log'})"], errors
+    pid = daemon_pid(state_dir)
+    assert pid is not None and not process_alive(pid)
+    assert (state_dir / "daemon.log").read_text().count(" serving ") == 1   # not again
