@@ -82,6 +82,27 @@ class WorkloadCluster:
         self._adopt = threading.Event()
         self._daemon_lock = threading.Lock()
 
+    @classmethod
+    def from_config(cls, config: str | os.PathLike[str], state_dir: Path, *,
+                    max_nodes: int | None = None, keep: bool = False,
+                    **settings: Any) -> WorkloadCluster:
+        """As ``elasticslice -c CONFIG run --state-dir STATE_DIR`` makes it: ``settings``
+        are the run's options by their Python names (``listen``, ``margin``,
+        ``idle_timeout``, ``node_cores``...: :data:`elasticslice.runsettings.SETTINGS`), over
+        the config file's ``[pilots]``/``[manager]``/``[endpoint]``. The config is read for
+        its settings only (the daemon opens the credentials); a bad setting is a
+        :class:`~elasticslice.runsettings.SettingsError`."""
+        from elasticslice.config import load_config
+        from elasticslice.runsettings import resolve_settings
+        given = {name: None if value is None else str(value)
+                 for name, value in settings.items()}
+        client = load_config(config, open_files=False)
+        chosen = resolve_settings(client, given, max_nodes)
+        command = DaemonCommand(str(client.path), given, max_nodes=max_nodes)
+        return cls(command, state_dir, listen=chosen.listen,
+                   scheduler_port=chosen.scheduler_port, keep=keep,
+                   metrics=chosen.metrics_port is not None)
+
     # ------------------------------------------------------------------ the daemon
     def _revive(self) -> None:
         """A daemon for the link to attach to: the one serving the state dir, else a new
