@@ -33,7 +33,7 @@ from elastic.tenants import patterns  # noqa: E402
 from elastic.workload import campaign, workflow_files  # noqa: E402
 
 from elasticslice.managers.policy import PolicyConfig  # noqa: E402
-from elasticslice.pilots.cluster import default_policy  # noqa: E402
+from elasticslice.pilots.managerdaemon import default_policy  # noqa: E402
 
 log = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,7 +42,7 @@ HOUR = 3600.0
 
 def cluster_defaults(max_nodes: int) -> PolicyConfig:
     """The pilot cluster's policy as shipped (``ElasticCluster``'s defaults, from
-    :func:`elasticslice.pilots.cluster.default_policy`; ``run`` keeps idle pilots 60 s and
+    :func:`elasticslice.pilots.managerdaemon.default_policy`; ``run`` keeps idle pilots 60 s and
     one node at least)."""
     return dataclasses.replace(default_policy(max_nodes), minthreshold=1, maxthreshold=max_nodes,
                                idle_timeout=60.0,

@@ -239,3 +239,16 @@ def serve_metrics(manager: Any, *, units: Callable[[], Mapping[str, int]] | None
     """Serve ``manager``'s metrics (see :class:`ManagerMetrics`); started."""
     registry = ManagerMetrics(manager, units=units).registry()
     return MetricsServer(registry, address=address, port=port).start()
+
+
+def serve_metrics_or_warn(manager: Any, *, units: Callable[[], Mapping[str, int]] | None,
+                          address: str, port: int) -> MetricsServer | None:
+    """:func:`serve_metrics`; one that cannot listen is a warning (None), the caller runs
+    on without metrics."""
+    try:
+        server = serve_metrics(manager, units=units, address=address, port=port)
+    except MetricsError as err:
+        log.warning("%s: no metrics endpoint", err)
+        return None
+    log.info("metrics at %s", server.url)
+    return server

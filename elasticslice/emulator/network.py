@@ -56,6 +56,8 @@ CONTROL_NETS = 64
 #: seconds a stopped box's control network is kept from boxes that did not have it (its
 #: own restart takes it back: a manager listening at the old address reaches it again)
 HOLD_RELEASED = 60.0
+#: seconds a box restarting waits for its own network, which it let go, to be gone
+RELEASE_WAIT = 30.0
 CLONE_NEWNET = 0x40000000
 _counter = itertools.count(1)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -353,8 +355,16 @@ class Fabric:
         k = int(wanted.group(1)) - CONTROL_BASE if wanted else -1
         # its own, unless another box released it a moment ago (and wants it back: broke,
         # an old directory's box took the network a restarting box had just let go)
-        if 0 <= k < CONTROL_NETS and k not in used and held.get(k, self.owner) == self.owner:
-            return k
+        if 0 <= k < CONTROL_NETS and held.get(k, self.owner) == self.owner:
+            if k in used and held.get(k) == self.owner:   # let go, still going (loaded)
+                ip = f"inet 100.{CONTROL_BASE + k}.0.1/"
+                deadline = time.monotonic() + RELEASE_WAIT
+                while ip in _addresses() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if ip not in _addresses():
+                    used.discard(k)
+            if k not in used:
+                return k
         free = [k for k in range(CONTROL_NETS) if k not in used]
         for k in [k for k in free if k not in held] + free:
             return k
@@ -363,15 +373,17 @@ class Fabric:
     def stop(self) -> None:
         with self._mutex:
             nodes = list(self._nodes)
-        for node_id in nodes:
-            self.remove(node_id)
-        for ns in NETNS_DIR.glob(f"{self.name}-*") if NETNS_DIR.is_dir() else []:
-            _delete_netns(ns.name)
-        _delete_netns(self.name)  # its end of the host's veth goes with it
-        _delete_table(self.name)
-        if self.k >= 0:
-            self._wait_address_gone()
-            _mark_released(self.k, self.owner)
+        try:
+            for node_id in nodes:
+                self.remove(node_id)
+            for ns in NETNS_DIR.glob(f"{self.name}-*") if NETNS_DIR.is_dir() else []:
+                _delete_netns(ns.name)
+            _delete_netns(self.name)  # its end of the host's veth goes with it
+            _delete_table(self.name)
+        finally:   # held for this box's restart whatever failed above
+            if self.k >= 0:
+                self._wait_address_gone()
+                _mark_released(self.k, self.owner)
         if self._lock_fd is not None:
             (STATE_DIR / f"{self.name}.lock").unlink(missing_ok=True)
             os.close(self._lock_fd)

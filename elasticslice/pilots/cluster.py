@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,32 +35,24 @@ from elasticslice.managers.cycle import PILOT_INTERVALS
 from elasticslice.managers.parts import PolicyField
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock
-from elasticslice.metrics import MetricsError, MetricsServer, serve_metrics, session_units
+from elasticslice.metrics import MetricsServer, serve_metrics_or_warn, session_units
 from elasticslice.pilots.ca import ClusterCA, renew_scheduler
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
 from elasticslice.pilots.manager import PilotSliceManager
-from elasticslice.pilots.restart import ClusterFile, RunCounters
-from elasticslice.pilots.services import DENY_FILE, ENROL_FILE, TOKENS_FILE, ControlServices
+from elasticslice.pilots.restart import ClusterFile, RunCounters, recover_session
+from elasticslice.pilots.managerdaemon import cluster_policy
+from elasticslice.pilots.services import (DENY_FILE, ENROL_FILE, TOKENS_FILE, ControlServices,
+                                          pilot_helper)
 from elasticslice.pilots.snapshot import ClusterSnapshot
 from troy.frameworks.dask import DenyList
-from troy.states import FINAL_STATES, State
+from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
 
 #: how often each cycle method runs (seconds): the cycle's table (managers/cycle.py)
 DEFAULT_INTERVALS = PILOT_INTERVALS
 STATS_SAVE_INTERVAL = 2.0  # seconds between two saves of the run's unit counters
-
-
-def default_policy(maxthreshold: int) -> PolicyConfig:
-    """The cluster's policy when none is given (its thresholds and idle_timeout are set
-    from the cluster's arguments): quick cooldowns, up to 4 nodes given back a decision,
-    and a CM kept a quarter free when we add (docs/manager-policy.md: "Should the defaults
-    change?", from bench/bench_elasticity.py)."""
-    return PolicyConfig(add_cooldown=1.0, delete_cooldown=5.0,
-                        max_add_per_cycle=max(1, maxthreshold), max_delete_per_cycle=4,
-                        percent_available_minimum=0.25)
 
 
 class ElasticCluster:
@@ -123,11 +114,8 @@ class ElasticCluster:
         #: the serials of certificates of nodes that left: refused by the scheduler and
         #: the enrolment service until they expire
         self.denied = DenyList(self.state_dir / self.DENY_FILE)
-        base = policy or default_policy(maxthreshold)
         # None: idle pilots are never given back (the policy's None means "no idle rule")
-        self.policy = dataclasses.replace(
-            base, idle_timeout=math.inf if idle_timeout is None else idle_timeout,
-            minthreshold=minthreshold, maxthreshold=maxthreshold)
+        self.policy = cluster_policy(policy, minthreshold, maxthreshold, idle_timeout)
         self.node_cores = node_cores
         self.keep = keep
         self.manager_options = dict(manager_options or {})
@@ -206,18 +194,10 @@ class ElasticCluster:
             cert_lifetime=self.cert_lifetime,
             enrol_port=self.enrol_port, publish_port=self.publish_port,
             public_url=self.public_url).start()
-        self.helper = PilotElasticSliceHelper(
-            self.ca, self.framework.scheduler_address, self.state_dir / "tarballs",
-            publisher=services.publisher, enrolment=services.enrolment, token=services.token,
-            report_url=services.report_url, enrol_url=services.enrol_url, server=self.server,
-            node_python=self.node_python, image_urn=self.disk_image,
-            nodetype=self.hardware_type)
-        # the tarball is made again without the tokens a killed process put in it (the
-        # service keeps their hashes: a node that has its tarball already still enrols)
-        self.helper.forget_all()
-        if not self.helper.has_environment:  # the node builds it from our wheelhouse
-            self.helper.env_lines = self._node_software()
-        self.helper.tarball_url()  # served before any sliver change: the CM fetches it again
+        self.helper = pilot_helper(services, self.ca, self.framework.scheduler_address,
+                                   self.state_dir, self.server, node_python=self.node_python,
+                                   image_urn=self.disk_image, nodetype=self.hardware_type,
+                                   image_python=self.image_python)
         self.manager = self.new_manager()
         self.manager.start()
         # agents that rejoined before the manager existed were refused: they are ours if
@@ -228,13 +208,9 @@ class ElasticCluster:
 
     def _serve_metrics(self) -> None:
         """The metrics endpoint; one that cannot listen is a warning, the cluster runs on."""
-        try:
-            self.metrics = serve_metrics(lambda: self.manager, units=self._metric_units,
-                                         address=self.metrics_listen, port=self.metrics_port)
-        except MetricsError as err:
-            log.warning("%s: no metrics endpoint", err)
-            return
-        log.info("metrics at %s", self.metrics.url)
+        self.metrics = serve_metrics_or_warn(lambda: self.manager, units=self._metric_units,
+                                             address=self.metrics_listen,
+                                             port=self.metrics_port)
 
     @property
     def metrics_url(self) -> str | None:
@@ -263,14 +239,6 @@ class ElasticCluster:
     def wheelroot(self) -> Any:
         """The nodes' software, a wheelhouse per node's Python and machine (None: none)."""
         return self.services.wheelroot if self.services is not None else None
-
-    def _node_software(self) -> str:
-        """The ``start.sh`` lines that build the agent's environment on a node from the
-        wheelhouse this cluster publishes (:meth:`ControlServices.node_software`)."""
-        assert self.helper is not None and self.services is not None
-        urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
-        return self.services.node_software(image_urn=self.helper.image_urn,
-                                           image_python=self.image_python, cm_urls=urls)
 
     ENROL_FILE, TOKENS_FILE, DENY_FILE = ENROL_FILE, TOKENS_FILE, DENY_FILE
 
@@ -306,14 +274,7 @@ class ElasticCluster:
             return add(**{**options, "port": 0})
 
     def _recover(self) -> None:
-        """Troy's side of a restart: units in flight when the last process died run again
-        (those running count as requeued), dispatched workloads are rebuilt."""
-        running = sum(1 for r in self.session.store.unfinished_units()
-                      if r.state is State.RUNNING)
-        units = self.session.recover()
-        self.counters.recovered += running
-        log.info("resuming the cluster in %s (restart %d): %d unit(s) dispatched again",
-                 self.state_dir, self.restarts, len(units))
+        recover_session(self.session, self.counters, self.state_dir, self.restarts)
 
     def save_stats(self) -> None:
         """Persist this process' unit counters (also done every few seconds)."""

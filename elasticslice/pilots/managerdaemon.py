@@ -196,25 +196,16 @@ class ManagerDaemon:
     def _start_manager(self, address: str) -> None:
         """The helper (what a node is: its tarball tells its agent where to join) and the
         manager, resumed from the state."""
-        from elasticslice.pilots.helper import PilotElasticSliceHelper
         from elasticslice.pilots.manager import PilotSliceManager
+        from elasticslice.pilots.services import pilot_helper
         services = self.services
         assert services is not None and self.ca is not None and self.remote is not None
         if self.helper is not None:   # the scheduler moved: the nodes to come join there
             log.warning("the workload's scheduler is now %s: new nodes join it there", address)
             self.helper.close(remove=False)
-        helper = PilotElasticSliceHelper(
-            self.ca, address, self.state_dir / "tarballs",
-            publisher=services.publisher, enrolment=services.enrolment, token=services.token,
-            report_url=services.report_url, enrol_url=services.enrol_url, server=self.server,
-            node_python=self.node_python, image_urn=self.disk_image,
-            nodetype=self.hardware_type)
-        helper.forget_all()   # no token a killed process put in the tarball stays in it
-        if not helper.has_environment:
-            urls = list(getattr(getattr(self.server, "config", None), "cm_urls", None) or [])
-            helper.env_lines = services.node_software(
-                image_urn=helper.image_urn, image_python=self.image_python, cm_urls=urls)
-        helper.tarball_url()   # served before any sliver change: the CM fetches it again
+        helper = pilot_helper(services, self.ca, address, self.state_dir, self.server,
+                              node_python=self.node_python, image_urn=self.disk_image,
+                              nodetype=self.hardware_type, image_python=self.image_python)
         self.helper = helper
         if self.manager is not None:
             return
@@ -239,15 +230,12 @@ class ManagerDaemon:
         log.info("manager started: the nodes' agents join %s", address)
 
     def _serve_metrics(self) -> None:
-        from elasticslice.metrics import MetricsError, serve_metrics
-        try:
-            self.metrics = serve_metrics(lambda: self.manager, units=self._metric_units,
-                                         address=self.metrics_listen, port=self.metrics_port)
-        except MetricsError as err:
-            log.warning("%s: no metrics endpoint", err)
-            return
-        write_json(self.state_dir / "metrics.json", {"url": self.metrics.url})
-        log.info("metrics at %s", self.metrics.url)
+        from elasticslice.metrics import serve_metrics_or_warn
+        self.metrics = serve_metrics_or_warn(lambda: self.manager, units=self._metric_units,
+                                             address=self.metrics_listen,
+                                             port=self.metrics_port)
+        if self.metrics is not None:   # where the workload's process finds it
+            write_json(self.state_dir / "metrics.json", {"url": self.metrics.url})
 
     def _metric_units(self) -> dict[str, int]:
         assert self.remote is not None

@@ -192,3 +192,15 @@ class RunCounters:
         """The run's counters: the earlier processes' and this one's."""
         current = self.current()
         return self.ledger.totals(current) if self._opened else current
+
+
+def recover_session(session: Any, counters: RunCounters, state_dir: Path,
+                    restarts: int) -> None:
+    """Troy's side of a restart: units in flight when the last process died run again
+    (those running count as requeued), dispatched workloads are rebuilt."""
+    from troy.states import State
+    running = sum(1 for r in session.store.unfinished_units() if r.state is State.RUNNING)
+    units = session.recover()
+    counters.recovered += running
+    log.info("resuming the cluster in %s (restart %d): %d unit(s) dispatched again",
+             state_dir, restarts, len(units))

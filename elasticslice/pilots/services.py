@@ -191,3 +191,25 @@ class ControlServices:
             self.published = None
         self.publisher = None
         self.wheelroot = None  # closed with the publisher
+
+
+def pilot_helper(services: ControlServices, ca: Any, scheduler: str, state_dir: Path,
+                 server: Any, *, node_python: str | None, image_urn: str | None,
+                 nodetype: str | None, image_python: str | None) -> Any:
+    """The pilots' helper (what a node is: its tarball tells its agent where to join,
+    ``scheduler``), its tarball made again without the tokens a killed process put in it
+    (the service keeps their hashes: a node that has its tarball already still enrols) and
+    served before any sliver change (the CM fetches it again at every one)."""
+    from elasticslice.pilots.helper import PilotElasticSliceHelper
+    helper = PilotElasticSliceHelper(
+        ca, scheduler, state_dir / "tarballs", publisher=services.publisher,
+        enrolment=services.enrolment, token=services.token, report_url=services.report_url,
+        enrol_url=services.enrol_url, server=server, node_python=node_python,
+        image_urn=image_urn, nodetype=nodetype)
+    helper.forget_all()
+    if not helper.has_environment:  # the node builds it from our wheelhouse
+        urls = list(getattr(getattr(server, "config", None), "cm_urls", None) or [])
+        helper.env_lines = services.node_software(
+            image_urn=helper.image_urn, image_python=image_python, cm_urls=urls)
+    helper.tarball_url()
+    return helper

@@ -35,10 +35,10 @@ from elasticslice.pilots.daemon import (DAEMON_FILE, LOG_FILE, TLS_FILE, DaemonC
                                         spawn_daemon)
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.link import WorkloadLink
-from elasticslice.pilots.restart import ClusterFile, RunCounters, read_json
+from elasticslice.pilots.restart import ClusterFile, RunCounters, read_json, recover_session
 from elasticslice.pilots.snapshot import ClusterSnapshot, StateView
 from troy.frameworks.dask import DaskTLS
-from troy.states import FINAL_STATES, State
+from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
 
@@ -282,12 +282,7 @@ class WorkloadCluster:
                 log.debug("the scheduler's certificate: %s", err)
 
     def _recover(self) -> None:
-        running = sum(1 for r in self.session.store.unfinished_units()
-                      if r.state is State.RUNNING)
-        units = self.session.recover()
-        self.counters.recovered += running
-        log.info("resuming the cluster in %s (restart %d): %d unit(s) dispatched again",
-                 self.state_dir, self.restarts, len(units))
+        recover_session(self.session, self.counters, self.state_dir, self.restarts)
 
     def _on_attach(self, link: WorkloadLink) -> None:
         """A daemon (again): it hears the bounds given since it started."""

@@ -7,6 +7,7 @@ control machine only at the box's control address.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -352,7 +353,9 @@ def test_a_new_box_leaves_a_stopped_box_its_network(monkeypatch, emulator_factor
     again = EmulatorServer(first.dir, port=0, **FAST)
     again.start()
     try:
-        assert again.ctx.boot.control_address() == address
+        assert again.ctx.boot.control_address() == address, (
+            network._recently_released(), re.findall(r"inet (100\.\d+)\.0\.1/",
+                                                      network._addresses()))
     finally:
         again.stop()
 
