@@ -96,6 +96,9 @@ FAILURE: dict[str, tuple[tuple[Any, ...], bool]] = {
     "cause": ((str, None), False), "seen_at": ((*NUMBER,), True),
 }
 MAX_FAILURES = 1000          # entries of one ``failures`` frame
+#: the frames that carry a list of objects (under the frame's own name): the fields of each
+#: entry and how many there may be
+ENTRIES = {"pilots": (PILOT, MAX_PILOTS), "failures": (FAILURE, MAX_FAILURES)}
 SIGNED = ("until", "deadline")   # fields that may be negative (none is, today)
 NODE_EVENTS = ("booting", "joined", "notice", "released")
 MAX_TEXT = 4096  # characters of any string field
@@ -148,22 +151,15 @@ def check(message: Any) -> dict[str, Any]:
         raise ChannelError(f"hello: unknown role {message['role'][:64]!r}")
     if kind == "node" and message["event"] not in NODE_EVENTS:
         raise ChannelError(f"node: unknown event {message['event'][:64]!r}")
-    if kind == "pilots":
-        pilots = message["pilots"]
-        if len(pilots) > MAX_PILOTS:
-            raise ChannelError(f"pilots: {len(pilots)} entries, at most {MAX_PILOTS}")
-        for i, pilot in enumerate(pilots):
-            if not isinstance(pilot, dict):
-                raise ChannelError(f"pilots[{i}]: must be an object")
-            _check_fields(pilot, PILOT, f"pilots[{i}]")
-    if kind == "failures":
-        failures = message["failures"]
-        if len(failures) > MAX_FAILURES:
-            raise ChannelError(f"failures: {len(failures)} entries, at most {MAX_FAILURES}")
-        for i, failure in enumerate(failures):
-            if not isinstance(failure, dict):
-                raise ChannelError(f"failures[{i}]: must be an object")
-            _check_fields(failure, FAILURE, f"failures[{i}]")
+    if kind in ENTRIES:   # a list of objects, each checked against its table
+        fields, most = ENTRIES[kind]
+        entries = message[kind]
+        if len(entries) > most:
+            raise ChannelError(f"{kind}: {len(entries)} entries, at most {most}")
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise ChannelError(f"{kind}[{i}]: must be an object")
+            _check_fields(entry, fields, f"{kind}[{i}]")
     if kind == "values":
         values = message["values"]
         if len(values) > MAX_PILOTS:

@@ -80,6 +80,16 @@ class StateDirLock:
         self.release()
 
 
+def make_state_dir(path: Path, whose: str = "the cluster's") -> Path:
+    """``path`` made (0700) if missing; one line naming it when it cannot be."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as err:
+        raise ElasticSliceError(f"{path}: cannot use it as {whose} state directory: "
+                                f"{err.strerror or err}") from err
+    return path
+
+
 def lock_state_dir(state_dir: str | os.PathLike[str]) -> StateDirLock:
     """Take ``state_dir``'s lock for as long as the process lives (or until released)."""
     return StateDirLock(state_dir).acquire()

@@ -302,7 +302,7 @@ class CloudLabProvider(ExecutionProvider):
                     raise
 
     def _start(self) -> None:
-        from elasticslice.managers.statedir import StateDirLock
+        from elasticslice.managers.statedir import StateDirLock, make_state_dir
         from elasticslice.pilots.ca import ClusterCA
         from elasticslice.pilots.services import ControlServices
         if self.server is None:
@@ -311,10 +311,9 @@ class CloudLabProvider(ExecutionProvider):
             self.server = ProtoGeniServer(load_config(self.config_path))
             self._own_server = True
         try:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as err:
-            raise ProviderError(f"{self.state_dir}: cannot use it as the provider's state "
-                                f"directory: {err.strerror or err}") from err
+            make_state_dir(self.state_dir, "the provider's")
+        except ElasticSliceError as err:
+            raise ProviderError(str(err)) from err
         self._lockfile = StateDirLock(self.state_dir / "state").acquire()
         ca = ClusterCA.open(self.state_dir / "pki")
         # the pilots' services and rules: the slice's tarball at a URL kept across

@@ -34,14 +34,14 @@ from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.cycle import PILOT_INTERVALS
 from elasticslice.managers.parts import PolicyField
 from elasticslice.managers.policy import PolicyConfig
-from elasticslice.managers.statedir import StateDirLock
+from elasticslice.managers.statedir import StateDirLock, make_state_dir
 from elasticslice.metrics import MetricsServer, serve_metrics_or_warn, session_units
 from elasticslice.pilots.ca import ClusterCA, renew_scheduler
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.helper import PilotElasticSliceHelper, pilots_listen
 from elasticslice.pilots.manager import PilotSliceManager
 from elasticslice.pilots.restart import ClusterFile, RunCounters, recover_session
-from elasticslice.pilots.managerdaemon import cluster_policy
+from elasticslice.pilots.managerdaemon import apply_bounds, cluster_policy
 from elasticslice.pilots.services import (DENY_FILE, ENROL_FILE, TOKENS_FILE, ControlServices,
                                           pilot_helper)
 from elasticslice.pilots.snapshot import ClusterSnapshot
@@ -141,11 +141,7 @@ class ElasticCluster:
     def start(self) -> None:
         """Make (or reopen) the CA, start the Dask scheduler over TLS and the Troy session,
         then the manager with its callback endpoint. On failure what started is stopped."""
-        try:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as err:
-            raise ElasticSliceError(f"{self.state_dir}: cannot use it as the cluster's "
-                                    f"state directory: {err.strerror or err}") from err
+        make_state_dir(self.state_dir)
         try:
             self._start()
         except BaseException:  # what started stops; nodes and units stay for a retry
@@ -283,15 +279,7 @@ class ElasticCluster:
     def set_bounds(self, minthreshold: int, maxthreshold: int) -> None:
         """Hold from ``minthreshold`` to ``maxthreshold`` nodes from now on: the cluster's
         policy and its running manager's (a manager replaced later keeps them)."""
-        if not 0 <= minthreshold <= maxthreshold:
-            raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= "
-                                    f"maxthreshold ({maxthreshold})")
-        self.policy = dataclasses.replace(self.policy, minthreshold=minthreshold,
-                                          maxthreshold=maxthreshold)
-        manager = self.manager
-        if manager is not None:
-            manager.policy = dataclasses.replace(manager.policy, minthreshold=minthreshold,
-                                                 maxthreshold=maxthreshold)
+        apply_bounds(self, minthreshold, maxthreshold)
 
     def replace_manager(self) -> PilotSliceManager:
         """Start a new manager from the same state (after the old one crashed or was

@@ -33,7 +33,7 @@ from elasticslice.errors import ElasticSliceError
 from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.cycle import PILOT_INTERVALS
 from elasticslice.managers.policy import PolicyConfig
-from elasticslice.managers.statedir import StateDirLock
+from elasticslice.managers.statedir import StateDirLock, make_state_dir
 from elasticslice.pilots.ca import ClusterCA
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.remote import RemoteWorkload
@@ -68,6 +68,27 @@ def cluster_policy(policy: PolicyConfig | None, minthreshold: int, maxthreshold:
         policy or default_policy(maxthreshold),
         idle_timeout=math.inf if idle_timeout is None else idle_timeout,
         minthreshold=minthreshold, maxthreshold=maxthreshold)
+
+
+def check_bounds(minthreshold: int, maxthreshold: int) -> None:
+    """:class:`ElasticSliceError` unless ``0 <= minthreshold <= maxthreshold``."""
+    if not 0 <= minthreshold <= maxthreshold:
+        raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= "
+                                f"maxthreshold ({maxthreshold})")
+
+
+def apply_bounds(owner: Any, minthreshold: int, maxthreshold: int) -> None:
+    """Hold from ``minthreshold`` to ``maxthreshold`` nodes from now on: ``owner``'s
+    ``policy`` (what a manager started later takes) and its running ``manager``'s, which
+    decides again at once."""
+    check_bounds(minthreshold, maxthreshold)
+    owner.policy = dataclasses.replace(owner.policy, minthreshold=minthreshold,
+                                       maxthreshold=maxthreshold)
+    manager = owner.manager
+    if manager is not None:
+        manager.policy = dataclasses.replace(manager.policy, minthreshold=minthreshold,
+                                             maxthreshold=maxthreshold)
+        manager.wake("add_nodes", "delete_nodes")
 
 
 class ManagerDaemon:
@@ -125,11 +146,7 @@ class ManagerDaemon:
     def start(self) -> ManagerDaemon:
         """The state, the CA, the scheduler's certificate, the nodes' services and the
         channel; the manager starts when the workload says where its scheduler is."""
-        try:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as err:
-            raise ElasticSliceError(f"{self.state_dir}: cannot use it as the cluster's "
-                                    f"state directory: {err.strerror or err}") from err
+        make_state_dir(self.state_dir)
         try:
             self._lock = StateDirLock(self.state_dir / "state").acquire()
             self.ca = ClusterCA.open(self.state_dir / "pki")
@@ -175,17 +192,11 @@ class ManagerDaemon:
     def set_bounds(self, minthreshold: int, maxthreshold: int) -> None:
         """Hold from ``minthreshold`` to ``maxthreshold`` nodes from now on (the workload's
         ``adapt(minimum=, maximum=)``): the policy's and the running manager's."""
-        if not 0 <= minthreshold <= maxthreshold:
-            log.warning("bounds %d..%d ignored: need 0 <= minimum <= maximum", minthreshold,
-                        maxthreshold)
+        try:
+            apply_bounds(self, minthreshold, maxthreshold)
+        except ElasticSliceError as err:
+            log.warning("bounds ignored: %s", err)
             return
-        self.policy = dataclasses.replace(self.policy, minthreshold=minthreshold,
-                                          maxthreshold=maxthreshold)
-        manager = self.manager
-        if manager is not None:
-            manager.policy = dataclasses.replace(manager.policy, minthreshold=minthreshold,
-                                                 maxthreshold=maxthreshold)
-            manager.wake("add_nodes", "delete_nodes")
         log.info("bounds now %d to %d node(s)", minthreshold, maxthreshold)
 
     def _changed(self) -> None:

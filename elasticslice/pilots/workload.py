@@ -34,6 +34,7 @@ from elasticslice.managers.statedir import StateDirLock
 from elasticslice.pilots.daemon import (DAEMON_FILE, LOG_FILE, TLS_FILE, DaemonCommand,
                                         spawn_daemon)
 from elasticslice.pilots.failures import NodeFailures
+from elasticslice.pilots.managerdaemon import check_bounds
 from elasticslice.pilots.link import WorkloadLink
 from elasticslice.pilots.restart import ClusterFile, RunCounters, read_json, recover_session
 from elasticslice.pilots.snapshot import ClusterSnapshot, StateView
@@ -244,9 +245,7 @@ class WorkloadCluster:
     def set_bounds(self, minthreshold: int, maxthreshold: int) -> None:
         """Hold from ``minthreshold`` to ``maxthreshold`` nodes from now on (the daemon's
         policy; said again to a daemon started later)."""
-        if not 0 <= minthreshold <= maxthreshold:
-            raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= "
-                                    f"maxthreshold ({maxthreshold})")
+        check_bounds(minthreshold, maxthreshold)
         self._bounds = (minthreshold, maxthreshold)
         if self.link is not None:
             self.link.send_bounds(minthreshold, maxthreshold)
