@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import pytest
 
@@ -319,3 +320,56 @@ def test_troy_never_decodes_what_a_node_sent(guarded, tmp_path, cluster_ca, capl
     assert out["grant"] is True and ran   # its tags were set; its answer not decoded
     assert "'log-event' with a serialized object" in caplog.text
     assert "Traceback" not in caplog.text
+
+
+@pytest.fixture
+def guarded_apart(tmp_path, cluster_ca):  # noqa: ANN001, ANN201
+    """As ``guarded``, with the scheduler in a process of its own (``elasticslice run``'s)."""
+    from tests.troy.frameworks.nodes import member, nodes
+    from troy.frameworks.dask import DaskFramework
+    fw = DaskFramework("apart", sandbox=str(tmp_path / "sb"), adopt_workers=True,
+                       scheduler_process=True,
+                       tls=member(tmp_path / "control", cluster_ca, "control"))
+    fw.start()
+    try:
+        with nodes(fw, cluster_ca, tmp_path / "nodes", ["node-1"]) as procs:
+            yield fw, procs
+    finally:
+        fw.close()
+
+
+def test_a_node_s_pickle_is_never_decoded_by_a_scheduler_in_its_own_process(
+        guarded_apart, tmp_path) -> None:
+    """The scheduler `elasticslice run` starts in a process of its own has the same guard:
+    with a node's certificate, a pickle in a refused op and in an allowed op is never
+    decoded there (no marker), the node's connection is closed, and the pilot goes on."""
+    from distributed.comm import connect
+    from distributed.protocol.serialize import ToPickle
+
+    from troy import ComputeUnitDescription as CUD
+    fw, _ = guarded_apart
+    assert fw.scheduler_pid not in (None, os.getpid())
+    args = node_files(tmp_path).security().get_connection_args("client")
+    markers = {name: tmp_path / f"marker-{name}" for name in ("rpc", "allowed")}
+
+    async def send(msg: dict) -> str:
+        comm = await connect(fw.scheduler_address, **args)
+        try:
+            await comm.write(msg)
+            return repr(await asyncio.wait_for(comm.read(), 20))
+        except Exception as err:  # noqa: BLE001 - what the attacker sees
+            return f"refused: {type(err).__name__}"
+        finally:
+            comm.abort()
+
+    async def attacks() -> dict[str, str]:
+        return {"rpc": await send({"op": "run_function",
+                                   "x": ToPickle(_Touched(str(markers["rpc"])))}),
+                "allowed": await send({"op": "who_has",
+                                       "keys": ToPickle(_Touched(str(markers["allowed"])))})}
+
+    out = asyncio.run(attacks())
+    assert [name for name, marker in markers.items() if marker.exists()] == []
+    assert all(v.startswith("refused") for v in out.values()), out
+    u = fw.submit_unit(CUD(executable="/bin/true"), fw.find_pilot("node-1"))
+    assert u.wait(60) is State.DONE
