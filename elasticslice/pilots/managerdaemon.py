@@ -20,6 +20,7 @@ a new daemon).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import math
 import os
@@ -48,6 +49,7 @@ DAEMON_FILE = "daemon.json"       # the serving daemon's pid and arguments
 ORPHAN_TIMEOUT = 600.0  # seconds without a workload before the daemon stops (nodes kept)
 SYNC_EVERY = 0.5        # seconds between two tellings of the nodes held and failed
 RENEW_EVERY = 60.0      # seconds between two checks of the scheduler's certificate
+ADDRESS_WAIT = 60.0     # seconds the manager waits for its listen address to be there
 
 
 def default_policy(maxthreshold: int) -> PolicyConfig:
@@ -127,6 +129,7 @@ class ManagerDaemon:
         self.orphan_timeout = orphan_timeout
         self.client_cert = client_cert   # issue a Dask client's certificate too
         self.failed: str | None = None     # why the manager could not start
+        self._unavailable_since: float | None = None   # its address was not there
         self.failures = NodeFailures()
         self.ca: ClusterCA | None = None
         self.services: ControlServices | None = None
@@ -234,7 +237,11 @@ class ManagerDaemon:
         manager.watch.blind = lambda: not remote.attached
         manager.add_demand_source(lambda: remote.extra_nodes, unit="nodes",
                                   name="the workload's")
-        manager.start()
+        try:
+            manager.start()
+        except BaseException:   # what started stops: a later try starts it whole
+            manager.close()
+            raise
         self.manager = manager
         if self.metrics_port is not None:
             self._serve_metrics()
@@ -312,6 +319,8 @@ class ManagerDaemon:
                 try:
                     self._start_manager(address)
                 except Exception as err:  # noqa: BLE001 - said to the workload, in one line
+                    if self._may_come(err):
+                        continue
                     self._cannot_start(err)
                     return False
             if self.remote.attached:
@@ -325,6 +334,28 @@ class ManagerDaemon:
                             "same run resumes on them)", self.orphan_timeout)
                 self.close(give_back=False)
                 return False
+
+    def _may_come(self, err: Exception) -> bool:
+        """Whether the manager may start if tried again soon: the address it listens on is
+        not this machine's yet (a box restarting, an interface coming up), for at most
+        :data:`ADDRESS_WAIT` seconds. Tried again in two seconds."""
+        cause: BaseException | None = err
+        while cause is not None and not (isinstance(cause, OSError)
+                                         and cause.errno == errno.EADDRNOTAVAIL):
+            cause = cause.__cause__ or cause.__context__
+        now = time.monotonic()
+        if cause is None or now - (self._unavailable_since or now) > ADDRESS_WAIT:
+            return False
+        if self._unavailable_since is None:
+            self._unavailable_since = now
+            log.warning("the manager cannot start yet (%s): trying again for %g s", err,
+                        ADDRESS_WAIT)
+        if self.helper is not None:   # built before the error: built again next time
+            self.helper.close(remove=False)
+            self.helper = None
+        self._stopped.wait(2.0)
+        self._wake.set()
+        return True
 
     def _cannot_start(self, err: Exception) -> None:
         """The manager cannot start (its state, its endpoint's port...): the workload is

@@ -288,3 +288,30 @@ def test_a_daemon_whose_manager_cannot_start_ends_the_run_in_one_line(
     pid = daemon_pid(state_dir)
     assert pid is not None and not process_alive(pid)
     assert (state_dir / "daemon.log").read_text().count(" serving ") == 1   # not again
+
+
+def test_a_manager_whose_address_is_not_there_yet_is_tried_again_a_while(
+        tmp_path: Path) -> None:
+    """Broke the chaos smoke run: the daemon started while the box restarted, its control
+    address gone for a moment, and the run stopped for good. An address not on this machine
+    (yet) is tried again for a minute; a port taken, or the minute over, ends the run."""
+    import errno
+
+    from elasticslice.errors import ElasticSliceError
+    from elasticslice.pilots.managerdaemon import ADDRESS_WAIT, ManagerDaemon
+
+    def failure(code: int) -> ElasticSliceError:
+        try:
+            try:
+                raise OSError(code, os.strerror(code))
+            except OSError as err:
+                raise ElasticSliceError("cannot serve tarballs on 100.70.0.1:0") from err
+        except ElasticSliceError as wrapped:
+            return wrapped
+
+    daemon = ManagerDaemon(None, tmp_path / "d")
+    daemon.stop()   # its waits end at once
+    assert daemon._may_come(failure(errno.EADDRNOTAVAIL))
+    assert not daemon._may_come(failure(errno.EADDRINUSE))
+    daemon._unavailable_since -= ADDRESS_WAIT + 1
+    assert not daemon._may_come(failure(errno.EADDRNOTAVAIL))
