@@ -84,7 +84,9 @@ def test_a_reboot_is_a_shutdown_then_a_boot_on_the_disk_the_node_left(emulator, 
         assert detail_of(s, urn, cred, "w1")["status"] == "ready"
         wait_for(lambda: not any(process_alive(p) for p in daemon), timeout=30,
                  what="the daemon of the boot before gone")
-        boots.append(_sleepers(node))
+        # the startup has returned; its daemon (forked by setsid) may not have exec'd yet
+        boots.append(wait_for(lambda: _sleepers(node), timeout=30,
+                              what="the daemon of this boot"))
     # the disk stays: what the node changed is seen again, until the CM's copy changes
     assert seen.read_text().splitlines() == ["1", "changed-by-the-node",
                                              "changed-by-the-node", "2"]
