@@ -173,18 +173,25 @@ def _mark_released(k: int, owner: str) -> None:
         pass  # only a hint for the next allocation
 
 
+def _released() -> dict[int, tuple[float, str]]:
+    """The control networks (their k) a box released, with when and the box's owner (its
+    emulator directory)."""
+    found: dict[int, tuple[float, str]] = {}
+    for marker in STATE_DIR.glob("released-*") if STATE_DIR.is_dir() else []:
+        try:
+            found[int(marker.name.split("-", 1)[1])] = (marker.stat().st_mtime,
+                                                        marker.read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def _recently_released(now: float | None = None) -> dict[int, str]:
     """The control networks (their k) that a box released within :data:`HOLD_RELEASED`,
     with the box's owner (its emulator directory)."""
     now = time.time() if now is None else now
-    held: dict[int, str] = {}
-    for marker in STATE_DIR.glob("released-*") if STATE_DIR.is_dir() else []:
-        try:
-            if now - marker.stat().st_mtime < HOLD_RELEASED:
-                held[int(marker.name.split("-", 1)[1])] = marker.read_text()
-        except (OSError, ValueError):
-            continue
-    return held
+    return {k: owner for k, (when, owner) in _released().items()
+            if now - when < HOLD_RELEASED}
 
 
 def reap() -> list[str]:
@@ -366,8 +373,13 @@ class Fabric:
             if k not in used:
                 return k
         free = [k for k in range(CONTROL_NETS) if k not in used]
-        for k in [k for k in free if k not in held] + free:
-            return k
+        for k in free:
+            if k not in held:
+                return k
+        if free:   # every free one let go within the minute (a busy machine: the parallel
+            # suite once took a box's network so): the one let go the longest ago
+            released = _released()
+            return min(free, key=lambda k: released.get(k, (0.0, ""))[0])
         raise NetworkError("every control network of 100.64.0.0/10 is in use on this machine")
 
     def stop(self) -> None:

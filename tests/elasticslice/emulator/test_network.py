@@ -360,6 +360,24 @@ def test_a_new_box_leaves_a_stopped_box_its_network(monkeypatch, emulator_factor
         again.stop()
 
 
+def test_when_every_free_network_was_let_go_within_the_minute_the_oldest_is_taken(
+        monkeypatch, tmp_path: Path) -> None:
+    """The parallel suite lets go of more than 64 boxes' networks a minute: the new box
+    took the lowest free one, a box's that had stopped a moment before to start again."""
+    monkeypatch.setattr(network, "STATE_DIR", tmp_path)
+    monkeypatch.setattr(network, "_addresses", lambda: "inet 100.65.0.1/16")  # k=1 in use
+    now = __import__("time").time()
+    for k in range(network.CONTROL_NETS):   # all let go, the lowest ones the latest
+        marker = tmp_path / f"released-{k}"
+        marker.write_text(f"/box/{k}")
+        os.utime(marker, (now - k * 0.5, now - k * 0.5))
+    fabric = network.Fabric()
+    fabric.owner = "/a/new/box"
+    assert fabric._free_subnet() == network.CONTROL_NETS - 1   # let go the longest ago
+    (tmp_path / "released-7").unlink()                          # never let go: taken first
+    assert fabric._free_subnet() == 7
+
+
 @needs_network
 def test_a_gone_emulators_firewall_table_does_not_cut_off_the_next_box() -> None:
     """A table left without its emulator's lock (its namespaces gone, so its control network
