@@ -27,71 +27,15 @@ from tests.screenshots import Page, browser, has_colour
 FAST = ["--boot-delay", "0.2"]
 
 @pytest.mark.slow
-def test_elastic_demo_revokes_a_node_mid_run_and_loses_no_unit(tmp_path: Path) -> None:
-    d, out_json = tmp_path / "run", tmp_path / "out.json"
-    run = DemoRun("--dir", str(d), *FAST, "--time-scale", "0.5", "--report", str(out_json),
-                  cwd=tmp_path)
-    code, out, err = run.finish()
-    assert code == 0, err[-3000:]
-    assert err == "" and "Traceback" not in out
-    for n in range(1, 5):
-        assert f"[{n}/4] " in out
-    report = json.loads(out_json.read_text())
-    assert report == json.loads((d / "report.json").read_text())
-    assert report["ok"] and report["units_total"] == 58
-    # the per-task list has the shape of troy run's report
-    assert len(report["troy"]["tasks"]) == 58
-    assert all(tuple(e) == ENTRY_KEYS and e["state"] == "DONE" for e in report["troy"]["tasks"])
-    assert report["units_done"] == report["units_total"]
-    assert report["units_lost"] == 0
-    assert report["revocations"] >= 1 and report["early_releases"] >= 1
-    assert report["nodes_peak"] >= 2 and report["node_seconds"] > 0
-    assert report["makespan_s"] > 0
-    # the emulator's own record agrees: the node was given back early, not taken
-    assert any(r["outcome"] == "early" for r in report["reclamations"])
-    # a pipe gets progress lines (not a rewritten line) with every figure
-    progress = [line for line in out.splitlines() if "units queued" in line]
-    assert len(progress) >= 3 and "\r" not in out
-    assert all("nodes " in p and "pilots " in p and "revocations " in p for p in progress)
-    assert progress[-1].split("done ")[1].startswith("58/58")
-    assert "revocation: CloudLab wants 1 node(s) back" in out
-    assert "early release: 1 drained node(s) given back before the deadline" in out
-    assert "CloudLab reclaims one of ours" in out
-    assert (f"  workload        montage-chameleon-2mass-005d-001.json: 58/58 units done, "
-            f"0 lost, {report['units_requeued']} requeued") in out
-    assert (f"  revocations     {report['revocations']}: {report['early_releases']} released "
-            f"early") in out
-    # the demo checks its emulator's port closed after stopping it, before it exits (a
-    # check here, after the exit, would race with other tests' servers binding port 0)
-    assert f"emulator      stopped; port {emulator_port(report)} closed" in out
-    assert leftovers(run.proc.pid, d) == []
-    # afterwards, troy plot of the run, the revocation marked on it, as a browser shows it
-    # (docs/troy-plot-revocation.png)
-    plot = tmp_path / "plot.png"
-    plotted = subprocess.run([str(Path(sys.executable).with_name("troy")), "plot",
-                              str(d / "report.json"), "-o", str(plot)], capture_output=True,
-                             text=True, timeout=120, check=False)
-    assert plotted.returncode == 0 and "; marked: " in plotted.stdout, plotted.stderr
-    if browser():
-        page_file = tmp_path / "plot.html"
-        page_file.write_text('<!doctype html><body style="margin:0">'
-                             '<img src="plot.png" style="max-width:100%;max-height:100vh"></body>')
-        with Page(page_file.as_uri(), size=(1100, 740)) as page:
-            shot = tmp_path / "troy-plot-revocation.png"
-            wait_for(lambda: has_colour(page.screenshot(shot), MARKERS["notice"][0])
-                     and has_colour(shot, MARKERS["release"][0]), 30,
-                     what="the plot with its notice and release markers")
-
-
-@pytest.mark.slow
 def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> None:
     """The same demo through ``elasticslice demo`` (the CLI group), on a small workflow of
-    the examples (--workload): --revocations 0 leaves the other tenants alone; --quiet
-    keeps the progress lines out, not the summary."""
+    the examples (--workload): --revocations 0 leaves the other tenants alone; the demo's
+    own emulator is stopped at the end (``--quiet``, which keeps the progress and detail
+    lines out, is tried on the static demo, tests/test_demo_static.py)."""
     d, out_json = tmp_path / "run", tmp_path / "out.json"
     run = DemoRun("demo", "--dir", str(d), *FAST, "--workload",
                   str(REPO / "examples" / "workflows" / "helloworld-forkjoin-10-chameleon.json"),
-                  "--time-scale", "0.05", "--revocations", "0", "--quiet", "--report",
+                  "--time-scale", "0.05", "--revocations", "0", "--report",
                   str(out_json), cwd=tmp_path, command=[str(ELASTICSLICE)])
     code, out, err = run.finish()
     assert code == 0, err[-3000:]
@@ -100,8 +44,14 @@ def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> 
     assert report["units_done"] == report["units_total"] and report["units_lost"] == 0
     assert report["revocations"] == report["early_releases"] == 0
     assert report["reclamations"] == [] and report["tenant_load"]["events"] == []
-    assert "units queued" not in out and "CloudLab reclaims" not in out
+    assert "CloudLab reclaims" not in out and "revocation:" not in out
     assert "  revocations     0: 0 released early after a drain, 0 forced" in out
+    for n in range(1, 5):
+        assert f"[{n}/4] " in out
+    assert report == json.loads((d / "report.json").read_text())
+    # the demo checks its own emulator's port closed after stopping it, before it exits (a
+    # check here, after the exit, would race with other tests' servers binding port 0)
+    assert f"emulator      stopped; port {emulator_port(report)} closed" in out
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -133,10 +83,11 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) -> None:
+def test_a_running_emulator_is_used_as_it_is_revokes_a_node_and_is_left_running(
+        tmp_path: Path) -> None:
     """--emulator-dir of an emulator that serves already (its own inventory, 8-core
-    nodes): the demo uses it, gives its nodes back, puts the tenant load back, and leaves
-    it running."""
+    nodes): the demo uses it, CloudLab takes a node back mid-run and no unit is lost, the
+    demo gives its nodes back, puts the tenant load back, and leaves the emulator running."""
     emu, d, out_json = tmp_path / "emu", tmp_path / "run", tmp_path / "out.json"
     subprocess.run([str(ELASTICSLICE), "emulator", "init", "--dir", str(emu), "--port", "0"],
                    check=True, capture_output=True, timeout=120)
@@ -158,11 +109,13 @@ def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) ->
                       "--nodes-min", "2", "--report", str(out_json), cwd=tmp_path)
         code, out, err = run.finish()
         assert code == 0, err[-3000:]
+        assert err == "" and "Traceback" not in out
         assert f"serves already (port {port}): used as it is, left running" in out
         report = json.loads(out_json.read_text())
-        assert report["units_done"] == report["units_total"] == 58
+        assert report["ok"] and report["units_done"] == report["units_total"] == 58
         assert report["units_lost"] == 0
         assert report["revocations"] >= 1 and report["early_releases"] >= 1
+        assert_revoked_mid_run(report, out, tmp_path, d)
         assert port_open(port) and serve.poll() is None
         status = AdminClient(emu).call("Status")
         assert status["tenant_target"] == 0
@@ -173,6 +126,45 @@ def test_a_running_emulator_is_used_as_it_is_and_left_running(tmp_path: Path) ->
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=60)
+
+
+def assert_revoked_mid_run(report: dict, out: str, tmp_path: Path, d: Path) -> None:
+    """What a user sees of a demo whose node CloudLab took back mid-run."""
+    # the per-task list has the shape of troy run's report
+    assert len(report["troy"]["tasks"]) == 58
+    assert all(tuple(e) == ENTRY_KEYS and e["state"] == "DONE" for e in report["troy"]["tasks"])
+    assert report["nodes_peak"] >= 2 and report["node_seconds"] > 0
+    assert report["makespan_s"] > 0
+    # the emulator's own record agrees: the node was given back early, not taken
+    assert any(r["outcome"] == "early" for r in report["reclamations"])
+    # a pipe gets progress lines (not a rewritten line) with every figure
+    progress = [line for line in out.splitlines() if "units queued" in line]
+    assert len(progress) >= 3 and "\r" not in out
+    assert all("nodes " in p and "pilots " in p and "revocations " in p for p in progress)
+    assert progress[-1].split("done ")[1].startswith("58/58")
+    assert "revocation: CloudLab wants 1 node(s) back" in out
+    assert "early release: 1 drained node(s) given back before the deadline" in out
+    assert "CloudLab reclaims one of ours" in out
+    assert (f"  workload        montage-chameleon-2mass-005d-001.json: 58/58 units done, "
+            f"0 lost, {report['units_requeued']} requeued") in out
+    assert (f"  revocations     {report['revocations']}: {report['early_releases']} released "
+            f"early") in out
+    # afterwards, troy plot of the run, the revocation marked on it, as a browser shows it
+    # (docs/troy-plot-revocation.png)
+    plot = tmp_path / "plot.png"
+    plotted = subprocess.run([str(Path(sys.executable).with_name("troy")), "plot",
+                              str(d / "report.json"), "-o", str(plot)], capture_output=True,
+                             text=True, timeout=120, check=False)
+    assert plotted.returncode == 0 and "; marked: " in plotted.stdout, plotted.stderr
+    if browser():
+        page_file = tmp_path / "plot.html"
+        page_file.write_text('<!doctype html><body style="margin:0">'
+                             '<img src="plot.png" style="max-width:100%;max-height:100vh"></body>')
+        with Page(page_file.as_uri(), size=(1100, 740)) as page:
+            shot = tmp_path / "troy-plot-revocation.png"
+            wait_for(lambda: has_colour(page.screenshot(shot), MARKERS["notice"][0])
+                     and has_colour(shot, MARKERS["release"][0]), 30,
+                     what="the plot with its notice and release markers")
 
 
 @pytest.mark.slow
