@@ -17,8 +17,7 @@ import pytest
 from elasticslice.emulator.adminclient import AdminClient
 from tests.elasticslice.emulator.helpers import processes_with
 from tests.elasticslice.helpers import (AGENT, FORKJOIN, RUN_TIMEOUT, elasticslice, ever_held,
-                                        nodes_in_slices, run_agents, run_forkjoin, tracked,
-                                        unit_states, units)
+                                        nodes_in_slices, run_forkjoin, tracked, units)
 from tests.helpers import process_alive, wait_for
 
 pytestmark = pytest.mark.slow
@@ -152,43 +151,3 @@ def test_a_state_dir_of_another_workflow_is_refused(emulator: Any, tmp_path: Pat
     assert p.returncode == 2 and out == ""
     assert err.strip().startswith(f"Error: --state-dir {d} holds a run of /x/other.json")
 
-
-def test_a_run_stopped_by_sigterm_keeps_its_nodes_and_resumes_on_them(emulator: Any,
-                                                                       tmp_path: Path) -> None:
-    """What broke: a run stopped by SIGTERM or Ctrl-C gave its nodes back, although
-    docs/pilots.md says it stops as a killed one does (resumable on the same nodes)."""
-    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
-    first = run_forkjoin(emulator, tmp_path, state_dir, log)
-    try:
-        wait_for(lambda: unit_states(state_dir).count("DONE") >= 1
-                 and "RUNNING" in unit_states(state_dir),
-                 RUN_TIMEOUT, 0.2, what="a task done and one running")
-        wait_for(lambda: run_agents(state_dir), RUN_TIMEOUT, 0.2, what="the run's agents")
-    finally:
-        first.send_signal(signal.SIGTERM)
-        out, _ = first.communicate(timeout=120)
-    held, agents = tracked(state_dir), run_agents(state_dir)
-    assert first.returncode == 130 and out == ""
-    assert held and nodes_in_slices(emulator) == len(held)   # still ours at the CM
-    assert (f"interrupted: run the same command again to resume ({state_dir}); its "
-            f"{len(held)} node(s) kept for it (--release gives them back)") in log.read_text()
-    assert "CANCELED" not in unit_states(state_dir)
-    assert all(process_alive(pid) for pid in agents)         # waiting for their scheduler
-
-    restarted = time.time()
-    second = run_forkjoin(emulator, tmp_path, state_dir, log)
-    try:
-        wait_for(lambda: any(s == "RUNNING" and (start or 0) > restarted
-                             for s, start in units(state_dir).values()),
-                 RUN_TIMEOUT, 0.1, what="a unit running again after the restart")
-        assert set(held) <= set(tracked(state_dir))            # the same nodes serve
-        assert set(agents) <= set(run_agents(state_dir))        # their agents rejoined
-        out, _ = second.communicate(timeout=RUN_TIMEOUT)
-    finally:
-        if second.poll() is None:
-            second.kill()
-            second.wait()
-    assert second.returncode == 0, log.read_text()[-3000:]
-    assert "resuming the run in" in log.read_text()
-    assert out.startswith("DONE: 10/10 tasks done") and "1 restart(s)" in out
-    assert nodes_in_slices(emulator) == 0
