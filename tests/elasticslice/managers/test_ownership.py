@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from elasticslice.managers.ownership import SliceNotOurs, owns_slice
-from tests.elasticslice.helpers import RUN_TIMEOUT, nodes_in_slices, run_workflow
 from tests.elasticslice.managers.helpers import cm_nodes, manager_config
 from tests.helpers import REPO, WORKFLOWS
 
@@ -122,22 +121,3 @@ def test_run_against_a_cm_it_cannot_reach_fails_with_one_line_and_leaves_nothing
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert not (tmp_path / "run").exists()
 
-
-@pytest.mark.slow
-def test_a_second_run_on_the_same_config_reuses_the_slice_the_first_gave_back(
-        emulator, tmp_path: Path) -> None:
-    """What broke: after a run ended and gave its nodes back, a second run of the same
-    config with another --state-dir (what the ended run's state dir tells a user to do)
-    was refused: "slice exists and was not created from the state directory"."""
-    workflow = tmp_path / "echo.json"
-    workflow.write_text(json.dumps({"tasks": [
-        {"id": f"echo-{i}", "executable": "/bin/echo", "arguments": [str(i)]}
-        for i in range(2)]}))
-    log = tmp_path / "stderr.log"
-    for state_dir in (tmp_path / "first", tmp_path / "second"):
-        run = run_workflow(emulator, tmp_path, workflow, state_dir, log, "--release")
-        out, _ = run.communicate(timeout=RUN_TIMEOUT)
-        assert run.returncode == 0, log.read_text()[-3000:]
-        assert out.startswith("DONE: 2/2 tasks done"), out
-        assert nodes_in_slices(emulator) == 0   # given back at its end
-    assert "--adopt" not in log.read_text()

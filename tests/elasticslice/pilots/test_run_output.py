@@ -16,7 +16,9 @@ pytestmark = pytest.mark.slow
 
 def test_a_run_keeps_each_task_s_output_and_says_its_releases(emulator: Any,
                                                              tmp_path: Path) -> None:
-    """What broke: its report had ``stdout: null`` for every task and no output directory."""
+    """What broke: its report had ``stdout: null`` for every task and no output directory;
+    and a second run of the same config with another --state-dir, after the first ended and
+    gave its nodes back, was refused."""
     workflow = tmp_path / "talk.json"
     workflow.write_text(json.dumps({"tasks": [
         {"id": f"talk-{i}", "executable": "/bin/sh",
@@ -38,3 +40,11 @@ def test_a_run_keeps_each_task_s_output_and_says_its_releases(emulator: Any,
             assert stdout.read_text() == f"said-{i}\n" and stderr.read_text() == f"warned-{i}\n"
             assert stdout.resolve().parent == state_dir / "output"
     assert "ended already" in log.read_text() and nodes_in_slices(emulator) == 0
+    # what the ended run's state dir tells a user to do: the same config with another
+    # --state-dir reuses the slice the first run gave back (broke: refused, "slice exists
+    # and was not created from the state directory")
+    p = run_workflow(emulator, tmp_path, workflow, tmp_path / "second", log)
+    out, _ = p.communicate(timeout=RUN_TIMEOUT)
+    assert p.returncode == 0, log.read_text()[-3000:]
+    assert out.startswith("DONE: 3/3 tasks done"), out
+    assert nodes_in_slices(emulator) == 0 and "--adopt" not in log.read_text()
