@@ -164,3 +164,42 @@ def test_a_unit_dask_moves_off_a_dead_worker_by_itself_counts_as_requeued(
         assert unit.wait(WAIT) is State.DONE, unit.result
         assert unit.pilot != first.id and unit.attempts == 2
         assert fw.unit_stats().requeued == 1 and fw.unit_stats().lost == 0
+
+
+def test_a_unit_ending_while_its_pilot_is_being_lost_is_moved_not_failed(
+        fw: DaskFramework, ca: tuple[bytes, bytes], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the whole suite's load (test_dask_drain's lost pilot): a unit ended on its
+    node just as the node was declared lost. ``lose_pilot`` takes the node's address for
+    dead at once and moves its units once the scheduler said what the worker held; in
+    between, the unit's end event came from the dead address and was not taken, then its
+    Dask task finished: FAILED "unit result lost". Now such a unit is moved and runs
+    again."""
+    monkeypatch.setattr(fw, "_retire", lambda addr: None)   # the machine lives on a while
+    asked, go = threading.Event(), threading.Event()
+    withdraw = fw._withdraw
+
+    def slow_withdraw(addr: str) -> set[str]:   # the scheduler answers late (load)
+        asked.set()
+        go.wait(WAIT)
+        return withdraw(addr)
+
+    monkeypatch.setattr(fw, "_withdraw", slow_withdraw)
+    with nodes(fw, ca, tmp_path, ["node-a", "node-b"]):
+        pa, pb = fw.find_pilot("node-a"), fw.find_pilot("node-b")
+        unit = fw.submit_unit(CUD(executable="/bin/sleep", arguments=["1"]), pilot=pa)
+        wait_for(lambda: unit.state is State.RUNNING and unit.pilot == pa.id, WAIT,
+                 what="the unit running on node-a")
+        lose = threading.Thread(target=fw.lose_pilot, args=(pa, "node reclaimed"))
+        lose.start()
+        try:
+            assert asked.wait(WAIT)    # node-a's address is dead, its units not moved yet
+            # the unit ends on node-a meanwhile, its end event not taken
+            wait_for(lambda: unit.attempts >= 2 or unit.state is State.FAILED, WAIT,
+                     what="the unit's task on node-a to finish")
+        finally:
+            go.set()
+            lose.join(WAIT)
+        assert unit.wait(WAIT) is State.DONE, unit.result
+        assert unit.pilot == pb.id and unit.attempts >= 2
+        assert fw.unit_stats().lost == 0
