@@ -243,12 +243,10 @@ class UnitEvents:
         status = fut.status
         state = DASK_FINAL.get(status, State.UNKNOWN)
         if status == "finished":
-            if rec.addr in self._dead_addrs and rec.unit.attempts < MAX_ATTEMPTS:
-                # its node was declared lost as it ended (``lose_pilot`` before it moved
-                # the unit): the node's end event was not taken, the attempt is moved
-                with self._dispatch_lock:
-                    if self._records.get(rec.unit.id) is rec and rec.future is fut:
-                        self._requeue_rec(rec, rec.addr)
+            if rec.addr in self._dead_addrs:
+                # its node was declared lost as it ended, its end event not taken: the
+                # evacuation that follows every loss moves it, once the scheduler sends the
+                # dead worker nothing more (moved now, it could go back there, and be lost)
                 return
             # its ``end`` event comes first, on the same streams: none came (Troy never
             # fetches a task's result: it would be a node's pickle)
