@@ -21,6 +21,21 @@ from tests.troy.frameworks.test_guard import (  # noqa: F401 - guarded: a fixtur
 
 pytestmark = pytest.mark.slow
 
+
+async def send_raw(address: str, args: dict, msg: dict) -> str:
+    """``msg`` written raw to the scheduler at ``address`` (``args``: the connection's TLS),
+    and what comes back, as the attacker sees it."""
+    from distributed.comm import connect
+    comm = await connect(address, **args)
+    try:
+        await comm.write(msg)
+        return repr(await asyncio.wait_for(comm.read(), 20))
+    except Exception as err:  # noqa: BLE001 - what the attacker sees
+        return f"refused: {type(err).__name__}"
+    finally:
+        comm.abort()
+
+
 def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(
         guarded, tmp_path, cluster_ca, caplog) -> None:
     """A unit's events count only from the worker the scheduler runs its Dask task on: a
@@ -208,7 +223,6 @@ def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_pa
     is decoded in the scheduler's process (the control process: the CloudLab key, the
     cluster CA), each closes the node's connection with one log line, and the pilots go
     on."""
-    from distributed.comm import connect
     from distributed.protocol.serialize import ToPickle
 
     from troy import ComputeUnitDescription as CUD
@@ -218,14 +232,7 @@ def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_pa
     markers = {name: tmp_path / f"marker-{name}" for name in ("rpc", "allowed", "stream")}
 
     async def send(msg: dict) -> str:
-        comm = await connect(fw.scheduler_address, **args)
-        try:
-            await comm.write(msg)
-            return repr(await asyncio.wait_for(comm.read(), 20))
-        except Exception as err:  # noqa: BLE001 - what the attacker sees
-            return f"refused: {type(err).__name__}"
-        finally:
-            comm.abort()
+        return await send_raw(fw.scheduler_address, args, msg)
 
     async def stream() -> None:
         async with spy_worker(fw, replaced_node(tmp_path, cluster_ca)) as w:
@@ -343,7 +350,6 @@ def test_a_node_s_pickle_is_never_decoded_by_a_scheduler_in_its_own_process(
     """The scheduler `elasticslice run` starts in a process of its own has the same guard:
     with a node's certificate, a pickle in a refused op and in an allowed op is never
     decoded there (no marker), the node's connection is closed, and the pilot goes on."""
-    from distributed.comm import connect
     from distributed.protocol.serialize import ToPickle
 
     from troy import ComputeUnitDescription as CUD
@@ -353,14 +359,7 @@ def test_a_node_s_pickle_is_never_decoded_by_a_scheduler_in_its_own_process(
     markers = {name: tmp_path / f"marker-{name}" for name in ("rpc", "allowed")}
 
     async def send(msg: dict) -> str:
-        comm = await connect(fw.scheduler_address, **args)
-        try:
-            await comm.write(msg)
-            return repr(await asyncio.wait_for(comm.read(), 20))
-        except Exception as err:  # noqa: BLE001 - what the attacker sees
-            return f"refused: {type(err).__name__}"
-        finally:
-            comm.abort()
+        return await send_raw(fw.scheduler_address, args, msg)
 
     async def attacks() -> dict[str, str]:
         return {"rpc": await send({"op": "run_function",
