@@ -15,6 +15,12 @@ typed and versioned, and nothing of it is ever a pickle:
   ``values`` of the pilots, the nodes that failed to start (``failures``), and ``report``
   (send the demand and the pilots now: a decision is about to be made on them).
 
+A Parsl provider (:mod:`elasticslice.parsl`) speaks its own frames on the same channel:
+``blocks`` (every block Parsl asked for: its worker command, size, state and nodes, and the
+executor's key folder) and ``block_drained`` to the daemon; ``bound`` (each block's nodes
+and their states, and the daemon's view of its state) and ``drain_block`` (hold the
+block's managers until they are empty or the deadline less the margin) back.
+
 The daemon serves it on a UNIX socket, ``<state_dir>/manager.sock`` (:data:`SOCKET`), mode
 0600 in the 0700 state directory, and the kernel says who connected (``SO_PEERCRED``): a uid
 other than the daemon's is refused with one line before anything it sent is read, whatever
@@ -82,6 +88,13 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     "values": {"values": ((dict,), True)},
     "failures": {"failures": ((list,), True)},
     "report": {"seq": ((int,), True)},
+    # a Parsl provider -> its daemon
+    "blocks": {"blocks": ((list,), True), "key_dir": ((str, None), False)},
+    "block_drained": {"job_id": ((str,), True), "why": ((str,), True)},
+    # a Parsl daemon -> its provider
+    "bound": {"bound": ((list,), True)},
+    "drain_block": {"job_id": ((str,), True), "until": ((*NUMBER,), True),
+                    "margin": ((*NUMBER,), True)},
 }
 #: the fields of one entry of a ``pilots`` frame
 PILOT: dict[str, tuple[tuple[Any, ...], bool]] = {
@@ -96,9 +109,25 @@ FAILURE: dict[str, tuple[tuple[Any, ...], bool]] = {
     "cause": ((str, None), False), "seen_at": ((*NUMBER,), True),
 }
 MAX_FAILURES = 1000          # entries of one ``failures`` frame
+#: the fields of one entry of a ``blocks`` frame (a Parsl block, as the provider has it)
+BLOCK: dict[str, tuple[tuple[Any, ...], bool]] = {
+    "job_id": ((str,), True), "name": ((str,), True), "command": ((str,), True),
+    "size": ((int,), True), "block_id": ((str, None), False), "state": ((str,), True),
+    "nodes": ((list,), True),
+}
+#: the fields of one entry of a ``bound`` frame (a block, as the daemon has it): its
+#: nodes and each one's state (null: gone)
+BOUND: dict[str, tuple[tuple[Any, ...], bool]] = {
+    "job_id": ((str,), True), "state": ((str,), True), "message": ((str, None), False),
+    "nodes": ((list,), True), "states": ((list,), True),
+}
+MAX_BLOCKS = 1000            # entries of one ``blocks`` or ``bound`` frame
+MAX_BLOCK_NODES = 1000       # nodes of one block
+BLOCK_STATES = ("live", "draining", "drained", "cancelled")
 #: the frames that carry a list of objects (under the frame's own name): the fields of each
 #: entry and how many there may be
-ENTRIES = {"pilots": (PILOT, MAX_PILOTS), "failures": (FAILURE, MAX_FAILURES)}
+ENTRIES = {"pilots": (PILOT, MAX_PILOTS), "failures": (FAILURE, MAX_FAILURES),
+           "blocks": (BLOCK, MAX_BLOCKS), "bound": (BOUND, MAX_BLOCKS)}
 SIGNED = ("until", "deadline")   # fields that may be negative (none is, today)
 NODE_EVENTS = ("booting", "joined", "notice", "released")
 MAX_TEXT = 4096  # characters of any string field
@@ -160,6 +189,8 @@ def check(message: Any) -> dict[str, Any]:
             if not isinstance(entry, dict):
                 raise ChannelError(f"{kind}[{i}]: must be an object")
             _check_fields(entry, fields, f"{kind}[{i}]")
+            if kind in ("blocks", "bound"):
+                _check_block(entry, f"{kind}[{i}]")
     if kind == "values":
         values = message["values"]
         if len(values) > MAX_PILOTS:
@@ -169,6 +200,22 @@ def check(message: Any) -> dict[str, Any]:
                     not isinstance(value, NUMBER) or not 0 <= value <= 1:
                 raise ChannelError(f"values: {name[:64]!r}: expected a number from 0 to 1")
     return message
+
+
+def _check_block(entry: Mapping[str, Any], where: str) -> None:
+    """A block's state, and its nodes (and their states): short strings, not too many."""
+    if entry["state"] not in BLOCK_STATES:
+        raise ChannelError(f"{where}: unknown block state {entry['state'][:32]!r}")
+    nodes = entry["nodes"]
+    if len(nodes) > MAX_BLOCK_NODES:
+        raise ChannelError(f"{where}: {len(nodes)} nodes, at most {MAX_BLOCK_NODES}")
+    if not all(isinstance(n, str) and 0 < len(n) <= 64 for n in nodes):
+        raise ChannelError(f"{where}: nodes: expected client_ids (strings of 1 to 64 "
+                           f"characters)")
+    states = entry.get("states")
+    if states is not None and (len(states) != len(nodes) or not all(
+            s is None or isinstance(s, str) and len(s) <= 32 for s in states)):
+        raise ChannelError(f"{where}: states: expected one state (a string or null) a node")
 
 
 def _no_constant(name: str) -> Any:

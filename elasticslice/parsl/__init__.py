@@ -11,17 +11,20 @@
 
 A block (``submit``) is ``nodes_per_block`` nodes of one slice; each runs the executor's
 worker command (``process_worker_pool.py ... --block_id=N``) from its startup script, in
-the environment the node builds from the wheelhouse this provider publishes (the agent's
+the environment the node builds from the wheelhouse the provider publishes (the agent's
 wheelhouse plus Parsl: :func:`~elasticslice.pilots.bootstrap.env_script`). The nodes are
 held by a :class:`~.manager.ParslSliceManager`, the project's manager (state dir, intent
 log, callback endpoint, notice book, cycle) whose demand is Parsl's blocks: its stock
 policy asks for the open slots of live blocks and gives back the nodes of blocks that
-ended (never the sliver's last).
+ended (never the sliver's last). That manager runs in the provider's manager daemon
+(:mod:`.daemon`), the one process that opens the CloudLab credentials and the CA's key and
+never loads Parsl; the provider's process, where Parsl unpickles what nodes send, tells it
+the blocks over the local channel (:mod:`.link`, its end there :mod:`.remote`).
 
-On NotifyDeletePending for a node of a block, :class:`~.drain.BlockDrainer` holds every
-manager of the block at the interchange (no new task reaches it), waits until the tasks
-they hold are done or the notice's deadline less ``margin`` comes, then releases the
-revoked node early (and the block's other nodes go back too). A node taken without notice
+On NotifyDeletePending for a node of a block, :class:`~.drain.BlockDrainer` (in the
+daemon) has the provider's process hold every manager of the block at the interchange (no
+new task reaches it) until the tasks they hold are done or the notice's deadline less
+``margin`` comes, then releases the revoked node early (and the block's other nodes go back too). A node taken without notice
 takes its tasks with it: the interchange sees its manager lost and Parsl retries them
 (``Config(retries=N)``; the default is 0). Node states map to Parsl's ``JobState`` in
 :func:`~.blocks.job_state`.
@@ -33,7 +36,9 @@ pair and has its public key authorised over mutual TLS (:mod:`elasticslice.parsl
 interchange refuses any other manager. ``encrypted=False`` is refused unless the interchange
 is on loopback only.
 
-The package's modules: :mod:`.provider` (``CloudLabProvider``, Parsl's side), :mod:`.blocks`
+The package's modules: :mod:`.provider` (``CloudLabProvider``, Parsl's side) and
+:mod:`.link` (its end of the channel), :mod:`.daemon` (the manager daemon; ``python -m
+elasticslice.parsl.daemon``) and :mod:`.remote` (its end of the channel), :mod:`.blocks`
 (blocks, which node is whose, Parsl's states of them), :mod:`.manager` (the slice's manager),
 :mod:`.drain` (a block drained on a notice), :mod:`.node` (what a node runs: its start
 script, the slice's tarball) and :mod:`.keys` (the nodes' CurveZMQ keys; ``python -m

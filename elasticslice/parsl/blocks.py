@@ -8,10 +8,13 @@ import enum
 import threading
 from collections.abc import Sequence
 
-from parsl.jobs.states import JobState
+from typing import TYPE_CHECKING
 
 from elasticslice.managers.policy import NodeState
 from elasticslice.managers.records import PendingDelete
+
+if TYPE_CHECKING:   # Parsl is the provider's: the manager daemon never imports it
+    from parsl.jobs.states import JobState
 
 
 class BlockState(str, enum.Enum):
@@ -23,15 +26,18 @@ class BlockState(str, enum.Enum):
     CANCELLED = "cancelled"  # Parsl cancelled it; its nodes go back
 
 
-_FINAL = {BlockState.DRAINED: JobState.COMPLETED, BlockState.CANCELLED: JobState.CANCELLED}
+_FINAL = (BlockState.DRAINED, BlockState.CANCELLED)
 
 
 def job_state(block: BlockState, nodes: Sequence[NodeState | None], slots: int = 0
               ) -> JobState:
     """Parsl's state of a block: the provider's ``block`` state and its nodes' states
     (None: the node is gone), ``slots`` nodes not asked for yet (see docs/parsl.md)."""
-    if block in _FINAL:
-        return _FINAL[block]
+    from parsl.jobs.states import JobState
+    if block is BlockState.DRAINED:
+        return JobState.COMPLETED
+    if block is BlockState.CANCELLED:
+        return JobState.CANCELLED
     if block is BlockState.DRAINING:
         return JobState.HELD
     alive = [s for s in nodes if s is not None]
@@ -77,8 +83,12 @@ class BlockBook:
         self._of: dict[str, Block] = {}   # client_id -> block
 
     def add(self, block: Block) -> None:
+        """A block, with the nodes already bound to it (a daemon started again hears them
+        from the provider)."""
         with self._lock:
             self.blocks[block.job_id] = block
+            for cid in block.nodes:
+                self._of[cid] = block
 
     def get(self, job_id: str) -> Block | None:
         with self._lock:
@@ -97,6 +107,23 @@ class BlockBook:
                     self._of[client_id] = block
                     return block
             return None
+
+    def sync(self, job_id: str, nodes: Sequence[str], state: BlockState,
+             message: str | None) -> Block | None:
+        """The manager daemon's word on a block of the provider's book: its nodes, and its
+        state unless this book has it final (Parsl cancelled it). None: no such block."""
+        with self._lock:
+            block = self.blocks.get(job_id)
+            if block is None:
+                return None
+            for cid in block.nodes:
+                self._of.pop(cid, None)
+            block.nodes = list(nodes)
+            for cid in block.nodes:
+                self._of[cid] = block
+            if not block.over:
+                block.state, block.message = state, message
+            return block
 
     def unbind(self, client_ids: Sequence[str]) -> None:
         """These nodes were never added (AddNodes failed): their slots open again."""

@@ -79,24 +79,26 @@ class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
     """The project's manager whose demand is Parsl's blocks (the module's doc): the stock
     policy adds nodes for the open slots of live blocks (up to ``maxthreshold`` that count)
     and gives back the nodes no block wants; a notice drains the node's block
-    (:class:`BlockDrainer`) and the node is released early. ``executor``: returns the
-    HighThroughputExecutor (None: not known, nothing to drain). The policy's knobs are
+    (:class:`BlockDrainer`) and the node is released early. ``wait_empty(block)``: waits
+    until the block's managers hold no task or its deadline less ``margin`` comes (the
+    provider's process does it: :class:`~elasticslice.parsl.remote.RemoteBlocks`), and
+    says why it returned. The policy's knobs are
     :data:`PARSL_POLICY` over ``policy``; other options as
     :class:`~elasticslice.managers.manager.SimpleElasticSliceManager`."""
 
     RELEASE_WAKES = ("update_sliver_status", "delete_nodes")  # the block's other nodes too
 
-    def __init__(self, server: Any, *, book: BlockBook, executor: Callable[[], Any],
+    def __init__(self, server: Any, *, book: BlockBook, wait_empty: Callable[[Any], str],
                  margin: float = 5.0, **options: Any) -> None:
         most = options.get("maxthreshold", self.DEF_MAX_THRESHOLD)
         options["policy"] = dataclasses.replace(
             options.get("policy") or PolicyConfig(), max_add_per_cycle=most, **PARSL_POLICY)
         options.setdefault("percent_available_minimum", 0.0)
         # the parts that see blocks, passed in (they call back only once running)
-        drainer = BlockDrainer(book, executor, margin=margin, release=self._release,
+        drainer = BlockDrainer(book, wait_empty, margin=margin, release=self._release,
                                clock=lambda: self._now(), wake=lambda: self.wake("delete_nodes"))
         super().__init__(server, releaser=drainer, **options)
-        self.book, self._executor, self.margin = book, executor, margin
+        self.book, self.margin = book, margin
         self.watch, self.drainer = BlockWatch(book, clock=lambda: self.clock()), drainer
 
     def observe(self) -> Observed:

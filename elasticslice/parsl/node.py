@@ -36,21 +36,37 @@ def node_command(command: str, address: str) -> tuple[str, Path | None]:
     none) is loopback."""
     found = _CERT_DIR.search(command)
     if found is None or found.group(1) == "None":
-        where = _ADDRESSES.search(command)
-        exposed = [a for a in (where.group(1).split(",") if where else [address])
-                   if not is_loopback(a)]
-        if exposed:
-            raise CommandRefused(
-                f"HighThroughputExecutor(encrypted=False) would serve Parsl's interchange in "
-                f"the clear on {exposed[0]}, where anyone who reaches it can take the tasks "
-                f"and send it pickles: keep Parsl's default encrypted=True (unencrypted is "
-                f"for loopback only)")
+        _clear_on_loopback(command, address)
         return command, None
     cert_dir = Path(found.group(1))
     if not (cert_dir / "server.key").is_file():
         raise CommandRefused(f"the executor's key folder {cert_dir} has no server.key: is "
                              f"this the executor's command?")
     return command[:found.start()] + f"--cert_dir {NODE_KEYS}" + command[found.end():], cert_dir
+
+
+def _clear_on_loopback(command: str, address: str) -> None:
+    where = _ADDRESSES.search(command)
+    exposed = [a for a in (where.group(1).split(",") if where else [address])
+               if not is_loopback(a)]
+    if exposed:
+        raise CommandRefused(
+            f"HighThroughputExecutor(encrypted=False) would serve Parsl's interchange in "
+            f"the clear on {exposed[0]}, where anyone who reaches it can take the tasks "
+            f"and send it pickles: keep Parsl's default encrypted=True (unencrypted is "
+            f"for loopback only)")
+
+
+def check_node_command(command: str, address: str) -> str:
+    """``command`` if a node may run it as :func:`node_command` made it (the manager daemon
+    checks what the provider's process sends): an encrypted pool with the node's own key
+    folder, or an unencrypted one on loopback only; :class:`CommandRefused` otherwise."""
+    found = _CERT_DIR.search(command)
+    if found is None or found.group(1) == "None":
+        _clear_on_loopback(command, address)
+    elif found.group(1) != NODE_KEYS or len(_CERT_DIR.findall(command)) != 1:
+        raise CommandRefused(f"a node's worker pool reads its keys from {NODE_KEYS} only")
+    return command
 
 
 class ParslNodeHelper(SimpleElasticSliceHelper):

@@ -1,7 +1,10 @@
 """``CloudLabProvider``: Parsl's ``ExecutionProvider`` whose blocks are CloudLab nodes, a thin
 adapter in Parsl's style: Parsl's blocks in (``submit``, ``cancel``), their states out
-(``status``); the nodes are the :class:`~elasticslice.parsl.manager.ParslSliceManager`'s
-(see :mod:`elasticslice.parsl`)."""
+(``status``). The nodes are held by the provider's manager daemon, another process
+(:mod:`elasticslice.parsl.daemon`), the only one that opens the CloudLab credentials and
+the CA's key; this one, where Parsl unpickles what nodes send, tells it the blocks over the
+local channel (:class:`~elasticslice.parsl.link.BlockLink`) and holds a block's managers at
+the interchange when a notice comes (see :mod:`elasticslice.parsl`)."""
 from __future__ import annotations
 
 import atexit
@@ -18,15 +21,16 @@ from typing import Any
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers.base import ExecutionProvider
 
+from elasticslice.channel import ChannelError
 from elasticslice.errors import ElasticSliceError
-from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.cycle import PARSL_INTERVALS
 from elasticslice.managers.policy import NodeState
 from elasticslice.parsl.blocks import Block, BlockBook, BlockState, job_state
+from elasticslice.parsl.daemon import LOG_FILE, ParslDaemonCommand
+from elasticslice.parsl.drain import BlockHolder
 from elasticslice.parsl.keys import AuthorisedKeys
-from elasticslice.parsl.manager import ParslSliceManager
-from elasticslice.parsl.node import (CommandRefused, ParslNodeHelper, node_command,
-                                     node_software)
+from elasticslice.parsl.link import BlockLink
+from elasticslice.parsl.node import CommandRefused, node_command
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.validate import is_command, is_count, is_seconds
 
@@ -58,8 +62,10 @@ def _seconds(name: str, value: Any, *, positive: bool = False) -> float:
 class CloudLabProvider(ExecutionProvider):
     """A Parsl ``ExecutionProvider`` whose blocks are CloudLab nodes (the module's doc).
 
-    ``server``: a ``ProtoGeniServer``, or ``config``: the path of its config file (the
-    provider opens and closes the client); ``state_dir``: the manager's files (default
+    ``config``: the path of the client config file, or ``server``: a ``ProtoGeniServer``
+    (its config file is used); the provider's manager daemon opens it, in a process of its
+    own: with ``config``, this process (where Parsl unpickles what nodes send) never opens
+    the CloudLab credentials. ``state_dir``: the daemon's files (default
     ``~/.elasticslice/parsl/<label>``; one provider at a time). ``nodes_per_block``,
     ``init_blocks``, ``min_blocks``, ``max_blocks``, ``parallelism``: as every Parsl
     provider; ``max_nodes``: the policy's ``maxthreshold``, nodes that count at most (not
@@ -78,7 +84,8 @@ class CloudLabProvider(ExecutionProvider):
     ``publish_port``: a fixed port for the publisher (default: the one this state directory
     used last, else any free one: the slice's tarball keeps its URL across restarts);
     ``keep``: ``close()`` leaves the slice. Nothing starts before the first ``submit``.
-    Nodes that failed to start are named with their cause in :attr:`failures`."""
+    Nodes that failed to start are named with their cause in :attr:`failures`; the
+    daemon's state is :meth:`view` (read-only), its log ``<state_dir>/daemon.log``."""
 
     def __init__(self, server: Any = None, state_dir: str | Path | None = None, *,
                  config: str | Path | None = None, label: str = "cloudlab",
@@ -135,19 +142,20 @@ class CloudLabProvider(ExecutionProvider):
         self.book = BlockBook()
         #: the HighThroughputExecutor (default: found in parsl.dfk() by its provider)
         self.executor: Any = None
-        self.manager: ParslSliceManager | None = None
-        self.helper: ParslNodeHelper | None = None
-        #: the tarball publisher and the enrolment service (started with the manager)
-        self.services: Any = None
+        #: the channel to the manager daemon (None: not started)
+        self.link: BlockLink | None = None
+        #: holds a block's managers when the daemon asks (a notice)
+        self.holder = BlockHolder(self.book, self._find_executor, self._answer)
         self.publish_port = None if publish_port is None else _count(
             "publish_port", publish_port, 0)
         #: nodes that failed to start, with the cause their start script sent
         self.failures = NodeFailures()
-        #: the nodes' keys allowed at the executor's interchange (None: not encrypted)
+        #: the nodes' keys allowed at the executor's interchange (None: not encrypted;
+        #: the daemon writes them, this process only lists them)
         self.keys: AuthorisedKeys | None = None
         self._lock = threading.Lock()
-        self._lockfile: Any = None
-        self._own_server = False
+        self._node_states: dict[str, NodeState | None] = {}   # as the daemon told them
+        self._view: Any = None
         self._closed = False
 
     def __repr__(self) -> str:  # Parsl logs its config with it
@@ -175,7 +183,7 @@ class CloudLabProvider(ExecutionProvider):
             from elasticslice.pilots.helper import pilots_listen
             self.listen = pilots_listen(self.server if self.server is not None else
                                         types.SimpleNamespace(config=load_config(
-                                            self.config_path)))
+                                            self.config_path, open_files=False)))
         return self.listen
 
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.auto") -> str:
@@ -184,7 +192,7 @@ class CloudLabProvider(ExecutionProvider):
             raise ProviderError("CloudLabProvider.submit: the worker command is empty")
         command = self._node_command(command)
         self._ensure_started()
-        assert self.manager is not None
+        assert self.link is not None
         job_id = f"{self.label}-{uuid.uuid4().hex[:8]}"
         match = _BLOCK_ID.search(command)
         block = Block(job_id, job_name, command, self.nodes_per_block,
@@ -193,7 +201,7 @@ class CloudLabProvider(ExecutionProvider):
         self.resources[job_id] = {"job_id": job_id, "job_name": job_name,
                                   "block_id": block.block_id}
         log.info("block %s (%s): %d node(s) asked for", job_id, job_name, block.size)
-        self.manager.wake("ensure_sliver", "add_nodes")
+        self.link.send_blocks()
         return job_id
 
     @property
@@ -220,20 +228,6 @@ class CloudLabProvider(ExecutionProvider):
             self.keys = AuthorisedKeys(cert_dir)
         return command
 
-    def _on_key(self, client_id: str, public_key: str) -> dict[str, str]:
-        """A node enrolled and sends its public key: allowed at the interchange while its
-        block wants it (a ValueError: refused, its line goes to the node)."""
-        keys = self.keys
-        if keys is None:
-            raise ValueError("the executor is not encrypted: no key to authorise")
-        if not self.book.wanted(client_id):
-            raise ValueError(f"{client_id} is in no live Parsl block")
-        return keys.authorise(client_id, public_key)
-
-    def _on_gone(self, client_id: str) -> None:
-        if self.keys is not None:
-            self.keys.withdraw(client_id)
-
     def status(self, job_ids: Sequence[object]) -> list[JobStatus]:
         return [self._status(str(j)) for j in job_ids]
 
@@ -248,8 +242,8 @@ class CloudLabProvider(ExecutionProvider):
             if block.state is not BlockState.DRAINING:
                 self.book.set_state(block, BlockState.CANCELLED, "cancelled by Parsl")
             out.append(True)
-        if self.manager is not None:
-            self.manager.wake("delete_nodes")
+        if self.link is not None:
+            self.link.send_blocks()
         return out
 
     def _status(self, job_id: str) -> JobStatus:
@@ -266,17 +260,9 @@ class CloudLabProvider(ExecutionProvider):
         return JobStatus(state, message)
 
     def _node_state(self, client_id: str) -> NodeState | None:
-        manager = self.manager
-        if manager is None:
-            return NodeState.NOTREADY
-        for cm in manager.cmlist:
-            rec = manager.state.node(cm, client_id)
-            if rec is None:
-                continue
-            state = NodeState.from_cm(rec.state)
-            # gone: taken (None), or given back after it failed to start (still failed)
-            return state if rec.gone_at is None or state is NodeState.FAILED else None
-        return NodeState.NOTREADY  # being added
+        """As the daemon told it (:func:`~elasticslice.parsl.daemon.node_state`); NOTREADY
+        until it did."""
+        return self._node_states.get(client_id, NodeState.NOTREADY)
 
     # ------------------------------------------------------------------ running
     def _find_executor(self) -> Any:
@@ -294,64 +280,114 @@ class CloudLabProvider(ExecutionProvider):
         with self._lock:
             if self._closed:
                 raise ProviderError("CloudLabProvider: closed; make a new one")
-            if self.manager is None:
+            if self.link is None:
                 try:
                     self._start()
                 except BaseException:
                     self._stop(give_back=False)
                     raise
 
+    def _config_file(self) -> str:
+        if self.config_path is not None:
+            return str(self.config_path)
+        path = getattr(getattr(self.server, "config", None), "path", None)
+        if path is None:
+            raise ProviderError("CloudLabProvider: the server's config was not read from a "
+                                "file, which the manager daemon needs: pass config=")
+        return str(path)
+
+    def _daemon_command(self) -> ParslDaemonCommand:
+        arguments = {
+            "max_nodes": self.max_nodes, "hardware_type": self.hardware_type,
+            "disk_image": self.disk_image, "image_python": self.image_python,
+            "node_python": self.node_python, "cores_per_node": self.cores_per_node,
+            "margin": self.margin, "listen": self.address, "public_url": self.public_url,
+            "endpoint_port": self.endpoint_port, "intervals": dict(self.intervals),
+            "publish_port": self.publish_port}
+        env = {}
+        cache = getattr(getattr(self.server, "config", None), "credential_cache_dir", None)
+        if cache is not None:   # the server's own: the daemon caches credentials there too
+            env["ELASTICSLICE_CREDENTIAL_CACHE_DIR"] = str(cache)
+        return ParslDaemonCommand(self._config_file(), arguments, env)
+
     def _start(self) -> None:
-        from elasticslice.managers.statedir import StateDirLock, make_state_dir
-        from elasticslice.pilots.ca import ClusterCA
-        from elasticslice.pilots.services import ControlServices
-        if self.server is None:
-            from elasticslice.config import load_config
-            from elasticslice.rpc.client import ProtoGeniServer
-            self.server = ProtoGeniServer(load_config(self.config_path))
-            self._own_server = True
+        from elasticslice.managers.statedir import make_state_dir
+        link = BlockLink(self.state_dir, self._daemon_command(), blocks=self._blocks_frame,
+                         on_bound=self._on_bound, on_drain=self.holder.ask,
+                         on_failures=self.failures.merge)
+        self.link = link
         try:
             make_state_dir(self.state_dir, "the provider's")
-        except ElasticSliceError as err:
-            raise ProviderError(str(err)) from err
-        self._lockfile = StateDirLock(self.state_dir / "state").acquire()
-        ca = ClusterCA.open(self.state_dir / "pki")
-        # the pilots' services and rules: the slice's tarball at a URL kept across
-        # restarts, a token only from its node's manifest address, a node's certificates
-        # denied once it left (elasticslice.pilots.services)
-        services = self.services = ControlServices(
-            self.state_dir, ca, self.address, manager=lambda: self.manager,
-            helper=lambda: self.helper, failures=self.failures, on_key=self._on_key,
-            publish_port=self.publish_port, public_url=self.public_url).start()
-        env_lines = node_software(services, server=self.server, node_python=self.node_python,
-                                  disk_image=self.disk_image, image_python=self.image_python)
-        helper = ParslNodeHelper(
-            self.book, services.publisher, self.state_dir / "tarballs", env_lines,
-            cores=self.cores_per_node, server=self.server, image_urn=self.disk_image,
-            nodetype=self.hardware_type, token=services.token, failures=self.failures,
-            report_url=services.report_url, ca=ca, enrolment=services.enrolment,
-            on_gone=self._on_gone, enrol_url=services.enrol_url)
-        self.helper = helper
-        helper.tarball_url()  # served before any sliver change: the CM fetches it again
-        self.manager = ParslSliceManager(
-            self.server, book=self.book, executor=self._find_executor, margin=self.margin,
-            minthreshold=0, maxthreshold=self.max_nodes, manage_intervals=self.intervals,
-            retry_interval=1.0, nodetype=self.hardware_type, enable_delete=True,
-            email=False, helper=helper, state_dir=self.state_dir / "state",
-            endpoint=EndpointConfig(address=self.address, port=self.endpoint_port))
-        self.manager.start()
+            link.open()
+        except (ElasticSliceError, ChannelError) as err:
+            raise ProviderError(f"CloudLabProvider: {err} (see "
+                                f"{self.state_dir / LOG_FILE})") from None
         atexit.register(self.close)
-        log.info("CloudLab provider %s: state in %s", self.label, self.state_dir)
+        log.info("CloudLab provider %s: state in %s, manager daemon %s", self.label,
+                 self.state_dir, self.daemon_pid)
+
+    # ------------------------------------------------------------------ the daemon's word
+    def _blocks_frame(self) -> dict[str, Any]:
+        """The blocks Parsl wants (one the daemon no longer hears of was cancelled)."""
+        blocks = [{"job_id": b.job_id, "name": b.name, "command": b.command, "size": b.size,
+                   "block_id": b.block_id, "state": b.state.value, "nodes": list(b.nodes)}
+                  for b in list(self.book.blocks.values()) if not b.over]
+        key_dir = str(self.keys.cert_dir) if self.keys is not None else None
+        return {"blocks": blocks, "key_dir": key_dir}
+
+    def _on_bound(self, entries: list[dict[str, Any]]) -> None:
+        for entry in entries:
+            try:
+                state = BlockState(entry["state"])
+                states = [None if s is None else NodeState(s) for s in entry["states"]]
+            except ValueError:
+                log.warning("the manager daemon told an unknown state of %s", entry["job_id"])
+                continue
+            if self.book.sync(entry["job_id"], entry["nodes"], state, entry.get("message")):
+                self._node_states.update(zip(entry["nodes"], states))
+
+    def _answer(self, job_id: str, why: str) -> None:
+        link = self.link
+        if link is not None:
+            link.send("block_drained", job_id=job_id, why=why[:1000])
+
+    # ------------------------------------------------------------------ looking
+    @property
+    def daemon_pid(self) -> int | None:
+        """The manager daemon's pid, as the state directory's lock says (None: none)."""
+        from elasticslice.managers.statedir import StateDirLock
+        try:
+            text = (self.state_dir / "state" / StateDirLock.FILE).read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def view(self) -> Any:
+        """The daemon's state, read-only (a :class:`~elasticslice.pilots.snapshot.StateView`;
+        None: none yet)."""
+        if self._view is None:
+            from elasticslice.managers.records import StateError
+            from elasticslice.managers.state import ManagerState
+            from elasticslice.pilots.snapshot import StateView
+            try:
+                self._view = StateView(ManagerState.read_only(self.state_dir / "state"))
+            except StateError:
+                return None
+        return self._view
 
     def stats(self) -> dict[str, int]:
-        """revocations, early_releases, forced_releases, blocks (submitted)."""
-        out = self.manager.stats() if self.manager is not None else {
-            "revocations": 0, "early_releases": 0, "forced_releases": 0}
+        """revocations, early_releases, forced_releases (from the daemon's state), blocks
+        (submitted)."""
+        view = self.view()
+        found = view.stats() if view is not None else {}
+        out = {key: int(found.get(key, 0)) for key in
+               ("revocations", "early_releases", "forced_releases")}
         out["blocks"] = len(self.book.blocks)
         return out
 
+    # ------------------------------------------------------------------ stopping
     def close(self) -> None:
-        """Stop the manager and give the slice back (unless ``keep``). Idempotent."""
+        """Stop the manager daemon, which gives the slice back (unless ``keep``). Idempotent."""
         with self._lock:
             self._closed = True
             self._stop(give_back=not self.keep)
@@ -362,37 +398,16 @@ class CloudLabProvider(ExecutionProvider):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def publisher(self) -> Any:
-        """The tarball publisher (None: not started)."""
-        return self.services.publisher if self.services is not None else None
-
-    @property
-    def enrolment(self) -> Any:
-        """The nodes' enrolment service (None: not started)."""
-        return self.services.enrolment if self.services is not None else None
-
     def _stop(self, *, give_back: bool) -> None:
-        manager, self.manager = self.manager, None
+        self.holder.stop.set()
+        link, self.link = self.link, None
         try:
-            if manager is not None:
-                manager.stop()
-                if give_back:
-                    manager.actuator.give_back_slivers()
-                manager.state.close()
+            if link is not None and not link.close_daemon(give_back) and not link.fatal:
+                log.warning("the manager daemon did not say it stopped: see %s",
+                            self.state_dir / LOG_FILE)
         finally:
-            if self.helper is not None:
-                self.helper.close(remove=manager is not None and give_back)
-                self.helper = None
-            if self.keys is not None and give_back:  # no node of ours is left
-                for client_id in self.keys.allowed():
-                    self.keys.withdraw(client_id)
-            services, self.services = self.services, None
-            if services is not None:
-                services.close(remove=manager is not None and give_back)
-            lock, self._lockfile = self._lockfile, None
-            if lock is not None:
-                lock.release()
-            if self._own_server and self.server is not None:
-                self.server.close()
-                self.server, self._own_server = None, False
+            if link is not None:
+                link.close()
+            if self._view is not None:
+                self._view.state.close()
+                self._view = None

@@ -110,8 +110,10 @@ class DaemonCommand:
 def spawn_daemon(command: DaemonCommand, state_dir: Path) -> subprocess.Popen:
     """Start the daemon and wait until it serves the channel; its one ``Error:`` line (as
     :class:`ElasticSliceError`, with the exit status in ``status``) when it cannot."""
+    extra = getattr(command, "env", None)   # a Parsl daemon's: its credential cache
     proc = subprocess.Popen(command.argv(state_dir), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **extra} if extra else None,
                             start_new_session=True)   # a Ctrl-C here is not its signal
     limit = command.connect_timeout + START_TIMEOUT
     out, err = _until_ready(proc, time.monotonic() + limit)

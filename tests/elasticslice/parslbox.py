@@ -75,8 +75,9 @@ class OnTheBox:
         return block
 
     def node_id(self, client_id: str) -> str:
-        manager = self.provider.manager
-        return manager.state.node(manager.cmlist[0], client_id).node_id
+        """The node's node_id, as the provider's manager daemon recorded it."""
+        view = self.provider.view()
+        return next(r.node_id for r in view.state.nodes() if r.client_id == client_id)
 
 
 @contextlib.contextmanager

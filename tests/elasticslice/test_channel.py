@@ -193,6 +193,19 @@ def test_a_frame_too_long_is_not_buffered_whole(tmp_path: Path, caplog) -> None:
     ({"type": "drained", "client_id": "n", "requeued": 0.5 - 1},
      "drained: the field 'requeued' must be int, not float"),
     ({"type": "demand", "extra_nodes": -2.5}, "demand: the field 'extra_nodes' is negative"),
+    # a Parsl provider's blocks: each node a short string, the state one of a block's
+    ({"type": "blocks", "blocks": [{"job_id": "j", "name": "b", "command": "c", "size": 1,
+                                    "state": "live", "nodes": [{"x": 1}]}]},
+     "blocks[0]: nodes: expected client_ids (strings of 1 to 64 characters)"),
+    ({"type": "blocks", "blocks": [{"job_id": "j", "name": "b", "command": "c", "size": True,
+                                    "state": "live", "nodes": []}]},
+     "blocks[0]: the field 'size' must be int, not bool"),
+    ({"type": "blocks", "blocks": [{"job_id": "j", "name": "b", "command": "c", "size": 1,
+                                    "state": "running", "nodes": []}]},
+     "blocks[0]: unknown block state 'running'"),
+    ({"type": "blocks", "blocks": [{"job_id": "j", "name": "b", "command": "c", "size": 1,
+                                    "state": "live", "nodes": ["n"] * 1001}]},
+     "blocks[0]: 1001 nodes, at most 1000"),
 ])
 def test_a_bad_frame_is_one_line_naming_it(tmp_path: Path, frame: dict[str, Any],
                                            line: str) -> None:

@@ -105,7 +105,7 @@ def test_an_unencrypted_executor_is_refused_beyond_loopback_before_anything_star
         assert "\n" not in str(err.value)
     with pytest.raises(P.ProviderError, match="no server.key") as err:  # not Parsl's folder
         provider.submit(f"process_worker_pool.py --cert_dir {tmp_path} --block_id=0", 1, "b")
-    assert provider.manager is None and not (tmp_path / "state").exists()
+    assert provider.link is None and not (tmp_path / "state").exists()
     # loopback only: the pool's command as the nodes run it is Parsl's, unchanged
     local = P.CloudLabProvider(server=object(), listen="127.0.0.1")
     command = "process_worker_pool.py -a 127.0.0.1 --cert_dir None --block_id=0"
@@ -253,19 +253,22 @@ def test_a_node_given_back_after_it_failed_to_start_keeps_its_block_failed() -> 
     """The policy gives back an added node that failed to start; its block stays FAILED
     (not TIMEOUT, which says CloudLab took its nodes)."""
     from types import SimpleNamespace as NS
+
+    from elasticslice.parsl.daemon import node_state
     records = {"parsl-1": NS(state="failed", gone_at=5.0), "parsl-2": NS(state="ready",
                                                                          gone_at=5.0)}
+    state = NS(node=lambda url, cid: records.get(cid))   # the daemon's
+    assert [node_state(state, ["cm"], c) for c in ("parsl-1", "parsl-2", "parsl-3")] == [
+        F, None, N]   # failed, taken, being added
+    # the provider's process hears them in the daemon's ``bound`` frame
     provider = P.CloudLabProvider(server=object())
-    provider.manager = NS(cmlist=["cm"], state=NS(node=lambda url, cid: records.get(cid)))
-    try:
-        assert [provider._node_state(c) for c in ("parsl-1", "parsl-2", "parsl-3")] == [
-            F, None, N]   # failed, taken, being added
-        provider.book.add(P.Block("a", "block-0", "cmd 0", 1, nodes=["parsl-1"]))
-        provider.book.add(P.Block("b", "block-1", "cmd 1", 1, nodes=["parsl-2"]))
-        assert [s.state for s in provider.status(["a", "b"])] == [P.JobState.FAILED,
-                                                                   P.JobState.TIMEOUT]
-    finally:
-        provider.manager = None
+    provider.book.add(P.Block("a", "block-0", "cmd 0", 1))
+    provider.book.add(P.Block("b", "block-1", "cmd 1", 1))
+    provider._on_bound([
+        {"job_id": "a", "state": "live", "nodes": ["parsl-1"], "states": ["failed"]},
+        {"job_id": "b", "state": "live", "nodes": ["parsl-2"], "states": [None]}])
+    assert [s.state for s in provider.status(["a", "b"])] == [P.JobState.FAILED,
+                                                               P.JobState.TIMEOUT]
 
 
 def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
@@ -430,7 +433,9 @@ def test_a_workflow_survives_a_revocation_and_the_block_goes_back_early(
         # the block's other node went back with it
         wait_for(lambda: not set(block.nodes) & set(cm_nodes(emulator, tmp_path)), timeout=60,
                  what="the block's nodes given back")
-        assert provider.status([block.job_id])[0].state is P.JobState.COMPLETED
+        # the daemon tells the provider's process (within its half-second sync)
+        wait_for(lambda: provider.status([block.job_id])[0].state is P.JobState.COMPLETED,
+                 timeout=30, what="the block completed")
         # the nodes given back: their keys are allowed no more (the manager's event thread
         # withdraws them once it recorded the nodes gone)
         wait_for(lambda: not set(block.nodes) & set(provider.keys.allowed()), timeout=60,

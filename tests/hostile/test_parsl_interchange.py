@@ -249,7 +249,7 @@ def test_an_unencrypted_interchange_beyond_loopback_is_refused_with_one_line(
         provider.submit(command, 1, "parsl.cloudlab.block-0")
     line = str(err.value)
     assert "\n" not in line and "encrypted=False" in line and "198.51.100.7" in line
-    assert provider.manager is None and not (tmp_path / "state").exists()
+    assert provider.link is None and not (tmp_path / "state").exists()
     # the interchange the provider has Parsl start refuses it too, before it binds anything
     config = {"cert_dir": None, "interchange_address": None, "client_address": "127.0.0.1",
               "client_ports": (1, 2, 3)}
