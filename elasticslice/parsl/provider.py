@@ -311,17 +311,18 @@ class CloudLabProvider(ExecutionProvider):
         return ParslDaemonCommand(self._config_file(), arguments, env)
 
     def _start(self) -> None:
-        from elasticslice.managers.statedir import make_state_dir
-        link = BlockLink(self.state_dir, self._daemon_command(), blocks=self._blocks_frame,
-                         on_bound=self._on_bound, on_drain=self.holder.ask,
-                         on_failures=self.failures.merge)
-        self.link = link
+        """The manager daemon (it checks the config, then makes the state directory), and
+        the link to it; ProviderError with its one line if it cannot start."""
         try:
-            make_state_dir(self.state_dir, "the provider's")
+            link = BlockLink(self.state_dir, self._daemon_command(),
+                             blocks=self._blocks_frame, on_bound=self._on_bound,
+                             on_drain=self.holder.ask, on_failures=self.failures.merge)
+            self.link = link
             link.open()
         except (ElasticSliceError, ChannelError) as err:
-            raise ProviderError(f"CloudLabProvider: {err} (see "
-                                f"{self.state_dir / LOG_FILE})") from None
+            log_file = self.state_dir / LOG_FILE
+            see = f" (see {log_file})" if log_file.exists() else ""
+            raise ProviderError(f"CloudLabProvider: {err}{see}") from None
         atexit.register(self.close)
         log.info("CloudLab provider %s: state in %s, manager daemon %s", self.label,
                  self.state_dir, self.daemon_pid)
@@ -402,7 +403,8 @@ class CloudLabProvider(ExecutionProvider):
         self.holder.stop.set()
         link, self.link = self.link, None
         try:
-            if link is not None and not link.close_daemon(give_back) and not link.fatal:
+            if link is not None and link.channel is not None and \
+                    not link.close_daemon(give_back) and not link.fatal:
                 log.warning("the manager daemon did not say it stopped: see %s",
                             self.state_dir / LOG_FILE)
         finally:

@@ -112,6 +112,20 @@ def test_an_unencrypted_executor_is_refused_beyond_loopback_before_anything_star
     assert local._node_command(command) == command
 
 
+def test_a_manager_daemon_that_cannot_start_is_one_line_and_nothing_is_made(
+        tmp_path: Path) -> None:
+    """The daemon reads the config (the credentials are its own): a config it cannot read
+    fails the first submit with its line, and no state directory is made."""
+    provider = P.CloudLabProvider(config=tmp_path / "nope.conf", state_dir=tmp_path / "state",
+                                  listen="127.0.0.1")
+    with pytest.raises(P.ProviderError, match=r"^CloudLabProvider: .*nope\.conf: config file "
+                                              r"not found") as err:
+        provider.submit("process_worker_pool.py -a 127.0.0.1 --block_id=0", 1, "b")
+    assert "\n" not in str(err.value) and "Traceback" not in str(err.value)
+    provider.close()
+    assert not (tmp_path / "state").exists() and provider.link is None
+
+
 def test_an_encrypted_pool_runs_with_the_nodes_own_key_folder(tmp_path: Path) -> None:
     from parsl import curvezmq
     cert_dir = curvezmq.create_certificates(tmp_path)
