@@ -24,10 +24,10 @@ the blocks over the local channel (:mod:`.link`, its end there :mod:`.remote`).
 On NotifyDeletePending for a node of a block, :class:`~.drain.BlockDrainer` (in the
 daemon) has the provider's process hold every manager of the block at the interchange (no
 new task reaches it) until the tasks they hold are done or the notice's deadline less
-``margin`` comes, then releases the revoked node early (and the block's other nodes go back too). A node taken without notice
-takes its tasks with it: the interchange sees its manager lost and Parsl retries them
-(``Config(retries=N)``; the default is 0). Node states map to Parsl's ``JobState`` in
-:func:`~.blocks.job_state`.
+``margin`` comes, then releases the revoked node early (and the block's other nodes go
+back too). A node taken without notice takes its tasks with it: the interchange sees its
+manager lost and Parsl retries them (``Config(retries=N)``; the default is 0). Node states
+map to Parsl's ``JobState`` in :func:`~.blocks.job_state`.
 
 The interchange is encrypted (Parsl's default, ``encrypted=True``): each node enrols at the
 provider's :class:`~elasticslice.pilots.enrol.EnrolmentService` (a single-use token in the

@@ -125,6 +125,14 @@ class BlockBook:
                 block.state, block.message = state, message
             return block
 
+    def forget(self, job_id: str) -> None:
+        """Drop a block that is over (its nodes gone): the book keeps what is live."""
+        with self._lock:
+            block = self.blocks.pop(job_id, None)
+            for cid in block.nodes if block is not None else ():
+                if self._of.get(cid) is block:
+                    del self._of[cid]
+
     def unbind(self, client_ids: Sequence[str]) -> None:
         """These nodes were never added (AddNodes failed): their slots open again."""
         with self._lock:

@@ -178,6 +178,7 @@ class ParslDaemon:
             raise
         self.manager = manager
         log.info("manager started: %d block(s) of Parsl's", len(self.book.blocks))
+        manager.resume_releases()   # a daemon killed while a block drained
 
     # ------------------------------------------------------------------ the provider
     def _on_blocks(self) -> None:
@@ -198,6 +199,9 @@ class ParslDaemon:
     def _on_key(self, client_id: str, public_key: str) -> dict[str, str]:
         """A node enrolled and sends its public key: allowed at the interchange while its
         block wants it (a ValueError: refused, its line goes to the node)."""
+        from elasticslice.pilots.enrol import NotYet
+        if self.manager is None:   # the provider has not told its blocks (yet, or again)
+            raise NotYet("the provider's manager is starting: try again")
         keys = self.keys
         if keys is None:
             raise ValueError("the executor is not encrypted: no key to authorise")
@@ -282,6 +286,8 @@ class ParslDaemon:
         withdrawn then), the services and the channel (the provider hears ``bye`` last).
         Idempotent."""
         self._stopped.set()
+        if self.remote is not None:   # a drain waiting for the provider ends now
+            self.remote.cancel_waits()
         manager, self.manager = self.manager, None
         try:
             if manager is not None:

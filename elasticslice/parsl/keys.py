@@ -37,6 +37,7 @@ import re
 import ssl
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -230,17 +231,31 @@ class KeyRequestError(Exception):
     """The node could not get its key authorised: one line."""
 
 
-def post_key(url: str, client_id: str, public_key: str, ctx: ssl.SSLContext) -> str:
-    """``POST url/key``; the interchange's public key from the answer."""
+def post_key(url: str, client_id: str, public_key: str, ctx: ssl.SSLContext,
+             wait: float = TIMEOUT * 10) -> str:
+    """``POST url/key``; the interchange's public key from the answer. "Not yet" (503: the
+    provider's manager is starting again) is tried again for up to ``wait`` seconds."""
     from troy.frameworks.dask import EnrolError, post_to_control
-    try:
-        status, text = post_to_control(url, "/key", {"client_id": client_id,
-                                                     "public_key": public_key}, ctx, 1 << 16)
-    except (OSError, http.client.HTTPException) as err:
-        raise KeyRequestError(f"cannot reach the enrolment service {url}: "
-                              f"{getattr(err, 'reason', None) or err}") from None
-    except EnrolError as err:  # not https, or not the control's certificate
-        raise KeyRequestError(str(err)) from None
+    deadline, pause = time.monotonic() + wait, 0.5
+    while True:
+        try:
+            status, text = post_to_control(url, "/key", {"client_id": client_id,
+                                                         "public_key": public_key}, ctx,
+                                           1 << 16)
+        except (OSError, http.client.HTTPException) as err:
+            if isinstance(err, ConnectionRefusedError) and \
+                    time.monotonic() + pause <= deadline:   # the service starting again
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            raise KeyRequestError(f"cannot reach the enrolment service {url}: "
+                                  f"{getattr(err, 'reason', None) or err}") from None
+        except EnrolError as err:  # not https, or not the control's certificate
+            raise KeyRequestError(str(err)) from None
+        if status != 503 or time.monotonic() + pause > deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, 5.0)
     if status != 200:
         raise KeyRequestError(f"the node's key was refused ({status}): {text}")
     try:

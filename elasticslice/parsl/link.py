@@ -53,8 +53,10 @@ class BlockLink:
         self._wake = threading.Event()
         self._done = threading.Event()   # the daemon closed after a ``close``
         self._closing = False
+        self._bye = False                 # the daemon said bye (not: it died)
         self._thread: threading.Thread | None = None
         self._daemon_lock = threading.Lock()
+        self._send_lock = threading.Lock()   # one blocks frame at a time, the newest last
 
     def open(self, timeout: float = START_TIMEOUT) -> BlockLink:
         """Start the daemon (after stopping one a dead provider left), attach, tell it the
@@ -117,13 +119,14 @@ class BlockLink:
 
     def send_blocks(self) -> None:
         """Tell the daemon the blocks as they are now (if attached)."""
-        channel = self.channel
-        if channel is None or channel.closed:
-            return
-        try:
-            channel.send("blocks", **self.blocks())
-        except ChannelError as err:
-            log.warning("the manager daemon did not hear the blocks: %s", err)
+        with self._send_lock:   # built and sent together: never an older list last
+            channel = self.channel
+            if channel is None or channel.closed:
+                return
+            try:
+                channel.send("blocks", **self.blocks())
+            except ChannelError as err:
+                log.warning("the manager daemon did not hear the blocks: %s", err)
 
     def send(self, kind: str, **fields: Any) -> bool:
         channel = self.channel
@@ -149,6 +152,7 @@ class BlockLink:
 
     def _on_close(self, reason: str | None) -> None:
         self._attached.clear()
+        self._bye = reason == "the peer said bye"
         self._done.set()
         if reason and reason.startswith(REFUSED) and not self._closing:
             self.fatal = reason[len(REFUSED):]   # its manager cannot start: no use coming back
@@ -167,6 +171,8 @@ class BlockLink:
                 continue
             try:
                 self.revive()
+                if self._stop.is_set() or self._closing:
+                    continue
                 self._attach()
                 log.warning("attached to the manager daemon again")
             except ChannelError as err:
@@ -184,7 +190,7 @@ class BlockLink:
         self._done.clear()
         if not self.send("close", give_back=give_back):
             return False
-        return self._done.wait(timeout)
+        return self._done.wait(timeout) and self._bye
 
     def close(self) -> None:
         """Detach, and wait for the daemon this process started to end."""
@@ -200,7 +206,11 @@ class BlockLink:
             try:
                 daemon.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                log.warning("the manager daemon (pid %d) is still there: stopping it",
-                            daemon.pid)
+                log.warning("the manager daemon (pid %d) is still there: stopping it "
+                            "(the nodes are kept)", daemon.pid)
                 daemon.terminate()
-                daemon.wait()
+                try:
+                    daemon.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+                    daemon.wait()

@@ -250,6 +250,9 @@ class CloudLabProvider(ExecutionProvider):
         block = self.book.get(job_id)
         if block is None:
             return JobStatus(JobState.UNKNOWN, f"no block {job_id} here")
+        link = self.link
+        if link is not None and link.fatal and not block.over:   # nobody holds its nodes
+            return JobStatus(JobState.FAILED, f"the manager daemon stopped: {link.fatal}")
         states = [self._node_state(cid) for cid in list(block.nodes)]
         state = job_state(block.state, states, block.open_slots)
         message = block.message
@@ -286,6 +289,9 @@ class CloudLabProvider(ExecutionProvider):
                 except BaseException:
                     self._stop(give_back=False)
                     raise
+            if self.link.fatal:   # the daemon refused this provider for good
+                raise ProviderError(f"CloudLabProvider: {self.link.fatal} (see "
+                                    f"{self.state_dir / LOG_FILE})")
 
     def _config_file(self) -> str:
         if self.config_path is not None:
@@ -313,6 +319,7 @@ class CloudLabProvider(ExecutionProvider):
     def _start(self) -> None:
         """The manager daemon (it checks the config, then makes the state directory), and
         the link to it; ProviderError with its one line if it cannot start."""
+        self.holder.stop.clear()   # a start that failed before stopped it
         try:
             link = BlockLink(self.state_dir, self._daemon_command(),
                              blocks=self._blocks_frame, on_bound=self._on_bound,

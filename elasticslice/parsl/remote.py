@@ -54,6 +54,7 @@ class RemoteBlocks:
         self._lock = threading.Condition()
         self._told: dict[str, dict[str, Any]] = {}   # job_id -> the entry last told
         self._drained: dict[str, str] = {}             # job_id -> why (the provider said)
+        self._forgotten: set[str] = set()              # blocks over, dropped from the book
         self._failures_told = -1
         self._generation = 0                           # attaches so far
         self._stop = threading.Event()
@@ -63,10 +64,14 @@ class RemoteBlocks:
         self.server.start()
         return self
 
-    def stop(self) -> None:
+    def cancel_waits(self) -> None:
+        """Every :meth:`wait_empty` returns now (the daemon stops)."""
         self._stop.set()
         with self._lock:
             self._lock.notify_all()
+
+    def stop(self) -> None:
+        self.cancel_waits()
         self.server.stop()
 
     @property
@@ -102,8 +107,13 @@ class RemoteBlocks:
         if kind == "blocks":
             self._blocks(message["blocks"], message.get("key_dir"))
         elif kind == "block_drained":
+            block = self.book.get(message["job_id"])
+            if block is None or block.state is not BlockState.DRAINING:
+                log.info("the provider says %s drained: no drain was asked of it",
+                         message["job_id"][:64])
+                return
             with self._lock:
-                self._drained[message["job_id"]] = message["why"]
+                self._drained[block.job_id] = message["why"]
                 self._lock.notify_all()
         elif kind == "close":
             self.on_close(message["give_back"])
@@ -120,7 +130,7 @@ class RemoteBlocks:
             except CommandRefused as err:
                 raise ChannelError(f"blocks: {entry['job_id'][:64]}: {err}") from None
             listed.add(entry["job_id"])
-            if self.book.get(entry["job_id"]) is None:
+            if self.book.get(entry["job_id"]) is None and entry["job_id"] not in self._forgotten:
                 # a daemon started again: the nodes the provider knew bound stay bound
                 nodes = [n for n in entry["nodes"] if self.book.of(n) is None]
                 self.book.add(Block(entry["job_id"], entry["name"], command, entry["size"],
@@ -140,6 +150,8 @@ class RemoteBlocks:
         heard (every block after it attached, even none)."""
         if not self.attached:
             return
+        with self._lock:
+            generation = self._generation
         entries = []
         for block in list(self.book.blocks.values()):
             nodes = list(block.nodes)
@@ -148,12 +160,18 @@ class RemoteBlocks:
                      "states": self.states_of(nodes)}
             if self._told.get(block.job_id) != entry:
                 entries.append(entry)
+            elif block.over and not any(entry["states"]):   # told, and its nodes are gone
+                self.book.forget(block.job_id)
+                self._forgotten.add(block.job_id)   # a late frame listing it: not new
         with self._lock:
             first = not self._told
+            if generation != self._generation:   # attached again meanwhile: next time
+                return
         if (entries or first) and self._send("bound", bound=entries):
             with self._lock:
-                self._told.update((e["job_id"], e) for e in entries)
-                self._told.setdefault("", {})   # told once since the attach
+                if generation == self._generation:
+                    self._told.update((e["job_id"], e) for e in entries)
+                    self._told.setdefault("", {})   # told once since the attach
 
     def tell_failures(self, failures: list[dict[str, Any]]) -> None:
         """The nodes that failed to start, when there are more than the provider heard of."""

@@ -111,6 +111,22 @@ class EarlyReleases:
     notices: Any
     actuator: Any
     state: Any
+    drainer: Any
+    clock: Any
+
+    def resume_releases(self) -> int:
+        """A manager started again while nodes of its were draining (its process was killed):
+        the drains of the revocations not released yet, whose deadline is to come, start
+        again (CloudLab's next notice for them is not new, so it would start nothing).
+        How many; call it once the workload's pilots or blocks are known."""
+        now = self.clock()
+        revocations = [r for r in self.notices.open()
+                       if r.released is None and r.deadline > now and r.client_id]
+        if revocations:
+            log.warning("%d revoked node(s) were draining when the manager stopped: their "
+                        "drains start again", len(revocations))
+            self.drainer.start(revocations)
+        return len(revocations)
 
     def _release(self, node_id: str, client_id: str | None, why: str) -> None:
         if not self.notices.release([node_id], why):

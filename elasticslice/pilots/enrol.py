@@ -62,6 +62,11 @@ from troy.frameworks.dask import DenyList, serial_of
 log = logging.getLogger(__name__)
 
 
+class NotYet(ValueError):
+    """``on_key`` cannot authorise the key yet (its manager is starting): answered 503, and
+    the node tries again."""
+
+
 class EnrolmentError(ElasticSliceError):
     """The enrolment service cannot start."""
 
@@ -365,6 +370,8 @@ class EnrolmentService:
                                                "'public_key'")
         try:
             answer = self.on_key(client_id, public)
+        except NotYet as err:
+            raise self._refuse(client_id, 503, str(err) or "not yet: try again") from None
         except ValueError as err:
             raise self._refuse(client_id, 400, str(err).splitlines()[0] if str(err)
                                else "the key is refused") from None

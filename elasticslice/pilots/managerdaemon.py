@@ -243,6 +243,7 @@ class ManagerDaemon:
             manager.close()
             raise
         self.manager = manager
+        manager.resume_releases()   # a daemon killed while a node drained
         if self.metrics_port is not None:
             self._serve_metrics()
         log.info("manager started: the nodes' agents join %s", address)

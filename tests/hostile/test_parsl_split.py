@@ -5,8 +5,9 @@ are pickles in Parsl's model), so the user's process is where a task on a node c
 run. The provider keeps the CloudLab credentials and the CA's key out of it: its manager
 daemon, another process, opens them alone, never loads Parsl, ZeroMQ or a pickler, holds no
 connection to the interchange, and runs nothing a node or a stranger sends it. A SIGKILL of
-that daemon mid-workflow costs no task and leaves no node. A real Parsl workflow in a
-process of its own (an audit hook logs what each process opens), against a real box.
+that daemon while a revoked node drains costs no task, the new daemon finishes the drain
+(the node still goes back early) and no node is left. A real Parsl workflow in a process of
+its own (an audit hook logs what each process opens), against a real box.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import pytest
 
 from elasticslice.channel import socket_address
 from tests.elasticslice.helpers import nodes_in_slices
+from tests.elasticslice.managers.helpers import admin, reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
 from tests.elasticslice.pilots.test_split import (LISTEN, Marker, hostile_send, opened_by,
                                                   run_env, tcp_sockets)
@@ -49,7 +51,7 @@ WORKFLOW = textwrap.dedent('''
 
     config_path, state_dir, image, gate, out = sys.argv[1:6]
     provider = CloudLabProvider(config=config_path, state_dir=state_dir, init_blocks=1,
-                                max_blocks=1, disk_image=image, node_python="python3",
+                                max_blocks=2, disk_image=image, node_python="python3",
                                 margin=1.0, status_polling_interval=0.5,
                                 intervals={**FAST_INTERVALS, "renew": 600.0})
     executor = HighThroughputExecutor(
@@ -62,9 +64,12 @@ WORKFLOW = textwrap.dedent('''
     with parsl.load(config):
         futures = [square(i, gate) for i in range(4)]
         while sum(m["tasks"] for m in executor.connected_managers()) < 2:
-            time.sleep(0.2)
+            time.sleep(0.2)   # the first block's node runs two; two wait
+        busy = {str(m["block_id"]) for m in executor.connected_managers() if m["tasks"]}
+        nodes = [n for b in provider.book.blocks.values() if b.block_id in busy
+                 for n in b.nodes]
         with open(out + ".running", "w") as f:
-            json.dump({"ports": [executor.worker_port]}, f)
+            json.dump({"ports": [executor.worker_port], "busy": nodes}, f)
         results = [f.result(timeout=600) for f in futures]
     provider.close()
     with open(out, "w") as f:
@@ -73,7 +78,8 @@ WORKFLOW = textwrap.dedent('''
 
 
 def test_the_provider_s_credentials_are_its_daemon_s_alone_and_a_daemon_killed_costs_nothing(
-        emulator: Any, tmp_path: Path) -> None:
+        emulator_factory: Any, tmp_path: Path) -> None:
+    emulator = emulator_factory(max_wait=120, notify_interval=0.3)
     env = run_env(tmp_path, audit=True)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     script, out, state_dir = tmp_path / "workflow.py", tmp_path / "out.json", tmp_path / "p"
@@ -91,7 +97,8 @@ def test_the_provider_s_credentials_are_its_daemon_s_alone_and_a_daemon_killed_c
         wait_for(lambda: running.exists() or user.poll() is not None, 300,
                  what="the block running two tasks")
         assert user.poll() is None, (tmp_path / "stderr.log").read_text()[-3000:]
-        interchange = set(json.loads(running.read_text())["ports"])
+        told = json.loads(running.read_text())
+        interchange = set(told["ports"])
         daemon = int((state_dir / "state" / "manage.lock").read_text())
         daemons.append(daemon)
         assert daemon != user.pid and process_alive(daemon)
@@ -113,13 +120,22 @@ def test_the_provider_s_credentials_are_its_daemon_s_alone_and_a_daemon_killed_c
         for port in listening:
             for wrap in (False, True):
                 hostile_send(emulator.control_address, port, payload, wrap)
-        # the daemon dies mid-workflow: the provider starts another, which resumes
+        # CloudLab wants a busy node back; while its block drains (its tasks held on the
+        # gate), the daemon dies: the provider starts another, which finishes the drain
+        node = next(r for r in _held(state_dir) if r.client_id == told["busy"][0])
+        admin(emulator).call("Revoke", nodes=[node.node_id])
+        log = state_dir / "daemon.log"
+        wait_for(lambda: "draining" in log.read_text(), 60, what="the block draining")
         os.kill(daemon, signal.SIGKILL)
         wait_for(lambda: _serving(state_dir) not in (None, daemon), 120,
                  what="a new manager daemon")
         daemons.append(_serving(state_dir))
-        assert user.poll() is None
+        wait_for(lambda: "drains start again" in log.read_text(), 60,
+                 what="the new daemon resuming the drain")
+        assert user.poll() is None and reclaim_outcome(emulator, node.node_id) is None
         gate.open()
+        wait_for(lambda: reclaim_outcome(emulator, node.node_id), 120,
+                 what="the reclamation to end")
         user.wait(timeout=600)
     finally:
         if user.poll() is None:
@@ -129,6 +145,11 @@ def test_the_provider_s_credentials_are_its_daemon_s_alone_and_a_daemon_killed_c
     assert user.returncode == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     done = json.loads(out.read_text())
     assert [r[0] for r in done["results"]] == [i * i for i in range(4)]
+    # the revoked node ran the tasks it held (Parsl retries none: none was lost) and went
+    # back early
+    assert reclaim_outcome(emulator, node.node_id) == "early"
+    assert node.client_id in [r[1] for r in done["results"]], done["results"]
+    assert (done["stats"]["revocations"], done["stats"]["early_releases"]) == (1, 1), done
     assert not marker.exists(), marker.read_text()
     wait_for(lambda: not any(process_alive(p) for p in daemons), 60,
              what="the daemons to end with the provider")
@@ -146,6 +167,16 @@ def test_the_provider_s_credentials_are_its_daemon_s_alone_and_a_daemon_killed_c
         part in p for part in ("/parsl/", "/zmq/", "/dill/", "/cloudpickle/"))]
     assert not foreign, sorted(foreign)[:20]
     assert any("/site-packages/parsl/" in p for p in mine)   # the audit hook sees imports
+
+
+def _held(state_dir: Path) -> list[Any]:
+    """The nodes the provider's daemon holds (its state, read-only)."""
+    from elasticslice.managers.state import ManagerState
+    state = ManagerState.read_only(state_dir / "state")
+    try:
+        return [r for r in state.nodes() if r.gone_at is None]
+    finally:
+        state.close()
 
 
 def _serving(state_dir: Path) -> int | None:
