@@ -285,6 +285,27 @@ def test_a_node_given_back_after_it_failed_to_start_keeps_its_block_failed() -> 
                                                                P.JobState.TIMEOUT]
 
 
+def test_a_daemon_that_refused_the_provider_for_good_fails_its_blocks_and_new_ones(
+        tmp_path: Path) -> None:
+    """The daemon refused this provider for good (its link's ``fatal``): nobody holds the
+    blocks' nodes any more, so their state says so, and a new block is one line, not a job
+    id no node will ever serve."""
+    from types import SimpleNamespace as NS
+    provider = P.CloudLabProvider(server=object(), state_dir=tmp_path / "state",
+                                  listen="127.0.0.1")
+    provider.book.add(P.Block("a", "block-0", "cmd 0", 1))
+    provider.link = NS(fatal="the manager cannot start: its state is another slice's")
+    try:
+        (status,) = provider.status(["a"])
+        assert status.state is P.JobState.FAILED and "its state is another slice's" in \
+            status.message
+        with pytest.raises(P.ProviderError, match="^CloudLabProvider: the manager cannot "
+                                                  "start: its state is another slice's"):
+            provider.submit("process_worker_pool.py -a 127.0.0.1 --block_id=1", 1, "b")
+    finally:
+        provider.link = None
+
+
 def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Path) -> None:
     """start.sh, run by a real sh: it finds its block's command in the slice's tarball under
     its name (geni-get's), the environment's lines set py, the worker pool's name runs this

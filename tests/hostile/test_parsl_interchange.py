@@ -261,3 +261,37 @@ def test_an_unencrypted_interchange_beyond_loopback_is_refused_with_one_line(
         assert done.returncode == 1 and err.count("\n") == 1, err
         assert "unencrypted on" in err and "encrypted=True" in err
 
+
+
+def test_a_key_asked_while_the_daemon_s_manager_starts_is_not_yet_and_the_node_waits(
+        tmp_path: Path) -> None:
+    """A node enrolling while the provider's daemon starts again (its manager waits for the
+    provider's blocks) is told "not yet" (503), not refused: its key request tries again and
+    its start script goes on. Before, the one request failed and so did the node's block."""
+    from parsl import curvezmq
+
+    from elasticslice.parsl.keys import AuthorisedKeys, request_key
+    from elasticslice.pilots.ca import ClusterCA
+    from elasticslice.pilots.enrol import EnrolmentService, NotYet
+    ca = ClusterCA.open(tmp_path / "pki")
+    keys = AuthorisedKeys(Path(curvezmq.create_certificates(tmp_path / "run")))
+    asked = []
+
+    def on_key(client_id: str, public_key: str) -> dict[str, str]:
+        asked.append(client_id)
+        if len(asked) < 3:
+            raise NotYet("the provider's manager is starting: try again")
+        return keys.authorise(client_id, public_key)
+
+    service = EnrolmentService(ca, is_held={"parsl-1"}.__contains__, on_key=on_key).start()
+    try:
+        node = enrolled(service, "parsl-1", tmp_path / "node")
+        key = "x" * 40
+        status, text = post_key(service.url, ca.ca_file, {"public_key": key}, node)
+        assert (status, text.count("\n")) == (503, 1) and "try again" in text, text
+        folder = request_key(service.url, str(ca.ca_file), *map(str, node), "parsl-1",
+                             tmp_path / "node" / "curve")
+        assert len(asked) == 3 and keys.allowed() == ["parsl-1"]
+        assert keys.server_key() in (folder / "server.key").read_text()
+    finally:
+        service.stop()

@@ -128,3 +128,25 @@ def test_a_sliver_s_every_node_is_never_asked_of_the_cm_at_once(
     assert cm_nodes(emulator, tmp_path) == ["node-1"]
     # the revoked node stays (CloudLab takes it by its deadline anyway), still asked
     assert [r.client_id for r in manager.state.to_release.rows()] == ["node-1"]
+
+
+def test_a_manager_started_again_resumes_the_drains_it_had_not_finished() -> None:
+    """A daemon SIGKILLed while a revoked node drained: CloudLab's next notice for it is not
+    new, so nothing would drain it again and the node would be taken at the deadline (its
+    work lost with it). The next manager starts again the drains of the revocations not yet
+    released whose deadline is to come, and those only."""
+    from types import SimpleNamespace as NS
+
+    from elasticslice.managers.records import PendingDelete
+    from elasticslice.pilots.drainer import EarlyReleases
+    revocations = [
+        PendingDelete("cm", "n1", "c1", deadline=200.0, first_seen=0.0),   # was draining
+        PendingDelete("cm", "n2", "c2", deadline=200.0, first_seen=0.0, released=50.0),
+        PendingDelete("cm", "n3", "c3", deadline=90.0, first_seen=0.0),    # its deadline past
+        PendingDelete("cm", "n4", None, deadline=200.0, first_seen=0.0),   # whose node?
+    ]
+    started: list[PendingDelete] = []
+    manager = NS(clock=lambda: 100.0, notices=NS(open=lambda: revocations),
+                 drainer=NS(start=started.extend))
+    assert EarlyReleases.resume_releases(manager) == 1
+    assert [r.node_id for r in started] == ["n1"]
