@@ -23,11 +23,8 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
-import signal
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +37,7 @@ from elasticslice.managers.statedir import StateDirLock, make_state_dir
 from elasticslice.parsl.blocks import BlockBook
 from elasticslice.parsl.keys import AuthorisedKeys
 from elasticslice.parsl.remote import RemoteBlocks
+from elasticslice.pilots.daemonkit import Orphaned, cannot_start, serve
 from elasticslice.pilots.failures import NodeFailures
 
 LOG_FILE = "daemon.log"
@@ -120,7 +118,7 @@ class ParslDaemon:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._closing: bool | None = None
-        self._alone_since: float | None = time.monotonic()
+        self._alone = Orphaned(orphan_timeout, "provider")
 
     # ------------------------------------------------------------------ starting
     def start(self) -> ParslDaemon:
@@ -253,27 +251,13 @@ class ParslDaemon:
                 except Exception as err:  # noqa: BLE001 - said to the provider, in one line
                     self._cannot_start(err)
                     return False
-            if self.remote.attached:
-                self._alone_since = None
-            elif self._alone_since is None:
-                self._alone_since = time.monotonic()
-                log.warning("no provider attached: the nodes are kept %g s for one to come "
-                            "back", self.orphan_timeout)
-            elif time.monotonic() - self._alone_since > self.orphan_timeout:
-                log.warning("no provider attached for %g s: stopping, the nodes kept",
-                            self.orphan_timeout)
+            if self._alone.expired(self.remote.attached):
                 self.close(give_back=False)
                 return False
 
     def _cannot_start(self, err: Exception) -> None:
-        from elasticslice.managers.cycle import one_line
-        line = f"the manager cannot start: {one_line(err)}"
-        log.exception("%s", line)
-        self.failed = line
         assert self.remote is not None
-        workload = self.remote.server.workload
-        if workload is not None:
-            workload.refuse(line)
+        self.failed = cannot_start(self.remote.server, err)
         self.close(give_back=False)
 
     def stop(self) -> None:
@@ -351,7 +335,6 @@ def build(args: argparse.Namespace) -> ParslDaemon:
 
 def main(argv: list[str] | None = None) -> int:
     """Start, say ``ready`` on stdout, then serve with the log in ``DIR/daemon.log``."""
-    from elasticslice.pilots.daemon import _log_to
     args = _arguments(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
@@ -359,16 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ElasticSliceError, OSError) as err:
         print(f"Error: {err}", file=sys.stderr, flush=True)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the provider tells it when to stop
-    print("ready", flush=True)
-    _log_to(daemon.state_dir / LOG_FILE, False)
-    log.info("Parsl's manager daemon %d serving %s", os.getpid(), daemon.state_dir)
-    try:
-        daemon.serve()
-    finally:
-        daemon.server.close()
-    return 1 if daemon.failed else 0
+    return serve(daemon, daemon.state_dir / LOG_FILE, name="Parsl's manager daemon")
 
 
 if __name__ == "__main__":

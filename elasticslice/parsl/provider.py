@@ -31,6 +31,7 @@ from elasticslice.parsl.drain import BlockHolder
 from elasticslice.parsl.keys import AuthorisedKeys
 from elasticslice.parsl.link import BlockLink
 from elasticslice.parsl.node import CommandRefused, node_command
+from elasticslice.pilots.daemonkit import lock_pid, open_view
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.validate import is_command, is_count, is_seconds
 
@@ -363,24 +364,13 @@ class CloudLabProvider(ExecutionProvider):
     @property
     def daemon_pid(self) -> int | None:
         """The manager daemon's pid, as the state directory's lock says (None: none)."""
-        from elasticslice.managers.statedir import StateDirLock
-        try:
-            text = (self.state_dir / "state" / StateDirLock.FILE).read_text().strip()
-        except OSError:
-            return None
-        return int(text) if text.isdigit() else None
+        return lock_pid(self.state_dir)
 
     def view(self) -> Any:
         """The daemon's state, read-only (a :class:`~elasticslice.pilots.snapshot.StateView`;
         None: none yet)."""
         if self._view is None:
-            from elasticslice.managers.records import StateError
-            from elasticslice.managers.state import ManagerState
-            from elasticslice.pilots.snapshot import StateView
-            try:
-                self._view = StateView(ManagerState.read_only(self.state_dir / "state"))
-            except StateError:
-                return None
+            self._view = open_view(self.state_dir)
         return self._view
 
     def stats(self) -> dict[str, int]:

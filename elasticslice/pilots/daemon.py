@@ -32,7 +32,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from elasticslice.managers.policy import PolicyConfig
 from elasticslice.pilots.managerdaemon import (DAEMON_FILE, LOG_FILE, ORPHAN_TIMEOUT,
                                                TLS_FILE, ManagerDaemon, cluster_policy,
                                                default_policy, held_nodes)
+from elasticslice.pilots.daemonkit import serve
 from elasticslice.pilots.restart import write_json
 
 log = logging.getLogger(__name__)
@@ -231,21 +231,6 @@ def _arguments_of(given: Any) -> dict[str, Any]:
     return arguments
 
 
-def _log_to(path: Path, debug: bool) -> None:
-    """From now on: the log in ``path``, stdout and stderr too (nobody reads the pipe)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    for target in (1, 2):
-        os.dup2(fd, target)
-    os.close(fd)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Start, say ``ready`` on stdout, then serve with the log in ``DIR/daemon.log``."""
     from elasticslice.runsettings import SettingsError
@@ -259,18 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ElasticSliceError, OSError) as err:
         print(f"Error: {err}", file=sys.stderr, flush=True)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the workload tells it when to stop
     write_json(daemon.state_dir / DAEMON_FILE,
                {"pid": os.getpid(), "argv": sys.argv[1:] if argv is None else list(argv)})
-    print("ready", flush=True)
-    _log_to(daemon.state_dir / LOG_FILE, args.debug)
-    log.info("manager daemon %d serving %s", os.getpid(), daemon.state_dir)
-    try:
-        daemon.serve()
-    finally:
-        daemon.server.close()
-    return 1 if daemon.failed else 0
+    return serve(daemon, daemon.state_dir / LOG_FILE, debug=args.debug, name="manager daemon")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import dataclasses
 import errno
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -36,6 +35,7 @@ from elasticslice.managers.cycle import PILOT_INTERVALS
 from elasticslice.managers.policy import PolicyConfig
 from elasticslice.managers.statedir import StateDirLock, make_state_dir
 from elasticslice.pilots.ca import ClusterCA
+from elasticslice.pilots.daemonkit import Orphaned, cannot_start
 from elasticslice.pilots.failures import NodeFailures
 from elasticslice.pilots.remote import RemoteWorkload
 from elasticslice.pilots.restart import read_json, write_json
@@ -142,7 +142,7 @@ class ManagerDaemon:
         self._wake = threading.Event()
         self._closing: bool | None = None   # the workload asked to close: give back?
         self._stopped = threading.Event()
-        self._alone_since: float | None = time.monotonic()
+        self._alone = Orphaned(orphan_timeout, "workload")
         self._renewed = 0.0
 
     # ------------------------------------------------------------------ starting
@@ -324,15 +324,7 @@ class ManagerDaemon:
                         continue
                     self._cannot_start(err)
                     return False
-            if self.remote.attached:
-                self._alone_since = None
-            elif self._alone_since is None:
-                self._alone_since = time.monotonic()
-                log.warning("no workload attached: the nodes are kept %g s for one to come "
-                            "back", self.orphan_timeout)
-            elif time.monotonic() - self._alone_since > self.orphan_timeout:
-                log.warning("no workload attached for %g s: stopping, the nodes kept (the "
-                            "same run resumes on them)", self.orphan_timeout)
+            if self._alone.expired(self.remote.attached):
                 self.close(give_back=False)
                 return False
 
@@ -362,14 +354,8 @@ class ManagerDaemon:
         """The manager cannot start (its state, its endpoint's port...): the workload is
         told in one line (it stops: another daemon would fail the same way), the nodes
         are kept."""
-        from elasticslice.managers.cycle import one_line
-        line = f"the manager cannot start: {one_line(err)}"
-        log.exception("%s", line)
-        self.failed = line
         assert self.remote is not None
-        workload = self.remote.server.workload
-        if workload is not None:
-            workload.refuse(line)
+        self.failed = cannot_start(self.remote.server, err)
         self.close(give_back=False)
 
     def stop(self) -> None:

@@ -18,7 +18,6 @@ from the daemon's state, read-only.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -30,7 +29,7 @@ from typing import Any
 
 from elasticslice.channel import ChannelError, daemon_answers
 from elasticslice.errors import ElasticSliceError
-from elasticslice.managers.statedir import StateDirLock
+from elasticslice.pilots.daemonkit import lock_pid, open_view
 from elasticslice.pilots.daemon import (DAEMON_FILE, LOG_FILE, TLS_FILE, DaemonCommand,
                                         spawn_daemon)
 from elasticslice.pilots.failures import NodeFailures
@@ -313,11 +312,7 @@ class WorkloadCluster:
     @property
     def daemon_pid(self) -> int | None:
         """The daemon's pid, as the state directory's lock says (None: not known)."""
-        try:
-            text = (self.state_dir / "state" / StateDirLock.FILE).read_text().strip()
-        except OSError:
-            return None
-        return int(text) if text.isdigit() else None
+        return lock_pid(self.state_dir)
 
     def overlay(self) -> Any:
         from troy import Overlay
@@ -334,12 +329,7 @@ class WorkloadCluster:
     def view(self) -> StateView | None:
         """The daemon's state, read-only (None: none yet)."""
         if self._view is None:
-            from elasticslice.managers.records import StateError
-            from elasticslice.managers.state import ManagerState
-            try:
-                self._view = StateView(ManagerState.read_only(self.state_dir / "state"))
-            except StateError:
-                return None
+            self._view = open_view(self.state_dir)
         return self._view
 
     def pilots(self) -> list[Any]:
