@@ -21,7 +21,11 @@ Then, in child processes: the resident set size (``VmRSS`` of ``/proc/self/statu
 Python that imports the manager daemon's side (daemon, manager, helper, ProtoGENI client)
 against one that imports the workload's (``WorkloadCluster``, Troy, distributed), a bare
 Python for reference, and whether the daemon's side loads Dask, distributed, Parsl or
-cloudpickle (it must not: the check is a figure). Goals (in the rows and as ``goal_*``
+cloudpickle (it must not: the check is a figure); the same for ``CloudLabProvider``'s split
+(its daemon's side: ``elasticslice.parsl.daemon``, its manager, its node helper, the
+ProtoGENI client, which must load no Parsl, ZeroMQ, dill or cloudpickle; the provider's
+side: the provider and Parsl's HighThroughputExecutor). And the Parsl frames: a ``blocks``
+frame of 100 blocks (worker commands as Parsl writes them) encoded and decoded. Goals (in the rows and as ``goal_*``
 figures): a 1,000-pilot frame handled in < 20 ms, a refresh round trip (100 pilots) < 5 ms,
 no Dask in the daemon. Prints a table; exits 0. ``run(quick)`` is the harness's entry
 (``python -m bench --only split``; quick: 7 repeats, one child per side).
@@ -65,6 +69,19 @@ FORBIDDEN = ("distributed", "dask", "parsl", "cloudpickle")
 DAEMON_IMPORTS = ("elasticslice.pilots.daemon", "elasticslice.pilots.manager",
                   "elasticslice.pilots.helper", "elasticslice.rpc.client")
 WORKLOAD_IMPORTS = ("elasticslice.pilots.workload", "troy", "distributed")
+#: CloudLabProvider's split: what its daemon must never load, and each side's imports
+PARSL_FORBIDDEN = ("parsl", "zmq", "dill", "cloudpickle", "distributed")
+PARSL_DAEMON_IMPORTS = ("elasticslice.parsl.daemon", "elasticslice.parsl.manager",
+                        "elasticslice.parsl.node", "elasticslice.parsl.remote",
+                        "elasticslice.rpc.client")
+PARSL_PROVIDER_IMPORTS = ("elasticslice.parsl.provider",
+                          "parsl.executors.high_throughput.executor")
+#: a worker command as HTEX writes it (``launch_cmd`` formatted), for the blocks frame
+PARSL_COMMAND = ("process_worker_pool.py --debug  --max_workers_per_node=2 -a 100.64.0.1 "
+                 "-p 0 -c 1.0 -m None --poll 10 --port=54321 --cert_dir /local/parsl/curve "
+                 "--logdir=/home/user/runinfo/000/cloudlab --block_id={i} --hb_period=30 "
+                 "--hb_threshold=120 --drain_period=None --cpu-affinity none "
+                 "--mpi-launcher=mpiexec --available-accelerators")
 
 
 # ---------------------------------------------------------------------------- pilots
@@ -263,17 +280,18 @@ def pilots_that_fit() -> int:
     return low
 
 
-def _probe(modules: tuple[str, ...]) -> str:
+def _probe(modules: tuple[str, ...], forbidden: tuple[str, ...] = FORBIDDEN) -> str:
     return ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
             "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
             "kib = lambda k: int(status[k].split()[0])\n"
             "import json\n"
-            f"forbidden = sorted({{m.split('.')[0] for m in sys.modules}} & {set(FORBIDDEN)!r})\n"
+            f"forbidden = sorted({{m.split('.')[0] for m in sys.modules}} & {set(forbidden)!r})\n"
             "print(json.dumps({'rss_kib': kib('VmRSS'), 'hwm_kib': kib('VmHWM'),\n"
             "                  'modules': len(sys.modules), 'forbidden': forbidden}))\n")
 
 
-def process_memory(modules: tuple[str, ...], runs: int) -> dict[str, Any]:
+def process_memory(modules: tuple[str, ...], runs: int,
+                   forbidden: tuple[str, ...] = FORBIDDEN) -> dict[str, Any]:
     """A child Python that imports ``modules``: its resident set (median of ``runs``), the
     number of modules loaded, and which of :data:`FORBIDDEN` it loaded."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -281,7 +299,8 @@ def process_memory(modules: tuple[str, ...], runs: int) -> dict[str, Any]:
     seen = []
     for _ in range(runs):
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", _probe(modules)], cwd=REPO, env=env,
+        proc = subprocess.run([sys.executable, "-c", _probe(modules, forbidden)], cwd=REPO,
+                              env=env,
                               capture_output=True, text=True, timeout=120)
         took = time.perf_counter() - start
         if proc.returncode != 0:
@@ -376,15 +395,51 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
                  f"{loaded:>8}  (workload's side: "
                  f"{', '.join(sides['workload']['forbidden']) or 'none'})"))
 
+    parsl_sides = {"parsl_daemon": process_memory(PARSL_DAEMON_IMPORTS, runs, PARSL_FORBIDDEN),
+                   "parsl_provider": process_memory(PARSL_PROVIDER_IMPORTS, runs,
+                                                    PARSL_FORBIDDEN)}
+    for side, m in parsl_sides.items():
+        out[f"split_{side}_rss_mib"] = round(m["rss_mib"], 1)
+        out[f"split_{side}_modules"] = m["modules"]
+        out[f"split_{side}_import_s"] = round(m["seconds"], 3)
+    out["split_parsl_daemon_loads"] = parsl_sides["parsl_daemon"]["forbidden"]
+    out["split_parsl_daemon_imports_no_parsl"] = not parsl_sides["parsl_daemon"]["forbidden"]
+    rows.append(("RSS after importing CloudLabProvider's daemon side (daemon, manager, "
+                 "node, remote, rpc.client)",
+                 f"{parsl_sides['parsl_daemon']['rss_mib']:8.1f} MiB  "
+                 f"({parsl_sides['parsl_daemon']['modules']} modules)"))
+    rows.append(("RSS after importing the provider's side (provider, Parsl's HTEX)",
+                 f"{parsl_sides['parsl_provider']['rss_mib']:8.1f} MiB  "
+                 f"({parsl_sides['parsl_provider']['modules']} modules)"))
+    rows.append(("Parsl daemon's side loads Parsl, ZeroMQ, dill, cloudpickle or "
+                 "distributed (goal: none)",
+                 f"{', '.join(parsl_sides['parsl_daemon']['forbidden']) or 'none':>8}  "
+                 f"(provider's side: {', '.join(parsl_sides['parsl_provider']['forbidden'])})"))
+    blocks = [{"job_id": f"cloudlab-{i:08x}", "name": f"parsl.cloudlab.block-{i}",
+               "command": PARSL_COMMAND.format(i=i), "size": 2, "block_id": str(i),
+               "state": "live", "nodes": [f"parsl-{2 * i + 1}", f"parsl-{2 * i + 2}"]}
+              for i in range(100)]
+    data = encode({"type": "blocks", "blocks": blocks, "key_dir": "/home/user/certificates"})
+    blocks_encode = _cpu_ms(lambda: encode({"type": "blocks", "blocks": blocks}), repeats)
+    blocks_decode = _cpu_ms(lambda: decode(data[:-1]), repeats)
+    out.update({"split_parsl_blocks_frame_100_bytes": len(data),
+                "split_parsl_blocks_frame_100_encode_ms": round(blocks_encode, 3),
+                "split_parsl_blocks_frame_100_decode_ms": round(blocks_decode, 3)})
+    rows.append(("blocks frame, 100 blocks of 2 nodes: size, encode / decode+check",
+                 f"{len(data):8,d} B  ({blocks_encode:.3f} ms / {blocks_decode:.3f} ms)"))
+
     out["goal_1000_pilots_frame_under_20_ms"] = \
         out["split_pilots_frame_1000_handled_ms"] < GOAL_FRAME_MS
     out["goal_refresh_under_5_ms"] = \
         out[f"split_refresh_{REFRESH_GOAL_SIZE}_pilots_ms"] < GOAL_REFRESH_MS
     out["goal_daemon_imports_no_dask"] = out["split_daemon_imports_no_dask"]
+    out["goal_parsl_daemon_imports_no_parsl"] = out["split_parsl_daemon_imports_no_parsl"]
     rows.append(("goals met: 1,000-pilot frame < 20 ms, 100-pilot refresh < 5 ms, no Dask "
-                 "in the daemon", "  ".join(("yes" if out[k] else "NO") for k in (
-                     "goal_1000_pilots_frame_under_20_ms", "goal_refresh_under_5_ms",
-                     "goal_daemon_imports_no_dask"))))
+                 "in the daemon, no Parsl in Parsl's daemon", "  ".join(
+                     ("yes" if out[k] else "NO") for k in (
+                         "goal_1000_pilots_frame_under_20_ms", "goal_refresh_under_5_ms",
+                         "goal_daemon_imports_no_dask",
+                         "goal_parsl_daemon_imports_no_parsl"))))
     return {**out, "table": rows}
 
 

@@ -45,3 +45,11 @@ def test_a_quick_run_makes_every_figure_and_the_daemon_loads_no_dask(tmp_path: P
     assert {"goal_1000_pilots_frame_under_20_ms", "goal_refresh_under_5_ms"} <= set(figures)
     assert "== split" in proc.stdout
     assert "daemon's side loads Dask, distributed, Parsl or cloudpickle" in proc.stdout
+    # CloudLabProvider's split: its daemon's imports load no Parsl, ZeroMQ or pickler, where
+    # the provider's side does load Parsl (the probe sees it)
+    assert figures["split_parsl_daemon_loads"] == []
+    assert figures["goal_parsl_daemon_imports_no_parsl"] is True
+    assert figures["split_parsl_daemon_rss_mib"] > 0
+    assert figures["split_parsl_provider_rss_mib"] > 0
+    assert 0 < figures["split_parsl_blocks_frame_100_bytes"] < (1 << 20)
+    assert "Parsl daemon's side loads Parsl, ZeroMQ" in proc.stdout
