@@ -137,34 +137,57 @@ class ChannelError(ElasticSliceError):
     """The channel cannot be served or reached, or a peer broke its rules: one line."""
 
 
+#: a table of fields, compiled once: (name, concrete types, null allowed, required,
+#: bool allowed, negative allowed, the types' names)
+_Compiled = list[tuple[str, tuple[type, ...], bool, bool, bool, bool, str]]
+_COMPILED: dict[int, tuple[Mapping[str, Any], _Compiled]] = {}
+
+
+def _compiled(fields: Mapping[str, tuple[tuple[Any, ...], bool]]) -> _Compiled:
+    found = _COMPILED.get(id(fields))
+    if found is not None and found[0] is fields:
+        return found[1]
+    table = [(name, tuple(t for t in types if t is not None), None in types, required,
+              bool in types, name in SIGNED,
+              " or ".join("null" if t is None else t.__name__ for t in types))
+             for name, (types, required) in fields.items()]
+    _COMPILED[id(fields)] = (fields, table)
+    return table
+
+
 def _check_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[tuple[Any, ...], bool]],
-                  where: str) -> None:
-    for name in data:
-        if name not in fields:
-            raise ChannelError(f"{where}: unknown field {name!r}")
-    for name, (types, required) in fields.items():
+                  where: str | tuple[str, int]) -> None:
+    """Each field of ``data`` against ``fields`` (``where``: the frame's name, or its name
+    and an entry's index, said in the error's line)."""
+    def place() -> str:
+        return where if isinstance(where, str) else f"{where[0]}[{where[1]}]"
+
+    if len(data) > len(fields) or any(name not in fields for name in data):
+        unknown = next(name for name in data if name not in fields)
+        raise ChannelError(f"{place()}: unknown field {unknown!r}")
+    for name, concrete, nullable, required, bools, signed, names in _compiled(fields):
         if name not in data:
             if required:
-                raise ChannelError(f"{where}: the field {name!r} is missing")
+                raise ChannelError(f"{place()}: the field {name!r} is missing")
             continue
         value = data[name]
+        kind = type(value)
         if value is None:
-            if None in types:
+            if nullable:
                 continue
-            raise ChannelError(f"{where}: the field {name!r} is null")
-        concrete = tuple(t for t in types if t is not None)
+            raise ChannelError(f"{place()}: the field {name!r} is null")
         # a bool is an int to Python, never to this protocol
-        if isinstance(value, bool) and bool not in concrete or not isinstance(value, concrete):
-            names = " or ".join("null" if t is None else t.__name__ for t in types)
-            raise ChannelError(f"{where}: the field {name!r} must be {names}, "
-                               f"not {type(value).__name__}")
-        if isinstance(value, str) and len(value) > MAX_TEXT:
-            raise ChannelError(f"{where}: the field {name!r} is over {MAX_TEXT} characters")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ChannelError(f"{where}: the field {name!r} is not a finite number")
-        if isinstance(value, NUMBER) and not isinstance(value, bool) and value < 0 \
-                and name not in SIGNED:
-            raise ChannelError(f"{where}: the field {name!r} is negative")
+        if kind is bool and not bools or not isinstance(value, concrete):
+            raise ChannelError(f"{place()}: the field {name!r} must be {names}, "
+                               f"not {kind.__name__}")
+        if isinstance(value, str):
+            if len(value) > MAX_TEXT:
+                raise ChannelError(f"{place()}: the field {name!r} is over {MAX_TEXT} "
+                                   f"characters")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ChannelError(f"{place()}: the field {name!r} is not a finite number")
+        elif isinstance(value, NUMBER) and kind is not bool and value < 0 and not signed:
+            raise ChannelError(f"{place()}: the field {name!r} is negative")
 
 
 def check(message: Any) -> dict[str, Any]:
@@ -188,7 +211,7 @@ def check(message: Any) -> dict[str, Any]:
         for i, entry in enumerate(entries):
             if not isinstance(entry, dict):
                 raise ChannelError(f"{kind}[{i}]: must be an object")
-            _check_fields(entry, fields, f"{kind}[{i}]")
+            _check_fields(entry, fields, (kind, i))
             if kind in ("blocks", "bound"):
                 _check_block(entry, f"{kind}[{i}]")
     if kind == "values":
