@@ -78,8 +78,16 @@ class BlockLink:
         """A daemon of an earlier provider serves the state directory (that provider died):
         it stops, keeping the nodes, and ours takes them with this provider's arguments."""
         done = threading.Event()
-        channel = connect(self.state_dir, on_message=lambda m: None,
-                          on_close=lambda reason: done.set())
+        deadline = time.monotonic() + 5   # a provider that just died may not be let go yet
+        while True:
+            try:
+                channel = connect(self.state_dir, on_message=lambda m: None,
+                                  on_close=lambda reason: done.set())
+                break
+            except ChannelError as err:   # a live provider attached: its line, in the end
+                if "another workload" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         log.warning("the manager daemon of %s stops (the nodes are kept): this provider "
                     "starts its own", self.state_dir)
         try:

@@ -511,17 +511,25 @@ def test_the_tasks_of_a_node_taken_without_notice_are_retried_by_parsl(
 def test_a_block_asked_for_after_the_last_was_cancelled_gets_a_node_of_its_own(
         emulator_factory: Any, tmp_path: Path) -> None:
     """The sliver's only node, its block cancelled, stays (CloudLab keeps a sliver's last
-    node); a block asked for then gets a node of its own, and the old node goes back. The
-    blocks' commands stand in for Parsl's worker pool (no Parsl loaded here)."""
+    node). Then the provider dies; a provider started on the same state directory stops the
+    daemon it left (keeping the nodes) and starts its own; a block it asks for gets a node
+    of its own, and the old node goes back. The blocks' commands stand in for Parsl's
+    worker pool (no Parsl loaded here)."""
+    import socket
+
     from parsl import curvezmq
 
     from tests.elasticslice.managers.helpers import FAST_INTERVALS, client_for
     from tests.elasticslice.pilots.helpers import pilot_image
     emulator = emulator_factory()
     server = client_for(emulator, tmp_path / "cache")
-    provider = P.CloudLabProvider(server, tmp_path / "state", disk_image=pilot_image(emulator),
+
+    def new_provider() -> Any:
+        return P.CloudLabProvider(server, tmp_path / "state", disk_image=pilot_image(emulator),
                                   node_python="python3", status_polling_interval=0.5,
                                   intervals={**FAST_INTERVALS, "renew": 600.0})
+
+    provider = new_provider()
     cert_dir = curvezmq.create_certificates(tmp_path / "run")
 
     def running(job_id: str) -> bool:
@@ -537,7 +545,17 @@ def test_a_block_asked_for_after_the_last_was_cancelled_gets_a_node_of_its_own(
         wait_for(lambda: provider.status([first])[0].state is P.JobState.CANCELLED,
                  timeout=30, what="the block cancelled")
         assert cm_nodes(emulator, tmp_path) == [old]
+        # the provider dies: its connection to the daemon ends without a word, as a SIGKILL
+        # of its process leaves it; the daemon keeps the node for a provider to come back
+        dead, daemon = provider.link, provider.daemon_pid
+        dead._stop.set()
+        dead.channel.sock.shutdown(socket.SHUT_RDWR)
+        provider.link = None   # (nothing of the dead one tells the daemon anything more)
+        provider = new_provider()
         second = provider.submit(f"sleep 600; : --cert_dir {cert_dir} --block_id=1", 1, "b1")
+        from tests.helpers import process_alive
+        assert provider.daemon_pid not in (None, daemon)
+        wait_for(lambda: not process_alive(daemon), timeout=30, what="the old daemon gone")
         wait_for(lambda: running(second), timeout=120, what="the second block running")
         (new,) = provider.book.get(second).nodes
         wait_for(lambda: cm_nodes(emulator, tmp_path) == [new], timeout=60,
