@@ -64,6 +64,8 @@ class Block:
     message: str | None = None
     deadline: float | None = None     # draining: CloudLab takes a node then
     revoked: dict[str, PendingDelete] = dataclasses.field(default_factory=dict)
+    #: the provider's book: each node's state as the daemon told it (None: gone)
+    node_states: dict[str, NodeState | None] = dataclasses.field(default_factory=dict)
 
     @property
     def open_slots(self) -> int:
@@ -108,10 +110,11 @@ class BlockBook:
                     return block
             return None
 
-    def sync(self, job_id: str, nodes: Sequence[str], state: BlockState,
-             message: str | None) -> Block | None:
-        """The manager daemon's word on a block of the provider's book: its nodes, and its
-        state unless this book has it final (Parsl cancelled it). None: no such block."""
+    def sync(self, job_id: str, nodes: Sequence[str], states: Sequence[NodeState | None],
+             state: BlockState, message: str | None) -> Block | None:
+        """The manager daemon's word on a block of the provider's book: its nodes and their
+        states, and its state unless this book has it final (Parsl cancelled it). None: no
+        such block."""
         with self._lock:
             block = self.blocks.get(job_id)
             if block is None:
@@ -119,6 +122,7 @@ class BlockBook:
             for cid in block.nodes:
                 self._of.pop(cid, None)
             block.nodes = list(nodes)
+            block.node_states = dict(zip(nodes, states))
             for cid in block.nodes:
                 self._of[cid] = block
             if not block.over:

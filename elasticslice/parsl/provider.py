@@ -155,7 +155,6 @@ class CloudLabProvider(ExecutionProvider):
         #: the daemon writes them, this process only lists them)
         self.keys: AuthorisedKeys | None = None
         self._lock = threading.Lock()
-        self._node_states: dict[str, NodeState | None] = {}   # as the daemon told them
         self._view: Any = None
         self._closed = False
 
@@ -254,7 +253,8 @@ class CloudLabProvider(ExecutionProvider):
         link = self.link
         if link is not None and link.fatal and not block.over:   # nobody holds its nodes
             return JobStatus(JobState.FAILED, f"the manager daemon stopped: {link.fatal}")
-        states = [self._node_state(cid) for cid in list(block.nodes)]
+        # each node's state as the daemon told it (daemon.node_state); NOTREADY until it did
+        states = [block.node_states.get(cid, NodeState.NOTREADY) for cid in list(block.nodes)]
         state = job_state(block.state, states, block.open_slots)
         message = block.message
         if state is JobState.TIMEOUT:
@@ -262,11 +262,6 @@ class CloudLabProvider(ExecutionProvider):
         elif state is JobState.FAILED:
             message = "every node of the block failed to boot"
         return JobStatus(state, message)
-
-    def _node_state(self, client_id: str) -> NodeState | None:
-        """As the daemon told it (:func:`~elasticslice.parsl.daemon.node_state`); NOTREADY
-        until it did."""
-        return self._node_states.get(client_id, NodeState.NOTREADY)
 
     # ------------------------------------------------------------------ running
     def _find_executor(self) -> Any:
@@ -352,8 +347,7 @@ class CloudLabProvider(ExecutionProvider):
             except ValueError:
                 log.warning("the manager daemon told an unknown state of %s", entry["job_id"])
                 continue
-            if self.book.sync(entry["job_id"], entry["nodes"], state, entry.get("message")):
-                self._node_states.update(zip(entry["nodes"], states))
+            self.book.sync(entry["job_id"], entry["nodes"], states, state, entry.get("message"))
 
     def _answer(self, job_id: str, why: str) -> None:
         link = self.link

@@ -75,6 +75,8 @@ class DaemonCommand:
     connect_timeout: float = 60.0
     orphan_timeout: float | None = None
     debug: bool = False
+    #: variables the daemon's environment gets besides this process' (none by default)
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def argv(self, state_dir: Path) -> list[str]:
         args = [sys.executable, "-m", "elasticslice.pilots.daemon", "--state-dir",
@@ -107,13 +109,14 @@ class DaemonCommand:
         return args + ["--adopt"] * self.adopt + ["--debug"] * self.debug
 
 
-def spawn_daemon(command: DaemonCommand, state_dir: Path) -> subprocess.Popen:
-    """Start the daemon and wait until it serves the channel; its one ``Error:`` line (as
-    :class:`ElasticSliceError`, with the exit status in ``status``) when it cannot."""
-    extra = getattr(command, "env", None)   # a Parsl daemon's: its credential cache
+def spawn_daemon(command: Any, state_dir: Path) -> subprocess.Popen:
+    """Start the daemon (``command``: a :class:`DaemonCommand` or Parsl's
+    ``ParslDaemonCommand``: its ``argv``, ``env`` and ``connect_timeout``) and wait until it
+    serves the channel; its one ``Error:`` line (as :class:`ElasticSliceError`, with the exit
+    status in ``status``) when it cannot."""
     proc = subprocess.Popen(command.argv(state_dir), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **extra} if extra else None,
+                            env={**os.environ, **command.env} if command.env else None,
                             start_new_session=True)   # a Ctrl-C here is not its signal
     limit = command.connect_timeout + START_TIMEOUT
     out, err = _until_ready(proc, time.monotonic() + limit)

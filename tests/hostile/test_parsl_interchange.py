@@ -287,6 +287,13 @@ def test_a_key_asked_while_the_daemon_s_manager_starts_is_not_yet_and_the_node_w
     try:
         node = enrolled(service, "parsl-1", tmp_path / "node")
         key = "x" * 40
+        # "not yet" is said to the node's own certificate only: a stranger without one, or
+        # a certificate of the CA that is not a worker's, is refused before it is asked
+        control = worker_certificate(ca, "parsl-1", tmp_path / "control", role="control")
+        refused = [post_key(service.url, ca.ca_file, {"client_id": "parsl-1",
+                                                      "public_key": key}),
+                   post_key(service.url, ca.ca_file, {"public_key": key}, control)]
+        assert [status for status, _ in refused] == [401, 403] and asked == [], refused
         status, text = post_key(service.url, ca.ca_file, {"public_key": key}, node)
         assert (status, text.count("\n")) == (503, 1) and "try again" in text, text
         folder = request_key(service.url, str(ca.ca_file), *map(str, node), "parsl-1",
