@@ -59,6 +59,14 @@ PILOT_INTERVALS: Mapping[str, float] = {
 PARSL_INTERVALS: Mapping[str, float] = {
     **_QUICK, "update_available": 30.0, "get_system_state": 60.0, "add_nodes": 1.0,
     "delete_nodes": 1.0, "release_nodes": 5.0, "set_system_state": 60.0}
+#: the seed's triggers: a method that did something runs these next
+#: (``SimpleElasticSliceManager.METHOD_RESET_TRIGGERS``)
+RESET_TRIGGERS: Mapping[str, tuple[str, ...]] = {
+    "add_nodes": ("update_sliver_status", "update_available", "get_system_state",
+                  "set_system_state"),
+    "delete_nodes": ("release_nodes",),
+    "release_nodes": ("update_sliver_status", "update_available", "get_system_state",
+                      "set_system_state")}
 #: the methods that run on a thread of their own, never behind another (a release is woken
 #: as soon as something is to be given back; its interval only retries what is left)
 APART: tuple[str, ...] = ("release_nodes",)

@@ -1,6 +1,6 @@
 """The manager of a :class:`~elasticslice.parsl.provider.CloudLabProvider`'s slice:
-:class:`ParslSliceManager`, the project's manager (state dir, intent log, callback endpoint,
-notice book, cycle) whose nodes serve Parsl's blocks.
+:class:`ParslSliceManager`, the project's plain manager (state dir, intent log, callback
+endpoint, notice book, cycle) assembled with the parts whose nodes serve Parsl's blocks.
 
 Parsl is a demand source, not a second policy: the stock policy
 (:func:`~elasticslice.managers.policy.decide`) decides when nodes come and go, on what
@@ -27,11 +27,13 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticslice.managers.background import Background
-from elasticslice.managers.manager import SimpleElasticSliceManager
+from elasticslice.managers.core import Manager
+from elasticslice.managers.helpers import ElasticSliceHelper
+from elasticslice.managers.hosted import HostedSystem
+from elasticslice.managers.manager import DEF_MAX_THRESHOLD, seed_options
 from elasticslice.managers.policy import NodeView, Observed, PolicyConfig, counted
 from elasticslice.parsl.blocks import BlockBook
 from elasticslice.parsl.drain import BlockDrainer
-from elasticslice.pilots.drainer import EarlyReleases
 
 #: the stock policy's knobs for Parsl. Parsl's strategy paces the blocks it asks for
 #: (``strategy_period``, ``parallelism``, ``max_blocks``), so no cooldown and no per-cycle
@@ -75,69 +77,79 @@ class BlockWatch:
         return held + max(observed.adding, 0) + self.book.open_slots()
 
 
-class ParslSliceManager(EarlyReleases, SimpleElasticSliceManager):
-    """The project's manager whose demand is Parsl's blocks (the module's doc): the stock
-    policy adds nodes for the open slots of live blocks (up to ``maxthreshold`` that count)
-    and gives back the nodes no block wants; a notice drains the node's block
-    (:class:`BlockDrainer`) and the node is released early. ``wait_empty(block)``: waits
-    until the block's managers hold no task or its deadline less ``margin`` comes (the
-    provider's process does it: :class:`~elasticslice.parsl.remote.RemoteBlocks`), and
-    says why it returned. The policy's knobs are
-    :data:`PARSL_POLICY` over ``policy``; other options as
-    :class:`~elasticslice.managers.manager.SimpleElasticSliceManager`."""
+class ParslSystem(HostedSystem):
+    """Parsl's blocks, as the manager's hosted system: the demand and the nodes as
+    :class:`BlockWatch` sees them; the slots of nodes whose add failed open again
+    (:meth:`adds_done`); the drain's thread."""
 
-    RELEASE_WAKES = ("update_sliver_status", "delete_nodes")  # the block's other nodes too
+    release_wakes = ("update_sliver_status", "delete_nodes")  # the block's other nodes too
 
-    def __init__(self, server: Any, *, book: BlockBook, wait_empty: Callable[[Any], str],
-                 margin: float = 5.0, **options: Any) -> None:
-        most = options.get("maxthreshold", self.DEF_MAX_THRESHOLD)
-        options["policy"] = dataclasses.replace(
-            options.get("policy") or PolicyConfig(), max_add_per_cycle=most, **PARSL_POLICY)
-        options.setdefault("percent_available_minimum", 0.0)
-        # the parts that see blocks, passed in (they call back only once running)
-        drainer = BlockDrainer(book, wait_empty, margin=margin, release=self._release,
-                               clock=lambda: self._now(), wake=lambda: self.wake("delete_nodes"))
-        super().__init__(server, releaser=drainer, **options)
-        self.book, self.margin = book, margin
-        self.watch, self.drainer = BlockWatch(book, clock=lambda: self.clock()), drainer
+    def __init__(self, book: BlockBook, drainer: BlockDrainer, *,
+                 clock: Callable[[], float]) -> None:
+        self.book, self.drainer = book, drainer
+        self.watch = BlockWatch(book, clock=clock)
+        self.manager: Any = None
 
-    def observe(self) -> Observed:
+    def bind(self, manager: Any) -> None:
+        self.manager = manager
+
+    def observe(self, observer: Any, demand: int | None) -> Observed:
         """What the policy sees: the nodes as the blocks see them, and their demand."""
-        observed = self.observer.observe(decorate=self.watch.decorate)
-        return dataclasses.replace(observed, demand=self.watch.demand(observed, self.policy))
+        observed = observer.observe(decorate=self.watch.decorate)
+        return dataclasses.replace(observed,
+                                   demand=self.watch.demand(observed, self.manager.policy))
 
-    @property
-    def demand(self) -> int | None:
+    def wanted(self, policy: PolicyConfig, demand: int | None) -> int | None:
         """Nodes Parsl's blocks want (see :meth:`BlockWatch.demand`)."""
-        return self.observe().demand
+        return self.manager.observe().demand
 
-    def add_nodes(self, count: int = 0, cm: Any = None) -> Any:
-        """The policy's adds (the base's), then the slots of nodes whose add failed open
-        again (:meth:`_unbind_unheld`)."""
-        try:
-            return super().add_nodes(count, cm)
-        finally:  # failed, or some left out (too few free of the type): their slots free
-            self._unbind_unheld()
-
-    def ensure_sliver(self, cm: Any = None) -> Any:
-        try:
-            return super().ensure_sliver(cm)
-        except Exception:
-            self._unbind_unheld()
-            raise
-
-    def _unbind_unheld(self) -> None:
+    def adds_done(self) -> None:
         """Nodes bound to blocks that no CM holds and no AddNodes in flight names (their
         AddNodes or CreateSliver failed) free their slots; one the CM added after all is
         found by the reconcile, and given back as no block's."""
-        adding = {c for i in self.state.open_intents() if i.kind == "add"
-                  for c in i.client_ids}
+        state = self.manager.state
+        adding = {c for i in state.open_intents() if i.kind == "add" for c in i.client_ids}
         bound = [cid for block in list(self.book.blocks.values()) for cid in list(block.nodes)]
         self.book.unbind([cid for cid in bound if cid not in adding and
-                          all(self.state.node(url, cid) is None for url in self.cmlist)])
+                          all(state.node(url, cid) is None for url in self.manager.cmlist)])
 
-    def _threads(self) -> list[Background]:
-        return [*super()._threads(), self.drainer.work]
+    def threads(self) -> list[Background]:
+        return [self.drainer.work]
+
+
+class ParslSliceManager(Manager):
+    """The project's manager whose demand is Parsl's blocks (the module's doc), assembled
+    from the plain :class:`~elasticslice.managers.core.Manager` and its parts (nothing
+    overridden): the stock policy adds nodes for the open slots of live blocks (up to
+    ``maxthreshold`` that count) and gives back the nodes no block wants
+    (:class:`ParslSystem`); a notice drains the node's block (:class:`BlockDrainer`, the
+    releaser) and the node is released early. ``wait_empty(block)``: waits until the
+    block's managers hold no task or its deadline less ``margin`` comes (the provider's
+    process does it: :class:`~elasticslice.parsl.remote.RemoteBlocks`), and says why it
+    returned. The policy's knobs are :data:`PARSL_POLICY` over ``policy``; ``helper``: what
+    a node is; other options as
+    :class:`~elasticslice.managers.manager.SimpleElasticSliceManager`'s
+    (:func:`~elasticslice.managers.manager.seed_options`)."""
+
+    def __init__(self, server: Any, *, book: BlockBook, wait_empty: Callable[[Any], str],
+                 helper: ElasticSliceHelper, margin: float = 5.0, **options: Any) -> None:
+        most = options.get("maxthreshold", DEF_MAX_THRESHOLD)
+        options["policy"] = dataclasses.replace(
+            options.get("policy") or PolicyConfig(), max_add_per_cycle=most, **PARSL_POLICY)
+        options.setdefault("percent_available_minimum", 0.0)
+        # the parts that see blocks (they call back only once the manager runs)
+        drainer = BlockDrainer(book, wait_empty, margin=margin,
+                               release=lambda *node: self.release_early(*node),
+                               clock=lambda: self.clock(),
+                               wake=lambda: self.wake("delete_nodes"))
+        blocks = ParslSystem(book, drainer, clock=lambda: self.clock())
+        super().__init__(server, helper=helper, hosted=blocks, releaser=drainer,
+                         **seed_options(server, **options))
+        self.blocks, self.book, self.margin, self.drainer = blocks, book, margin, drainer
+
+    @property
+    def watch(self) -> BlockWatch:
+        return self.blocks.watch
 
     def stats(self) -> dict[str, int]:
         """revocations, early_releases, forced_releases (as the CM reported them)."""

@@ -1,7 +1,7 @@
 """How a revoked node's work comes off it before it goes: :class:`PilotDrainer` drains the
-node's pilot against the revocation's deadline and says when the node may go;
-:class:`EarlyReleases` (the pilots' and Parsl's managers) then asks the node in
-``to_release``, the one way back, and the cycle's ``release_nodes`` gives it back at once."""
+node's pilot against the revocation's deadline and says when the node may go (the manager's
+``release_early`` then asks the node in ``to_release``, the one way back, and the cycle's
+``release_nodes`` gives it back at once)."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from elasticslice.managers.background import Background
-from elasticslice.managers.records import PendingDelete, ReleaseSource
+from elasticslice.managers.records import PendingDelete
 from elasticslice.pilots.watch import PilotWatch
 from troy.frameworks import Pilot
 from troy.states import FINAL_STATES
@@ -97,41 +97,3 @@ class PilotDrainer:
 
     def close(self) -> None:
         self.work.close()
-
-
-class EarlyReleases:
-    """For managers that drain a revoked node (the pilots', Parsl's): :meth:`_release` when
-    its work is off it. The next countdown answer says max_wait_time 0, and the node is asked
-    in ``to_release``, which wakes the cycle's ``release_nodes``: its DeleteNodes goes at once,
-    on the release job's own thread, never behind a slow AddNodes (CloudLab may count down for
-    up to its notify interval more otherwise); then the cycle methods of ``RELEASE_WAKES``
-    run. :meth:`_release` returns at once (a callback's thread may call it)."""
-
-    RELEASE_WAKES: tuple[str, ...] = ("update_sliver_status",)
-    notices: Any
-    actuator: Any
-    state: Any
-    drainer: Any
-    clock: Any
-
-    def resume_releases(self) -> int:
-        """A manager started again while nodes of its were draining (its process was killed):
-        the drains of the revocations not released yet, whose deadline is to come, start
-        again (CloudLab's next notice for them is not new, so it would start nothing).
-        How many; call it once the workload's pilots or blocks are known."""
-        now = self.clock()
-        revocations = [r for r in self.notices.open()
-                       if r.released is None and r.deadline > now and r.client_id]
-        if revocations:
-            log.warning("%d revoked node(s) were draining when the manager stopped: their "
-                        "drains start again", len(revocations))
-            self.drainer.start(revocations)
-        return len(revocations)
-
-    def _release(self, node_id: str, client_id: str | None, why: str) -> None:
-        if not self.notices.release([node_id], why):
-            return
-        log.info("releasing %s (%s) early: %s", node_id, client_id, why)
-        rec = self.state.find_node(node_id)
-        if rec is not None and rec.gone_at is None:
-            self.actuator.ask_release([rec], ReleaseSource.NOTICE.value, why)

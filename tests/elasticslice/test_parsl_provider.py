@@ -257,9 +257,10 @@ def test_slots_free_again_when_their_add_failed_but_not_while_it_may_still_come(
     for cid in ("parsl-1", "parsl-2", "parsl-3"):
         book.bind(cid)
     held, adding = {"parsl-1"}, [NS(kind="add", client_ids=["parsl-2"])]  # its answer lost
-    manager = NS(book=book, cmlist=["cm"], state=NS(
-        open_intents=lambda: adding, node=lambda url, cid: NS() if cid in held else None))
-    P.ParslSliceManager._unbind_unheld(manager)
+    from elasticslice.parsl.manager import ParslSystem
+    blocks = NS(book=book, manager=NS(cmlist=["cm"], state=NS(
+        open_intents=lambda: adding, node=lambda url, cid: NS() if cid in held else None)))
+    ParslSystem.adds_done(blocks)   # after add_nodes, or a failed ensure_sliver
     assert (block.nodes, book.open_slots()) == (["parsl-1", "parsl-2"], 1)
 
 

@@ -14,21 +14,23 @@ from typing import Any
 
 from elasticslice.managers import SimpleElasticSliceManager
 from elasticslice.managers.background import Background
-from elasticslice.pilots.drainer import EarlyReleases
+from elasticslice.managers.hosted import HostedSystem
 from tests.elasticslice.managers.helpers import cm_nodes, with_policy
 from tests.helpers import wait_for
 
 
-class EarlyManager(EarlyReleases, SimpleElasticSliceManager):
-    """The base manager releasing a revoked node early, as the pilots' and Parsl's do; with
-    the pool Parsl's manager still makes (the one the early releases went on), unused."""
+class EarlyManager(SimpleElasticSliceManager):
+    """The base manager releasing a revoked node early (``release_early``), as the pilots'
+    and Parsl's do; with the pool Parsl's manager once made (the one the early releases went
+    on) as a hosted system's thread, unused."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.releases = Background("node-release", threads=2)
-        super().__init__(*args, **kwargs)
+        pool = Background("node-release", threads=2)
 
-    def _threads(self) -> list[Background]:
-        return [*super()._threads(), self.releases]
+        class Pool(HostedSystem):
+            def threads(self) -> list[Background]:
+                return [pool]
+        super().__init__(*args, hosted=Pool(), **kwargs)
 
 
 def spy_deletes(manager: Any) -> list[tuple[str, tuple[str, ...]]]:
@@ -62,7 +64,7 @@ def test_a_drained_node_and_a_policy_victim_go_back_one_way_on_the_release_job(
     assert entry.fresh
     manager.set_demand(2)  # node-1, node-3, node-4 count: one too many
     manager.start()
-    manager._release(drained.node_id, "node-2", "drained")  # from a drain's thread, at once
+    manager.release_early(drained.node_id, "node-2", "drained")  # from a drain's thread, at once
     wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 2, timeout=60,
              what="node-2 and a victim given back")
     [victim] = {"node-3", "node-4"} - set(cm_nodes(emulator, tmp_path))
@@ -137,8 +139,8 @@ def test_a_manager_started_again_resumes_the_drains_it_had_not_finished() -> Non
     released whose deadline is to come, and those only."""
     from types import SimpleNamespace as NS
 
+    from elasticslice.managers.core import Manager
     from elasticslice.managers.records import PendingDelete
-    from elasticslice.pilots.drainer import EarlyReleases
     revocations = [
         PendingDelete("cm", "n1", "c1", deadline=200.0, first_seen=0.0),   # was draining
         PendingDelete("cm", "n2", "c2", deadline=200.0, first_seen=0.0, released=50.0),
@@ -147,6 +149,6 @@ def test_a_manager_started_again_resumes_the_drains_it_had_not_finished() -> Non
     ]
     started: list[PendingDelete] = []
     manager = NS(clock=lambda: 100.0, notices=NS(open=lambda: revocations),
-                 drainer=NS(start=started.extend))
-    assert EarlyReleases.resume_releases(manager) == 1
+                 client_endpoint=NS(releaser=NS(start=started.extend)))
+    assert Manager.resume_releases(manager) == 1
     assert [r.node_id for r in started] == ["n1"]

@@ -43,8 +43,8 @@ def test_under_client_a_reclamation_takes_the_idle_pilot_not_the_busy_one(
          "runtime": 3600.0}, pilot=manager.pilot_of(added))
     wait_for(lambda: unit.state is State.RUNNING, timeout=60, what="the unit running")
     cm_url = manager.cms[0].url
-    wait_for(lambda: manager._sent_values.get(cm_url, {}).get(added, 0.0) >= BUSY
-             > manager._sent_values[cm_url].get(initial, 1.0), timeout=60,
+    wait_for(lambda: manager.pilots._sent_values.get(cm_url, {}).get(added, 0.0) >= BUSY
+             > manager.pilots._sent_values[cm_url].get(initial, 1.0), timeout=60,
              what="our values at the CM: the busy node high, the idle one low")
     # the tenants want the free node and one of ours
     admin(emulator).call("SetLoad", busy=2)

@@ -37,7 +37,7 @@ def test_the_slice_grows_under_demand_and_idle_nodes_go_back(emulator, make_clus
     stats = assert_nothing_lost(cluster, run, witness, 6)
     assert stats["nodes_peak"] == 3  # what the demand asked for, not maxthreshold
     nodes = {line for lines in ran_on(witness).values() for line in lines}
-    assert len(nodes) >= 2 and nodes <= set(cluster.manager.known_client_ids)
+    assert len(nodes) >= 2 and nodes <= set(cluster.manager.node_helper.known_client_ids)
     # Idle: back down to minthreshold (the initial node stays); no busy node was taken.
     wait_for(lambda: len(cm_nodes(emulator, tmp_path)) == 1
              and len(cluster.manager.state.nodes()) == 1, timeout=120,
