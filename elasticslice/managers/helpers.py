@@ -90,7 +90,9 @@ class SimpleElasticSliceHelper(ElasticSliceHelper):
                  tarballs: Sequence[tuple[str, str]] | Sequence[Sequence[str]] = (),
                  startup_command: str | None = None, nodetype: str | None = None,
                  node_prefix: str = "node", lan_prefix: str = "lan") -> None:
-        super().__init__(server, config)
+        # not super(): in seed 004's FooManager(SimpleElasticSliceHelper,
+        # SimpleElasticSliceManager) the next class is the manager, which wants a state
+        ElasticSliceHelper.__init__(self, server, config)
         if num_pcs < 1:
             raise ValueError(f"num_pcs must be at least 1, not {num_pcs}")
         self.num_pcs = num_pcs
