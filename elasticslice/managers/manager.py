@@ -34,32 +34,37 @@ DEF_MIN_THRESHOLD = 1
 DEF_MAX_THRESHOLD = 10
 
 
-def seed_options(server: Any, *, minthreshold: int = DEF_MIN_THRESHOLD,
-                 maxthreshold: int = DEF_MAX_THRESHOLD, percent_available_minimum: float = 0.5,
-                 manage_order: Sequence[str] | None = None,
-                 manage_intervals: Mapping[str, float] | None = None,
-                 method_reset_triggers: Mapping[str, Sequence[str]] | None = None,
-                 retry_interval: float = 30, nodetype: str | None = None,
-                 cmlist: Sequence[str | int] | None = None, enable_delete: bool = False,
-                 email: bool | Notifier = True, policy: PolicyConfig | None = None,
-                 **rest: Any) -> dict[str, Any]:
-    """The plain :class:`~.core.Manager`'s keywords from the seed's parameters (and the
-    keyword extras, passed on): the seed's thresholds, ``nodetype`` and ``enable_delete``
-    go into ``policy`` (a :class:`PolicyConfig`; its other knobs kept), ``cmlist`` (URLs,
-    names or indices) becomes the CMs, ``manage_*``/``method_reset_triggers`` the cycle's,
-    ``email`` the notifier (the seed's bool: on when an email config says so)."""
-    if minthreshold < 0 or maxthreshold < minthreshold:
-        raise ElasticSliceError(f"need 0 <= minthreshold ({minthreshold}) <= maxthreshold "
-                                f"({maxthreshold})")
+#: the seed's parameters of SimpleElasticSliceManager (past ``server, config``) and their
+#: defaults
+SEED_DEFAULTS: dict[str, Any] = dict(
+    minthreshold=DEF_MIN_THRESHOLD, maxthreshold=DEF_MAX_THRESHOLD,
+    percent_available_minimum=0.5, manage_order=None, manage_intervals=None,
+    method_reset_triggers=None, retry_interval=30, nodetype=None, cmlist=None,
+    enable_delete=False, email=True)
+
+
+def seed_options(server: Any, *, policy: PolicyConfig | None = None,
+                 **options: Any) -> dict[str, Any]:
+    """The plain :class:`~.core.Manager`'s keywords from the seed's parameters
+    (:data:`SEED_DEFAULTS`; other keywords are the plain manager's, passed on): the seed's
+    thresholds, ``nodetype`` and ``enable_delete`` go into ``policy`` (a
+    :class:`PolicyConfig`; its other knobs kept), ``cmlist`` (URLs, names or indices)
+    becomes the CMs, ``manage_*``/``method_reset_triggers`` the cycle's, ``email`` the
+    notifier (the seed's bool: on when an email config says so)."""
+    seed = {name: options.pop(name, default) for name, default in SEED_DEFAULTS.items()}
+    least, most = seed["minthreshold"], seed["maxthreshold"]
+    if least < 0 or most < least:
+        raise ElasticSliceError(f"need 0 <= minthreshold ({least}) <= maxthreshold ({most})")
+    email, cmlist = seed["email"], seed["cmlist"]
     return dict(
-        policy=dataclasses.replace(
-            policy or PolicyConfig(), minthreshold=minthreshold, maxthreshold=maxthreshold,
-            percent_available_minimum=percent_available_minimum, enable_delete=enable_delete,
-            nodetype=nodetype),
+        policy=dataclasses.replace(policy or PolicyConfig(), **{
+            k: seed[k] for k in ("minthreshold", "maxthreshold", "percent_available_minimum",
+                                 "enable_delete", "nodetype")}),
         cms=[server.cm(c) for c in cmlist] if cmlist else None,
-        order=list(manage_order or seed_cycle.DEF_ORDER), intervals=manage_intervals,
-        reset_triggers=method_reset_triggers, retry_interval=retry_interval,
-        notifier=email if isinstance(email, Notifier) else Notifier(None), **rest)
+        order=list(seed["manage_order"] or seed_cycle.DEF_ORDER),
+        intervals=seed["manage_intervals"], reset_triggers=seed["method_reset_triggers"],
+        retry_interval=seed["retry_interval"],
+        notifier=email if isinstance(email, Notifier) else Notifier(None), **options)
 
 
 class SimpleElasticSliceManager(Manager, ElasticSliceManager, PluginElasticSliceHelper,

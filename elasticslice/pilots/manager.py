@@ -46,6 +46,11 @@ class Revocations:
     forced: set[str] = dataclasses.field(default_factory=set)
 
 
+def _of_pilots(name: str, doc: str) -> property:
+    """The manager's ``name``: its pilots' part's."""
+    return property(lambda manager: getattr(manager.pilots, name), doc=doc)
+
+
 class PilotSliceManager(Manager):
     """A manager whose helper's nodes run Troy node agents (see the module docstring).
 
@@ -83,29 +88,12 @@ class PilotSliceManager(Manager):
         self.pilots, self.margin = pilots, margin
 
     # ------------------------------------------------------------------ the parts' faces
-    @property
-    def framework(self) -> PilotFramework:
-        return self.pilots.framework
-
-    @property
-    def session(self) -> Any:
-        return self.pilots.session
-
-    @property
-    def watch(self) -> PilotWatch:
-        return self.pilots.watch
-
-    @property
-    def drainer(self) -> PilotDrainer:
-        return self.pilots.drainer
-
-    @property
-    def failures(self) -> NodeFailures:
-        return self.pilots.failures
-
-    @property
-    def last_demand(self) -> Any:
-        return self.pilots.last_demand
+    framework = _of_pilots("framework", "the Troy framework the agents join")
+    session = _of_pilots("session", "the Troy session whose demand drives scaling")
+    watch = _of_pilots("watch", "the nodes as the pilots see them")
+    drainer = _of_pilots("drainer", "the releaser of revoked nodes")
+    failures = _of_pilots("failures", "the nodes that failed, with their cause")
+    last_demand = _of_pilots("last_demand", "Troy's demand as last read")
 
     @property
     def drains(self) -> dict[str, Any]:
