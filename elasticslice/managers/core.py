@@ -93,7 +93,6 @@ class Manager:
         self.server = server
         self.node_helper = helper
         self.hosted = hosted if hosted is not None else HostedSystem()
-        self.releaser = releaser
         self.manage_order = list(order)
         if "release_nodes" not in self.manage_order:  # the one way back is always there
             after = self.manage_order.index("delete_nodes") + 1 \
