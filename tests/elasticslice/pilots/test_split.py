@@ -111,59 +111,6 @@ def tcp_sockets(pid: int) -> list[tuple[int, int, int]]:
 
 LISTEN = 0x0A
 
-def test_the_credentials_are_the_daemon_s_alone_and_it_never_speaks_dask(
-        emulator: Any, tmp_path: Path) -> None:
-    state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
-    env = run_env(tmp_path, audit=True)
-    run = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.2)  # ~20 s tasks
-    marker = tmp_path / "pickle-ran"
-    try:
-        wait_for(lambda: "DONE" in [s for s, _ in units(state_dir).values()], RUN_TIMEOUT,
-                 0.2, what="a task done on a node")
-        daemon = daemon_pid(state_dir)
-        assert daemon is not None and daemon != run.pid and process_alive(daemon)
-        scheduler_port = int(json.loads((state_dir / "cluster.json").read_text())
-                             ["scheduler"].rsplit(":", 1)[1])
-        sockets = tcp_sockets(daemon)
-        # the daemon holds no connection to (nor listener of) the Dask scheduler
-        assert all(scheduler_port not in (local, remote) for local, remote, _ in sockets)
-        # what a node or a stranger can reach of the daemon: its channel (a pickle is not
-        # a frame), and every port it listens on, each sent pickles, raw and over TLS, and
-        # a pickle in an HTTP body
-        payload = pickle.dumps(Marker(str(marker)))
-        with socket_address(state_dir / "manager.sock") as address:
-            channel = socket.socket(socket.AF_UNIX)
-            channel.connect(address)
-        channel.sendall(payload + b"\n")
-        channel.close()
-        listening = sorted({local for local, _, state in sockets if state == LISTEN})
-        assert len(listening) >= 3   # enrolment, tarball publisher, callback endpoint
-        for port in listening:
-            for wrap in (False, True):
-                hostile_send(emulator.control_address, port, payload, wrap)
-        assert run.poll() is None   # all of it while the run goes on
-        out, _ = run.communicate(timeout=RUN_TIMEOUT)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    assert run.returncode == 0, log.read_text()[-3000:]
-    assert out.startswith("DONE: 10/10 tasks done"), out
-    assert not marker.exists(), marker.read_text()
-    wait_for(lambda: not process_alive(daemon), 60, what="the daemon to end with the run")
-    # who opened what: the CloudLab key and passphrase, the CA's key
-    emu = Path(emulator.config_path).parent
-    secrets = {str(emu / "user.pem"), str(emu / "password"),
-               str(state_dir / "pki" / "ca.key")}
-    theirs, mine = set(opened_by(tmp_path, daemon)), set(opened_by(tmp_path, run.pid))
-    assert secrets <= theirs, sorted(secrets - theirs)
-    assert not secrets & mine, sorted(secrets & mine)
-    # the daemon never loaded Dask, Parsl or cloudpickle: it cannot decode their messages
-    assert not [p for p in theirs if "/distributed/" in p or "/parsl/" in p
-                or "/cloudpickle/" in p], sorted(theirs)[:20]
-    assert any("/distributed/" in p for p in mine)   # the audit hook sees imports
-    assert nodes_in_slices(emulator) == 0
-
 def hostile_send(host: str, port: int, payload: bytes, wrap: bool) -> None:
     """``payload`` raw and as an HTTP POST body, plain or over TLS (no client
     certificate), to ``host:port``; whatever the server answers or does."""
@@ -204,28 +151,64 @@ def children(pid: int, marker: str) -> list[int]:
     return found
 
 
-def test_each_of_the_three_processes_sigkilled_in_turn_the_run_loses_nothing(
+@pytest.mark.timeout(600)   # two scenarios of one run, each up to 100 s on a loaded machine
+def test_the_credentials_are_the_daemon_s_alone_and_each_process_sigkilled_loses_nothing(
         emulator: Any, tmp_path: Path) -> None:
-    """The manager daemon, then the Dask scheduler, then the run's own process, each with
-    SIGKILL during one run: the daemon is started again by the run, the scheduler by its
-    framework on its address, the run by its user (the same command attaches to the daemon
-    that kept the nodes); the run ends with every task done, none lost, no node held."""
+    """One run, two scenarios (they were two tests, each with a run of its own):
+
+    1. the credentials are the daemon's alone and it never speaks Dask: while the run goes
+       on, the daemon holds no connection to the scheduler, and pickles sent to its channel
+       and to every port it listens on never run; at the end, the CloudLab key, its
+       passphrase and the CA's key were opened by the daemon alone, which never loaded
+       Dask, Parsl or cloudpickle (an audit hook logs what each process opens);
+    2. the manager daemon, then the Dask scheduler, then the run's own process, each with
+       SIGKILL during the run: the daemon is started again by the run, the scheduler by its
+       framework on its address, the run by its user (the same command attaches to the
+       daemon that kept the nodes); the run ends with every task done, none lost, no node
+       held."""
     state_dir, log = tmp_path / "run", tmp_path / "stderr.log"
-    env = run_env(tmp_path)
-    run = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.1, extra=("--release",))
+    env = run_env(tmp_path, audit=True)
+    run = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.2,  # ~20 s tasks
+                    extra=("--release",))
+    marker = tmp_path / "pickle-ran"
     second = None
     try:
+        # 1. what a node or a stranger can do to the daemon, while the run goes on
+        wait_for(lambda: "DONE" in [s for s, _ in units(state_dir).values()], RUN_TIMEOUT,
+                 0.2, what="a task done on a node")
+        first = daemon_pid(state_dir)
+        assert first is not None and first != run.pid and process_alive(first)
+        scheduler_port = int(json.loads((state_dir / "cluster.json").read_text())
+                             ["scheduler"].rsplit(":", 1)[1])
+        sockets = tcp_sockets(first)
+        # the daemon holds no connection to (nor listener of) the Dask scheduler
+        assert all(scheduler_port not in (local, remote) for local, remote, _ in sockets)
+        # what a node or a stranger can reach of the daemon: its channel (a pickle is not
+        # a frame), and every port it listens on, each sent pickles, raw and over TLS, and
+        # a pickle in an HTTP body
+        payload = pickle.dumps(Marker(str(marker)))
+        with socket_address(state_dir / "manager.sock") as address:
+            channel = socket.socket(socket.AF_UNIX)
+            channel.connect(address)
+        channel.sendall(payload + b"\n")
+        channel.close()
+        listening = sorted({local for local, _, state in sockets if state == LISTEN})
+        assert len(listening) >= 3   # enrolment, tarball publisher, callback endpoint
+        for port in listening:
+            for wrap in (False, True):
+                hostile_send(emulator.control_address, port, payload, wrap)
+        assert run.poll() is None   # all of it while the run goes on
+        # 2. each process SIGKILLed in turn, a task running on a node
         wait_for(lambda: "RUNNING" in [s for s, _ in units(state_dir).values()],
                  RUN_TIMEOUT, 0.2, what="a task running on a node")
-        # 1. the manager daemon
-        first = daemon_pid(state_dir)
-        assert first is not None and first != run.pid
+        # 2.1. the manager daemon
+        assert daemon_pid(state_dir) == first
         os.kill(first, 9)
         wait_for(lambda: daemon_pid(state_dir) not in (None, first)
                  and process_alive(daemon_pid(state_dir)), 120, 0.2,
                  what="a new daemon serving the run")
         daemon = daemon_pid(state_dir)
-        # 2. the Dask scheduler, in a process of its own
+        # 2.2. the Dask scheduler, in a process of its own
         address = json.loads((state_dir / "cluster.json").read_text())["scheduler"]
         [scheduler] = children(run.pid, "troy.frameworks.dask scheduler")
         os.kill(scheduler, 9)
@@ -233,13 +216,13 @@ def test_each_of_the_three_processes_sigkilled_in_turn_the_run_loses_nothing(
                           if p != scheduler], 120, 0.2, what="a new scheduler")
         wait_for(lambda: "RUNNING" in [s for s, _ in units(state_dir).values()],
                  RUN_TIMEOUT, 0.2, what="a task running again")
-        # 3. the run's own process: the daemon keeps the nodes for the same command
+        # 2.3. the run's own process: the daemon keeps the nodes for the same command
         os.kill(run.pid, 9)
         run.wait()
         assert process_alive(daemon) and nodes_in_slices(emulator) >= 1
         # resumed with another setting: the daemon that kept the nodes stops, keeping them,
         # and one with the new setting takes them
-        second = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.1,
+        second = start_run(emulator, tmp_path, state_dir, env, log, time_scale=0.2,
                            extra=("--release", "--max-nodes", "3"))
         out, _ = second.communicate(timeout=RUN_TIMEOUT)
     finally:
@@ -253,14 +236,35 @@ def test_each_of_the_three_processes_sigkilled_in_turn_the_run_loses_nothing(
     assert re.search(r", 0 lost(;|$)", out.strip()), out
     assert "1 restart(s)" in out   # the run's own process came back once
     assert "Traceback" not in stderr
+    assert not marker.exists(), marker.read_text()
     assert json.loads((state_dir / "cluster.json").read_text())["scheduler"] == address
     run_log = (state_dir / "run.log").read_text()
     assert "the manager daemon was gone: a new one" in run_log
     assert "has other settings: it stops (the nodes are kept)" in stderr   # said at once
     assert not process_alive(daemon)
     # three daemons served the run: the first, the one after its SIGKILL, the new settings'
-    assert len(re.findall(r"manager daemon \d+ serving", (state_dir / "daemon.log").read_text())) \
-        == 3
+    served = [int(pid) for pid in re.findall(r"manager daemon (\d+) serving",
+                                             (state_dir / "daemon.log").read_text())]
+    assert len(served) == 3 and served[:2] == [first, daemon], served
+    last = served[2]
+    wait_for(lambda: not process_alive(last), 60, what="the daemon to end with the run")
+    # who opened what: the CloudLab key and passphrase, the CA's key
+    emu = Path(emulator.config_path).parent
+    secrets = {str(emu / "user.pem"), str(emu / "password"),
+               str(state_dir / "pki" / "ca.key")}
+    theirs = set(opened_by(tmp_path, first))
+    mine = set(opened_by(tmp_path, run.pid))
+    assert secrets <= theirs, sorted(secrets - theirs)
+    for pid in (run.pid, second.pid):   # the run's processes, before and after the restart
+        theirs_not = secrets & set(opened_by(tmp_path, pid))
+        assert not theirs_not, (pid, sorted(theirs_not))
+    # no daemon of the run ever loaded Dask, Parsl or cloudpickle: it cannot decode their
+    # messages
+    for pid in (first, daemon, last):
+        loaded = set(opened_by(tmp_path, pid))
+        assert not [p for p in loaded if "/distributed/" in p or "/parsl/" in p
+                    or "/cloudpickle/" in p], (pid, sorted(loaded)[:20])
+    assert any("/distributed/" in p for p in mine)   # the audit hook sees imports
     assert nodes_in_slices(emulator) == 0   # given back: --release, and the run ended
 
 
