@@ -17,12 +17,17 @@ from tests.troy.frameworks.nodes import member, node_agent, stop
 pytestmark = pytest.mark.slow
 
 
-def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_cluster,
-                                                             tmp_path: Path) -> None:
+def test_a_stranger_worker_is_refused_and_a_hostile_one_with_a_valid_certificate_gets_no_units(
+        emulator, make_cluster, witness, tmp_path: Path) -> None:
+    """One cluster, one attacker after the other (they were two tests, each with a cluster
+    of its own): a worker without a certificate of the cluster CA, under a held node's name,
+    never joins; then a worker with a valid certificate for a node the manager does not
+    hold joins the scheduler and gets no unit."""
     cluster = make_cluster(emulator, maxthreshold=1, idle_timeout=None)
     wait_for(lambda: len(cluster.pilots()) == 1, timeout=120, what="the initial node's pilot")
+
+    # 1. a certificate from another CA, for the name of a node the manager holds
     log = tmp_path / "stranger.log"
-    # a certificate from another CA, for the name of a node the manager holds
     stranger = member(tmp_path / "stranger", make_ca("stranger CA", key_type="ec"), "node-1")
     agent = node_agent(cluster.framework.scheduler_address, 8, stranger, log)
     try:
@@ -35,13 +40,8 @@ def test_a_worker_without_the_cluster_certificate_is_refused(emulator, make_clus
     finally:
         stop(agent)
 
-
-def test_a_hostile_worker_with_a_valid_certificate_gets_no_units(emulator, make_cluster,
-                                                                 witness, tmp_path: Path
-                                                                 ) -> None:
-    cluster = make_cluster(emulator, maxthreshold=1, idle_timeout=None)
-    wait_for(lambda: len(cluster.pilots()) == 1, timeout=120, what="the initial node's pilot")
-    cert, key = cluster.ca.issue("node-x")  # a valid certificate; node-x is not ours
+    # 2. a valid certificate; node-x is not ours
+    cert, key = cluster.ca.issue("node-x")
     hostile = DaskTLS(str(cluster.ca.ca_file), str(cert), str(key))
     agent = node_agent(cluster.framework.scheduler_address, 8, hostile, tmp_path / "x.log")
     try:
