@@ -160,25 +160,3 @@ def test_a_manager_restarted_mid_workflow_resumes(emulator, make_cluster, witnes
     assert before <= {p.id for p in cluster.pilots()}  # the same pilots carried on
     assert stats["units_requeued"] == 0 and stats["duplicates"] == 0, stats
     assert troy.State.DONE is run.state
-
-
-def test_a_node_whose_agent_was_killed_is_replaced_and_nothing_is_lost(
-        emulator, make_cluster, witness, tmp_path: Path) -> None:
-    """The only pilot's agent dies (SIGKILL): before, its node stayed held with no agent and
-    the workflow waited forever; now the node is replaced (the new one first: CloudLab
-    does not take a sliver's last node) and given back."""
-    import os
-    import signal
-    from bench.chaos.world import agent_pids
-    cluster = make_cluster(emulator, maxthreshold=2, idle_timeout=None,
-                           manager_options={"agent_grace": 1.0})
-    run = Run(cluster, sleepers(witness, 2, 4.0, cores=4))  # one node's worth
-    first = str(wait_for(lambda: next((p.worker_name for p in cluster.pilots() if p.busy),
-                                      None), timeout=120, what="a busy pilot"))
-    pid = agent_pids(cluster.framework.scheduler_address)[first]
-    os.kill(pid, signal.SIGKILL)
-    assert_nothing_lost(cluster, run, witness, 2)
-    wait_for(lambda: first not in cm_nodes(emulator, tmp_path), timeout=60,
-             what="the node without an agent given back")
-    held = cm_nodes(emulator, tmp_path)
-    assert held and sorted(r.client_id for r in cluster.manager.state.nodes()) == sorted(held)
