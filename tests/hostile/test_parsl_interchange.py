@@ -53,12 +53,20 @@ def own_keys(folder: Path, server_public: str) -> Path:
 @pytest.mark.slow
 def test_a_manager_with_a_key_it_made_itself_gets_nothing_and_the_work_completes(
         emulator_factory: Any, tmp_path: Path) -> None:
+    """The strangers try the interchange while two tasks run and two wait; then (the
+    scenario of tests/elasticslice/test_parsl_provider.py's test_the_tasks_of_a_node_taken_
+    without_notice_are_retried_by_parsl, which booted a box and Parsl of its own) CloudLab
+    takes the block's node without notice: Parsl runs its tasks again elsewhere, and the
+    work completes on the provider's nodes alone."""
     import zmq
     from zmq.utils.monitor import recv_monitor_message
 
+    from parsl.jobs.states import JobState
     from elasticslice.parsl.keys import AuthorisedKeys
-    emulator = emulator_factory()
-    with parsl_on_box(emulator, tmp_path) as box:
+    from tests.elasticslice.managers.helpers import admin, reclaim_outcome
+    emulator = emulator_factory(max_wait=0)  # CloudLab cannot wait: max_wait_time 0
+    # a lost node's manager seen in seconds (Parsl's own threshold is 120 s)
+    with parsl_on_box(emulator, tmp_path, heartbeat_period=1, heartbeat_threshold=4) as box:
         executor = box.executor
         squares = [box.square(i, box.gate.url) for i in range(4)]
         block = box.running_block()   # 2 tasks run on the block's node; 2 wait for a manager
@@ -107,11 +115,26 @@ def test_a_manager_with_a_key_it_made_itself_gets_nothing_and_the_work_completes
         assert executor.interchange_proc.poll() is None
         assert "stranger" not in executor.connected_blocks()
         assert managers_of(executor, "stranger") == []
+
+        # the block's node taken without notice: the block ends as taken
+        victim = block.nodes[0]
+        node_id = box.node_id(victim)
+        admin(emulator).call("Revoke", nodes=[node_id])
+        wait_for(lambda: reclaim_outcome(emulator, node_id), timeout=120,
+                 what="the reclamation to end")
+        assert reclaim_outcome(emulator, node_id) == "forced"
+        wait_for(lambda: box.provider.status([block.job_id])[0].state is JobState.TIMEOUT,
+                 timeout=60, what="the block ended as taken")
         box.gate.open()
+        # the interchange lost the node's manager; Parsl ran its tasks again elsewhere
         results = [f.result(timeout=240) for f in squares]
         assert [r[0] for r in results] == [i * i for i in range(4)]
+        assert all(r[1] != victim for r in results), results
         assert {r[1] for r in results} <= {cid for b in box.provider.book.blocks.values()
                                             for cid in b.nodes}
+        stats = box.provider.stats()
+        assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+            (1, 0, 1), stats
         assert not marker.exists()
         assert sock.poll(0) == 0   # not a frame came back
         monitor.close()
