@@ -12,7 +12,8 @@ import pytest
 
 import troy
 from elasticslice.pilots.timeline import run_timeline
-from tests.helpers import scrape_metrics, wait_for
+from tests.elasticslice.rpc.endpointkit import Callers, call
+from tests.helpers import holds_for, scrape_metrics, wait_for
 from tests.elasticslice.managers.helpers import admin, cm_nodes, reclaim_outcome
 from tests.elasticslice.pilots.helpers import (Run, assert_nothing_lost, busy_added_node,
                                              closed_gate, node_of, ran_on, sleepers)
@@ -130,6 +131,46 @@ def test_a_revoked_node_is_released_early_and_one_taken_without_notice_has_its_u
             stats["forced_releases"] - before["forced_releases"]) == (1, 0, 1), (before, stats)
 
 
+def foreign_notices_change_nothing(cluster: Any, emulator: Any, tmp_path: Path) -> None:
+    """Notices that name a node we do not hold (mismatched ids, a node_id without its
+    client_id, strangers) drain nothing, change nothing and count apart."""
+    manager = cluster.manager
+    one, two, three = sorted(manager.state.nodes(), key=lambda r: r.client_id)
+    cm = Callers(emulator.dir, tmp_path).cm(manager.endpoint_url)
+
+    def notify(method: str, items: list[dict[str, Any]]) -> Any:
+        return call(manager.endpoint_url, cm, method, {"nodelist": items})
+
+    strangers = [
+        {"node_id": "pc999", "client_id": one.client_id, "max_wait_time": 60},  # our client_id
+        {"node_id": one.node_id, "client_id": two.client_id, "max_wait_time": 60},  # swapped
+        {"node_id": "pc998", "client_id": "node-99", "max_wait_time": 60},     # neither
+    ]
+    answer = notify("NotifyDeletePending", strangers)
+    assert answer["code"] == 0
+    assert [n["max_wait_time"] for n in answer["value"]] == [0, 0, 0]  # we do not hold them
+    bare = notify("NotifyDeletePending", [{"node_id": two.node_id, "max_wait_time": 60}])
+    assert bare["value"] == [{"node_id": two.node_id, "max_wait_time": 0}]  # no client_id
+    complete = notify("NotifyDeleteComplete", [
+        {"node_id": "pc997", "client_id": two.client_id},
+        {"node_id": two.node_id, "client_id": one.client_id}])
+    assert complete["code"] == 0
+    held = [one.client_id, two.client_id, three.client_id]
+
+    def untouched() -> None:
+        pilots = cluster.pilots()
+        assert len(pilots) == 3 and not any(p.draining for p in pilots), pilots
+        assert manager.drains == {}
+        assert sorted(r.client_id for r in manager.state.nodes()) == held
+        assert len(cm_nodes(emulator, tmp_path)) <= 3  # no replacement for a phantom
+    holds_for(untouched, seconds=3.0)
+    stats = manager.stats()
+    assert (stats["revocations"], stats["early_releases"], stats["forced_releases"]) == \
+        (0, 0, 0), stats
+    assert stats["foreign_notices"] == 6  # each distinct (node_id, client_id), apart
+    assert manager.state.pending_deletes() == []
+
+
 def crash(manager: Any) -> None:
     """Stop a manager as a crash would: its cycle and endpoint die, nothing is cleaned up
     (the endpoint stays registered at the CM, notices in memory are lost)."""
@@ -138,14 +179,28 @@ def crash(manager: Any) -> None:
         manager.endpoint_server.stop()
 
 
-def test_a_manager_restarted_mid_workflow_resumes(emulator, make_cluster, witness,
-                                                  tmp_path: Path) -> None:
+def test_foreign_notices_change_nothing_and_a_manager_restarted_mid_workflow_resumes(
+        emulator, make_cluster, witness, tmp_path: Path) -> None:
+    """Mid-workflow, three busy pilots:
+
+    1. a notice counts only for a node we hold whose node_id AND client_id match our
+       manifest (this was tests/elasticslice/pilots/test_notice_trust.py, on a cluster of
+       its own). Before, notices were trusted by client_id alone: a NotifyDeletePending
+       naming an unknown node_id with our client_id drained our pilot for good (and the
+       manager then held more nodes than its maxthreshold); a NotifyDeleteComplete naming
+       an unknown node_id with our client_id killed a running pilot; notices about nodes we
+       do not hold were counted as revocations and early releases. Now they are answered
+       max_wait_time 0, drain nothing, change nothing, and are counted apart;
+    2. the manager crashes and another takes over: the workflow resumes on the same
+       pilots, nothing added twice, nothing requeued."""
     cluster = make_cluster(emulator, maxthreshold=3, idle_timeout=None)
     gate = closed_gate(witness)   # mid-workflow until the new manager runs
     run = Run(cluster, sleepers(witness, 12, 4.0, cores=4, gate=gate))
-    wait_for(lambda: len(cluster.pilots()) == 3, timeout=120, what="3 pilots")
+    wait_for(lambda: len(cluster.pilots()) == 3 and all(p.busy for p in cluster.pilots()),
+             timeout=120, what="3 busy pilots")
     before = {p.id for p in cluster.pilots()}
     old = cluster.manager
+    foreign_notices_change_nothing(cluster, emulator, tmp_path)
     cluster.set_bounds(2, 3)   # as CloudLabCluster.adapt(minimum=2) does
     assert (old.minthreshold, old.maxthreshold) == (2, 3)
     crash(old)
