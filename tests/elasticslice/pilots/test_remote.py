@@ -159,3 +159,33 @@ def test_a_workload_cannot_send_what_only_the_daemon_decides(sides, caplog) -> N
     link.channel.send("values", values={"node-1": 0.5})
     wait_for(lambda: remote.server.workload is not before, what="the daemon refusing it")
     assert "values: not something the workload side sends" in caplog.text
+
+
+STUCK_DECISION = """
+import sys, threading
+from elasticslice.pilots.link import WorkloadLink
+link = WorkloadLink(sys.argv[1])
+started = threading.Event()
+def drain_stuck_in_dask():   # a run_on_scheduler whose scheduler went away with the Ctrl-C
+    started.set()
+    threading.Event().wait()
+link._work.submit(drain_stuck_in_dask)
+assert started.wait(30)
+link.close()
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_decision_stuck_in_a_dask_call_never_holds_the_run_s_exit(tmp_path: Path) -> None:
+    """The demo once hung at exit after a Ctrl-C during a revocation: a drain decision sat in
+    a Dask call with no answer to come, and Python's exit joined its pool's thread for good.
+    The link's decisions run on threads the exit does not wait for."""
+    import subprocess
+    import sys
+    try:
+        done = subprocess.run([sys.executable, "-c", STUCK_DECISION, str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the workload's process never exited: a stuck decision held it")
+    assert (done.returncode, done.stdout) == (0, "closed\n"), done.stderr
