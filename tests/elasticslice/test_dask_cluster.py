@@ -220,7 +220,8 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
                      == 1, timeout=120, what="back to one node")
             assert sorted(client.gather(squares))[-1] == 63 * 63  # its data moved, kept
 
-            with urllib.request.urlopen(cluster.dashboard_link, timeout=60) as page:  # loaded: bokeh renders slowly
+            # a loaded machine's bokeh may take its time to render the page
+            with urllib.request.urlopen(cluster.dashboard_link, timeout=60) as page:
                 assert page.status == 200
             # the dashboard (no authentication of its own) is on loopback only, as is
             # everything this process and its children listen on: a stranger on another
