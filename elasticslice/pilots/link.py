@@ -60,7 +60,7 @@ class Decisions:
             try:
                 fn(*args)
             except Exception:  # noqa: BLE001 - one decision failing leaves the others
-                log.exception("%s failed", getattr(fn, "__name__", fn))
+                log.exception("%s failed", fn.__name__)
 
     def shutdown(self) -> None:
         """Run nothing more; a decision under way ends when it ends (never waited for)."""
