@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,12 +22,11 @@ from typing import Any
 
 import pytest
 
-from elasticslice.channel import socket_address
 from tests.elasticslice.helpers import nodes_in_slices
 from tests.elasticslice.managers.helpers import admin, reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
-from tests.elasticslice.pilots.test_split import (LISTEN, Marker, hostile_send, opened_by,
-                                                  run_env, tcp_sockets)
+from tests.elasticslice.pilots.test_split import (opened_by, pickle_every_door, run_env,
+                                                  tcp_sockets)
 from tests.helpers import process_alive, wait_for
 
 pytestmark = pytest.mark.slow
@@ -107,19 +104,8 @@ def test_the_provider_s_credentials_are_its_daemon_s_alone_and_a_daemon_killed_c
         assert interchange and all(not {local, remote} & interchange
                                    for local, remote, _ in sockets), (interchange, sockets)
         # what a node or a stranger reaches of the daemon: its channel (a pickle is no hello;
-        # a second provider is refused anyway) and every port it listens on, each sent
-        # pickles, raw and over TLS, and a pickle in an HTTP body
-        payload = pickle.dumps(Marker(str(marker)))
-        with socket_address(state_dir / "manager.sock") as address:
-            channel = socket.socket(socket.AF_UNIX)
-            channel.connect(address)
-        channel.sendall(payload + b"\n")
-        channel.close()
-        listening = sorted({local for local, _, state in sockets if state == LISTEN})
-        assert len(listening) >= 3   # enrolment, tarball publisher, callback endpoint
-        for port in listening:
-            for wrap in (False, True):
-                hostile_send(emulator.control_address, port, payload, wrap)
+        # a second provider is refused anyway) and every port it listens on
+        pickle_every_door(state_dir, sockets, emulator.control_address, marker)
         # CloudLab wants a busy node back; while its block drains (its tasks held on the
         # gate), the daemon dies: the provider starts another, which finishes the drain
         node = next(r for r in _held(state_dir) if r.client_id == told["busy"][0])

@@ -135,6 +135,24 @@ def hostile_send(host: str, port: int, payload: bytes, wrap: bool) -> None:
         finally:
             sock.close()
 
+def pickle_every_door(state_dir: Path, sockets: list[tuple[int, int, int]], host: str,
+                      marker: Path) -> None:
+    """Pickles that would write ``marker`` where they ran, to what a node or a stranger can
+    reach of the daemon of ``state_dir``: its channel (a pickle is not a frame) and every
+    port it listens on (from ``sockets``), raw and over TLS, and in an HTTP body."""
+    payload = pickle.dumps(Marker(str(marker)))
+    with socket_address(state_dir / "manager.sock") as address:
+        channel = socket.socket(socket.AF_UNIX)
+        channel.connect(address)
+    channel.sendall(payload + b"\n")
+    channel.close()
+    listening = sorted({local for local, _, state in sockets if state == LISTEN})
+    assert len(listening) >= 3   # enrolment, tarball publisher, callback endpoint
+    for port in listening:
+        for wrap in (False, True):
+            hostile_send(host, port, payload, wrap)
+
+
 def children(pid: int, marker: str) -> list[int]:
     """The processes whose parent is ``pid`` and whose command line has ``marker``."""
     found = []
@@ -183,20 +201,8 @@ def test_the_credentials_are_the_daemon_s_alone_and_each_process_sigkilled_loses
         sockets = tcp_sockets(first)
         # the daemon holds no connection to (nor listener of) the Dask scheduler
         assert all(scheduler_port not in (local, remote) for local, remote, _ in sockets)
-        # what a node or a stranger can reach of the daemon: its channel (a pickle is not
-        # a frame), and every port it listens on, each sent pickles, raw and over TLS, and
-        # a pickle in an HTTP body
-        payload = pickle.dumps(Marker(str(marker)))
-        with socket_address(state_dir / "manager.sock") as address:
-            channel = socket.socket(socket.AF_UNIX)
-            channel.connect(address)
-        channel.sendall(payload + b"\n")
-        channel.close()
-        listening = sorted({local for local, _, state in sockets if state == LISTEN})
-        assert len(listening) >= 3   # enrolment, tarball publisher, callback endpoint
-        for port in listening:
-            for wrap in (False, True):
-                hostile_send(emulator.control_address, port, payload, wrap)
+        # what a node or a stranger can reach of the daemon: its channel, every port
+        pickle_every_door(state_dir, sockets, emulator.control_address, marker)
         assert run.poll() is None   # all of it while the run goes on
         # 2. each process SIGKILLed in turn, a task running on a node
         wait_for(lambda: "RUNNING" in [s for s, _ in units(state_dir).values()],
