@@ -14,7 +14,8 @@ connection. So:
   of the accept, the whole request within ``request_deadline`` (slow-loris; a trusted
   peer's within ``response_deadline``: 8 MiB from the CM may cross a slow link);
 - at most ``max_connections`` are open; a new connection to a full table evicts the oldest
-  that has sent nothing, else the oldest unfinished one of an untrusted peer. A trusted
+  that has sent nothing, else the oldest unfinished one of an untrusted peer (one whose
+  bytes wait to be read goes last: a request behind a burst of accepts). A trusted
   peer's connection (``trusted(sock)`` after the handshake: the CM's certificate) and a
   complete request are never evicted; when nothing may be, the newcomer is closed;
 - trusted peers' requests are answered first, and ``reserved`` workers answer only them;
@@ -279,17 +280,22 @@ class GuardedServer(socketserver.TCPServer):
         self._watch(conn, selectors.EVENT_READ)
 
     def _victim(self) -> _Conn | None:
-        """The connection a newcomer replaces (called with the lock held)."""
-        unfinished = None
+        """The connection a newcomer replaces (called with the lock held): the oldest that
+        has sent nothing, else the oldest unfinished one with nothing to read now (a
+        trickler between its bytes), else the oldest unfinished one. A request whose bytes
+        wait behind a burst of accepts (a scraper's, under a flood) goes last."""
+        unfinished = []
         for conn in self._conns.values():   # in the order they were accepted
             if conn.trusted or conn.phase not in (Phase.HANDSHAKE, Phase.READING):
                 continue
             if not conn.heard and not _waiting(conn.sock):
                 return conn
             conn.heard = True   # its bytes may wait behind this batch of accepts
-            if unfinished is None:
-                unfinished = conn
-        return unfinished
+            unfinished.append(conn)
+        for conn in unfinished:
+            if not _waiting(conn.sock):
+                return conn
+        return unfinished[0] if unfinished else None
 
     def _watch(self, conn: _Conn, events: int) -> None:
         if conn.events == events:

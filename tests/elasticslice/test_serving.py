@@ -120,6 +120,29 @@ def test_a_full_table_evicts_the_oldest_silent_then_the_oldest_unfinished() -> N
             sock.close()
 
 
+def test_a_request_whose_bytes_wait_goes_after_a_trickler_with_nothing_to_read() -> None:
+    """Under a flood the server may accept a burst before it reads a scraper's request:
+    that request (its bytes waiting) is evicted after an unfinished connection with nothing
+    to read now, not before it (a metrics scrape was cut so once under the flood of
+    tests/hostile/test_starvation.py)."""
+    from elasticslice.serving import Phase, _Conn
+    server = GuardedServer(("127.0.0.1", 0), Echo, limits=QUICK, name="test listener")
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        waiting, trickler = (_Conn(ours, "peer", 0.0, 60.0, Phase.READING, heard=True)
+                             for ours, _ in pairs)
+        pairs[0][1].sendall(b"GET /metrics HTTP/1.0\r\n\r\n")   # waiting to be read
+        server._conns = {waiting.sock: waiting, trickler.sock: trickler}   # oldest first
+        assert server._victim() is trickler
+        pairs[1][1].sendall(b"X")         # both have bytes waiting: the oldest goes
+        assert server._victim() is waiting
+    finally:
+        server.server_close()
+        for pair in pairs:
+            for sock in pair:
+                sock.close()
+
+
 def test_an_answer_the_peer_does_not_read_is_cut_and_frees_the_worker() -> None:
     with serving(request_deadline=10.0) as server:   # one worker
         hog = connect(server)
