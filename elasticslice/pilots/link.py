@@ -14,13 +14,13 @@ when it is back, and says so in one line.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from elasticslice.channel import DEMAND_FIELDS, Channel, ChannelError, connect
+from elasticslice.managers.background import Background
 from troy.states import FINAL_STATES
 
 log = logging.getLogger(__name__)
@@ -28,51 +28,6 @@ log = logging.getLogger(__name__)
 REFUSED = "the peer refused: "   # a Channel's reason when the other end said why it closed
 DEFAULT_INTERVAL = 0.5   # seconds between two reports (and at once on a pilot's change)
 RETRY = 1.0              # seconds between two attempts to attach again
-
-
-class Decisions:
-    """Up to ``threads`` daemon threads carrying out the daemon's decisions (Dask round
-    trips), in order of arrival. Not a ``concurrent.futures`` pool: Python joins those
-    pools' threads at exit, and a decision stuck in a call to a scheduler that went away (a
-    drain's ``run_on_scheduler`` after a Ctrl-C) held the run's process for good."""
-
-    def __init__(self, name: str, threads: int = 4) -> None:
-        self.name, self.threads = name, threads
-        self._queue: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = \
-            queue.SimpleQueue()
-        self._started = 0
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            if self._started < self.threads:
-                self._started += 1
-                threading.Thread(target=self._serve, name=f"{self.name}_{self._started}",
-                                 daemon=True).start()
-            self._queue.put((fn, args))
-
-    def _serve(self) -> None:
-        while (item := self._queue.get()) is not None:
-            fn, args = item
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 - one decision failing leaves the others
-                log.exception("%s failed", fn.__name__)
-
-    def shutdown(self) -> None:
-        """Run nothing more; a decision under way ends when it ends (never waited for)."""
-        with self._lock:
-            self._closed = True
-            while True:   # what waits is dropped
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            for _ in range(self._started):
-                self._queue.put(None)
 
 
 class WorkloadLink:
@@ -111,7 +66,8 @@ class WorkloadLink:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._attached = threading.Event()
-        self._work = Decisions("link-decision")
+        # a Dask round trip each: never on the reader, and never held at exit (Background)
+        self._work = Background("link-decision", threads=4)
         self._thread: threading.Thread | None = None
         self._closed_by_daemon = threading.Event()
         self._closing = False   # the daemon was told the run ends: its bye is expected
@@ -137,7 +93,7 @@ class WorkloadLink:
             channel.close()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._work.shutdown()
+        self._work.close(wait=False, drop=True)
 
     @property
     def attached(self) -> bool:
@@ -306,11 +262,11 @@ class WorkloadLink:
             return
         if kind == "values":   # may be a Dask round trip: off the reader, as decisions
             if self.framework is not None:
-                self._work.submit(self._values, message["values"])
+                self._work.post(self._values, message["values"])
             return
         if kind not in ("drain", "retire", "lose"):
             raise ChannelError(f"{kind}: not something the manager daemon sends")
-        self._work.submit(self._decide, message)   # a Dask round trip: off the reader
+        self._work.post(self._decide, message)   # a Dask round trip: off the reader
 
     def _values(self, values: dict[str, float]) -> None:
         try:

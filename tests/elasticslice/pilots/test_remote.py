@@ -120,6 +120,7 @@ def test_without_a_workload_there_is_nothing_to_drain(sides) -> None:
     drainer = PilotDrainer(PilotWatch(remote, clock=time.time), margin=5.0,
                            release=lambda *args: released.append(args))
     drainer.start([PendingDelete("cm", "pc1", "node-1", time.time() + 120, time.time())])
+    wait_for(lambda: released, what="the release (asked on the drainer's thread)")
     assert released == [("pc1", "node-1", "no pilot on it")]
     drainer.close()
 
@@ -169,7 +170,7 @@ started = threading.Event()
 def drain_stuck_in_dask():   # a run_on_scheduler whose scheduler went away with the Ctrl-C
     started.set()
     threading.Event().wait()
-link._work.submit(drain_stuck_in_dask)
+link._work.post(drain_stuck_in_dask)
 assert started.wait(30)
 link.close()
 print("closed", flush=True)
