@@ -14,6 +14,7 @@ Helpers (``wait_for``, ``REPO``...) are in :mod:`tests.helpers`.
 """
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -162,6 +163,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if workers > 1:   # (the same on every worker: the controller checks)
         groups = [[i for i in items if weight(i) == w] for w in (0, 1, 2)]
         items[:] = dealt(groups, workers, key=shared_fixture_key)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (every test module, Dask, Parsl, the project) lives the whole
+    session: out of the garbage collector's sight, its oldest generation is not walked over
+    again and again while the tests allocate."""
+    gc.freeze()
 
 
 @pytest.fixture

@@ -21,17 +21,35 @@ SHARED = REPO / "tests" / "data" / "shared"
 WORKFLOWS = REPO / "examples" / "workflows"
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
-             what: str = "condition") -> object:
-    """Poll ``predicate`` until truthy, failing the test after ``timeout`` seconds."""
+#: how often :func:`wait_for` asks at first (seconds), and at most once it waited a while
+FIRST_POLL, MAX_POLL = 0.02, 0.2
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0,
+             interval: float | None = None, what: str = "condition") -> object:
+    """Poll ``predicate`` until truthy, failing the test after ``timeout`` seconds.
+
+    Without ``interval`` the pause between two asks grows from :data:`FIRST_POLL` to
+    :data:`MAX_POLL`, and is at least ten times what the last ask took (a predicate that
+    makes an RPC, reads the state or scans /proc): a test waits for seconds, and what it
+    spends asking is CPU taken from every other test of a suite that is CPU-bound on two
+    cores (polling at 50 Hz, the waits of the suite cost more than most of its work). With
+    ``interval``, every ``interval`` seconds (a transient state to catch)."""
     deadline = time.monotonic() + timeout
+    pause = FIRST_POLL if interval is None else interval
     while True:
+        asked = time.monotonic()
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+        if interval is None:
+            time.sleep(min(max(pause, 10 * (now - asked)), 1.0, max(0.0, deadline - now)))
+            pause = min(pause * 1.5, MAX_POLL)
+        else:
+            time.sleep(interval)
 
 
 def processes_of(marker: str, sessions: Collection[int] = ()) -> dict[int, str]:

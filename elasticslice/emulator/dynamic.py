@@ -79,7 +79,10 @@ class Reclaimer:
         self.ctx.wakeup.set()
 
     def _run(self) -> None:
-        tick = max(0.02, min(0.5, self.ctx.settings.notify_interval / 4))
+        # Each step reads the slivers and the pending reclamations: at most 10 a second
+        # (what a step finds is acted on at most 0.1 s late; CloudLab's own reclamation
+        # daemon runs far less often); a change that matters wakes it at once (wakeup).
+        tick = max(0.1, min(0.5, self.ctx.settings.notify_interval / 2))
         while not self._stop.is_set():
             self.ctx.wakeup.wait(timeout=tick)
             self.ctx.wakeup.clear()

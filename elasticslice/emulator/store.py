@@ -154,18 +154,41 @@ def _encode(name: str, value: Any) -> Any:
     return value
 
 
-def _decode(cls: type, row: sqlite3.Row) -> Any:
-    kwargs: dict[str, Any] = {}
+def _json_list(value: Any) -> Any:
+    return json.loads(value) if value else []
+
+
+def _json_attrs(value: Any) -> Any:
+    return (json.loads(value) if value else None) or {}
+
+
+def _decoder(cls: type) -> list[tuple[str, Any]]:
+    """Each field of ``cls`` with what turns its column into the field's value (None: as
+    it is): worked out once per class, not per row (a DiscoverResources of the whole
+    inventory decodes every node row; ``fields()`` per row was most of its cost)."""
+    out: list[tuple[str, Any]] = []
     for f in fields(cls):
-        value = row[f.name]
-        if f.name in _JSON_FIELDS:
-            value = json.loads(value) if value else []
-            if f.name == "attrs" and not value:
-                value = {}
+        if f.name == "attrs":
+            out.append((f.name, _json_attrs))
+        elif f.name in _JSON_FIELDS:
+            out.append((f.name, _json_list))
         elif f.name in _ENUMS:
-            value = _ENUMS[f.name](value or "")
-        kwargs[f.name] = value
-    return cls(**kwargs)
+            enum = _ENUMS[f.name]
+            out.append((f.name, lambda v, enum=enum: enum(v or "")))
+        else:
+            out.append((f.name, None))
+    return out
+
+
+_DECODERS: dict[type, list[tuple[str, Any]]] = {}
+
+
+def _decode(cls: type, row: sqlite3.Row) -> Any:
+    plan = _DECODERS.get(cls)
+    if plan is None:
+        plan = _DECODERS[cls] = _decoder(cls)
+    return cls(**{name: row[name] if conv is None else conv(row[name])
+                  for name, conv in plan})
 
 
 class Store:

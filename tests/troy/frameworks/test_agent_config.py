@@ -75,9 +75,12 @@ THREADS = ("import json, os, sys\n"
            "threads = len(os.listdir('/proc/self/task'))\n"
            "import numpy\n"
            "from distributed.protocol import deserialize, serialize\n"
+           "import dask, yaml\n"
            "print(json.dumps([added, numpy_at_start, threads,\n"
            "                  deserialize(*serialize(numpy.arange(3))).tolist(),\n"
-           "                  {v: os.environ.get(v) for v in ONE_THREAD}]))")
+           "                  {v: os.environ.get(v) for v in ONE_THREAD},\n"
+           "                  json.dumps(dask.config.config, sort_keys=True, default=str),\n"
+           "                  yaml.safe_load.__module__, yaml.__with_libyaml__]))")
 
 
 def threads_after_import(how: str, **env: str) -> list:
@@ -95,16 +98,21 @@ def test_an_agent_imports_dask_without_numpy_and_units_get_the_nodes_environment
     thread per core cost ~0.1 s of CPU at every agent and worker start), numpy still
     imports afterwards and Dask serializes arrays with it; the variables that keep a BLAS
     pool small if numpy comes all the same are gone again, so a unit inherits the node's
-    environment, and a node's own setting is kept."""
-    added, numpy_at_start, threads, array, env = threads_after_import("agent")
+    environment, and a node's own setting is kept. Dask's YAML defaults are read by
+    libyaml (40 ms of CPU a start to 5), into the same configuration."""
+    added, numpy_at_start, threads, array, env, config, safe_load, c_yaml = \
+        threads_after_import("agent")
     assert not numpy_at_start and array == [0, 1, 2]
     assert added == ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"]
     assert env == dict.fromkeys(added)                       # not left for the units
-    _, plain_numpy, plain_threads, _, _ = threads_after_import("plain")
+    _, plain_numpy, plain_threads, _, _, plain_config, _, _ = threads_after_import("plain")
     assert plain_numpy          # what the agent avoids: Distributed imports it at once
+    # Dask's YAML defaults read by libyaml (where PyYAML has it, as on the suite's machine)
+    # are the same configuration as PyYAML's own loader reads, and PyYAML is left as it was
+    assert c_yaml and config == plain_config and safe_load == "yaml"
     if (os.cpu_count() or 1) > 1:
         assert threads < plain_threads                       # no BLAS pool at start
-    added, _, _, _, env = threads_after_import("agent", OPENBLAS_NUM_THREADS="4")
+    added, _, _, _, env, _, _, _ = threads_after_import("agent", OPENBLAS_NUM_THREADS="4")
     assert "OPENBLAS_NUM_THREADS" not in added and env["OPENBLAS_NUM_THREADS"] == "4"
 
 
