@@ -21,35 +21,17 @@ SHARED = REPO / "tests" / "data" / "shared"
 WORKFLOWS = REPO / "examples" / "workflows"
 
 
-#: how often :func:`wait_for` asks at first (seconds), and at most once it waited a while
-FIRST_POLL, MAX_POLL = 0.02, 0.2
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0,
-             interval: float | None = None, what: str = "condition") -> object:
-    """Poll ``predicate`` until truthy, failing the test after ``timeout`` seconds.
-
-    Without ``interval`` the pause between two asks grows from :data:`FIRST_POLL` to
-    :data:`MAX_POLL`, and is at least ten times what the last ask took (a predicate that
-    makes an RPC, reads the state or scans /proc): a test waits for seconds, and what it
-    spends asking is CPU taken from every other test of a suite that is CPU-bound on two
-    cores (polling at 50 Hz, the waits of the suite cost more than most of its work). With
-    ``interval``, every ``interval`` seconds (a transient state to catch)."""
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
+             what: str = "condition") -> object:
+    """Poll ``predicate`` until truthy, failing the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    pause = FIRST_POLL if interval is None else interval
     while True:
-        asked = time.monotonic()
         value = predicate()
         if value:
             return value
-        now = time.monotonic()
-        if now > deadline:
+        if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        if interval is None:
-            time.sleep(min(max(pause, 10 * (now - asked)), 1.0, max(0.0, deadline - now)))
-            pause = min(pause * 1.5, MAX_POLL)
-        else:
-            time.sleep(interval)
+        time.sleep(interval)
 
 
 def processes_of(marker: str, sessions: Collection[int] = ()) -> dict[int, str]:
@@ -77,17 +59,13 @@ def processes_of(marker: str, sessions: Collection[int] = ()) -> dict[int, str]:
 
 def holds_for(check: Callable[[], object], seconds: float, interval: float = 0.1) -> None:
     """Call ``check`` (which asserts) every ``interval`` for ``seconds``: a thing that must
-    NOT happen (a stranger joining, a node going) is watched for a while, not waited for.
-    A check that takes long (an RPC) pauses ten times what it took between two calls, as
-    :func:`wait_for` does, and runs once more at the end."""
+    NOT happen (a stranger joining, a node going) is watched for a while, not waited for."""
     deadline = time.monotonic() + seconds
     while True:
-        asked = time.monotonic()
         check()
-        now = time.monotonic()
-        if now > deadline:
+        if time.monotonic() > deadline:
             return
-        time.sleep(min(max(interval, 10 * (now - asked)), 1.0, max(0.0, deadline - now)))
+        time.sleep(interval)
 
 
 def spare_port() -> int:

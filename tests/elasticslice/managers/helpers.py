@@ -23,16 +23,14 @@ from tests.helpers import REPO, wait_for
 FAST_RETRY = RetryPolicy(attempts=12, base_delay=0.01, max_delay=0.05)
 FAST_POLICY = PolicyConfig(add_cooldown=0.0, delete_cooldown=0.0, max_add_per_cycle=10,
                            max_delete_per_cycle=10)
-#: Every method of the cycle each 0.5 s, but for the full advertisement (``update_all``: a
-#: 70-node DiscoverResources), the slice's and the sliver's existence checks and the
-#: available nodes (2 s): each of those RPCs costs the test's process and the box's CM CPU
-#: and tells a test nothing new every 0.5 s (a cluster of the tests idled at 0.12 s of CPU a
-#: second with everything at 0.3 s; the suite is CPU-bound on 2 cores, so what a test
-#: burns while it waits lengthens every other test); ``release_nodes`` is woken at each
-#: node asked to go, its interval a fallback.
-FAST_INTERVALS = {**{m: 0.5 for m in SimpleElasticSliceManager.DEF_ORDER},
+#: Every method of the cycle each 0.3 s, but for the full advertisement (``update_all``: a
+#: 70-node DiscoverResources), the slice's and the sliver's existence checks: each of those
+#: RPCs costs the test's process and the box's CM CPU and tells a test nothing new every
+#: 0.3 s (a cluster of the tests idled at 0.12 s of CPU a second, 0.05 with these);
+#: ``release_nodes`` is woken at each node asked to go, its interval a fallback.
+FAST_INTERVALS = {**{m: 0.3 for m in SimpleElasticSliceManager.DEF_ORDER},
                   "update_all": 10.0, "ensure_slice": 3.0, "ensure_sliver": 3.0,
-                  "update_available": 2.0, "release_nodes": 3.0}
+                  "update_available": 1.0, "release_nodes": 3.0}
 
 
 def client_for(emulator: Any, cache: Path, retry: RetryPolicy = FAST_RETRY) -> ProtoGeniServer:
