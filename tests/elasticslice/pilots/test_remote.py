@@ -142,6 +142,11 @@ def test_the_link_attaches_again_to_a_daemon_that_came_back(tmp_path: Path) -> N
         try:
             wait_for(lambda: second.find_pilot("node-1") is not None, timeout=15,
                      what="the link attached to the next daemon")
+            # the link's report and the daemon's nodes cross on the channel: the daemon may
+            # see the pilot a moment before the link has read what the daemon holds (a
+            # fresh-clone run asserted in between)
+            wait_for(lambda: link.address_of("node-1") == "100.64.0.2", timeout=15,
+                     what="the next daemon's node address at the link")
             assert link.address_of("node-1") == "100.64.0.2"
         finally:
             second.stop()
