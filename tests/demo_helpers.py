@@ -41,9 +41,9 @@ class DemoRun:
         return self.proc.returncode, "\n".join(self.lines), err
 
 
-def leftovers(session_id: int, directory: Path) -> list[str]:
-    """Live processes of the demo's session, or running with one of its node sandboxes
-    (node startup commands get a session of their own)."""
+def _run_processes(session_id: int, directory: Path) -> list[Path]:
+    """/proc entries of the demo's live processes: its session's, or running with one of
+    its node sandboxes (node startup commands get a session of their own)."""
     mark = f"ELASTICSLICE_NODE_DIR={directory}".encode()
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
@@ -52,10 +52,52 @@ def leftovers(session_id: int, directory: Path) -> list[str]:
             fields = stat[stat.rindex(")") + 2:].split()
             if fields[0] != "Z" and (int(fields[3]) == session_id
                                      or mark in (entry / "environ").read_bytes()):
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+                found.append(entry)
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+def leftovers(session_id: int, directory: Path) -> list[str]:
+    """Command lines of the demo's live processes (see ``_run_processes``)."""
+    found = []
+    for entry in _run_processes(session_id, directory):
+        try:
+            found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+def _listeners(port: int) -> set[str]:
+    """Socket inodes listening on ``port`` on this machine (IPv4 and IPv6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def run_listens_on(port: int, session_id: int, directory: Path) -> bool:
+    """Whether a process the demo left still listens on ``port``. Another test's server
+    may be given the same port once the demo has let it go, so an open port alone proves
+    nothing (a CI run failed so)."""
+    inodes = {f"socket:[{inode}]" for inode in _listeners(port)}
+    if not inodes:
+        return False
+    for entry in _run_processes(session_id, directory):
+        try:
+            if any(str(fd.readlink()) in inodes for fd in (entry / "fd").iterdir()):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def emulator_port(report: dict) -> int:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticslice.demo.console import port_open
 from tests.helpers import WORKFLOWS, wait_for
-from tests.demo_helpers import DemoRun, emulator_port, leftovers
+from tests.demo_helpers import DemoRun, emulator_port, leftovers, run_listens_on
 from troy.report import ENTRY_KEYS
 
 pytestmark = pytest.mark.slow
@@ -62,7 +61,7 @@ def test_demo_walks_every_step_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert [n["released_by"] for n in report["nodes"]] == \
         ["DeleteSlice", "DeleteSlice", "DeleteNodes", "DeleteNodes"]
     assert not list(d.glob("nodes/*/root/tmp/started"))    # released nodes are wiped
-    assert not port_open(emulator_port(report))
+    assert not run_listens_on(emulator_port(report), run.proc.pid, d)
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -80,7 +79,7 @@ def test_demo_on_dask_pilots(tmp_path: Path) -> None:
     assert "SliverStatus" not in out                    # --quiet: steps and summary only
     report = json.loads((d / "report.json").read_text())
     assert report["troy"]["framework"] == "dask"
-    assert not port_open(emulator_port(report))
+    assert not run_listens_on(emulator_port(report), run.proc.pid, d)
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -96,7 +95,7 @@ def test_interrupt_stops_everything(tmp_path: Path) -> None:
     assert err.startswith("demo: interrupted in step 4/5 (Troy workflow)")
     assert "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
-    assert not port_open(emulator_port(report))
+    assert not run_listens_on(emulator_port(report), run.proc.pid, d)
     assert leftovers(run.proc.pid, d) == []
 
 
@@ -114,7 +113,7 @@ def test_failures_are_one_line_and_clean(tmp_path: Path, args: list[str],
     assert code == 1
     assert err.count("\n") == 1 and message in err and "Traceback" not in out + err
     report = json.loads((d / "report.json").read_text())
-    assert not port_open(emulator_port(report))
+    assert not run_listens_on(emulator_port(report), run.proc.pid, d)
     assert leftovers(run.proc.pid, d) == []
 
 
