@@ -21,7 +21,7 @@ from typing import Any
 from troy.descriptions import PilotDescription
 from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
-from troy.frameworks.dask import agent
+from troy.frameworks.dask import agent, forkserver
 from troy.frameworks.dask.drain import PilotMoves
 from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
@@ -175,6 +175,7 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
         self._attempt = itertools.count(1)
         self._by_key: dict[str, UnitRecord] = {}
         self._started = False
+        self._forking = False   # holding the fork server (forkserver.hold)
         self._dispatch_lock = threading.RLock()
         self._tags_lock = threading.Lock()
         # a unit's future set (dispatch) and its cancel flag read, or the flag set and the
@@ -339,6 +340,9 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
             if w is not None and w.proc is not None:
                 w.proc.stop()
             pilot._set_state(State.CANCELED)
+        if self._forking:   # our workers have ended
+            self._forking = False
+            forkserver.let_go()
         self._stop_scheduler()
         if self._own_sandbox and self.sandbox:
             shutil.rmtree(self.sandbox, ignore_errors=True)
@@ -360,11 +364,16 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
                          name=f"troy-{pilot.id}-start", daemon=True).start()
 
     def _worker_proc(self, pilot: Pilot) -> AgentProcess:
+        """A worker process for ``pilot``, forked with Dask already imported (the fork
+        server, held from the first until :meth:`close`)."""
+        if not self._forking:
+            self._forking = True
+            forkserver.hold()
         size = pilot.description.size
         return AgentProcess(["worker", str(self.scheduler_address), pilot.id,
                              str(self.threads_per_pilot or size), str(size), self.topic],
                             os.path.join(self.sandbox or ".", f"{pilot.id}.log"),
-                            self._log_level, self._tls_environ())
+                            self._log_level, self._tls_environ(), forked=True)
 
     def _relaunch(self, pilot: Pilot) -> None:
         """A new worker for our pilot whose worker's scheduler died (the old worker leaves

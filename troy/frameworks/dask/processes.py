@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from troy.errors import BadParameter
-from troy.frameworks.dask import guard
+from troy.frameworks.dask import forkserver, guard
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,12 @@ def tls_options(security: Any) -> dict[str, Any]:
 
 class AgentProcess:
     """``python -m troy.frameworks.dask ARGS``: logs to ``logpath``, reports its address as
-    its first stdout line, and leaves when its stdin closes (see ``agent``)."""
+    its first stdout line, and leaves when its stdin closes (see ``agent``). ``forked``:
+    from the fork server, if one is held (:mod:`.forkserver`); ``proc`` is then a
+    :class:`~.forkserver.ForkedProcess`, which answers as the ``Popen`` it is otherwise."""
 
     def __init__(self, args: list[str], logpath: str, log_level: int | None = None,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, forked: bool = False) -> None:
         self.logpath = logpath
         env = None
         if log_level is not None or environ:  # Dask reads its config from DASK_* variables
@@ -76,9 +78,12 @@ class AgentProcess:
             if log_level is not None:
                 env["DASK_LOGGING__DISTRIBUTED"] = logging.getLevelName(log_level)
         with open(logpath, "ab") as logf:
-            self.proc = subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask", *args],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=logf, close_fds=True, env=env)
+            # ``forked``: from the fork server, Dask already imported, if it serves (see
+            # forkserver.py); else afresh
+            self.proc: Any = (forked and forkserver.start(args, env, logf.fileno())) or \
+                subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask", *args],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf,
+                                 close_fds=True, env=env)
 
     @property
     def pid(self) -> int:
