@@ -40,6 +40,12 @@ import dask.config  # noqa: E402 - after the variables it reads
 
 dask.config.refresh()
 
+# The dask framework's fork server, once a test's framework started it, serves every later
+# framework of this test worker: Dask is imported once a worker, not once a framework
+from troy.frameworks.dask import forkserver  # noqa: E402
+
+forkserver.keep()
+
 # A suite started in the background of a script (`make test &`, nohup) inherits SIGINT
 # ignored, and so would every command the tests start: those whose Ctrl-C the tests check
 # (the demo, elasticslice run, troy run) would never see it and the tests would wait for

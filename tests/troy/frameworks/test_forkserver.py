@@ -187,6 +187,14 @@ def test_the_fork_server_and_its_children_leave_with_a_sigkilled_asker(tmp_path:
 
 def test_a_framework_s_workers_are_forked_and_its_close_ends_the_fork_server(
         tmp_path: Path) -> None:
+    forkserver.keep(False)   # as by default (the suite keeps it: tests/conftest.py)
+    try:
+        framework_forks_and_closes(tmp_path)
+    finally:
+        forkserver.keep()
+
+
+def framework_forks_and_closes(tmp_path: Path) -> None:
     fw = DaskFramework("forked", sandbox=str(tmp_path / "sb"))
     fw.start()
     try:
@@ -200,3 +208,23 @@ def test_a_framework_s_workers_are_forked_and_its_close_ends_the_fork_server(
     finally:
         fw.close()
     assert not alive(worker) and not alive(server)
+
+
+def test_a_kept_fork_server_serves_the_next_framework_and_forks_only_for_holders(
+        tmp_path: Path) -> None:
+    forkserver.keep()
+    servers = []
+    for name in ("first", "second"):
+        fw = DaskFramework(name, sandbox=str(tmp_path / name))
+        fw.start()
+        try:
+            pilot = running_pilot(fw, 1)
+            servers.append(parent_of(fw._workers[pilot.id].proc.pid))
+        finally:
+            fw.close()
+    assert servers[0] == servers[1] and alive(servers[0])   # one import of Dask for both
+    sched = AgentProcess(["scheduler", "1.0"], str(tmp_path / "s.log"), forked=True)
+    try:   # kept, but no framework holds it: afresh
+        assert isinstance(sched.proc, subprocess.Popen)
+    finally:
+        sched.stop()

@@ -16,8 +16,9 @@ ended; the asker sees them as :class:`ForkedProcess`, which answers as a ``Popen
 (``pid``, ``stdin``, ``stdout``, ``poll``, ``wait``, ``kill``). In ``ps`` they are named
 ``troy-worker`` and ``troy-scheduler`` (their command line is the fork server's).
 
-The fork server leaves when its asker's end of the socket closes (its process ended, even
-by SIGKILL); its children then leave as they always do, when their stdin closes.
+The fork server leaves when the last framework that held it closes (unless :func:`keep`
+keeps it) or when its asker's end of the socket closes (its process ended, even by
+SIGKILL); its children then leave as they always do, when their stdin closes.
 ``TROY_DASK_FORKSERVER=0`` starts each process afresh instead.
 """
 from __future__ import annotations
@@ -198,6 +199,7 @@ class _Server:
 
 _server: _Server | None = None
 _holds = 0
+_keep = False
 _server_lock = threading.Lock()
 
 
@@ -222,11 +224,25 @@ def hold() -> None:
 
 
 def let_go() -> None:
-    """A holder is done (its processes ended): the last one stops the fork server."""
+    """A holder is done (its processes ended): the last one stops the fork server, unless
+    it is kept (:func:`keep`)."""
     global _holds, _server
     with _server_lock:
         _holds = max(0, _holds - 1)
-        server, _server = (_server, None) if _holds == 0 else (None, _server)
+        server, _server = (_server, None) if _holds == 0 and not _keep else (None, _server)
+    if server is not None:
+        server.close()
+
+
+def keep(on: bool = True) -> None:
+    """Keep the fork server, once a framework started it, until this process exits: for a
+    program that opens and closes many ``dask`` frameworks (a notebook, a test suite), which
+    then imports Dask for them once. Processes are still forked only while a framework
+    holds it. ``keep(False)``: stopped again when the last holder lets go."""
+    global _keep, _server
+    with _server_lock:
+        _keep = on
+        server, _server = (_server, None) if not on and _holds == 0 else (None, _server)
     if server is not None:
         server.close()
 
