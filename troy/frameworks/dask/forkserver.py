@@ -8,8 +8,9 @@ Dask already imported. Dask's own ``forkserver`` method (``distributed.worker.
 multiprocessing-method``) does the same for its nannies.
 
 What a process is asked with is what a fresh one would get: its arguments, the asker's
-environment as it is then (Dask's configuration is read again from it), its working
-directory, and its standard streams (passed as descriptors: stdin and stdout are pipes to
+environment as it is then (Dask's configuration is read again from it; what Python reads at
+its own start, ``PYTHONPATH`` and the like, is the fork server's), its working directory,
+and its standard streams (passed as descriptors: stdin and stdout are pipes to
 the asker, stderr its log). The request is JSON on a socket pair the asker made: nothing
 else can ask, and nothing is unpickled. The fork server reaps its children and says how each
 ended; the asker sees them as :class:`ForkedProcess`, which answers as a ``Popen`` does
