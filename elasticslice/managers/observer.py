@@ -80,6 +80,7 @@ class Observer:
     def sliver_status(self, cm: Any) -> int:
         """Node states from SliverStatus: new, ready, failed and vanished nodes; how many
         records changed."""
+        asked = self.clock()
         status = cm.sliver_status()
         self.last_status[cm.url] = status
         now = self.clock()
@@ -105,6 +106,8 @@ class Observer:
             if rec is not None and rec.gone_at is None and rec.state == value and \
                     (rec.node_id == nid or not nid):
                 continue
+            if rec is not None and rec.gone_at is not None and rec.gone_at > asked:
+                continue   # given back while this status was on its way: it predates that
             fields: dict[str, Any] = {"state": value}
             if nid:
                 fields["node_id"] = nid

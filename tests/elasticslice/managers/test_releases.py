@@ -152,3 +152,30 @@ def test_a_manager_started_again_resumes_the_drains_it_had_not_finished() -> Non
                  client_endpoint=NS(releaser=NS(start=started.extend)))
     assert Manager.resume_releases(manager) == 1
     assert [r.node_id for r in started] == ["n1"]
+
+
+def test_a_status_asked_before_a_give_back_does_not_bring_the_node_back(
+        emulator, make_manager, tmp_path: Path) -> None:
+    """A SliverStatus asked before a DeleteNodes and answered after it lists the node given
+    back: the node stays gone, for the reason it went (a fresh-clone run once saw the
+    observer bring it back, then lose it "not in the sliver any more")."""
+    manager = make_manager(emulator, maxthreshold=3, enable_delete=True)
+    manager.manage_once()
+    assert [n.client_id for n in manager.state.nodes()] == ["node-1", "node-2", "node-3"]
+    cm = manager.cms[0]
+    real = cm.sliver_status
+    manager.actuator.ask_release([manager.state.node(cm.url, "node-3")], "policy", "idle")
+
+    def answered_after_the_give_back() -> Any:
+        status = real()
+        assert len(manager.actuator.release()) == 1   # DeleteNodes while it is on its way
+        return status
+
+    cm.sliver_status = answered_after_the_give_back
+    manager.observer.sliver_status(cm)
+    assert "node-3" in [n.client_id for n in manager.observer.last_status[cm.url].nodes]
+    assert gone_reasons(manager) == {"node-3": "given back"}
+    cm.sliver_status = real
+    manager.observer.sliver_status(cm)   # the next status: the node is not there
+    assert gone_reasons(manager) == {"node-3": "given back"}
+    assert [n.client_id for n in manager.state.nodes()] == ["node-1", "node-2"]
