@@ -121,7 +121,8 @@ class Observer:
                 self._count_start(rec, value, node, now)
         self.helper.note_client_ids(seen)
         for cid, rec in records.items():
-            if cid not in seen and cid not in in_flight:
+            # (added while this status was on its way: it predates the node, not its going)
+            if cid not in seen and cid not in in_flight and not rec.added_at > asked:
                 self.holdings.forget(rec, now, "not in the sliver any more")
                 changes += 1
         self._settled(settled)

@@ -179,3 +179,28 @@ def test_a_status_asked_before_a_give_back_does_not_bring_the_node_back(
     manager.observer.sliver_status(cm)   # the next status: the node is not there
     assert gone_reasons(manager) == {"node-3": "given back"}
     assert [n.client_id for n in manager.state.nodes()] == ["node-1", "node-2"]
+
+
+def test_a_status_asked_before_an_addnodes_does_not_lose_the_new_node(
+        emulator, make_manager, tmp_path: Path) -> None:
+    """The other way round: a SliverStatus asked before an AddNodes and answered after it
+    lacks the node just added, which is not gone (the node's pilot would be lost)."""
+    manager = make_manager(emulator, maxthreshold=3, enable_delete=True)
+    manager.manage_once()
+    cm = manager.cms[0]
+    real = cm.sliver_status
+
+    def answered_after_an_addnodes() -> Any:
+        status = real()
+        assert manager.actuator.add(cm, manager.node_helper.get_add_args(1)) == 1
+        return status
+
+    cm.sliver_status = answered_after_an_addnodes
+    manager.observer.sliver_status(cm)
+    assert gone_reasons(manager) == {}
+    [new] = [n.client_id for n in manager.state.nodes()
+             if n.client_id not in ("node-1", "node-2", "node-3")]
+    assert new not in [n.client_id for n in manager.observer.last_status[cm.url].nodes]
+    cm.sliver_status = real
+    manager.observer.sliver_status(cm)   # the next status lists it
+    assert gone_reasons(manager) == {} and len(manager.state.nodes()) == 4
