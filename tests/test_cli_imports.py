@@ -173,3 +173,24 @@ def test_the_prefix_envcheck_checks_is_the_configs():
     from elasticslice.config import ENV_PREFIX
     from elasticslice.envcheck import ENV_PREFIX as checked
     assert checked == ENV_PREFIX == "ELASTICSLICE_"
+
+
+def test_one_module_of_the_pilots_package_loads_not_the_whole_package():
+    """``elasticslice.pilots`` imports its public names when first asked for: the wheelhouse
+    (a doctor's, an enrolment's need) loads neither the cluster nor the manager, and every
+    name the package exports still resolves."""
+    probe = ("import json, sys\n"
+             "import elasticslice.pilots.wheelhouse\n"
+             "lazy = sorted(m for m in ('elasticslice.pilots.cluster', "
+             "'elasticslice.pilots.manager', 'elasticslice.managers') if m in sys.modules)\n"
+             "import elasticslice.pilots as p\n"
+             "print(json.dumps({'lazy': lazy, 'names': {n: getattr(p, n).__name__ "
+             "for n in p.__all__}}))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["lazy"] == []
+    assert found["names"] == {name: name for name in (
+        "ClusterCA", "ClusterCAError", "ClusterSnapshot", "ElasticCluster",
+        "PilotElasticSliceHelper", "PilotSliceManager", "Revocations")}

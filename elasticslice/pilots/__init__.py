@@ -14,23 +14,30 @@ early. See docs/pilots.md.
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-#: each public name and the module it lives in: imported when first asked for, so that a
-#: process that needs one module of the package (the manager daemon, a doctor, an enrolment,
-#: the wheelhouse) does not load all the others (0.3 s of CPU at each start)
-_EXPORTS = {"ClusterCA": "ca", "ClusterCAError": "ca", "ElasticCluster": "cluster",
-            "PilotElasticSliceHelper": "helper", "PilotSliceManager": "manager",
-            "Revocations": "manager", "ClusterSnapshot": "snapshot"}
+#: each public name and the module it lives in, imported when first asked for (PEP 562, as
+#: ``elasticslice.parsl`` and ``troy.frameworks.dask`` do): a process that needs one module
+#: of the package (the manager daemon, a doctor, an enrolment, the wheelhouse) does not load
+#: all the others (0.3 s of CPU at each start)
+_WHERE = {"ClusterCA": "ca", "ClusterCAError": "ca", "ElasticCluster": "cluster",
+          "PilotElasticSliceHelper": "helper", "PilotSliceManager": "manager",
+          "Revocations": "manager", "ClusterSnapshot": "snapshot"}
+__all__ = sorted(_WHERE)
 
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:
+    from elasticslice.pilots.ca import ClusterCA, ClusterCAError
+    from elasticslice.pilots.cluster import ElasticCluster
+    from elasticslice.pilots.helper import PilotElasticSliceHelper
+    from elasticslice.pilots.manager import PilotSliceManager, Revocations
+    from elasticslice.pilots.snapshot import ClusterSnapshot
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
