@@ -125,6 +125,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._answer(status, payload)
 
     def _answer(self, status: int, payload: bytes) -> None:
+        if self.server.stopping:   # a connection that outlived stop(): this answer is its
+            self.close_connection = True   # last, the client reconnects to what serves now
         self.send_response(status)
         self.send_header("Content-Type", "text/xml")
         self.send_header("Content-Length", str(len(payload)))
@@ -171,6 +173,7 @@ class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.refused_connections = 0
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
+        self.stopping = False
         self._thread: threading.Thread | None = None
         super().__init__((host, port), _Handler)
 
@@ -242,6 +245,7 @@ class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self._thread.start()
 
     def stop(self) -> None:
+        self.stopping = True
         if self._thread is not None:
             self.shutdown()
             self._thread.join(timeout=5)

@@ -213,3 +213,44 @@ def test_admission_lets_requests_in_by_arrival_and_refuses_after_the_timeout():
     gate.release(60)
     assert gate.acquire(60, timeout=1)
     assert gate.refused == 2 and gate.peak_bytes == 100
+
+
+def _post_on(tls: ssl.SSLSocket, answer: Any) -> tuple[int, dict[str, str]]:
+    """One GetVersion on an open keep-alive connection: its status and headers."""
+    body = xmlrpc.client.dumps(("x",), "GetVersion").encode()
+    tls.sendall(f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/xml\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    status = int(answer.readline().split()[1])
+    headers = {}
+    for line in iter(answer.readline, b"\r\n"):
+        name, _, value = line.decode().partition(":")
+        headers[name.lower()] = value.strip()
+    answer.read(int(headers["content-length"]))
+    return status, headers
+
+
+def test_no_keep_alive_connection_outlives_a_stopped_server(bounded_server, emulator_pki):
+    """A chaos run once restarted the box while a manager's keep-alive connection was in
+    flight: the old server's thread answered on it from a closed store for minutes. stop()
+    closes the connections it knows, and one it missed gets one answer more, its last."""
+    server, _ = bounded_server(Limits())
+    ctx = user_context(emulator_pki)
+    conns = []
+    for _ in range(2):
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        tls = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        answer = tls.makefile("rb")
+        assert _post_on(tls, answer)[0] == 200      # kept alive
+        conns.append((tls, answer))
+    try:
+        (known, known_answer), (missed, missed_answer) = conns
+        with server._open_lock:   # as if stop() had not seen the second one (in its handshake)
+            server._open = {c for c in server._open if c.getpeername() != missed.getsockname()}
+        server.stop()
+        assert known_answer.read(1) == b""          # closed by stop()
+        status, headers = _post_on(missed, missed_answer)
+        assert status == 200 and headers.get("connection") == "close"
+        assert missed_answer.read(1) == b""         # and then closed
+    finally:
+        for tls, _ in conns:
+            tls.close()
