@@ -48,8 +48,9 @@ manager.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from elasticslice import lazy
 
 #: name -> the module of this package that defines it
 _WHERE = {
@@ -69,14 +70,4 @@ if TYPE_CHECKING:
     from elasticslice.parsl.provider import DEFAULT_INTERVALS, CloudLabProvider, ProviderError
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy.exports(__name__, _WHERE)

@@ -14,13 +14,14 @@ early. See docs/pilots.md.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-#: each public name and the module it lives in, imported when first asked for (PEP 562, as
-#: ``elasticslice.parsl`` and ``troy.frameworks.dask`` do): a process that needs one module
-#: of the package (the manager daemon, a doctor, an enrolment, the wheelhouse) does not load
-#: all the others (0.3 s of CPU at each start)
+from elasticslice import lazy
+
+#: each public name and the module it lives in, imported when first asked for
+#: (:mod:`elasticslice.lazy`): a process that needs one module of the package (the manager
+#: daemon, a doctor, an enrolment, the wheelhouse) does not load all the others (0.3 s of
+#: CPU at each start)
 _WHERE = {"ClusterCA": "ca", "ClusterCAError": "ca", "ElasticCluster": "cluster",
           "PilotElasticSliceHelper": "helper", "PilotSliceManager": "manager",
           "Revocations": "manager", "ClusterSnapshot": "snapshot"}
@@ -34,10 +35,4 @@ if TYPE_CHECKING:
     from elasticslice.pilots.snapshot import ClusterSnapshot
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy.exports(__name__, _WHERE)
