@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import process_alive, wait_for
 from tests.troy.frameworks.nodes import running_pilot
 from troy import ComputeUnitDescription as CUD
 from troy import State
@@ -36,14 +36,6 @@ def held() -> Iterator[None]:
 def parent_of(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_a_forked_scheduler_and_worker_serve_log_and_end_as_fresh_ones(tmp_path: Path, held: None) -> None:
@@ -86,7 +78,7 @@ def test_a_forked_process_s_failure_and_its_kill_are_its_exit_status(tmp_path: P
         sched.proc.wait(0.2)
     os.kill(sched.pid, signal.SIGKILL)
     assert sched.proc.wait(30) == -signal.SIGKILL
-    assert sched.proc.poll() == -signal.SIGKILL and not alive(sched.pid)
+    assert sched.proc.poll() == -signal.SIGKILL and not process_alive(sched.pid)
 
 
 def test_the_environment_and_directory_are_the_asker_s_at_each_start(
@@ -179,7 +171,7 @@ def test_the_fork_server_and_its_children_leave_with_a_sigkilled_asker(tmp_path:
         assert parent_of(server) == asker.pid
         asker.kill()
         asker.wait()
-        wait_for(lambda: not alive(server) and not alive(scheduler), 30,
+        wait_for(lambda: not process_alive(server) and not process_alive(scheduler), 30,
                  what="the fork server and its scheduler gone")
     finally:
         asker.kill()
@@ -207,7 +199,7 @@ def framework_forks_and_closes(tmp_path: Path) -> None:
         assert unit.wait(30) is State.DONE
     finally:
         fw.close()
-    assert not alive(worker) and not alive(server)
+    assert not process_alive(worker) and not process_alive(server)
 
 
 def test_a_kept_fork_server_serves_the_next_framework_and_forks_only_for_holders(
@@ -222,7 +214,7 @@ def test_a_kept_fork_server_serves_the_next_framework_and_forks_only_for_holders
             servers.append(parent_of(fw._workers[pilot.id].proc.pid))
         finally:
             fw.close()
-    assert servers[0] == servers[1] and alive(servers[0])   # one import of Dask for both
+    assert servers[0] == servers[1] and process_alive(servers[0])   # one Dask import for both
     sched = AgentProcess(["scheduler", "1.0"], str(tmp_path / "s.log"), forked=True)
     try:   # kept, but no framework holds it: afresh
         assert isinstance(sched.proc, subprocess.Popen)
