@@ -38,7 +38,8 @@ def parent_of(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def test_a_forked_scheduler_and_worker_serve_log_and_end_as_fresh_ones(tmp_path: Path, held: None) -> None:
+def test_a_forked_scheduler_and_worker_serve_log_and_end_as_fresh_ones(
+        tmp_path: Path, held: None) -> None:
     sched = AgentProcess(["scheduler", "1.0", "127.0.0.1", "0"], str(tmp_path / "s.log"),
                          log_level=logging.WARNING, forked=True)
     worker = None
@@ -66,7 +67,8 @@ def test_a_forked_scheduler_and_worker_serve_log_and_end_as_fresh_ones(tmp_path:
     assert "INFO" not in (tmp_path / "s.log").read_text()
 
 
-def test_a_forked_process_s_failure_and_its_kill_are_its_exit_status(tmp_path: Path, held: None) -> None:
+def test_a_forked_process_s_failure_and_its_kill_are_its_exit_status(
+        tmp_path: Path, held: None) -> None:
     bad = AgentProcess(["worker", "too", "few"], str(tmp_path / "bad.log"), forked=True)
     assert isinstance(bad.proc, forkserver.ForkedProcess)
     assert bad.read_address(30) is None
@@ -125,8 +127,8 @@ def test_the_fork_server_takes_json_only_and_answers_a_bad_request_with_an_error
         tmp_path: Path) -> None:
     marker = tmp_path / "pickle-ran"
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask.forkserver"],
-                            env=dict(os.environ, TROY_DASK_FORKSERVER_FD=str(theirs.fileno())),
+    proc = subprocess.Popen([sys.executable, "-m", "troy.frameworks.dask.forkserver",
+                             str(theirs.fileno())],
                             pass_fds=[theirs.fileno()], stderr=subprocess.PIPE)
     theirs.close()
     try:
@@ -218,5 +220,33 @@ def test_a_kept_fork_server_serves_the_next_framework_and_forks_only_for_holders
     sched = AgentProcess(["scheduler", "1.0"], str(tmp_path / "s.log"), forked=True)
     try:   # kept, but no framework holds it: afresh
         assert isinstance(sched.proc, subprocess.Popen)
+    finally:
+        sched.stop()
+
+
+def _sockets(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def test_a_task_on_a_forked_worker_cannot_ask_the_fork_server(tmp_path: Path,
+                                                              held: None) -> None:
+    """Only the framework's process holds the other end of the fork server's socket: a
+    worker (and so a task it runs) has none of the fork server's sockets open, and nothing
+    in the environment /proc shows for it names one."""
+    sched = AgentProcess(["scheduler", "1.0"], str(tmp_path / "s.log"), forked=True)
+    try:
+        assert sched.read_address(60)
+        server = parent_of(sched.pid)
+        assert _sockets(server)                       # its end of the pair
+        assert not _sockets(server) & _sockets(sched.pid)
+        assert b"FORKSERVER" not in Path(f"/proc/{sched.pid}/environ").read_bytes()
     finally:
         sched.stop()

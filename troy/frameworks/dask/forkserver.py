@@ -40,7 +40,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ENV = "TROY_DASK_FORKSERVER"
-_FD_ENV = "TROY_DASK_FORKSERVER_FD"
 READY_TIMEOUT = 60.0     # seconds the first request waits for the fork server's imports
 _MAX_MESSAGE = 1 << 20
 
@@ -103,9 +102,10 @@ class _Server:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, **{_FD_ENV: str(theirs.fileno())})
+        # its socket's descriptor as an argument: its environment (which /proc shows for
+        # each child it forks) is the asker's as it is
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "troy.frameworks.dask.forkserver"], env=env,
+            [sys.executable, "-m", "troy.frameworks.dask.forkserver", str(theirs.fileno())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=[theirs.fileno()], close_fds=True)
         theirs.close()
@@ -151,8 +151,9 @@ class _Server:
         self.proc.poll()   # reaped, if it has ended
 
     def close(self) -> None:
-        """When the last holder lets go, or at the asker's exit: the fork server leaves (its children leave as their stdin
-        closes), and is waited for, so that nothing of ours outlives the asker."""
+        """When the last holder lets go, or at the asker's exit: the fork server leaves
+        (its children leave as their stdin closes), and is waited for, so that nothing of
+        ours outlives the asker."""
         atexit.unregister(self.close)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)   # its end reads EOF (a close would wait
@@ -409,4 +410,4 @@ def _reap(sock: socket.socket) -> None:
 
 
 if __name__ == "__main__":
-    _serve(socket.socket(fileno=int(os.environ.pop(_FD_ENV))))
+    _serve(socket.socket(fileno=int(sys.argv[1])))
