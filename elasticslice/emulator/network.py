@@ -208,6 +208,7 @@ def reap() -> list[str]:
             continue
         for ns in NETNS_DIR.glob(f"{name}-*") if NETNS_DIR.is_dir() else []:
             _delete_netns(ns.name)
+        _delete_host_end(name)
         _delete_netns(name)
         _delete_table(name)
         lock.unlink(missing_ok=True)
@@ -239,6 +240,18 @@ def _addresses() -> str:
     """``ip -o -4 addr show`` of the host."""
     return subprocess.run([_ip() or "ip", "-o", "-4", "addr", "show"], capture_output=True,
                           text=True, check=False).stdout
+
+
+def _delete_host_end(name: str) -> None:
+    """Delete the host's end of a box's veth (named as the box): its peer and the control
+    address go at once. Left to the namespace's teardown, they went when the kernel got
+    round to it, which the parallel suite's churn of namespaces delayed past half a minute
+    (a box restarted at once found its network still in use and took another)."""
+    try:
+        _run(["link", "del", name])
+    except NetworkError as err:
+        if "Cannot find device" not in str(err):
+            log.warning("cannot delete the link %s: %s", name, err)
 
 
 def _delete_netns(name: str) -> None:
@@ -390,7 +403,8 @@ class Fabric:
                 self.remove(node_id)
             for ns in NETNS_DIR.glob(f"{self.name}-*") if NETNS_DIR.is_dir() else []:
                 _delete_netns(ns.name)
-            _delete_netns(self.name)  # its end of the host's veth goes with it
+            _delete_host_end(self.name)
+            _delete_netns(self.name)
             _delete_table(self.name)
         finally:   # held for this box's restart whatever failed above
             if self.k >= 0:
