@@ -398,6 +398,9 @@ class Fabric:
     def stop(self) -> None:
         with self._mutex:
             nodes = list(self._nodes)
+        if self.k >= 0:   # held for this box's restart before its address goes: marked
+            # after, another box starting in between took the network as free and unheld
+            _mark_released(self.k, self.owner)
         try:
             for node_id in nodes:
                 self.remove(node_id)
@@ -406,10 +409,9 @@ class Fabric:
             _delete_host_end(self.name)
             _delete_netns(self.name)
             _delete_table(self.name)
-        finally:   # held for this box's restart whatever failed above
+        finally:
             if self.k >= 0:
                 self._wait_address_gone()
-                _mark_released(self.k, self.owner)
         if self._lock_fd is not None:
             (STATE_DIR / f"{self.name}.lock").unlink(missing_ok=True)
             os.close(self._lock_fd)

@@ -388,6 +388,26 @@ def test_a_stopped_box_lets_go_of_its_control_address_at_once_whatever_is_left_i
         fabric.stop()
 
 
+@needs_network
+def test_a_stopping_box_holds_its_network_before_its_address_goes(monkeypatch) -> None:
+    """Marked held only after its address was gone, a stopping box left a moment in which
+    a box starting in parallel saw the network free and unheld, and took it from the box's
+    restart."""
+    fabric = network.Fabric().start(owner="/a/box")
+    seen: list[tuple[bool, str | None]] = []
+    delete = network._delete_host_end
+
+    def spy(name: str) -> None:
+        seen.append((f"inet {fabric.control_ip}/" in network._addresses(),
+                     network._recently_released().get(fabric.k)))
+        delete(name)
+
+    monkeypatch.setattr(network, "_delete_host_end", spy)
+    fabric.stop()
+    assert seen == [(True, "/a/box")]
+    assert f"inet {fabric.control_ip}/" not in network._addresses()
+
+
 def test_when_every_free_network_was_let_go_within_the_minute_the_oldest_is_taken(
         monkeypatch, tmp_path: Path) -> None:
     """The parallel suite lets go of more than 64 boxes' networks a minute: the new box
