@@ -95,6 +95,42 @@ def test_worker_that_dies_fails_its_pilot_and_units_requeue(dask_scheduler, tmp_
         fw.close()
 
 
+def test_a_canceled_pilots_unit_runs_once_more_not_twice_when_its_cancel_comes_late(
+        dask_scheduler, tmp_path, monkeypatch):
+    """CI, test_contract's cancel: a unit ran three times where two were due. The moved
+    attempt's Dask task was canceled on the client's batched stream, and the canceled
+    pilot's worker left the scheduler before that message came: Dask, which still had the
+    old task as wanted, ran it on the other pilot too. Here the client's stream stalls for
+    two seconds; the framework lets go of the old task at the scheduler itself, before the
+    worker goes."""
+    fw = DaskFramework("late-cancel", scheduler_address=dask_scheduler, sandbox=str(tmp_path))
+    fw.start()
+    try:
+        first = running_pilot(fw, 1)
+        gate, runs = tmp_path / "gate", tmp_path / "runs"
+        u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"echo run >> {runs}; while [ ! -e {gate} ]; do sleep 0.02; done"]))
+        wait_for(lambda: u.state is State.RUNNING and runs.exists(), 30, what="first run")
+        second = running_pilot(fw, 1)
+        send = fw.client._send_to_scheduler
+
+        def late(msg):   # the client's stream stalls (its loop starved under load): the
+            fw.client.loop.call_later(2.0, send, msg)  # worker's leaving comes first
+
+        monkeypatch.setattr(fw.client, "_send_to_scheduler", late)
+        monkeypatch.setattr(fw, "_kill_later", lambda *a: None)  # the kill is slow as well
+        first.cancel()
+        wait_for(lambda: u.state is State.RUNNING and u.pilot == second.id, 30,
+                 what="the second run, on the other pilot")
+        wait_for(lambda: runs.read_text().count("run") >= 2, 30, what="its process")
+        gate.touch()
+        assert u.wait(30) is State.DONE and u.pilot == second.id
+        __import__("time").sleep(3)   # what the stalled stream still carries has come
+        assert runs.read_text() == "run\nrun\n"
+    finally:
+        fw.close()
+
+
 def test_adopted_workers_become_pilots(dask_scheduler, tmp_path):
     """A worker started outside Troy (as on an elastic slice node) with a cores resource.
     Broke once: the worker's info was read from ``client.scheduler_info()``, a cache that a

@@ -577,6 +577,18 @@ def withdraw(worker: str, tags: list[str], dask_scheduler=None) -> list[str]:  #
     return [str(ts.key) for ts in ws.processing]
 
 
+def let_go(keys: list[str], client: str, dask_scheduler=None) -> int:  # noqa: ANN001
+    """On the scheduler: ``client`` no longer wants ``keys`` (moved units' old tasks), as of
+    this call. A future's cancel travels on the client's batched stream, which a worker's
+    leaving can overtake under load: Dask then still wanted the old task and ran it on
+    another worker, a duplicate run. Returns how many it still had."""
+    known = [k for k in keys if k in dask_scheduler.tasks]
+    if known:
+        dask_scheduler.client_releases_keys(keys=known, client=client,
+                                            stimulus_id=f"troy-let-go-{time.time()}")
+    return len(known)
+
+
 def peer_common_name(worker: str, dask_scheduler=None) -> str | None:  # noqa: ANN001
     """On the scheduler: the common name of the TLS certificate the worker at ``worker``
     connected with (None: no TLS, or no such worker)."""

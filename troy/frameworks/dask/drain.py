@@ -182,11 +182,24 @@ class PilotMoves:
                 rec.bound = None
                 self._submitq.put(rec)
             recs = self._held_by(pilot, keys)
+            old = [rec.key for rec in recs if rec.key]
             for rec in recs:
                 self._requeue_rec(rec, addr)
+        if ask:   # its worker still serves: let go of the old tasks before it leaves
+            self._let_go(old)
         if addr:
             self._kill_later(addr, [r.unit.id for r in recs])
         return [r.unit for r in recs]
+
+    def _let_go(self, keys: list[str]) -> None:
+        """The scheduler forgets moved units' old tasks now, not when the futures' cancel
+        comes on the client's stream (see :func:`agent.let_go`)."""
+        if not keys or self.client is None:
+            return
+        try:
+            self.client.run_on_scheduler(agent.let_go, keys, self.client.id)
+        except Exception as err:   # the scheduler is gone: nothing of them runs again
+            log.info("framework %s: letting go of moved tasks: %s", self.name, err)
 
     def _unit_gone(self, rec: UnitRecord, addr: str | None) -> None:
         self._unit_left(rec.unit.id)
@@ -255,8 +268,10 @@ class PilotMoves:
         with self._dispatch_lock:
             recs = [r for u in units if (r := self._records.get(u.id)) is not None
                     and r.unit is u and r.future is not None and not r.canceling]
+            old = [rec.key for rec in recs if rec.key]
             for rec in recs:
                 self._requeue_rec(rec, addr)
+        self._let_go(old)
         if addr:
             self._kill_later(addr, [r.unit.id for r in recs])
 
