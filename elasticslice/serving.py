@@ -14,8 +14,13 @@ connection. So:
   of the accept, the whole request within ``request_deadline`` (slow-loris; a trusted
   peer's within ``response_deadline``: 8 MiB from the CM may cross a slow link);
 - at most ``max_connections`` are open; a new connection to a full table evicts the oldest
-  that has sent nothing, else the oldest unfinished one of an untrusted peer (one whose
-  bytes wait to be read goes last: a request behind a burst of accepts). A trusted
+  that has sent nothing, else the oldest unfinished one of an untrusted peer with nothing
+  to read now (a trickler between its bytes), else the oldest unfinished one (whose bytes
+  wait to be read: a request behind a burst of accepts). Without TLS, a connection
+  younger than ``fresh`` seconds that has sent nothing goes after the tricklers: a
+  client's request may be a moment behind its connect (a metrics scrape was evicted so,
+  under a flood of partial heads); over TLS a client mid-handshake looks like a trickler,
+  and the silent go first. A trusted
   peer's connection (``trusted(sock)`` after the handshake: the CM's certificate) and a
   complete request are never evicted; when nothing may be, the newcomer is closed;
 - trusted peers' requests are answered first, and ``reserved`` workers answer only them;
@@ -32,6 +37,7 @@ import enum
 import http.server
 import io
 import logging
+import math
 import re
 import resource
 import selectors
@@ -76,6 +82,7 @@ class Limits:
     max_body: int = 64 << 10   # a body waited for (larger: handed on at its head, refused)
     stranger_body: int | None = None  # the same for untrusted peers (None: max_body)
     log_interval: float = 60.0
+    fresh: float = 1.0         # a connection this young is evicted for silence last
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.workers < 1 \
@@ -86,6 +93,8 @@ class Limits:
                      "io_timeout", "log_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"limits: {name} must be > 0 seconds")
+        if not self.fresh >= 0:
+            raise ValueError("limits: fresh must be >= 0 seconds")
 
 
 class Phase(enum.Enum):
@@ -281,21 +290,30 @@ class GuardedServer(socketserver.TCPServer):
 
     def _victim(self) -> _Conn | None:
         """The connection a newcomer replaces (called with the lock held): the oldest that
-        has sent nothing, else the oldest unfinished one with nothing to read now (a
-        trickler between its bytes), else the oldest unfinished one. A request whose bytes
-        wait behind a burst of accepts (a scraper's, under a flood) goes last."""
-        unfinished = []
+        has sent nothing (without TLS: for :attr:`Limits.fresh` seconds), else the oldest
+        unfinished one with nothing to read now (a trickler between its bytes), else
+        (without TLS) the oldest that has sent nothing yet (a scraper's request a moment
+        behind its connect, under a flood of partial heads, was evicted first), else the
+        oldest unfinished one. A request whose bytes wait behind a burst of accepts (a
+        scraper's, under a flood) goes last."""
+        unfinished, fresh = [], []
+        # over TLS a client mid-handshake is heard with nothing to read (waiting for us):
+        # there the silent go first whatever their age, as the flood's idle ones are
+        young = time.monotonic() - self.limits.fresh if self.tls is None else math.inf
         for conn in self._conns.values():   # in the order they were accepted
             if conn.trusted or conn.phase not in (Phase.HANDSHAKE, Phase.READING):
                 continue
             if not conn.heard and not _waiting(conn.sock):
-                return conn
+                if conn.accepted <= young:
+                    return conn
+                fresh.append(conn)
+                continue
             conn.heard = True   # its bytes may wait behind this batch of accepts
             unfinished.append(conn)
         for conn in unfinished:
             if not _waiting(conn.sock):
                 return conn
-        return unfinished[0] if unfinished else None
+        return (fresh or unfinished or [None])[0]
 
     def _watch(self, conn: _Conn, events: int) -> None:
         if conn.events == events:

@@ -20,7 +20,7 @@ from tests.helpers import wait_for
 
 QUICK = Limits(max_connections=8, handshake_deadline=0.5, request_deadline=0.5,
                response_deadline=0.5, io_timeout=5.0, workers=1, max_body=1024,
-               log_interval=60.0)
+               log_interval=60.0, fresh=0.0)
 
 
 class Echo(BufferedRequestHandler):
@@ -117,6 +117,28 @@ def test_a_full_table_evicts_the_oldest_silent_then_the_oldest_unfinished() -> N
         assert server.tally.totals() == {"idle connections evicted (all slots taken)": 1,
                                          "unfinished connections evicted (all slots taken)": 1}
         for sock in (talker, newcomer, last, *silent):
+            sock.close()
+
+
+def test_a_connection_just_made_is_evicted_for_its_silence_after_the_tricklers() -> None:
+    """A scraper's request comes a moment after its connect: under a flood of partial HTTP
+    heads (every other connection heard, unfinished), the newest connection was the only
+    silent one, and the next newcomer evicted it before any trickler
+    (tests/hostile/test_starvation.py's metrics, once, under the whole suite's load)."""
+    with serving(max_connections=3, request_deadline=30.0, fresh=30.0) as server:
+        tricklers = [connect(server) for _ in range(2)]
+        for sock in tricklers:
+            sock.sendall(b"GET /")                # unfinished, heard
+        wait_for(lambda: server.open_connections() == 2, what="the tricklers held")
+        scraper = connect(server)                 # silent for now
+        wait_for(lambda: server.open_connections() == 3, what="the table full")
+        newcomer = connect(server)
+        tricklers[0].settimeout(10)
+        assert tricklers[0].recv(1) == b""        # the oldest trickler, not the scraper
+        scraper.sendall(b"POST / HTTP/1.0\r\nContent-Length: 2\r\n\r\nok")
+        assert answer(scraper).endswith(b"\r\n\r\nok")
+        assert server.tally.totals() == {"unfinished connections evicted (all slots taken)": 1}
+        for sock in (newcomer, scraper, *tricklers):
             sock.close()
 
 
