@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,16 +76,22 @@ def test_frameworks_sharing_a_scheduler_keep_their_units(dask_scheduler, tmp_pat
         assert {u.result.value for u in ub} == {pb.native_id}
 
 
+def gated_unit_on_one_of_two(fw: DaskFramework, tmp_path):  # noqa: ANN201
+    """A unit running on a 1-core pilot (it writes ``run`` to ``runs`` each time it starts,
+    then waits for ``gate``) and a second, idle pilot: ``(first, second, unit, gate, runs)``."""
+    first = running_pilot(fw, 1)
+    gate, runs = tmp_path / "gate", tmp_path / "runs"
+    u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+        "-c", f"echo run >> {runs}; while [ ! -e {gate} ]; do sleep 0.02; done"]))
+    wait_for(lambda: u.state is State.RUNNING and runs.exists(), 30, what="first run")
+    return first, running_pilot(fw, 1), u, gate, runs
+
+
 def test_worker_that_dies_fails_its_pilot_and_units_requeue(dask_scheduler, tmp_path):
     fw = DaskFramework("dies", scheduler_address=dask_scheduler, sandbox=str(tmp_path))
     fw.start()
     try:
-        doomed = running_pilot(fw, 1)
-        gate, runs = tmp_path / "gate", tmp_path / "runs"
-        u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
-            "-c", f"echo run >> {runs}; while [ ! -e {gate} ]; do sleep 0.02; done"]))
-        wait_for(lambda: u.state is State.RUNNING and runs.exists(), 30, what="first run")
-        spare = running_pilot(fw, 1)
+        doomed, spare, u, gate, runs = gated_unit_on_one_of_two(fw, tmp_path)
         os.kill(fw._workers[doomed.id].proc.pid, signal.SIGKILL)
         wait_for(lambda: doomed.state is State.FAILED, 30, what="pilot FAILED")
         wait_for(lambda: u.state is State.RUNNING and u.pilot == spare.id, 30,
@@ -106,12 +113,7 @@ def test_a_canceled_pilots_unit_runs_once_more_not_twice_when_its_cancel_comes_l
     fw = DaskFramework("late-cancel", scheduler_address=dask_scheduler, sandbox=str(tmp_path))
     fw.start()
     try:
-        first = running_pilot(fw, 1)
-        gate, runs = tmp_path / "gate", tmp_path / "runs"
-        u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
-            "-c", f"echo run >> {runs}; while [ ! -e {gate} ]; do sleep 0.02; done"]))
-        wait_for(lambda: u.state is State.RUNNING and runs.exists(), 30, what="first run")
-        second = running_pilot(fw, 1)
+        first, second, u, gate, runs = gated_unit_on_one_of_two(fw, tmp_path)
         send = fw.client._send_to_scheduler
 
         def late(msg):   # the client's stream stalls (its loop starved under load): the
@@ -125,7 +127,7 @@ def test_a_canceled_pilots_unit_runs_once_more_not_twice_when_its_cancel_comes_l
         wait_for(lambda: runs.read_text().count("run") >= 2, 30, what="its process")
         gate.touch()
         assert u.wait(30) is State.DONE and u.pilot == second.id
-        __import__("time").sleep(3)   # what the stalled stream still carries has come
+        time.sleep(3)   # what the stalled stream still carries has come
         assert runs.read_text() == "run\nrun\n"
     finally:
         fw.close()
