@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from troy import ComputeUnitDescription as CUD
 from troy import State
 from troy.errors import NoSuccess
 from troy.frameworks.dask import DaskFramework
-from troy.frameworks.dask.schedproc import CertWatch
+from troy.frameworks.dask.schedproc import CertWatch, close_replaced_client
 from troy.frameworks.dask.tls import DaskTLS
 from tests.helpers import wait_for
 from tests.troy.frameworks.nodes import member, nodes, running_pilot
@@ -194,3 +195,21 @@ def test_a_scheduler_killed_again_while_it_comes_back_loses_no_unit(tmp_path) ->
         assert fw.scheduler_address == address and fw.scheduler_pid not in killed
     finally:
         fw.close()
+
+
+def test_a_replaced_client_whose_close_fails_prints_no_traceback(caplog, monkeypatch) -> None:
+    """test_split, under load: the old client, replaced after the scheduler came back, was
+    closed on a thread of its own while Dask still reconnected it; its close raised and the
+    thread printed a traceback into the run's output."""
+    class Reconnecting:
+        def close(self, timeout: float) -> None:
+            raise ValueError("IOStream is not idle; cannot convert to SSL")
+
+    escaped: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.exc_value))
+    caplog.set_level("INFO", logger="troy.frameworks.dask.schedproc")
+    thread = threading.Thread(target=close_replaced_client, args=(Reconnecting(),))
+    thread.start()
+    thread.join(10)
+    assert escaped == []
+    assert "closing a replaced Dask client: ValueError: IOStream is not idle" in caplog.text

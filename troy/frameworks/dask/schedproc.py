@@ -105,6 +105,17 @@ class CertWatch:
                 context.load_cert_chain(*pair)
 
 
+def close_replaced_client(client: Any) -> None:
+    """Close a Dask client replaced by a new one, on a thread of its own. Dask's close of a
+    client caught mid-reconnect can raise (seen under load: "IOStream is not idle; cannot
+    convert to SSL"), and on that thread it printed a traceback into the run's output: the
+    client is not needed any more, whatever its close says."""
+    try:
+        client.close(timeout=5)
+    except Exception as err:
+        log.info("closing a replaced Dask client: %s: %s", type(err).__name__, err)
+
+
 def watch_certificate(scheduler: Any, interval: float = CERT_CHECK_SECONDS) -> CertWatch | None:
     """Keep ``scheduler`` (not started yet) serving the certificate its Dask configuration
     names, reloaded when the files change (None: no TLS)."""
@@ -333,7 +344,7 @@ class SchedulerRecovery:
                     return False
                 self._requeue_in_flight(lambda fut: True)
                 self.client = client
-            threading.Thread(target=old.close, kwargs={"timeout": 5}, daemon=True).start()
+            threading.Thread(target=close_replaced_client, args=(old,), daemon=True).start()
         self.scheduler_address = address
         self._subscribe()
         return True
