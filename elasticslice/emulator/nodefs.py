@@ -22,6 +22,7 @@ the node made that leads out of its tree. It reads a runlog only through
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -158,15 +159,59 @@ def _member(owners: Owners | None) -> Callable[[tarfile.TarInfo, str], tarfile.T
     and setgid bits of files are dropped (they would be the host's: the node's disk is a
     host folder)."""
     def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-        safe = tarfile.data_filter(member, dest)
+        name, linkname = _where(member, dest)
         mode = member.mode
         if not member.isdir():
             mode &= ~(stat.S_ISUID | stat.S_ISGID)
-        uid = owners(member.uid) if owners is not None else member.uid
-        gid = owners(member.gid) if owners is not None else member.gid
-        return member.replace(name=safe.name, linkname=safe.linkname, mode=mode, uid=uid,
-                              gid=gid, uname="", gname="", deep=False)
+        kept = copy.copy(member)
+        kept.name, kept.linkname, kept.mode = name, linkname, mode
+        kept.uid = owners(member.uid) if owners is not None else member.uid
+        kept.gid = owners(member.gid) if owners is not None else member.gid
+        kept.uname = kept.gname = ""
+        return kept
     return keep
+
+
+class UnsafeMember(tarfile.TarError):
+    """A member that the "data" filter refuses (where this Python has no such filter)."""
+
+
+def _where(member: tarfile.TarInfo, dest: str) -> tuple[str, str]:
+    """The member's name and link name as tarfile's "data" filter (PEP 706) leaves them, or
+    its refusal. That filter's own checks where this Python has it; the same checks here
+    where it has not (CPython before 3.10.12 and 3.11.4: Debian 12's 3.11.2 among them)."""
+    data_filter = getattr(tarfile, "data_filter", None)
+    if data_filter is not None:
+        safe = data_filter(member, dest)
+        return safe.name, safe.linkname
+    dest = os.path.realpath(dest)
+    name = member.name.lstrip("/" + os.sep)
+
+    def inside(path: str) -> bool:
+        return os.path.commonpath([os.path.realpath(path), dest]) == dest
+
+    if os.path.isabs(name) or not inside(os.path.join(dest, name)):
+        raise UnsafeMember(f"{member.name!r} would be extracted outside the destination")
+    if not (member.isreg() or member.islnk() or member.isdir() or member.issym()):
+        raise UnsafeMember(f"{member.name!r} is a special file")
+    if member.islnk() or member.issym():
+        base = os.path.dirname(name) if member.issym() else ""
+        if os.path.isabs(member.linkname) or \
+                not inside(os.path.join(dest, base, member.linkname)):
+            raise UnsafeMember(f"{member.name!r} links outside the destination")
+    return name, member.linkname
+
+
+def _extract(tar: tarfile.TarFile, target: Path, members: list[tarfile.TarInfo],
+             keep: Callable[[tarfile.TarInfo, str], tarfile.TarInfo]) -> None:
+    """``extractall`` with ``keep`` as its filter; where this Python's ``extractall`` takes
+    none (before PEP 706), every member is filtered first, so nothing is written when one
+    is refused."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(target, members=members, filter=keep, numeric_owner=True)
+    else:
+        kept = [keep(m, str(target)) for m in members]
+        tar.extractall(target, members=kept, numeric_owner=True)
 
 
 def install(tarball: Path, url: str, install_path: str, node: NodeDir,
@@ -188,8 +233,7 @@ def install(tarball: Path, url: str, install_path: str, node: NodeDir,
             implicit = {parent for m in members
                         for parent in _parents(os.path.normpath(m.name.lstrip("/")))
                         if parent not in named and not (target / parent).exists()}
-            tar.extractall(target, members=members, filter=_member(owners),
-                           numeric_owner=True)
+            _extract(tar, target, members, _member(owners))
     except (OSError, tarfile.TarError) as err:
         raise InstallError(f"cannot unpack {url}: {err} (the box installs tar archives: "
                            ".tar, .tar.gz, .tgz, .bz2)") from err

@@ -20,7 +20,7 @@ from elasticslice.managers.policy import NodeState
 from tests.elasticslice.managers.helpers import admin, cm_nodes, reclaim_outcome
 from tests.elasticslice.parslbox import cm_nodes_or_none, managers_of, parsl_on_box
 from tests.hostile.netstat import listening, reachable_from_outside
-from tests.helpers import wait_for
+from tests.helpers import untar, wait_for
 
 R, N, F = NodeState.READY, NodeState.NOTREADY, NodeState.FAILED
 
@@ -325,7 +325,7 @@ def test_a_node_runs_its_blocks_command_in_the_environment_it_built(tmp_path: Pa
         assert spec.installs == [(helper.tarball_url(), "/")]
         import tarfile
         with tarfile.open(helper.slice_tarball.path) as tar:
-            tar.extractall(tmp_path / "node", filter="data")
+            untar(tar, tmp_path / "node")
     finally:
         publisher.stop()
     here = tmp_path / "node" / "local" / "parsl"
@@ -385,7 +385,7 @@ def test_an_encrypted_node_enrols_and_has_its_own_key_authorised_before_its_pool
                                 "/local/parsl/curve --block_id=0", 1, block_id="0"))
         helper.node_spec("parsl-1")
         with tarfile.open(helper.slice_tarball.path) as tar:
-            tar.extractall(tmp_path / "node", filter="data")
+            untar(tar, tmp_path / "node")
         here = tmp_path / "node" / "local" / "parsl"
         assert not list(here.rglob("*.key_secret"))  # no CurveZMQ key in the tarball
         script = here / "start.sh"

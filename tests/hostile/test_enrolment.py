@@ -23,7 +23,7 @@ from cryptography import x509
 from elasticslice.pilots import ElasticCluster
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, client_for, \
     cm_nodes
-from tests.helpers import wait_for
+from tests.helpers import untar, wait_for
 
 CONTROL_KEYS = {"ca.key", "scheduler.key", "enrolment.key", "wheelhouse.key"}  # the control node's own
 
@@ -101,7 +101,7 @@ def test_an_archived_tarball_is_useless_and_its_replay_costs_the_node_nothing(
         # address than node-2's (the manifest's): refused, counted, and node-2 keeps its
         # place (a replay once cost the node: the cluster gave it back, again and again).
         with tarfile.open(fileobj=io.BytesIO(archive["node-2"])) as tar:
-            tar.extractall(tmp_path / "thief", filter="data")
+            untar(tar, tmp_path / "thief")
         stolen = tmp_path / "thief" / "local" / "pilot"
         result = subprocess.run(
             [sys.executable, "-m", "troy.frameworks.dask.enrol", cluster.enrolment.url,

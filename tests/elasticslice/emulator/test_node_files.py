@@ -37,6 +37,49 @@ def test_tarball_files_under_the_image_join_the_nodes_layer(tmp_path: Path) -> N
         nodefs.install(tarball, "http://h/t.tgz", "/../..", node)
 
 
+def _hostile(path: Path, member: str) -> Path:
+    """A tarball of one good file and one member that tries to leave the install path."""
+    import io
+    import tarfile
+    with tarfile.open(path, "w:gz") as tar:
+        good = tarfile.TarInfo("local/app/ok")
+        good.size = 2
+        tar.addfile(good, io.BytesIO(b"ok"))
+        bad = tarfile.TarInfo(member)
+        if member.startswith("link"):        # link-abs, link-up: a symlink out of the node
+            bad.type = tarfile.SYMTYPE
+            bad.linkname = "/etc/passwd" if member == "link-abs" else "../../../outside"
+        elif member == "fifo":
+            bad.type = tarfile.FIFOTYPE
+        else:
+            bad.size = 3
+        tar.addfile(bad, io.BytesIO(b"bad") if bad.isreg() else None)
+    return path
+
+
+@pytest.mark.parametrize("pep706", [True, False], ids=["tarfile-filter", "no-filter"])
+@pytest.mark.parametrize("member", ["../../../outside", "link-abs", "link-up", "fifo"])
+def test_a_tarball_member_that_would_leave_the_install_path_fails_the_install(
+        tmp_path: Path, monkeypatch, member: str, pep706: bool) -> None:
+    """Whether this Python has tarfile's "data" filter (PEP 706) or not (Debian 12's 3.11.2,
+    CPython before 3.10.12 and 3.11.4: the same checks of the box's own), a member that
+    would land or link outside the install path, or a special file, fails the install with
+    one line naming it, and writes nothing outside."""
+    import tarfile
+    if not pep706:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python's tarfile has no data filter")
+    node = nodefs.NodeDir(tmp_path / "nodes" / "pc1")
+    nodefs.prepare(node, None)
+    tarball = _hostile(tmp_path / "t.tgz", member)
+    with pytest.raises(nodefs.InstallError, match="cannot unpack http://h/t.tgz: .*"
+                       + ("special" if member == "fifo" else "(outside|absolute)")) as err:
+        nodefs.install(tarball, "http://h/t.tgz", "/local", node)
+    assert "\n" not in str(err.value)
+    assert not list(tmp_path.glob("**/outside")) and not (node.root / "local" / member).exists()
+
+
 def test_the_machine_stacks_the_nodes_layer_the_box_and_the_image_over_the_host(
         tmp_path: Path) -> None:
     node = nodefs.NodeDir(tmp_path / "nodes" / "pc1")
