@@ -14,15 +14,26 @@ from elasticslice.errors import ElasticSliceError
 from elasticslice.pilots import ElasticCluster
 from elasticslice.pilots.restart import ClusterFile
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, client_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def hold_port(host: str, port: int) -> socket.socket:
-    s = socket.socket()
-    s.bind((host, port))
-    s.listen()
-    return s
+    """Listen on ``host:port``, as another program would: once the port's last user has
+    closed it (a closed cluster's scheduler process may take a moment to end; its
+    connections' TIME_WAIT does not count, SO_REUSEADDR as servers set it)."""
+    def bound() -> socket.socket | None:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            s.close()
+            return None
+        s.listen()
+        return s
+    return wait_for(bound, timeout=30, what=f"port {port} free to hold")
 
 
 def test_a_closed_cluster_restarts_on_another_port_when_its_own_is_taken(
