@@ -9,7 +9,10 @@ then runs full cycles (``manage_once``: every method, in order) and reports the 
 time per cycle (min and max too), the Python memory one full cycle allocates at its peak
 (tracemalloc, a separate cycle) and the process's max RSS so far. Then, with the daemon
 running (all intervals an hour long), the demand jumps and we time how long until the
-AddNodes call is made (the seed's default: up to 300 s).
+AddNodes call is made (the seed's default: up to 300 s). Beside each timed cycle, the
+CPU of parsing the slice's manifest as the CM resolves it then: issue 36's yardstick (the
+cycle at most 1.5 times that, round by round), the same nodes in the form a cycle would
+otherwise have to read (it reads SliverStatus, a struct, and advertisements' counts).
 Prints a table; exits 0.
 """
 from __future__ import annotations
@@ -38,6 +41,7 @@ from elasticslice.managers import (SimpleElasticSliceHelper,  # noqa: E402
 from elasticslice.managers.policy import PolicyConfig  # noqa: E402
 from elasticslice.rpc.client import ProtoGeniServer  # noqa: E402
 from elasticslice.rpc.transport import RetryPolicy  # noqa: E402
+from elasticslice.rspec import parse  # noqa: E402
 from table import print_table  # noqa: E402  (bench/table.py; this folder is on sys.path)
 
 HOUR = {m: 3600.0 for m in SimpleElasticSliceManager.DEF_ORDER}
@@ -96,6 +100,7 @@ class CycleCost:
     peak_kib: float          # tracemalloc peak of one full cycle
     rss_mib: float           # the process's max RSS so far
     ready: int               # nodes ready when the cycles were timed
+    parse: list[float]       # seconds of CPU parsing the sliver's manifest, one per cycle
 
 
 def cycle_cost(size: int, cycles: int) -> CycleCost:
@@ -123,7 +128,8 @@ def cycle_cost(size: int, cycles: int) -> CycleCost:
                 time.sleep(max(0.2, size / 1000))
                 manager.update_sliver_status()
             ready = sum(1 for n in manager.state.nodes() if n.state == "ready")
-            samples, walls, steady = [], [], []
+            manifest = manager.cms[0].resolve()["manifest"].encode()  # the slice's, as it is
+            samples, walls, steady, parses = [], [], [], []
             for _ in range(cycles):
                 cpu, wall = time.process_time(), time.perf_counter()
                 errors = manager.manage_once()
@@ -131,6 +137,9 @@ def cycle_cost(size: int, cycles: int) -> CycleCost:
                 walls.append(time.perf_counter() - wall)
                 if any(errors.values()):
                     raise SystemExit(f"cycle failed: {errors}")
+                cpu = time.process_time()   # the yardstick, beside it
+                parse(manifest)
+                parses.append(time.process_time() - cpu)
             for _ in range(cycles):  # the daemon's usual cycle: update_all is daily
                 cpu = time.process_time()
                 for name in manager.DEF_ORDER:
@@ -147,7 +156,7 @@ def cycle_cost(size: int, cycles: int) -> CycleCost:
             proc.terminate()
             proc.wait(timeout=30)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return CycleCost(samples, walls, steady, peak, rss, ready)
+    return CycleCost(samples, walls, steady, peak, rss, ready, parses)
 
 
 def demand_jump(size: int) -> float:
@@ -186,6 +195,8 @@ def run(quick: bool = False, sizes: tuple[int, ...] | None = None,
         cost = cycle_cost(size, cycles)
         cpu, wall = statistics.median(cost.cpu) * 1000, statistics.median(cost.wall) * 1000
         steady = statistics.median(cost.steady) * 1000
+        parse_cpu = statistics.median(cost.parse) * 1000
+        ratio = statistics.median(c / max(p, 1e-9) for c, p in zip(cost.cpu, cost.parse))
         key = f"{size}_nodes"
         out.update({f"manager_cycle_cpu_ms_{key}": round(cpu, 2),
                     f"manager_cycle_cpu_ms_{key}_min": round(min(cost.cpu) * 1000, 2),
@@ -194,10 +205,14 @@ def run(quick: bool = False, sizes: tuple[int, ...] | None = None,
                     f"manager_steady_cycle_cpu_ms_{key}": round(steady, 2),
                     f"manager_cycle_peak_python_kib_{key}": round(cost.peak_kib, 1),
                     f"manager_max_rss_mib_after_{key}": round(cost.rss_mib, 1),
-                    f"manager_ready_nodes_when_timed_{key}": cost.ready})
+                    f"manager_ready_nodes_when_timed_{key}": cost.ready,
+                    f"manager_manifest_parse_cpu_ms_{key}": round(parse_cpu, 2),
+                    f"manager_cycle_cpu_{size}_over_manifest_parse": round(ratio, 2)})
         booting = "" if cost.ready == size else f", {size - cost.ready} still booting"
         rows.append((f"one full cycle, {size}-node slice{booting}: manager CPU (wall incl. CM)",
                      f"{cpu:8.1f} ms  ({wall:.0f} ms)"))
+        rows.append((f"  / parsing that sliver's manifest ({parse_cpu:.1f} ms CPU; goal <= 1.5)",
+                     f"{ratio:8.2f} x"))
         rows.append((f"a cycle without the daily update_all, {size}-node slice: CPU",
                      f"{steady:8.1f} ms"))
         rows.append((f"memory, {size}-node slice: peak of one cycle (max RSS so far)",

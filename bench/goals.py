@@ -45,10 +45,11 @@ _DASK_MAP_TRUE = ("dask_map_true_tasks_per_s", "dask_map_default_saturation_true
 # their helper makes them (or changes the key here), and until then the row is "not run".
 GOALS: dict[str, Goal] = {
     # bench_troy (helper U): throughput and latency on 2 workers, ratios inside each round
+    # (issue 36 raised the first two to 1.2 and the bundled / Parsl rows to 3.5)
     "ratio_troy_dask_over_dask_map_null": Goal(
-        "troy", "Troy on Dask, one unit per task / raw Dask map, null", ">=", 1.0, "x"),
+        "troy", "Troy on Dask, one unit per task / raw Dask map, null", ">=", 1.2, "x"),
     "ratio_troy_dask_over_dask_map_true": Goal(
-        "troy", "Troy on Dask, one unit per task / raw Dask map, /bin/true", ">=", 1.0, "x"),
+        "troy", "Troy on Dask, one unit per task / raw Dask map, /bin/true", ">=", 1.2, "x"),
     "ratio_troy_pipeline_dask_unbundled_over_dask_map_true": Goal(
         "troy", "whole pipeline on Dask, unbundled /bin/true / raw Dask map", ">=", 1.0, "x",
         derive=("troy_pipeline_dask_unbundled_true_tasks_per_s", _DASK_MAP_TRUE)),
@@ -57,9 +58,9 @@ GOALS: dict[str, Goal] = {
     "ratio_troy_pipeline_dask_bundled_true_over_floor": Goal(
         "troy", "bundled /bin/true / spawn floor, whole pipeline on Dask", ">=", 0.9, "x"),
     "ratio_troy_dask_bundled_true_over_parsl": Goal(
-        "troy", "bundled /bin/true / Parsl HTEX's best, direct on Dask", ">=", 3.0, "x"),
+        "troy", "bundled /bin/true / Parsl HTEX's best, direct on Dask", ">=", 3.5, "x"),
     "ratio_troy_pipeline_dask_bundled_true_over_parsl": Goal(
-        "troy", "bundled /bin/true / Parsl HTEX's best, whole pipeline on Dask", ">=", 3.0,
+        "troy", "bundled /bin/true / Parsl HTEX's best, whole pipeline on Dask", ">=", 3.5,
         "x"),
     "troy_dask_latency_ms": Goal(
         "troy", "back-to-back latency, Troy on Dask", "<=", "parsl_htex_latency_ms", "ms",
@@ -69,11 +70,21 @@ GOALS: dict[str, Goal] = {
         "rspec", "2,000-node manifest parse", "<=", 25.0, "ms"),
     "rspec_parse_advertisement_5000_nodes_ms": Goal(
         "rspec", "5,000-node advertisement parse", "<=", 50.0, "ms"),
+    # issue 36: the same parses' CPU over libxml2's own read of the document (a parser
+    # target with no callbacks), round by round: milliseconds move 1.5-2x between machines
+    "rspec_parse_manifest_2000_over_libxml2": Goal(
+        "rspec", "2,000-node manifest parse / libxml2's own read of it", "<=", 2.0, "x"),
+    "rspec_parse_advertisement_5000_over_libxml2": Goal(
+        "rspec", "5,000-node advertisement parse / libxml2's own read of it", "<=", 2.0, "x"),
     # bench_manager (helper C): the manager's CPU per full cycle, median of 3
     "manager_cycle_cpu_ms_1000_nodes": Goal(
         "manager", "manager cycle CPU, 1,000 nodes", "<", 50.0, "ms"),
     "manager_cycle_cpu_ms_5000_nodes": Goal(
         "manager", "manager cycle CPU, 5,000 nodes", "<", 250.0, "ms"),
+    # issue 36: a full cycle's CPU over parsing that slice's manifest, round by round
+    **{f"manager_cycle_cpu_{n}_over_manifest_parse": Goal(
+        "manager", f"manager cycle CPU, {n:,} nodes / parsing their manifest", "<=", 1.5, "x")
+       for n in (1000, 5000)},
     # bench_elasticity (helper V): the simulation, ours against the best of the peers
     **{f"elastic_{trace}_ours_node_hours": Goal(
         "elasticity", f"elasticity node-hours held, {trace} trace, ours", "<=",

@@ -68,6 +68,22 @@ def test_the_registry_has_issue_22s_rows_and_the_table_has_every_one():
     assert text.splitlines()[1].split("|")[-1].strip() == "pass/miss"
 
 
+def test_issue_36s_ratios_are_rows_and_a_quick_runs_figures_fill_them():
+    """Milliseconds move between machines: issue 36's goals are ratios taken in one run."""
+    for key, goal in (("rspec_parse_manifest_2000_over_libxml2", 2.0),
+                      ("rspec_parse_advertisement_5000_over_libxml2", 2.0),
+                      ("manager_cycle_cpu_1000_over_manifest_parse", 1.5),
+                      ("manager_cycle_cpu_5000_over_manifest_parse", 1.5),
+                      ("ratio_troy_dask_over_dask_map_null", 1.2),
+                      ("ratio_troy_dask_bundled_true_over_parsl", 3.5)):
+        assert goals.GOALS[key].goal == goal, key
+    rows = rows_by_key({"rspec": {"rspec_parse_manifest_2000_over_libxml2": 6.0,
+                                  "rspec_parse_advertisement_5000_over_libxml2": 1.9}},
+                       goals.GOALS)
+    assert rows["rspec_parse_manifest_2000_over_libxml2"]["status"] == "miss"
+    assert rows["rspec_parse_advertisement_5000_over_libxml2"]["status"] == "pass"
+
+
 def test_an_unknown_direction_is_refused():
     with pytest.raises(ValueError, match="op must be one of"):
         Goal("x", "a", "=<", 1.0, "ms")
