@@ -136,9 +136,10 @@ def table(results: list[Result]) -> list[tuple[str, str]]:
     return rows
 
 
-def plot(config: SimConfig, results: list[Result]) -> list[str]:
+def plot(config: SimConfig, results: list[Result], quick: bool = False) -> list[str]:
     """One PNG per pattern: a panel per policy (nodes held, units running in nodes' worth,
-    tenant load as a share of the pool). Paths relative to bench/results."""
+    tenant load as a share of the pool). Paths relative to bench/results; a quick run's are
+    named ``*-quick.png`` (not kept: the README shows the full run's)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -168,7 +169,7 @@ def plot(config: SimConfig, results: list[Result]) -> list[str]:
         axes[-1].set_xlabel("hours (virtual)")
         fig.suptitle(f"elasticity, tenant load {pattern}", fontsize=10)
         fig.tight_layout()
-        path = RESULTS / f"elasticity_{pattern}.png"
+        path = RESULTS / f"elasticity_{pattern}{'-quick' if quick else ''}.png"
         fig.savefig(path, dpi=80)
         plt.close(fig)
         paths.append(path.name)
@@ -179,7 +180,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     config, results = simulate_all(quick)
     out = figures(results)
     out["table"] = table(results)
-    out["plots"] = plot(config, results)
+    out["plots"] = plot(config, results, quick)
     return out
 
 

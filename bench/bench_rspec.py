@@ -9,8 +9,9 @@ parse (tracemalloc; lxml's C allocations are not traced, so the process's max RS
 printed too), and the validation time. Goals (issue 22, the goals table): ad <= 50 ms,
 manifest <= 25 ms; and (issue 36) each parse's CPU over libxml2's own read of the same
 document, timed round by round beside it (a parser target with no callbacks: lxml calls no
-Python per element), <= 2: absolute milliseconds move 1.5-2x between machines and runs. Also the advertisement counted the way the manager reads it each cycle
-(``count_nodes``: types and availability, no records).
+Python per element), <= 2: absolute milliseconds move 1.5-2x between machines and runs.
+Also the advertisement counted the way the manager reads it each cycle (``count_nodes``:
+types and availability, no records).
 
 Each timed run is one ``parse`` of the bytes (input checks included, document generation
 not), its result dropped at once as a caller would. The benchmark leaves the garbage
