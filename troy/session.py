@@ -26,6 +26,7 @@ from troy.schedulers import BaseScheduler
 from troy.states import FINAL_STATES, State
 from troy.store import Store
 from troy.unit import ComputeUnit, UnitResult
+from troy.order import check_order
 from troy.unit_service import UnitService
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "bundle": "auto",            # bundling of short tasks: "auto", an int size, or False
     "bundle_threshold": 1.0,     # seconds: tasks with a runtime hint below this are short
     "scheduler": "backfill",     # the scheduler workload managers use
+    "order": "longest_first",    # queued units offered longest runtime hint first, or "fifo"
     "pilot_timeout": 60.0,       # seconds provision_overlay waits for pilots to run
     "late_binding": "overlay",   # late-bound units of a workload run on an overlay go to
                                  # its pilots' frameworks ("overlay") or any ("session")
@@ -55,6 +57,7 @@ class Session:
                 raise BadParameter(f"session config: unknown key(s) {', '.join(unknown)}; "
                                    f"known: {', '.join(sorted(DEFAULT_CONFIG))}")
             self.config.update(config)
+        check_order(self.config["order"], "session config: order")
         if self.config["late_binding"] not in ("overlay", "session"):
             raise BadParameter(f"session config: late_binding "
                                f"{self.config['late_binding']!r}: expected 'overlay' or "
@@ -156,10 +159,12 @@ class Session:
     # -- units --------------------------------------------------------------------------
     def unit_service(self, scheduler: str | type[BaseScheduler] | BaseScheduler
                      = "round_robin", wait: bool = True,
-                     early_binding: bool = False) -> UnitService:
-        """A UnitService over every framework of this session (see troy.unit_service)."""
+                     early_binding: bool = False, order: str | None = None) -> UnitService:
+        """A UnitService over every framework of this session (see troy.unit_service);
+        ``order``: the queue's (:mod:`troy.order`; default the session config's)."""
         self._check_open()
-        us = UnitService(self, scheduler, wait=wait, early_binding=early_binding)
+        us = UnitService(self, scheduler, wait=wait, early_binding=early_binding,
+                         order=self.config["order"] if order is None else order)
         with self._lock:
             self._services.append(us)
         return us

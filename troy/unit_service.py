@@ -9,6 +9,9 @@ A unit submitted with ``frameworks`` (names) goes only to those frameworks: its 
 sees a view of the service that lists just them. A workload manager submits an overlay's
 late-bound units this way, so they stay on the frameworks holding the overlay's pilots.
 
+Queued units are offered in the service's ``order`` (:mod:`troy.order`): by default the
+longest ``runtime`` hint first, the others as they came; ``order="fifo"``: as they came.
+
 Dispatch of queued units happens in one service thread, so framework callbacks (which may
 run in a framework's own threads) never call back into a framework while it is busy.
 """
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from troy.descriptions import ComputeUnitDescription
 from troy.errors import DoesNotExist, IncorrectState, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
+from troy.order import check_order, ordered
 from troy.schedulers import BaseScheduler, could_ever_fit, get_scheduler
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
@@ -51,13 +55,20 @@ class _ScopedView:
         return [fw for fw in self._service.list_pilot_frameworks() if fw.name in self._names]
 
 
+def _runtime_hint(unit: ComputeUnit) -> float | None:
+    return unit.description.runtime
+
+
 class UnitService:
     """Units over the frameworks of ``session`` (live: frameworks added later count too)."""
 
     def __init__(self, session: Session, scheduler: str | type[BaseScheduler] | BaseScheduler
-                 = "round_robin", *, wait: bool = True, early_binding: bool = False) -> None:
+                 = "round_robin", *, wait: bool = True, early_binding: bool = False,
+                 order: str = "longest_first") -> None:
         self.session = session
         self.scheduler = get_scheduler(scheduler)
+        #: the order queued units are offered to the scheduler in (:mod:`troy.order`)
+        self.order = check_order(order)
         self.wait = wait
         self.early_binding = early_binding
         self._units: dict[str, ComputeUnit] = {}
@@ -127,6 +138,9 @@ class UnitService:
             return cus
         with self._lock:
             self._queue.update((u.id, u) for u in cus)
+            if self.order != "fifo" and len(self._queue) > 1:
+                self._queue = {u.id: u for u in ordered(
+                    self._queue.values(), _runtime_hint, self.order)}
         if not self.wait:
             self._pass(raise_unplaced=True)
         else:

@@ -17,7 +17,9 @@
   count; scale down (idle workers) after ``wait_count`` (3) low recommendations 1 s apart.
 
 None of the baselines knows CloudLab's delete notices, so their units run until the node is
-taken; each asks only for what is free (CloudLab refuses the rest).
+taken; each asks only for what is free (CloudLab refuses the rest). Their queues are first
+come, first served (``order``), as Parsl's interchange and Dask's scheduler run tasks that
+carry no runtime; ours places the longest runtime first, as Troy's unit service does.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class Ours:
     name: str = "ours"
     interval: float = 10.0      # the simulation's tick; the pilot cluster decides every 2 s
     drains: bool = True
+    order: str = "longest_first"  # Troy's unit service: the longest runtime hint first
     reclaim_policy: str = "LIFO"  # CLIENT: the CM reclaims the nodes our values put lowest
     last_add: float | None = None
     last_delete: float | None = None
@@ -83,6 +86,7 @@ class Static:
     name: str = "static"
     interval: float = 60.0
     drains: bool = False
+    order: str = "fifo"
 
     def initial_nodes(self, config: SimConfig) -> int:
         return self.nodes
@@ -99,6 +103,7 @@ class SeedDefaults:
     name: str = "seed"
     interval: float = 300.0
     drains: bool = False
+    order: str = "fifo"
 
     def initial_nodes(self, config: SimConfig) -> int:
         return self.minthreshold
@@ -123,6 +128,7 @@ class ParslBlocks:
     name: str = "parsl"
     interval: float = 5.0
     drains: bool = False
+    order: str = "fifo"
     idle_since: float | None = None
 
     def initial_nodes(self, config: SimConfig) -> int:
@@ -163,6 +169,7 @@ class DaskAdaptive:
     name: str = "dask"
     interval: float = 10.0      # the simulation's tick; Adaptive's own is 1 s (3 s to scale down)
     drains: bool = False
+    order: str = "fifo"
 
     def initial_nodes(self, config: SimConfig) -> int:
         return max(self.minimum, 1)

@@ -9,8 +9,11 @@ values put lowest: :mod:`elasticslice.pilots.values`), each with a countdown of 
 seconds; at the deadline the node goes, and the units running on it are lost (re-run).
 A policy that ``drains`` (ours: the manager's deadline-aware drain) starts nothing on a
 node under notice that would not finish before the deadline, and hands the node back as
-soon as it is empty. Units (WfFormat tasks) run on ready nodes, first come first served,
-best fit (the fullest node that has room), as Troy's ``local`` framework places them.
+soon as it is empty. Units (WfFormat tasks) run on ready nodes in the policy's ``order``
+(:mod:`troy.order`, the function Troy's unit service orders its queue with: ours, as Troy
+does, the longest runtime first; the baselines, as Parsl's and Dask's queues do, first come
+first served), best fit (the fullest node that has room), as Troy's ``local`` framework
+places them.
 
 Time moves from event to event: unit ends, and ticks every ``tick`` seconds (tenant load,
 countdowns, node readiness, the policy's decisions at its own interval).
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from elasticslice.pilots.values import NodeWork, node_values
+from troy.order import ordered
 
 from .tenants import Pattern
 from .workload import SimTask, lower_bound
@@ -81,6 +85,7 @@ class Policy(Protocol):
     name: str
     interval: float      # seconds between decisions
     drains: bool         # honours reclaim notices (starts nothing that would be cut)
+    order: str           # the order ready units are placed in (troy.order.ORDERS)
 
     def initial_nodes(self, config: SimConfig) -> int: ...
 
@@ -243,9 +248,10 @@ class Simulation:
         if free <= 0 or not self.queue:
             return
         keep: list[str] = []
-        for i, uid in enumerate(self.queue):
+        queue = ordered(self.queue, lambda u: self.tasks[u].runtime, self.policy.order)
+        for i, uid in enumerate(queue):
             if free <= 0:
-                keep += self.queue[i:]
+                keep += queue[i:]
                 break
             task = self.tasks[uid]
             cores = min(task.cores, self.cfg.cores_per_node)
