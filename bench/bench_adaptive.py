@@ -102,6 +102,7 @@ class OursAdapt(Ours):
 
     name: str = "CloudLabCluster.adapt"
     interval: float = 2.0
+    order: str = "fifo"   # a Dask user's tasks: Dask's scheduler places them, not Troy's
     steps: Steps = field(default_factory=Steps)
 
     def observed(self, view: View) -> Any:
@@ -124,6 +125,7 @@ class DaskAdaptiveDefaults:
     name: str = "dask Adaptive (defaults)"
     interval: float = 1.0
     drains: bool = False
+    order: str = "fifo"
     close_counts: dict[str, int] = field(default_factory=dict)
     steps: Steps = field(default_factory=Steps)
 
