@@ -27,7 +27,8 @@ class BaseScheduler(ABC):
     the UnitService walks its queue:
 
     ``in_order``: when a queued unit cannot be placed (but some pilot could hold it one day),
-    later units wait behind it (first come, first served). False lets later units pass.
+    later units wait behind it (in the service's order, :mod:`troy.order`). False lets later
+    units pass.
     ``monotone``: a unit of ``n`` cores that cannot be placed means no wider unit can be
     either, so the service skips those in the same pass (an optimisation only).
     """

@@ -55,8 +55,9 @@ class RoundRobinScheduler(BaseScheduler):
 
 class FirstFitScheduler(BaseScheduler):
     """The first framework (in the session's order) with a running pilot whose free cores
-    fit the unit. Units are placed first come, first served: while the oldest queued unit
-    waits for room, later ones wait behind it (unless no pilot could ever hold it).
+    fit the unit. Units are placed in the unit service's order (:mod:`troy.order`): while
+    the first queued unit waits for room, later ones wait behind it (unless no pilot could
+    ever hold it).
     When no pilot has free cores, the first one with room in its backlog takes it."""
 
     name = "first_fit"
