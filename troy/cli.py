@@ -20,6 +20,7 @@ from troy.clickutil import OneLineErrors
 from troy.errors import BadParameter, TroyError, UsageError
 from troy.estimate import estimate
 from troy.limits import MAX_PILOT_CORES, MAX_PILOTS
+from troy.order import ORDERS
 from troy.plot import plot_cmd
 from troy.progress import show_progress
 from troy.report import build_report
@@ -110,6 +111,10 @@ def status_cmd(store: str, as_json: bool) -> None:
 @click.option("--scheduler", default=None,
               help="Troy scheduler: backfill, first_fit, round_robin or seed003 "
                    "(default: backfill).")
+@click.option("--order", type=click.Choice(ORDERS), default=None, metavar="ORDER",
+              help="The order ready tasks are started in: longest_first (the longest "
+                   "runtime first, the others as they came; the default) or fifo (as "
+                   "they came).")
 @click.option("--no-bundle", is_flag=True,
               help="One unit per task (default: short tasks are bundled into units).")
 @click.option("--dask-scheduler", "dask_address", default=None, metavar="URL",
@@ -122,7 +127,7 @@ def status_cmd(store: str, as_json: bool) -> None:
                    "same file to resume (finished tasks are not run again).")
 def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
             time_scale: float,
-            report: str | None, scheduler: str | None, no_bundle: bool,
+            report: str | None, scheduler: str | None, order: str | None, no_bundle: bool,
             dask_address: str | None, timeout: float | None,
             output_dir: str | None) -> None:
     """Run the workload in FILE (Troy JSON or a WfFormat instance) and summarise it.
@@ -175,7 +180,9 @@ def run_cmd(file: str, store: str | None, framework: str, pilots: str | None,
         manager["scheduler"] = scheduler
     if no_bundle:
         manager["bundle"] = False
-    with run_session(store, {"scheduler": scheduler} if scheduler else None) as session:
+    config = {key: value for key, value in (("scheduler", scheduler), ("order", order))
+              if value}
+    with run_session(store, config) as session:
         resumed = prepare(session, store, file, workload, time_scale) if store else None
         if resumed is not None:  # the store's workload, its unfinished units queued
             workload = resumed

@@ -81,11 +81,28 @@ def test_run_troy_json_with_a_failing_task(tmp_path):
     assert {e["task"]: e["error"] for e in report["tasks"]}["bad"] == "exit status 1"
 
 
+@pytest.mark.parametrize("order, expected", [(None, ["long", "mid", "short"]),
+                                             ("fifo", ["short", "long", "mid"])])
+def test_run_starts_the_longest_task_first_unless_told_fifo(tmp_path, order, expected):
+    """Three independent tasks on one core: the longest runtime hint starts first (the
+    default, ``troy.order``); ``--order fifo`` starts them as the file lists them."""
+    log = tmp_path / "ran"
+    tasks = [{"id": name, "executable": "/bin/sh", "arguments": ["-c", f"echo {name} >> {log}"],
+              "runtime": hint} for name, hint in (("short", 2.0), ("long", 9.0), ("mid", 5.0))]
+    path = tmp_path / "three.json"
+    path.write_text(json.dumps({"tasks": tasks}))
+    result = CliRunner().invoke(cli, ["run", str(path), "--pilots", "1x1", "--no-bundle",
+                                      *(["--order", order] if order else [])])
+    assert result.exit_code == 0, result.output
+    assert log.read_text().split() == expected
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "/nonexistent/w.json"], "/nonexistent/w.json: cannot read"),
     (["run", "{bad}", "--pilots", "0x2"], "--pilots '0x2': expected COUNTxCORES"),
     (["run", "{bad}"], "line 1 column 2: invalid JSON"),
     (["run", "{good}", "--scheduler", "nosuch"], "nosuch"),
+    (["run", "{good}", "--order", "lifo"], "'lifo' is not one of 'longest_first', 'fifo'"),
     (["run", "{good}", "--dask-scheduler", "dask://127.0.0.1:9"], "needs --framework dask"),
     (["run", "{good}", "--time-scale", "-1"], "--time-scale -1.0"),
     # broke: these ran (nan, inf), ran then failed (timeout, report), named no file
