@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: needs to know (the interchange's ports) once the block runs its first tasks, and the
 #: results at the end
 WORKFLOW = textwrap.dedent('''
-    import json, sys, time
+    import json, os, sys, time
     import parsl
     from parsl import python_app
     from parsl.config import Config
@@ -65,8 +65,9 @@ WORKFLOW = textwrap.dedent('''
         busy = {str(m["block_id"]) for m in executor.connected_managers() if m["tasks"]}
         nodes = [n for b in provider.book.blocks.values() if b.block_id in busy
                  for n in b.nodes]
-        with open(out + ".running", "w") as f:
+        with open(out + ".running.part", "w") as f:   # whole, once the test sees it
             json.dump({"ports": [executor.worker_port], "busy": nodes}, f)
+        os.replace(out + ".running.part", out + ".running")
         results = [f.result(timeout=600) for f in futures]
     provider.close()
     with open(out, "w") as f:
