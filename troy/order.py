@@ -5,7 +5,8 @@ longest ``runtime`` hint first, the others after them in the order they came (th
 stable: without hints it is ``fifo``). Started first, the long units of a wave no longer
 end it alone on nodes the short ones left idle: the wave ends together and its nodes go
 back sooner (the longest-processing-time rule; docs/manager-policy.md has the figures).
-The elasticity simulation (``bench/elastic``) places its units with the same function.
+The unit service keeps its queue by :func:`rank`; the elasticity simulation
+(``bench/elastic``) places its units with :func:`ordered`, the same rule.
 """
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ def check_order(order: object, where: str = "order") -> str:
     return str(order)
 
 
+def rank(runtime: float | None) -> float:
+    """The sort key of a runtime hint, longest first (None: counted as 0)."""
+    return -(runtime or 0.0)
+
+
 def longest_first(items: Iterable[T], runtime: Callable[[T], float | None]) -> list[T]:
     """``items`` with the longest ``runtime(item)`` first; ties and items without one
     (None: counted as 0) keep their order."""
-    return sorted(items, key=lambda item: -(runtime(item) or 0.0))
+    return sorted(items, key=lambda item: rank(runtime(item)))
 
 
 def ordered(items: Iterable[T], runtime: Callable[[T], float | None], order: str) -> list[T]:

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 from troy.descriptions import ComputeUnitDescription
 from troy.errors import DoesNotExist, IncorrectState, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
-from troy.order import check_order, ordered
+from troy.order import check_order
+from troy.order import rank as rank_of
 from troy.schedulers import BaseScheduler, could_ever_fit, get_scheduler
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
@@ -55,10 +56,6 @@ class _ScopedView:
         return [fw for fw in self._service.list_pilot_frameworks() if fw.name in self._names]
 
 
-def _runtime_hint(unit: ComputeUnit) -> float | None:
-    return unit.description.runtime
-
-
 class UnitService:
     """Units over the frameworks of ``session`` (live: frameworks added later count too)."""
 
@@ -73,6 +70,7 @@ class UnitService:
         self.early_binding = early_binding
         self._units: dict[str, ComputeUnit] = {}
         self._queue: dict[str, ComputeUnit] = {}  # insertion-ordered: the queue order
+        self._rank: dict[str, float] = {}  # queued unit id -> its sort key (longest first)
         self._scopes: dict[str, frozenset[str]] = {}  # unit id -> frameworks it may use
         self._lock = threading.RLock()
         self._dispatch_lock = threading.Lock()
@@ -137,15 +135,36 @@ class UnitService:
                 target.framework.submit_unit(u, target)
             return cus
         with self._lock:
-            self._queue.update((u.id, u) for u in cus)
-            if self.order != "fifo" and len(self._queue) > 1:
-                self._queue = {u.id: u for u in ordered(
-                    self._queue.values(), _runtime_hint, self.order)}
+            self._enqueue(cus)
         if not self.wait:
             self._pass(raise_unplaced=True)
         else:
             self._kick()
         return cus
+
+    def _enqueue(self, units: list[ComputeUnit]) -> None:
+        """Queue ``units`` (lock held) in the service's order. Longest first: each queued
+        unit's rank is kept (:func:`troy.order.rank`), and the queue is sorted again only
+        when a new unit passes one already queued, by a stable sort on a dict's C-level
+        lookup (ties as they came; no Python call per queued unit, a queue may be long)."""
+        if self.order == "fifo":
+            self._queue.update((u.id, u) for u in units)
+            return
+        rank = self._rank
+        last = rank.get(next(reversed(self._queue))) if self._queue else None
+        new = [rank_of(u.description.runtime) for u in units]
+        rank.update(zip((u.id for u in units), new))
+        self._queue.update((u.id, u) for u in units)
+        if new and (any(a > b for a, b in zip(new, new[1:]))
+                    or (last is not None and new[0] < last)):
+            uids = sorted(self._queue, key=rank.__getitem__)
+            self._queue = dict(zip(uids, map(self._queue.__getitem__, uids)))
+
+    def _dequeue(self, uid: str) -> None:
+        """Take ``uid`` out of the queue (lock held)."""
+        self._queue.pop(uid, None)
+        self._scopes.pop(uid, None)
+        self._rank.pop(uid, None)
 
     def _find_pilot(self, pilot: Pilot | str) -> Pilot:
         if isinstance(pilot, Pilot):
@@ -184,8 +203,7 @@ class UnitService:
         with self._lock:
             ids = {u.id for u in todo}
             for uid in ids:
-                self._queue.pop(uid, None)
-                self._scopes.pop(uid, None)
+                self._dequeue(uid)
         for u in todo:
             if u.state not in FINAL_STATES:
                 u.cancel()
@@ -197,6 +215,7 @@ class UnitService:
                 return
             self._closed = True
             queued, self._queue = list(self._queue.values()), {}
+            self._rank.clear()
         self._wake.set()
         for u in queued:
             u._set_state(State.CANCELED)
@@ -305,8 +324,7 @@ class UnitService:
                 ids = {u.id for u in unplaced}
                 with self._lock:
                     for uid in done | ids:
-                        self._queue.pop(uid, None)
-                        self._scopes.pop(uid, None)
+                        self._dequeue(uid)
                 for u in unplaced:
                     u._set_state(State.FAILED)
                 widths = sorted({u.description.cores for u in unplaced})
@@ -315,5 +333,4 @@ class UnitService:
                                 f"{sched.name!r}, wait=False)")
             with self._lock:
                 for uid in done:
-                    self._queue.pop(uid, None)
-                    self._scopes.pop(uid, None)
+                    self._dequeue(uid)

@@ -15,8 +15,10 @@ from troy.order import longest_first
 HINTS = (("short", 1.0), ("none", None), ("long", 9.0), ("mid", 3.0))
 
 
-def started_in_order(session: troy.Session, tmp_path, order: str | None) -> list[str]:
-    """Four units queued behind a running one on a one-core pilot: the order they ran in."""
+def started_in_order(session: troy.Session, tmp_path, order: str | None,
+                     one_by_one: bool = False) -> list[str]:
+    """Four units queued behind a running one on a one-core pilot (in one submission, or
+    ``one_by_one``): the order they ran in."""
     fw = session.add_framework("local", name="one", sandbox=str(tmp_path / "sandbox"))
     assert fw.submit_pilot(PilotDescription(size=1)).wait_running(10) is State.RUNNING
     us = session.unit_service(scheduler="backfill", order=order)
@@ -24,17 +26,22 @@ def started_in_order(session: troy.Session, tmp_path, order: str | None) -> list
     blocker = us.submit_unit(CUD(executable="/bin/sh", arguments=[
         "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"]))
     wait_for(lambda: blocker.state is State.RUNNING, 10, what="the first unit running")
-    units = us.submit_units([CUD(executable="/bin/sh", arguments=["-c", f"echo {n} >> {log}"],
-                                 runtime=hint) for n, hint in HINTS])
+    cuds = [CUD(executable="/bin/sh", arguments=["-c", f"echo {n} >> {log}"], runtime=hint)
+            for n, hint in HINTS]
+    units = [us.submit_unit(c) for c in cuds] if one_by_one else us.submit_units(cuds)
     assert {u.state for u in units} == {State.PENDING}   # queued: the core is taken
     gate.touch()
     assert us.wait_units(units, timeout=30) == [State.DONE] * 4
     return log.read_text().split()
 
 
-def test_the_longest_hint_runs_first_and_units_without_one_keep_their_turn(tmp_path):
+@pytest.mark.parametrize("one_by_one", [False, True], ids=["one-batch", "one-by-one"])
+def test_the_longest_hint_runs_first_and_units_without_one_keep_their_turn(tmp_path,
+                                                                          one_by_one):
+    """A unit submitted later passes the shorter ones already queued."""
     with troy.Session(store_path=tmp_path / "troy.db") as s:
-        assert started_in_order(s, tmp_path, None) == ["long", "mid", "short", "none"]
+        assert started_in_order(s, tmp_path, None, one_by_one) == [
+            "long", "mid", "short", "none"]
 
 
 def test_fifo_runs_them_as_they_came(tmp_path):
