@@ -12,8 +12,10 @@ node under notice that would not finish before the deadline, and hands the node 
 soon as it is empty. Units (WfFormat tasks) run on ready nodes in the policy's ``order``
 (:mod:`troy.order`, the function Troy's unit service orders its queue with: ours, as Troy
 does, the longest runtime first; the baselines, as Parsl's and Dask's queues do, first come
-first served), best fit (the fullest node that has room), as Troy's ``local`` framework
-places them.
+first served), placed as the policy's ``placement`` says: ours by expected end
+(:func:`troy.place.choose`, as Troy's ``local`` framework places them: units that end
+together share nodes, and the long ones take only the nodes they need to end with the rest
+of the work known), the baselines best fit (the fullest node that has room).
 
 Time moves from event to event: unit ends, and ticks every ``tick`` seconds (tenant load,
 countdowns, node readiness, the policy's decisions at its own interval).
