@@ -103,6 +103,7 @@ class OursAdapt(Ours):
     name: str = "CloudLabCluster.adapt"
     interval: float = 2.0
     order: str = "fifo"   # a Dask user's tasks: Dask's scheduler places them, not Troy's
+    placement: str = "best_fit"
     steps: Steps = field(default_factory=Steps)
 
     def observed(self, view: View) -> Any:
@@ -126,6 +127,7 @@ class DaskAdaptiveDefaults:
     interval: float = 1.0
     drains: bool = False
     order: str = "fifo"
+    placement: str = "best_fit"
     close_counts: dict[str, int] = field(default_factory=dict)
     steps: Steps = field(default_factory=Steps)
 

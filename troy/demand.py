@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from troy.states import FINAL_STATES, State
 
 if TYPE_CHECKING:
+    from troy.descriptions import ComputeUnitDescription
     from troy.session import Session
     from troy.unit import ComputeUnit
 
@@ -65,3 +66,12 @@ def session_demand(session: Session) -> Demand:
     wc = sum(u.description.cores for u in waiting.values())
     widest = max([widest] + [u.description.cores for u in waiting.values()])
     return Demand(qc, rc, wc, widest, nq, nr, len(waiting), done)
+
+
+def work_to_come(session: Session) -> list[ComputeUnitDescription]:
+    """The descriptions of the session's units no framework has yet: queued in its unit
+    services, or held by its workload managers until the tasks they depend on are done
+    (what a framework's placement counts as the work a wave still has: troy.place)."""
+    out = [u.description for us in list(session._services) for u in us.queued_units()
+           if u.state is State.PENDING]
+    return out + [u.description for wm in list(session._managers) for u in wm.held_units()]

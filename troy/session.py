@@ -7,6 +7,7 @@ that were in flight.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from troy.demand import Demand, session_demand
+from troy.demand import Demand, work_to_come, session_demand
 from troy.errors import BadParameter, DoesNotExist, IncorrectState
 from troy.frameworks import framework_class
 from troy.frameworks.base import Pilot, PilotFramework
@@ -121,6 +122,7 @@ class Session:
             elif name in self.frameworks:
                 raise BadParameter(f"a pilot framework named {name!r} already exists")
             fw = cls(name=name, **options)
+        fw.work_to_come = functools.partial(work_to_come, self)
         fw.start()
         fw.add_pilot_callback(self._on_pilot)
         with self._lock:

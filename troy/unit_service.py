@@ -179,6 +179,11 @@ class UnitService:
         with self._lock:
             return list(self._units.values())
 
+    def queued_units(self) -> list[ComputeUnit]:
+        """The units waiting in this service's queue, in its order."""
+        with self._lock:
+            return list(self._queue.values())
+
     def get_unit(self, uid: str) -> ComputeUnit:
         with self._lock:
             try:

@@ -48,6 +48,7 @@ class Ours:
     interval: float = 10.0      # the simulation's tick; the pilot cluster decides every 2 s
     drains: bool = True
     order: str = "longest_first"  # Troy's unit service: the longest runtime hint first
+    placement: str = "by_end"     # Troy's local framework: troy.place.choose
     reclaim_policy: str = "LIFO"  # CLIENT: the CM reclaims the nodes our values put lowest
     last_add: float | None = None
     last_delete: float | None = None
@@ -87,6 +88,7 @@ class Static:
     interval: float = 60.0
     drains: bool = False
     order: str = "fifo"
+    placement: str = "best_fit"
 
     def initial_nodes(self, config: SimConfig) -> int:
         return self.nodes
@@ -104,6 +106,7 @@ class SeedDefaults:
     interval: float = 300.0
     drains: bool = False
     order: str = "fifo"
+    placement: str = "best_fit"
 
     def initial_nodes(self, config: SimConfig) -> int:
         return self.minthreshold
@@ -129,6 +132,7 @@ class ParslBlocks:
     interval: float = 5.0
     drains: bool = False
     order: str = "fifo"
+    placement: str = "best_fit"
     idle_since: float | None = None
 
     def initial_nodes(self, config: SimConfig) -> int:
@@ -170,6 +174,7 @@ class DaskAdaptive:
     interval: float = 10.0      # the simulation's tick; Adaptive's own is 1 s (3 s to scale down)
     drains: bool = False
     order: str = "fifo"
+    placement: str = "best_fit"
 
     def initial_nodes(self, config: SimConfig) -> int:
         return max(self.minimum, 1)

@@ -12,20 +12,24 @@ node under notice that would not finish before the deadline, and hands the node 
 soon as it is empty. Units (WfFormat tasks) run on ready nodes in the policy's ``order``
 (:mod:`troy.order`, the function Troy's unit service orders its queue with: ours, as Troy
 does, the longest runtime first; the baselines, as Parsl's and Dask's queues do, first come
-first served), best fit (the fullest node that has room), as Troy's ``local`` framework
-places them.
+first served), placed as the policy's ``placement`` says: ours by expected end
+(:func:`troy.place.choose`, as Troy's ``local`` framework places them: units that end
+together share nodes, and the long ones take only the nodes they need to end with the rest
+of the work known), the baselines best fit (the fullest node that has room).
 
 Time moves from event to event: unit ends, and ticks every ``tick`` seconds (tenant load,
 countdowns, node readiness, the policy's decisions at its own interval).
 """
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from elasticslice.pilots.values import NodeWork, node_values
 from troy.order import ordered
+from troy.place import Budget, Slot, choose, long_budget
 
 from .tenants import Pattern
 from .workload import SimTask, lower_bound
@@ -86,6 +90,7 @@ class Policy(Protocol):
     interval: float      # seconds between decisions
     drains: bool         # honours reclaim notices (starts nothing that would be cut)
     order: str           # the order ready units are placed in (troy.order.ORDERS)
+    placement: str       # "best_fit" (the fullest node with room) or "by_end" (troy.place)
 
     def initial_nodes(self, config: SimConfig) -> int: ...
 
@@ -124,6 +129,38 @@ class Result:
         return self.makespan / self.lower_bound if self.lower_bound else float("inf")
 
 
+class Pending:
+    """The tasks arrived and not running (queued, or waiting for their parents): their
+    core-seconds, those of the long ones (runtime over ``horizon``) and the longest."""
+
+    def __init__(self, horizon: float) -> None:
+        self.horizon = horizon
+        self.uids: set[str] = set()
+        self.work = self.long_work = 0.0
+        self._longest: list[tuple[float, str]] = []   # a heap; uids gone are skipped
+
+    def add(self, task: SimTask) -> None:
+        if task.uid not in self.uids:
+            self.uids.add(task.uid)
+            self._count(task, 1)
+            heapq.heappush(self._longest, (-task.runtime, task.uid))
+
+    def discard(self, task: SimTask) -> None:
+        if task.uid in self.uids:
+            self.uids.remove(task.uid)
+            self._count(task, -1)
+
+    def _count(self, task: SimTask, sign: int) -> None:
+        self.work += sign * task.cores * task.runtime
+        if task.runtime > self.horizon:
+            self.long_work += sign * task.cores * task.runtime
+
+    def longest(self) -> float:
+        while self._longest and self._longest[0][1] not in self.uids:
+            heapq.heappop(self._longest)
+        return -self._longest[0][0] if self._longest else 0.0
+
+
 class Simulation:
     def __init__(self, config: SimConfig, tasks: list[SimTask], pattern: Pattern,
                  policy: Policy) -> None:
@@ -135,6 +172,8 @@ class Simulation:
             for p in t.parents:
                 self.children.setdefault(p, []).append(t.uid)
         self.arrivals = sorted((t.arrival, t.uid) for t in tasks if self.missing[t.uid] == 0)
+        self.waves = sorted(((t.arrival, t.uid) for t in tasks), reverse=True)  # all, last first
+        self.pending = Pending(config.max_wait)   # arrived, not running: queued or waiting
         self.queue: list[str] = []
         self.nodes: dict[str, SimNode] = {}
         self.ends: list[tuple[float, int, str, str]] = []   # (end, attempt, task, node)
@@ -166,6 +205,7 @@ class Simulation:
             self.result.units_lost += 1
             self.result.lost_core_hours += self.tasks[task_uid].cores * (self.now - start) / 3600
             self.queue.insert(0, task_uid)
+            self.pending.add(self.tasks[task_uid])
 
     def _tenants(self) -> None:
         target = self.pattern.target(self.now, len(self.nodes))
@@ -223,6 +263,8 @@ class Simulation:
     def _arrive(self) -> None:
         while self.arrivals and self.arrivals[0][0] <= self.now:
             self.queue.append(self.arrivals.pop(0)[1])
+        while self.waves and self.waves[-1][0] <= self.now:
+            self.pending.add(self.tasks[self.waves.pop()[1]])
 
     def _finish(self, end: float, attempt: int, task_uid: str, node_uid: str) -> None:
         if self.attempt.get(task_uid, 0) != attempt:
@@ -247,6 +289,10 @@ class Simulation:
         free = sum(n.cores - n.used for n in ready)
         if free <= 0 or not self.queue:
             return
+        ready.sort(key=lambda n: n.uid)   # best fit's ties: by name
+        slots = {n.uid: self._slot(n) for n in ready}
+        by_end = self.policy.placement == "by_end"
+        budget = functools.cache(self._long_budget) if by_end else None
         keep: list[str] = []
         queue = ordered(self.queue, lambda u: self.tasks[u].runtime, self.policy.order)
         for i, uid in enumerate(queue):
@@ -255,18 +301,42 @@ class Simulation:
                 break
             task = self.tasks[uid]
             cores = min(task.cores, self.cfg.cores_per_node)
-            fits = [n for n in ready if n.cores - n.used >= cores and self._may_start(n, task)]
-            if not fits:
+            fits = [slots[n.uid] for n in ready if self._may_start(n, task)]
+            slot = choose(fits, cores, self.now + task.runtime if by_end else None,
+                          now=self.now, horizon=self.cfg.max_wait, budget=budget)
+            if slot is None:
                 keep.append(uid)
                 continue
-            node = min(fits, key=lambda n: (n.cores - n.used, n.uid))
+            node = self.nodes[slot.key]
+            self.pending.discard(task)
             node.used += cores
             node.running[uid] = self.now
             node.idle_since = None
+            end = self.now + task.runtime
+            slots[node.uid] = Slot(node.uid, node.cores, node.cores - node.used,
+                                   end if slot.end is None else max(slot.end, end))
             free -= cores
             attempt = self.attempt.get(uid, 0)
-            heapq.heappush(self.ends, (self.now + task.runtime, attempt, uid, node.uid))
+            heapq.heappush(self.ends, (end, attempt, uid, node.uid))
         self.queue = keep
+
+    def _slot(self, node: SimNode) -> Slot[str]:
+        ends = [start + self.tasks[u].runtime for u, start in node.running.items()]
+        return Slot(node.uid, node.cores, node.cores - node.used, max(ends, default=None))
+
+    def _long_budget(self) -> Budget:
+        """The cores the long units (not ending within a countdown) need to end with the
+        rest of the work known now: running, queued, and waiting for their parents in the
+        workflows that have arrived (as Troy's workload manager holds them)."""
+        horizon = self.now + self.cfg.max_wait
+        left = [(self.tasks[u].cores, start + self.tasks[u].runtime - self.now)
+                for n in self.nodes.values() for u, start in n.running.items()]
+        cores = sum(n.cores for n in self.nodes.values()
+                    if n.ready(self.now) and n.deadline is None)
+        p = self.pending
+        return long_budget(p.long_work + sum(c * r for c, r in left if self.now + r > horizon),
+                           p.work + sum(c * r for c, r in left), cores,
+                           max([p.longest(), *(r for _, r in left)]))
 
     def _may_start(self, node: SimNode, task: SimTask) -> bool:
         if node.deadline is None:

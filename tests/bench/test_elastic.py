@@ -92,3 +92,25 @@ def test_under_client_a_reclamation_takes_the_idle_node_not_the_busy_one() -> No
     assert runs["LIFO"].units_lost == 1
     assert runs["CLIENT"].units_lost == 0
     assert runs["CLIENT"].makespan < runs["LIFO"].makespan
+
+
+def test_placing_by_end_leaves_half_the_nodes_free_of_long_work_for_client() -> None:
+    """Four nodes of 4 cores, 24 units of 1,000 s and 1,000 of 30 s (a countdown of 120 s),
+    half the nodes reclaimed at 30 s. Longest first and best fit puts long units on every
+    node: any two victims cut 8. Placed by end, the long work takes the two nodes it needs
+    to end with the rest; CLIENT takes the other two and cuts nothing, LIFO the long ones."""
+    tasks = [SimTask(f"long{i}", 1, 1000.0, (), 0.0) for i in range(24)]
+    tasks += [SimTask(f"short{i}", 1, 30.0, (), 0.0) for i in range(1000)]
+    kept = PolicyConfig(minthreshold=4, maxthreshold=4)
+    runs = {}
+    for placement in ("best_fit", "by_end"):
+        for reclaim in ("LIFO", "CLIENT"):
+            ours = Ours(kept, reclaim_policy=reclaim)
+            ours.placement = placement
+            runs[placement, reclaim] = simulate(
+                CONFIG, tasks, Reclaim("r", 40, load=0.0, at=30.0, hold=10_000.0), ours)
+    assert runs["best_fit", "CLIENT"].units_lost == runs["best_fit", "CLIENT"].cut_floor == 8
+    assert runs["by_end", "CLIENT"].units_lost == runs["by_end", "CLIENT"].cut_floor == 0
+    assert runs["by_end", "LIFO"].units_lost == 8
+    assert all(r.finished for r in runs.values())
+    assert runs["by_end", "CLIENT"].makespan <= runs["best_fit", "CLIENT"].makespan

@@ -116,3 +116,51 @@ def test_close_cancels_queued_and_running_units(troy_session):
     assert running.state is State.CANCELED and queued.state is State.CANCELED
     assert all(p.state is State.CANCELED for p in fw.list_pilots())
     fw.close()  # idempotent
+
+
+def gated(gate, runtime: float | None) -> CUD:
+    """A unit that runs until ``gate`` exists, hinted at ``runtime`` seconds."""
+    return CUD(executable="/bin/sh", runtime=runtime,
+               arguments=["-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])
+
+
+def test_a_late_bound_unit_goes_where_the_work_ends_with_it_not_best_fit(troy_session,
+                                                                          tmp_path):
+    """A short unit runs on a 2-core pilot, a long one on a 3-core pilot; another long
+    unit goes to the long one's pilot (best fit would take the other's last core)."""
+    fw = troy_session.add_framework("local", sandbox=str(tmp_path))
+    short_pilot = fw.submit_pilot(PilotDescription(size=2))
+    long_pilot = fw.submit_pilot(PilotDescription(size=3))
+    gate = tmp_path / "gate"
+    short = fw.submit_unit(gated(gate, 1.0), pilot=short_pilot)
+    long = fw.submit_unit(gated(gate, 600.0), pilot=long_pilot)
+    wait_for(lambda: short.state is long.state is State.RUNNING, 10, what="both running")
+    other = fw.submit_unit(gated(gate, 600.0))
+    wait_for(lambda: other.state is State.RUNNING, 10, what="the second long unit running")
+    assert other.pilot == long_pilot.id
+    blind = fw.submit_unit(gated(gate, None))   # no hint: best fit, the tightest pilot
+    wait_for(lambda: blind.state is State.RUNNING, 10, what="the unit without a hint")
+    assert blind.pilot == short_pilot.id
+    gate.touch()
+    assert [u.wait(10) for u in (short, long, other, blind)] == [State.DONE] * 4
+
+
+def test_long_units_expose_no_more_pilots_than_the_work_needs(troy_session, tmp_path):
+    """Two 1-core pilots, two units of 100 s and forty of 5 s (``long_unit`` 10) through a
+    unit service: all of it takes 200 s on two cores, the long work needs one core for
+    that long, so the second long unit waits while the short ones run on the other pilot."""
+    fw = troy_session.add_framework("local", sandbox=str(tmp_path), long_unit=10)
+    pilots = [fw.submit_pilot(PilotDescription(size=1)) for _ in range(2)]
+    assert all(p.wait_running(10) is State.RUNNING for p in pilots)
+    gate = tmp_path / "gate"
+    us = troy_session.unit_service(scheduler="backfill")
+    first, second, *shorts = us.submit_units([gated(gate, 100.0), gated(gate, 100.0)]
+                                             + [gated(gate, 5.0) for _ in range(40)])
+    wait_for(lambda: first.state is State.RUNNING
+             and any(u.state is State.RUNNING for u in shorts), 10,
+             what="a long and a short unit running")
+    short = next(u for u in shorts if u.state is State.RUNNING)
+    assert {first.pilot, short.pilot} == {p.id for p in pilots}
+    assert second.state is not State.RUNNING   # best fit would have started it
+    gate.touch()
+    assert us.wait_units([first, second, *shorts], timeout=30) == [State.DONE] * 42

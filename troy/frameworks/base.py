@@ -67,6 +67,9 @@ class PilotFramework(ABC):
         self.low_value = float(low_value)
         self._stats = StatCounter()
         self._values: dict[str, float] = {}
+        # the units no framework has yet (queued in a unit service, held by a workload
+        # manager; set by Session.add_framework): the work a wave still has (troy.place)
+        self.work_to_come: Callable[[], list[ComputeUnitDescription]] | None = None
         self._drains: dict[str, Drain] = {}     # pilot id -> its drain (over ones too)
         self._draining: dict[str, Drain] = {}   # the drains not over yet
         self._drain_lock = threading.RLock()    # guards both; never held across a hook

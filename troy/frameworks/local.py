@@ -5,10 +5,14 @@ a 2-core laptop simply lets 32 one-core units run at once). Units run for real t
 ``troy.execution.execute`` in a thread pool: executables as subprocesses (killable), Python
 callables in the pool thread (not interruptible; a canceled callable's result is dropped).
 
-Binding: an early-bound unit waits for room on its pilot; a late-bound unit goes to the
-RUNNING pilot whose free cores fit it most tightly (best fit, which keeps wide pilots free
-for wide units). A unit never blocks the queue behind it: smaller units run while a wide one
-waits, and a unit wider than every pilot waits until a wide-enough pilot appears.
+Binding: an early-bound unit waits for room on its pilot; a late-bound unit goes where
+:func:`troy.place.choose` says: with a runtime hint, to the RUNNING pilot whose units end
+when it does (long units together, ``long_unit`` the horizon; a long unit exposes another
+pilot only within the budget of the work known: queued and running here, and what the
+session's unit services and workload managers hold, ``work_to_come``); without one, to the
+pilot whose free cores fit it most tightly (best fit, which keeps wide pilots free for wide units). A unit never
+blocks the queue behind it: smaller units run while a wide one waits, and a unit wider
+than every pilot waits until a wide-enough pilot appears.
 Canceling a pilot (or its walltime running out) kills its running units and requeues them,
 with their queued ones, onto the other pilots. Draining a pilot (``drain_pilot``, the base's
 template) stops new units at once (a draining pilot has no free cores, and units bound to it
@@ -20,9 +24,12 @@ Long units (``long_unit``) prefer valued pilots (see
 """
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +38,7 @@ from troy import execution
 from troy.errors import BadParameter
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.shapes import tightest_free
+from troy.place import Budget, Slot, choose, long_budget
 from troy.states import FINAL_STATES, State
 from troy.unit import ComputeUnit, UnitResult
 
@@ -68,6 +76,8 @@ class LocalFramework(PilotFramework):
         self._executor: ThreadPoolExecutor | None = None
         self._timers: dict[str, threading.Timer] = {}
         self._closed = False
+        self._held_at = -math.inf
+        self._held_seen: list[tuple[int, float]] = []
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -194,6 +204,7 @@ class LocalFramework(PilotFramework):
             else:
                 closed = None
                 self._queue.append((unit, pilot))
+                self._held_at = -math.inf   # the work to come changed
         if closed:
             unit._set_state(State.CANCELED)
         self._schedule()
@@ -214,6 +225,7 @@ class LocalFramework(PilotFramework):
     def _schedule(self) -> None:
         """Start every queued unit that fits a pilot now (see the module doc for the rules)."""
         launches: list[_Run] = []
+        held = self._held()  # outside the lock: it asks the workload managers
         with self._lock:
             executor = self._executor
             if self._closed or executor is None or not self._queue:
@@ -226,6 +238,22 @@ class LocalFramework(PilotFramework):
             if not free:
                 return
             total_free = sum(free.values())
+            now = time.time()
+            ends = self._ends(now)
+            budget = functools.cache(lambda: self._long_budget(now, held))
+
+            def place(among: list[Pilot], unit: ComputeUnit) -> Pilot | None:
+                runtime = unit.description.runtime
+                slot = choose([Slot(p, p.size, free.get(p.id, 0), ends.get(p.id))
+                               for p in among], unit.description.cores,
+                              now + float(runtime) if runtime else None, now=now,
+                              horizon=self.long_unit, budget=budget)
+                if slot is None:
+                    return None
+                ends[slot.key.id] = max(ends.get(slot.key.id, now),
+                                        now + float(runtime) if runtime else math.inf)
+                return slot.key
+
             keep: list[tuple[ComputeUnit, Pilot | None]] = []
             smallest_unplaced = None
             for i, (unit, bound) in enumerate(self._queue):
@@ -238,12 +266,10 @@ class LocalFramework(PilotFramework):
                     if free.get(bound.id, 0) >= cores:
                         target = bound
                 elif self.is_long(unit.description) and any(p.size >= cores for p in valued):
-                    fits = [p for p in valued if free.get(p.id, 0) >= cores]
-                    target = min(fits, key=lambda p: free[p.id]) if fits else None
+                    target = place(valued, unit)
                 elif smallest_unplaced is None or cores < smallest_unplaced:
-                    fits = [p for p in pilots if free[p.id] >= cores]
-                    if fits:
-                        target = min(fits, key=lambda p: free[p.id])
+                    if any(free[p.id] >= cores for p in pilots):
+                        target = place(pilots, unit)
                     else:
                         smallest_unplaced = cores
                 if target is None:
@@ -261,6 +287,45 @@ class LocalFramework(PilotFramework):
                 executor.submit(self._run, run)
             except RuntimeError:  # shut down meanwhile: close() cancels the unit
                 run.pilot._release(run.cores)
+
+    def _held(self) -> list[tuple[int, float]]:
+        """(cores, runtime hint) of the units no framework has yet (``work_to_come``),
+        looked at again on a submission, else at most once a second (a look costs a pass
+        over the session's queues)."""
+        now = time.monotonic()
+        if self.work_to_come is None or not self._queue:
+            return []
+        if now - self._held_at >= 1.0:
+            self._held_seen = [(d.cores, float(d.runtime)) for d in self.work_to_come()
+                               if d.runtime]
+            self._held_at = now
+        return self._held_seen
+
+    def _ends(self, now: float) -> dict[str, float]:
+        """When each pilot's running units are expected to end, the latest (inf: one has
+        no runtime hint); called with the lock held."""
+        ends: dict[str, float] = {}
+        for run in self._running.values():
+            runtime = run.unit.description.runtime
+            end = (run.unit.start or now) + float(runtime) if runtime else math.inf
+            ends[run.pilot.id] = max(ends.get(run.pilot.id, end), end)
+        return ends
+
+    def _long_budget(self, now: float, held: list[tuple[int, float]]) -> Budget:
+        """troy.place's budget from the units running, queued here and ``held``
+        elsewhere (cores, seconds left); called with the lock held."""
+        work = list(held)
+        for run in self._running.values():
+            runtime = run.unit.description.runtime
+            if runtime:
+                work.append((run.cores, (run.unit.start or now) + float(runtime) - now))
+        work += [(u.description.cores, float(u.description.runtime))
+                 for u, _ in self._queue if u.description.runtime]
+        cores = sum(p.size for p in self._pilots.values()
+                    if p.state is State.RUNNING and not p.draining)
+        return long_budget(sum(c * r for c, r in work if r > self.long_unit),
+                           sum(c * r for c, r in work), cores,
+                           max((r for _, r in work), default=0.0))
 
     def _run(self, run: _Run) -> None:
         unit = run.unit
