@@ -10,9 +10,9 @@ Binding: an early-bound unit waits for room on its pilot; a late-bound unit goes
 when it does (long units together, ``long_unit`` the horizon; a long unit exposes another
 pilot only within the budget of the work known: queued and running here, and what the
 session's unit services and workload managers hold, ``work_to_come``); without one, to the
-pilot whose free cores fit it most tightly (best fit, which keeps wide pilots free for wide units). A unit never
-blocks the queue behind it: smaller units run while a wide one waits, and a unit wider
-than every pilot waits until a wide-enough pilot appears.
+pilot whose free cores fit it most tightly (best fit, which keeps wide pilots free for wide
+units). A unit never blocks the queue behind it: smaller units run while a wide one waits,
+and a unit wider than every pilot waits until a wide-enough pilot appears.
 Canceling a pilot (or its walltime running out) kills its running units and requeues them,
 with their queued ones, onto the other pilots. Draining a pilot (``drain_pilot``, the base's
 template) stops new units at once (a draining pilot has no free cores, and units bound to it
