@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 # thousands (commands, node agents, units, enrolments).
 EDITABLE := --config-settings editable_mode=compat
 
-.PHONY: test test-fast test-py310 bytecode fastrspec compiler browser netns demo bench chaos wheelhouse clean
+.PHONY: test test-fast test-py310 bytecode native compiler browser netns demo bench chaos wheelhouse clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@# uv resolves, downloads and byte-compiles in parallel: a fresh .venv in ~12 s where pip
@@ -34,7 +34,7 @@ $(STAMP): setup.cfg pyproject.toml
 # every test process, node agent and unit would otherwise compile them again.
 # Pytest's assertion rewriting of the test modules is cached the same way, by one collection,
 # instead of by each of the TEST_WORKERS processes rewriting all of them again.
-bytecode: $(STAMP) fastrspec
+bytecode: $(STAMP) native
 	@$(BIN)/python -m compileall -q -j 2 elasticslice troy bench tests
 	@PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null
 
@@ -58,15 +58,17 @@ test:
 	@$(MAKE) --no-print-directory -j2 browser netns bytecode
 	$(TMP_ENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-# The C RSpec reader (elasticslice/rspec/_fastrspec.c: RSpecs read at about libxml2's own
-# speed, 3-4x faster than in Python; docs/benchmarks.md), built next to its source with this
-# Python's compiler and the libxml2 headers in lxml's wheel. Rebuilt when the source or lxml
-# changes; without a compiler, one line says RSpecs are read in Python (the same records).
-fastrspec: $(STAMP) compiler
+# The optional C modules, built next to their sources with this Python's compiler (a second
+# or two; rebuilt when a source changes): troy/_spawn.c runs units' processes without the GIL
+# (troy.native), elasticslice/rspec/_fastrspec.c reads RSpecs at about libxml2's own speed
+# against the libxml2 headers in lxml's wheel (docs/rspec.md, "Performance"). Without a
+# compiler, one line each says Python does the work (the same results).
+native: $(STAMP) compiler
+	@$(BIN)/python -m troy.native
 	@$(BIN)/python -m elasticslice.rspec.fastbuild
 
-# A C compiler (Debian's gcc) for the C RSpec reader: installed when missing where this is
-# root on Debian; elsewhere RSpecs are read in Python. After netns, before browser: one
+# A C compiler (Debian's gcc) for the C modules: installed when missing where this is
+# root on Debian; elsewhere Python does their work. After netns, before browser: one
 # apt-get at a time.
 compiler: netns
 	@command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || { \
@@ -75,8 +77,8 @@ compiler: netns
 	    apt-get install -y -q --no-install-recommends gcc libc6-dev >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null 2>&1 && \
 	      apt-get install -y -q --no-install-recommends gcc libc6-dev >/dev/null; } && \
-	    echo "compiler: installed Debian's gcc (the C RSpec reader)"; \
-	  else echo "compiler: no C compiler and not root on Debian: RSpecs are read in Python"; fi; }
+	    echo "compiler: installed Debian's gcc (the C modules)"; \
+	  else echo "compiler: no C compiler and not root on Debian: Python does the C modules' work"; fi; }
 
 # Debian's Chromium, for the tests that take screenshots of what users watch (the Dask
 # dashboard, troy plot: docs/*.png): installed when missing where this is root on Debian
@@ -125,15 +127,16 @@ $(PY310_VENV)/.installed-stamp: setup.cfg pyproject.toml | $(STAMP)
 	  { $(PY310_VENV)/bin/python -m ensurepip -q && $(PY310_VENV)/bin/python -m pip install -q $(EDITABLE) -e '.[test]'; }
 	@touch $@
 test-py310: $(PY310_VENV)/.installed-stamp
+	@$(PY310_VENV)/bin/python -m troy.native
 	@$(PY310_VENV)/bin/python -m elasticslice.rspec.fastbuild
 	@$(PY310_VENV)/bin/python -m compileall -q -j 2 elasticslice troy bench tests
 	$(TMP_ENV) $(PY310_VENV)/bin/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist worksteal -p no:cacheprovider $(PYTEST_ARGS)
 
-demo: $(STAMP) netns fastrspec
+demo: $(STAMP) netns native
 	$(BIN)/python bin/demo $(DEMO_ARGS)
 
 # every benchmark, one table, figures in bench/results/latest.json (BENCH_ARGS=--quick: smoke)
-bench: $(STAMP) fastrspec
+bench: $(STAMP) native
 	$(BIN)/python -m pip install -q $(EDITABLE) -e '.[bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
@@ -149,4 +152,4 @@ wheelhouse: $(STAMP)
 	$(BIN)/python -m elasticslice.pilots.wheelhouse $(WHEELHOUSE_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache elasticslice/rspec/_fastrspec*.so
+	rm -rf $(VENV) *.egg-info .pytest_cache elasticslice/rspec/_fastrspec*.so troy/_spawn*.so

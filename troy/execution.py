@@ -18,7 +18,7 @@ from typing import Any
 
 from troy.descriptions import ComputeUnitDescription
 from troy.capture import TAIL_BYTES, Tail, pump
-from troy.unit import UnitResult
+from troy.unit import OutputTail, UnitResult
 
 ProcessHook = Callable[[subprocess.Popen], None]
 
@@ -98,6 +98,10 @@ def _run_process(cud: ComputeUnitDescription, workdir: str,
     if cud.environment:
         env = dict(os.environ)
         env.update(cud.environment)
+    if _spawn is not None:
+        path = _spawn_path(cud.executable, env)
+        if path is not None:
+            return _run_spawned(cud, path, workdir, env, on_start)
     result = UnitResult()
     tails: dict[int, Tail] = {}
     stdin = stdout = stderr = out = err = None
@@ -142,6 +146,99 @@ def _run_process(cud: ComputeUnitDescription, workdir: str,
         result.error = f"exit status {code}"
     result.stdout = out.result() if out is not None else None
     result.stderr = err.result() if err is not None else None
+    return result
+
+
+# -- the C runner (troy/_spawn.c, built by troy.native): the same process, the GIL free ----
+try:
+    if os.environ.get("TROY_SPAWN") == "python":
+        raise ImportError("turned off (TROY_SPAWN=python)")
+    from troy import _spawn  # type: ignore[attr-defined]
+    _spawn_problem: str | None = None
+except ImportError as _err:
+    _spawn = None
+    _spawn_problem = f"not built or not loadable ({_err}): make, or python -m troy.native"
+
+
+def native_problem() -> str | None:
+    """Why units' processes are not run by the C runner (None: they are)."""
+    return _spawn_problem
+
+
+class Spawned:
+    """A unit's process the C runner started, as ``on_start`` hooks see it: its ``pid``
+    (the leader of its own session: :func:`kill` kills the group)."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Spawned(pid={self.pid}, args={self.args!r})"
+
+
+def _spawn_path(executable: str | None, env: dict[str, str] | None) -> str | None:
+    """The file ``subprocess`` would run for ``executable`` (searched on the unit's
+    ``PATH`` as it does), or None: let ``subprocess`` try and say what is wrong (not found,
+    a relative ``PATH`` entry, a search it would read differently)."""
+    if not executable:
+        return None
+    if os.path.dirname(executable):
+        return executable
+    for folder in os.get_exec_path(env):
+        if not os.path.isabs(folder):
+            return None
+        candidate = os.path.join(folder, executable)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _run_spawned(cud: ComputeUnitDescription, path: str, workdir: str,
+                 env: dict[str, str] | None, on_start: ProcessHook | None) -> UnitResult:
+    """:func:`_run_process` by the C runner: the same files, limits, errors and result."""
+    result = UnitResult()
+    files: list[Any] = []
+    try:
+        stdin = _open(cud.stdin, workdir, "rb")
+        files.append(stdin)
+        stdout = -1 if cud.stdout is None else _open(cud.stdout, workdir, "ab")
+        files.append(stdout)
+        stderr = -1 if cud.stderr is None else _open(cud.stderr, workdir, "ab")
+        files.append(stderr)
+    except OSError as e:
+        for f in files:
+            _close(None if f in _devnull or f == -1 else f)
+        result.error = f"cannot open {e.filename or 'an output file'}: {e.strerror or e}"
+        return result
+    argv = [cud.executable, *cud.arguments]
+    started = None
+    if on_start is not None:
+        def started(pid: int) -> None:
+            on_start(Spawned(pid, argv))  # type: ignore[arg-type]
+    fds = [f if isinstance(f, int) else f.fileno() for f in (stdin, stdout, stderr)]
+    try:
+        code, timed_out, out, out_size, err, err_size = _spawn.run(  # type: ignore[union-attr]
+            os.fsencode(path), [os.fsencode(a) for a in argv],
+            None if env is None else [os.fsencode(f"{k}={v}") for k, v in env.items()],
+            os.fsencode(workdir), *fds,
+            -1.0 if cud.walltime is None else float(cud.walltime), TAIL_BYTES, started)
+    except OSError as e:
+        result.error = f"cannot start {cud.executable}: {e.strerror or e}"
+        return result
+    finally:
+        for f in files:
+            _close(None if f in _devnull or f == -1 else f)
+    result.exit_code = code
+    if timed_out:
+        result.error = f"walltime of {cud.walltime}s exceeded"
+    elif code < 0:
+        result.error = f"killed by signal {-code}"
+    elif code != 0:
+        result.error = f"exit status {code}"
+    result.stdout = None if out is None else OutputTail(data=out, size=out_size)
+    result.stderr = None if err is None else OutputTail(data=err, size=err_size)
     return result
 
 

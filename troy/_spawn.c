@@ -1,0 +1,341 @@
+/* A unit's process, run to its end without the GIL: troy.execution's _run_process in C.
+ *
+ * run() starts the process with posix_spawn (vfork and exec: nothing of this process is
+ * copied), in a session of its own, in its working directory, with the signals Python
+ * ignores (SIGPIPE, SIGXFSZ) back to their defaults and every descriptor above 2 closed,
+ * as subprocess.Popen(start_new_session=True) does; tells `started` its pid (with the GIL,
+ * so that a cancel can kill it); then, with the GIL released, reads its stdout and stderr
+ * pipes keeping their last `tail` bytes, watches its exit through a pidfd (a background
+ * process left holding the pipes does not keep the unit from ending: at most 256 more
+ * reads per pipe), kills its process group when `timeout` passes, and reaps it. Two units
+ * run by two threads of one process then run side by side, as two processes would.
+ *
+ * Built by troy/native.py; optional: troy.execution runs units through subprocess where
+ * it is not built, with the same results.
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+enum { CHUNK = 65536, DRAIN_CHUNKS = 256 };
+
+typedef struct {
+    int fd;          /* read end, -1 when closed or not a pipe */
+    char *buf;       /* a ring of `cap` bytes */
+    size_t cap, start, len;
+    unsigned long long size;
+} Tail;
+
+static void tail_add(Tail *t, const char *data, size_t n) {
+    t->size += n;
+    if (t->cap == 0)
+        return;
+    if (n >= t->cap) {   /* only the last cap bytes of it matter */
+        memcpy(t->buf, data + n - t->cap, t->cap);
+        t->start = 0;
+        t->len = t->cap;
+        return;
+    }
+    for (size_t i = 0; i < n;) {
+        size_t at = (t->start + t->len) % t->cap, room = t->cap - at, take = n - i;
+        if (take > room)
+            take = room;
+        memcpy(t->buf + at, data + i, take);
+        i += take;
+        t->len += take;
+        if (t->len > t->cap) {
+            t->start = (t->start + t->len - t->cap) % t->cap;
+            t->len = t->cap;
+        }
+    }
+}
+
+static PyObject *tail_bytes(Tail *t) {
+    if (t->fd == -2 || t->size == 0)   /* -2: not a pipe of ours */
+        Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)t->len);
+    if (out == NULL)
+        return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    size_t first = t->cap - t->start < t->len ? t->cap - t->start : t->len;
+    memcpy(p, t->buf + t->start, first);
+    memcpy(p + first, t->buf, t->len - first);
+    return out;
+}
+
+/* One read of a pipe; 0 at its end (closed), 1 if more may come. */
+static int read_once(Tail *t, char *chunk) {
+    ssize_t n = read(t->fd, chunk, CHUNK);
+    if (n > 0) {
+        tail_add(t, chunk, (size_t)n);
+        return 1;
+    }
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return 1;
+    close(t->fd);
+    t->fd = -1;
+    return 0;
+}
+
+static void drain(Tail *t, char *chunk) {
+    if (t->fd < 0)
+        return;
+    fcntl(t->fd, F_SETFL, fcntl(t->fd, F_GETFL) | O_NONBLOCK);
+    for (int i = 0; i < DRAIN_CHUNKS && t->fd >= 0; i++) {
+        ssize_t n = read(t->fd, chunk, CHUNK);
+        if (n > 0)
+            tail_add(t, chunk, (size_t)n);
+        else if (n < 0 && errno == EINTR)
+            continue;
+        else
+            break;   /* end of the pipe, or nothing more now: a background writer */
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Pump the pipes until the process exits (or the deadline, < 0: none, passes); then reap
+ * it. Returns 1 if the deadline passed (the process group is killed). GIL released. */
+static int pump(pid_t pid, Tail *out, Tail *err, double deadline, int *status) {
+    char *chunk = malloc(CHUNK);
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    int timed_out = 0, exited = 0;
+    Tail *tails[2] = {out, err};
+    while (!exited) {
+        struct pollfd fds[3];
+        Tail *which[3];
+        int n = 0;
+        for (int i = 0; i < 2; i++)
+            if (tails[i]->fd >= 0) {
+                fds[n] = (struct pollfd){tails[i]->fd, POLLIN, 0};
+                which[n++] = tails[i];
+            }
+        int pidfd_at = -1;
+        if (pidfd >= 0) {
+            pidfd_at = n;
+            fds[n++] = (struct pollfd){pidfd, POLLIN, 0};
+        }
+        int wait_ms = -1;
+        if (deadline >= 0) {
+            double left = deadline - now_s();
+            if (left <= 0) {
+                timed_out = 1;
+                break;
+            }
+            wait_ms = (int)(left * 1000) + 1;
+        }
+        if (pidfd < 0 && (wait_ms < 0 || wait_ms > 50))
+            wait_ms = 50;   /* no pidfd (Linux < 5.3): look every 50 ms */
+        if (n == 0) {       /* no pipes and no pidfd: wait for the exit itself */
+            if (deadline < 0) {
+                while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+                    ;
+                free(chunk);
+                return 0;
+            }
+        }
+        int ready = n ? poll(fds, (nfds_t)n, wait_ms) : (usleep(wait_ms * 1000), 0);
+        if (ready < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < n && ready > 0; i++) {
+            if (!fds[i].revents)
+                continue;
+            if (i == pidfd_at)
+                exited = 1;
+            else if (chunk != NULL)
+                read_once(which[i], chunk);
+        }
+        if (pidfd < 0 && waitpid(pid, status, WNOHANG) == pid) {
+            if (chunk != NULL) {
+                drain(out, chunk);
+                drain(err, chunk);
+            }
+            free(chunk);
+            return 0;
+        }
+    }
+    if (exited && chunk != NULL) {
+        drain(out, chunk);
+        drain(err, chunk);
+    }
+    if (timed_out)
+        killpg(pid, SIGKILL);
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+        ;
+    if (pidfd >= 0)
+        close(pidfd);
+    free(chunk);
+    return timed_out;
+}
+
+static int fill_argv(PyObject *seq, char ***out) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char **v = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    if (v == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBytes_Check(item)) {
+            PyMem_Free(v);
+            PyErr_SetString(PyExc_TypeError, "run: argv and env items are bytes");
+            return -1;
+        }
+        v[i] = PyBytes_AS_STRING(item);
+    }
+    *out = v;
+    return 0;
+}
+
+/* run(path, argv, env, cwd, stdin_fd, stdout_fd, stderr_fd, timeout, tail, started)
+ * path: bytes (the executable, already found); argv: bytes items; env: bytes items
+ * (b"K=V") or None (this process's); stdout_fd/stderr_fd: -1 for a pipe read here;
+ * timeout: seconds, < 0 none; started(pid) or None.
+ * -> (returncode, timed_out, out, out_size, err, err_size); OSError if it cannot start. */
+static PyObject *spawn_run(PyObject *self, PyObject *args) {
+    PyObject *path, *argv_o, *env_o, *cwd, *started;
+    int in_fd, out_fd, err_fd;
+    double timeout;
+    Py_ssize_t tail;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!OOO!iiidnO", &PyBytes_Type, &path, &argv_o, &env_o,
+                          &PyBytes_Type, &cwd, &in_fd, &out_fd, &err_fd, &timeout, &tail,
+                          &started))
+        return NULL;
+    PyObject *argv_seq = PySequence_Fast(argv_o, "run: argv is a sequence");
+    if (argv_seq == NULL)
+        return NULL;
+    PyObject *env_seq = env_o == Py_None ? NULL : PySequence_Fast(env_o, "run: env");
+    char **argv = NULL, **envp = NULL;
+    PyObject *result = NULL;
+    Tail out = {.fd = -2}, err = {.fd = -2};
+    Tail *tails[2] = {&out, &err};
+    int pipes[2][2] = {{-1, -1}, {-1, -1}};
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    int fa_ok = 0, attr_ok = 0;
+    if ((env_o != Py_None && env_seq == NULL) || fill_argv(argv_seq, &argv) < 0 ||
+        (env_seq != NULL && fill_argv(env_seq, &envp) < 0))
+        goto done;
+    int *fds[2] = {&out_fd, &err_fd};
+    for (int i = 0; i < 2; i++) {
+        if (*fds[i] != -1)
+            continue;
+        if (pipe2(pipes[i], O_CLOEXEC) < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        *fds[i] = pipes[i][1];
+        tails[i]->fd = pipes[i][0];
+        tails[i]->cap = (size_t)(tail > 0 ? tail : 0);
+        tails[i]->buf = tails[i]->cap ? PyMem_RawMalloc(tails[i]->cap) : NULL;
+        if (tails[i]->cap && tails[i]->buf == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    if (posix_spawn_file_actions_init(&fa) != 0 || (fa_ok = 1, 0) ||
+        posix_spawnattr_init(&attr) != 0 || (attr_ok = 1, 0)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    sigset_t defaults, none;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGXFSZ);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
+                                        POSIX_SPAWN_SETSIGMASK);
+    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    posix_spawn_file_actions_addchdir_np(&fa, PyBytes_AS_STRING(cwd));
+    pid_t pid;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = posix_spawn(&pid, PyBytes_AS_STRING(path), &fa, &attr, argv,
+                     envp != NULL ? envp : environ);
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < 2; i++)   /* the child has its write ends (or never started) */
+        if (pipes[i][1] >= 0) {
+            close(pipes[i][1]);
+            pipes[i][1] = -1;
+        }
+    if (rc != 0) {
+        errno = rc;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        goto done;
+    }
+    if (started != Py_None) {
+        PyObject *r = PyObject_CallFunction(started, "i", (int)pid);
+        if (r == NULL) {   /* the hook failed: the unit must not run on unseen */
+            killpg(pid, SIGKILL);
+            int ignored;
+            Py_BEGIN_ALLOW_THREADS
+            while (waitpid(pid, &ignored, 0) < 0 && errno == EINTR)
+                ;
+            Py_END_ALLOW_THREADS
+            goto done;
+        }
+        Py_DECREF(r);
+    }
+    int status = 0, timed_out;
+    Py_BEGIN_ALLOW_THREADS
+    timed_out = pump(pid, &out, &err, timeout < 0 ? -1.0 : now_s() + timeout, &status);
+    Py_END_ALLOW_THREADS
+    int code = WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
+    PyObject *o = tail_bytes(&out), *e = o ? tail_bytes(&err) : NULL;
+    if (o != NULL && e != NULL)
+        result = Py_BuildValue("(iONKNK)", code, timed_out ? Py_True : Py_False, o,
+                               out.size, e, err.size);
+    else {
+        Py_XDECREF(o);
+        Py_XDECREF(e);
+    }
+done:
+    for (int i = 0; i < 2; i++) {
+        if (pipes[i][1] >= 0)
+            close(pipes[i][1]);
+        if (tails[i]->fd >= 0)
+            close(tails[i]->fd);
+        PyMem_RawFree(tails[i]->buf);
+    }
+    if (fa_ok)
+        posix_spawn_file_actions_destroy(&fa);
+    if (attr_ok)
+        posix_spawnattr_destroy(&attr);
+    PyMem_Free(argv);
+    PyMem_Free(envp);
+    Py_DECREF(argv_seq);
+    Py_XDECREF(env_seq);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"run", spawn_run, METH_VARARGS, "Run a unit's process to its end (see the module)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_spawn", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__spawn(void) {
+    return PyModule_Create(&module);
+}
