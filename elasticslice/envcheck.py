@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMORY",
                    "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
                    "NODE_NETWORK", "DELETE_NODES", "DELETE_CLIENT_IDS", "WHEELHOUSE_CA",
-                   "ORPHAN_TIMEOUT")   # how long a manager daemon waits for its workload
+                   "ORPHAN_TIMEOUT",   # how long a manager daemon waits for its workload
+                   "RSPEC_READER")     # =python: RSpecs read without the C reader
 
 _warned: set[str] = set()
 #: names known without loading the command tree: what elasticslice sets for the commands it

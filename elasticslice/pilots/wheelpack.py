@@ -204,7 +204,10 @@ def _project_files() -> list[tuple[str, Path]]:
     found = []
     for top in _project_dirs():
         for path in top.rglob("*"):
-            if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+            # compiled modules built here (troy.native: this machine's Python and
+            # architecture) stay out of a py3-none-any wheel; a node runs their Python twins
+            if "__pycache__" in path.parts or path.suffix in (".pyc", ".so") or \
+                    not path.is_file():
                 continue
             found.append((path.relative_to(top.parent).as_posix(), path))
     return sorted(found)
