@@ -7,6 +7,7 @@ did, but unknown keys and wrong types are refused with ``BadParameter`` naming t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -40,6 +41,13 @@ def _non_finite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A description class's field names, in order (``dataclasses.fields`` walks them at
+    every call: this once per class)."""
+    return tuple(f.name for f in fields(cls))
+
+
 class Description:
     """Mixin for description dataclasses: dict coercion and per-field validation."""
 
@@ -59,21 +67,22 @@ class Description:
             raise BadParameter(f"{cls._kind}: expected a mapping or {cls.__name__}, "
                                f"got {type(value).__name__}")
         data.update(kwargs)
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        names = set(_field_names(cls))
         unknown = sorted(set(data) - names)
         if unknown:
             raise BadParameter(f"{cls._kind}: unknown field(s) {', '.join(unknown)}; "
                                f"known: {', '.join(sorted(names))}")
         return cls(**data)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict (JSON-friendly except for callables) of every field."""
+    def to_dict(self, deep: bool = True) -> dict[str, Any]:
+        """A plain dict (JSON-friendly except for callables) of every field (``deep``:
+        nested descriptions, a bundle's members, as dicts too)."""
         out = {}
-        for f in fields(self):  # type: ignore[arg-type]
-            v = getattr(self, f.name)
-            if isinstance(v, list) and v and isinstance(v[0], Description):
+        for name in _field_names(type(self)):
+            v = getattr(self, name)
+            if deep and isinstance(v, list) and v and isinstance(v[0], Description):
                 v = [x.to_dict() for x in v]
-            out[f.name] = v
+            out[name] = v
         return out
 
     def replace(self: D, **changes: Any) -> D:
@@ -201,6 +210,16 @@ class ComputeUnitDescription(_WorkFields):
     name: str | None = None
     bundle: list[ComputeUnitDescription] = field(default_factory=list)
 
+    @classmethod
+    def checked(cls, fields_: Mapping[str, Any]) -> ComputeUnitDescription:
+        """A unit of fields taken from a description already checked (a task's, which
+        :class:`TaskDescription` checked when it was made), without checking them again:
+        the workload manager makes one per task it translates. Fields not given keep their
+        defaults."""
+        unit = cls.__new__(cls)
+        unit.__dict__.update(_DEFAULTS(), **fields_)
+        return unit
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_str("name")
@@ -209,6 +228,24 @@ class ComputeUnitDescription(_WorkFields):
             raise BadParameter("unit: a bundle unit has members, not its own executable")
         if not self.bundle and self.executable is None and self.function is None:
             raise BadParameter("unit: needs an executable, a function, or a bundle")
+
+
+@functools.cache
+def _defaults_of(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]]:
+    """A description class's plain defaults, and its fields made by a factory."""
+    plain = {f.name: f.default for f in fields(cls) if f.default is not dataclasses.MISSING}
+    made = tuple((f.name, f.default_factory) for f in fields(cls)
+                 if f.default_factory is not dataclasses.MISSING)
+    return plain, made
+
+
+def _DEFAULTS() -> dict[str, Any]:
+    """A fresh dict of :class:`ComputeUnitDescription`'s defaults (new lists and dicts)."""
+    plain, made = _defaults_of(ComputeUnitDescription)
+    out = dict(plain)
+    for name, factory in made:
+        out[name] = factory()
+    return out
 
 
 @dataclass

@@ -42,3 +42,18 @@ def test_a_deeply_nested_value_makes_a_short_message():
 def test_values_that_reached_a_unit_as_repr_text_or_failed_at_exec_are_refused(fields, where):
     with pytest.raises(troy.BadParameter, match=rf"task\.{where}: "):
         troy.TaskDescription(**{"executable": "/bin/true", **fields})
+
+
+def test_a_unit_made_from_a_checked_task_equals_one_checked_again() -> None:
+    """The workload manager makes a task's unit without checking its fields again: the
+    same unit as the checked constructor gives, with defaults of its own."""
+    from troy import ComputeUnitDescription, TaskDescription
+    from troy.workload.manager import _WORK_FIELDS
+    task = TaskDescription(executable="/bin/echo", arguments=["a", "b"], environment={"X": "1"},
+                           cores=2, walltime=5.0, runtime=1.5, stdout="out.txt")
+    fields_ = {"name": "t1", **{f: getattr(task, f) for f in _WORK_FIELDS}}
+    fast, checked = ComputeUnitDescription.checked(fields_), ComputeUnitDescription(**fields_)
+    assert fast == checked and fast.to_dict() == checked.to_dict()
+    other = ComputeUnitDescription.checked({"name": "t2", "executable": "/bin/true"})
+    assert other.bundle == [] and other.bundle is not fast.bundle
+    assert other == ComputeUnitDescription(name="t2", executable="/bin/true")
