@@ -13,7 +13,7 @@
  * Built by troy/native.py; optional: troy.execution runs units through subprocess where
  * it is not built, with the same results.
  */
-#define _GNU_SOURCE
+/* _GNU_SOURCE (posix_spawn_file_actions_addchdir_np, addclosefrom_np): Python.h defines it */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
