@@ -137,13 +137,7 @@ def _run_process(cud: ComputeUnitDescription, workdir: str,
     if timed_out:
         _kill_group(proc)
         proc.wait()
-    result.exit_code = code = proc.returncode
-    if timed_out:
-        result.error = f"walltime of {cud.walltime}s exceeded"
-    elif code < 0:
-        result.error = f"killed by signal {-code}"
-    elif code != 0:
-        result.error = f"exit status {code}"
+    _ended(result, cud, proc.returncode, timed_out)
     result.stdout = out.result() if out is not None else None
     result.stderr = err.result() if err is not None else None
     return result
@@ -230,6 +224,15 @@ def _run_spawned(cud: ComputeUnitDescription, path: str, workdir: str,
     finally:
         for f in files:
             _close(None if f in _devnull or f == -1 else f)
+    _ended(result, cud, code, timed_out)
+    result.stdout = None if out is None else OutputTail(data=out, size=out_size)
+    result.stderr = None if err is None else OutputTail(data=err, size=err_size)
+    return result
+
+
+def _ended(result: UnitResult, cud: ComputeUnitDescription, code: int,
+           timed_out: bool) -> None:
+    """A process's exit code (negative: its signal) and what it says, into ``result``."""
     result.exit_code = code
     if timed_out:
         result.error = f"walltime of {cud.walltime}s exceeded"
@@ -237,9 +240,6 @@ def _run_spawned(cud: ComputeUnitDescription, path: str, workdir: str,
         result.error = f"killed by signal {-code}"
     elif code != 0:
         result.error = f"exit status {code}"
-    result.stdout = None if out is None else OutputTail(data=out, size=out_size)
-    result.stderr = None if err is None else OutputTail(data=err, size=err_size)
-    return result
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
