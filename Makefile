@@ -117,7 +117,7 @@ test-fast: $(STAMP) bytecode
 # The fast tier on Python 3.10, the oldest the project runs on (Ubuntu 22.04's): a venv of
 # its own in $(VENV)/py310 from PY310 (pyenv's 3.10, else python3.10 on PATH), made once.
 # tests/test_python_versions.py imports every module there when it exists.
-PY310 ?= $(lastword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) $(shell command -v python3.10 2>/dev/null))
+PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) $(shell command -v python3.10 2>/dev/null))
 PY310_VENV := $(VENV)/py310
 $(PY310_VENV)/.installed-stamp: setup.cfg pyproject.toml | $(STAMP)
 	@test -n "$(PY310)" || { echo "test-py310: no python3.10 here (make test-py310 PY310=...)"; exit 1; }
