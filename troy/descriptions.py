@@ -217,7 +217,7 @@ class ComputeUnitDescription(_WorkFields):
         the workload manager makes one per task it translates. Fields not given keep their
         defaults."""
         unit = cls.__new__(cls)
-        unit.__dict__.update(_DEFAULTS(), **fields_)
+        unit.__dict__.update(_defaults(), **fields_)
         return unit
 
     def __post_init__(self) -> None:
@@ -239,7 +239,7 @@ def _defaults_of(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, Callable[[
     return plain, made
 
 
-def _DEFAULTS() -> dict[str, Any]:
+def _defaults() -> dict[str, Any]:
     """A fresh dict of :class:`ComputeUnitDescription`'s defaults (new lists and dicts)."""
     plain, made = _defaults_of(ComputeUnitDescription)
     out = dict(plain)

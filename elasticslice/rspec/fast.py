@@ -50,20 +50,13 @@ def problem() -> str | None:
     return _problem
 
 
-def read(data: bytes) -> RSpec | None:
-    """The RSpec in ``data`` read in C, or None: the Python reader decides."""
-    if _parse is None:
-        if _problem is not None or problem() is not None:
-            return None
-    return _parse(data)  # type: ignore[misc]
-
-
-def read_plain(data: bytes) -> RSpec | None:
-    """:func:`read`, for a document without ``emulab:vnode`` elements only (a vnode can
-    name a node that does not name itself: the records no longer say which name was the
-    node's own); None otherwise."""
-    if _parse is None:
-        if _problem is not None or problem() is not None:
-            return None
+def read(data: bytes, plain: bool = False) -> RSpec | None:
+    """The RSpec in ``data`` read in C, or None: the Python reader decides. ``plain``: only
+    a document without ``emulab:vnode`` elements (a vnode can name a node that does not
+    name itself: the records no longer say which name was the node's own)."""
+    if _parse is None and problem() is not None:
+        return None
+    if not plain:
+        return _parse(data)  # type: ignore[misc]
     got = _parse(data, True)  # type: ignore[misc]
     return None if got is None or got[1] else got[0]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import gc
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -248,10 +250,32 @@ def _link_child(tags: _Tags, link: Link, tag: str, a: dict[str, str]) -> None:
 _ROOT_START = re.compile(rb"<(?![?!])")
 
 
-def _fast_read(data: bytes) -> RSpec | None:
+def _fast_read(data: bytes, plain: bool = False) -> RSpec | None:
     """The C reader's records (:mod:`elasticslice.rspec.fast`), or None."""
     from elasticslice.rspec import fast
-    return fast.read(data)
+    return fast.read(data, plain)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic collector paused while records are made: every one survives the parse,
+    so its passes over them (dozens per large document) find nothing. It runs as usual
+    afterwards; if the caller had turned it off, it stays off."""
+    collecting = gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _request_with_slivers(rspec: RSpec) -> None:
+    """ProtoGENI's own v2 manifest example still says type="request": one with sliver_ids
+    is read as a manifest."""
+    if rspec.type is RSpecType.REQUEST and any(n.sliver_id for n in rspec.nodes):
+        rspec.type = RSpecType.MANIFEST
 
 
 def parse(xml: str | bytes, source: str | None = None, *,
@@ -268,30 +292,22 @@ def _parse(xml: str | bytes, source: str | None, max_bytes: int, *, use_c: bool)
     """:func:`parse`; ``use_c=False``: the Python reader alone (the C reader's tests compare
     the two)."""
     data = checked_bytes(xml, source, max_bytes=max_bytes)
-    # Every record made here survives the parse, so the cyclic collector's passes over them
-    # while they are being made (dozens per large document) find nothing; pause it, and it
-    # runs as usual afterwards.
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
     try:
-        rspec: RSpec | None = _fast_read(data) if use_c else None
-        if rspec is None:   # not built, or something only the Python reader says right
-            rspec = parse_events(data, _RSpecTarget(), source, max_bytes=max_bytes)
+        with _gc_paused():
+            rspec: RSpec | None = _fast_read(data) if use_c else None
+            if rspec is None:   # not built, or something only the Python reader says right
+                rspec = parse_events(data, _RSpecTarget(), source, max_bytes=max_bytes)
         if rspec is None:
             raise _RootProblem("no root element")
     except _RootProblem as err:
         match = _ROOT_START.search(data)
         line = data.count(b"\n", 0, match.start()) + 1 if match else None
         raise RSpecError(str(err), source=source, line=line) from None
-    finally:
-        if collecting:
-            gc.enable()
-    if rspec.type is RSpecType.REQUEST and any(n.sliver_id for n in rspec.nodes):
-        # ProtoGENI's own v2 manifest example still says type="request".
+    said = rspec.type
+    _request_with_slivers(rspec)
+    if rspec.type is not said:
         log.debug("%s: rspec says request but carries sliver_ids; reading it as a manifest",
                   source or "rspec")
-        rspec.type = RSpecType.MANIFEST
     if rspec.type is RSpecType.ADVERTISEMENT:
         _count(rspec)
     return rspec
@@ -334,21 +350,13 @@ class NodeCounts:
 def _counts_in_c(xml: str | bytes, source: str | None, max_bytes: int) -> NodeCounts | None:
     """:func:`count_nodes` from the C reader's records (twice as fast as the Python count,
     which builds none), or None: no C reader, or a document it leaves to Python."""
-    from elasticslice.rspec import fast
     data = checked_bytes(xml, source, max_bytes=max_bytes)
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
-        rspec = fast.read_plain(data)
-    finally:
-        if collecting:
-            gc.enable()
+    with _gc_paused():
+        rspec = _fast_read(data, plain=True)
     if rspec is None:
         return None
     nodes = rspec.nodes
-    if rspec.type is RSpecType.REQUEST and any(n.sliver_id for n in nodes):
-        rspec.type = RSpecType.MANIFEST
+    _request_with_slivers(rspec)
     up = [n for n in nodes if n.available]
     not_unavailable = len(nodes) - sum(1 for n in nodes if n.available is False)
     if rspec.type is not RSpecType.ADVERTISEMENT:
