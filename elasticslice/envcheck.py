@@ -30,7 +30,8 @@ OTHER_VARIABLES = ("NODE_ID", "CLIENT_ID", "HOSTNAME", "NODE_IP", "CORES", "MEMO
                    "HARDWARE_TYPE", "SLICE_URN", "SLIVER_URN", "NODE_DIR", "NODE_ISOLATION",
                    "NODE_NETWORK", "DELETE_NODES", "DELETE_CLIENT_IDS", "WHEELHOUSE_CA",
                    "ORPHAN_TIMEOUT",   # how long a manager daemon waits for its workload
-                   "RSPEC_READER")     # =python: RSpecs read without the C reader
+                   "RSPEC_READER",     # =python: RSpecs read without the C reader
+                   "XMLRPC_READER")    # =python: XML-RPC answers read without their C reader
 
 _warned: set[str] = set()
 #: names known without loading the command tree: what elasticslice sets for the commands it

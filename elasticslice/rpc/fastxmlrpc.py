@@ -14,12 +14,23 @@ dateTime, a namespaced tag, elements where text belongs, a document expat refuse
 ``xmlrpc.client.loads(data, use_builtin_types=True)`` unchanged, so what the answer means
 and every error it raises are the standard library's. tests/elasticslice/rpc/
 test_fastxmlrpc.py checks the two agree.
+
+Before both, where it is built (:mod:`elasticslice.rpc.fastxmlbuild`), a C reader
+(``_fastxmlrpc.c``: lxml's libxml2, SAX callbacks making the values in one pass) reads the
+same usual shapes about three times faster again, and hands anything it has the least
+doubt about (an error or warning of libxml2's, a DOCTYPE, an attribute, a number Python's
+int() refuses...) to the Python reader above, unchanged. ``ELASTICSLICE_XMLRPC_READER=
+python`` turns it off. tests/elasticslice/rpc/test_fast_xmlrpc_c.py checks the readers
+agree.
 """
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import xml.etree.ElementTree as ET
 import xmlrpc.client
+from collections.abc import Callable
 from typing import Any
 
 _BOOLEANS = {"0": False, "1": True}
@@ -27,6 +38,41 @@ _BOOLEANS = {"0": False, "1": True}
 
 class _Unusual(Exception):
     """A shape this reader leaves to the standard library."""
+
+
+_problem: str | None = None
+#: The C reader runs lxml's libxml2: it is loaded once lxml.etree is (the RSpec library, the
+#: credentials), or for an answer this long; importing lxml for less (~40 ms of CPU) would
+#: cost a short command (getversion) more than it saves (tests/test_cli_imports.py).
+_LOAD_LXML_FROM = 256 * 1024
+_c_loads: Callable[[bytes], Any] | None = None
+_C_UNUSUAL: Any = object()   # the C reader's "the Python reader decides" (its UNUSUAL)
+
+
+def _load() -> None:
+    global _problem, _c_loads, _C_UNUSUAL
+    if os.environ.get("ELASTICSLICE_XMLRPC_READER") == "python":
+        _problem = "turned off (ELASTICSLICE_XMLRPC_READER=python)"
+        return
+    try:
+        from lxml import etree
+
+        from elasticslice.rpc import _fastxmlrpc  # type: ignore[attr-defined]
+        version = etree.LIBXML_VERSION
+        _fastxmlrpc.setup(etree.__file__, version[0] * 10000 + version[1] * 100 + version[2])
+    except ImportError as err:
+        _problem = f"not built or not loadable ({err}): make, or python -m " \
+                   "elasticslice.rpc.fastxmlbuild"
+        return
+    _C_UNUSUAL = _fastxmlrpc.UNUSUAL
+    _c_loads = _fastxmlrpc.loads
+
+
+def problem() -> str | None:
+    """Why the C reader is not used (None: it is)."""
+    if _c_loads is None and _problem is None:
+        _load()
+    return _problem
 
 
 def _value(v: Any) -> Any:  # noqa: C901 (one dispatch, kept flat for speed)
@@ -89,6 +135,15 @@ def loads_result(data: bytes) -> Any:
     if collecting:
         gc.disable()
     try:
+        c = _c_loads
+        if c is None and _problem is None and (len(data) >= _LOAD_LXML_FROM or
+                                               "lxml.etree" in sys.modules):
+            problem()
+            c = _c_loads
+        if c is not None:
+            got = c(data)
+            if got is not _C_UNUSUAL:
+                return got
         return _fast(data)
     except Exception:  # noqa: BLE001 (anything unusual: the standard library decides)
         pass
