@@ -66,6 +66,7 @@ test:
 native: $(STAMP) compiler
 	@$(BIN)/python -m troy.native
 	@$(BIN)/python -m elasticslice.rspec.fastbuild
+	@$(BIN)/python -m elasticslice.rpc.fastxmlbuild
 
 # A C compiler (Debian's gcc) for the C modules: installed when missing where this is
 # root on Debian; elsewhere Python does their work. After netns, before browser: one
@@ -129,6 +130,7 @@ $(PY310_VENV)/.installed-stamp: setup.cfg pyproject.toml | $(STAMP)
 test-py310: $(PY310_VENV)/.installed-stamp
 	@$(PY310_VENV)/bin/python -m troy.native
 	@$(PY310_VENV)/bin/python -m elasticslice.rspec.fastbuild
+	@$(PY310_VENV)/bin/python -m elasticslice.rpc.fastxmlbuild
 	@$(PY310_VENV)/bin/python -m compileall -q -j 2 elasticslice troy bench tests
 	$(TMP_ENV) $(PY310_VENV)/bin/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist worksteal -p no:cacheprovider $(PYTEST_ARGS)
 
