@@ -289,6 +289,11 @@ EDGES = {
     "prefix-undeclared": "<value><ex:string>x</ex:string></value>",
     "pi": "<value><string>a<?p x?>b</string></value>",
     "comment": "<value><string>a<!-- c -->b</string></value>",
+    "comment-double-hyphen": "<value>a<!-- a -- b -->b</value>",
+    "comment-three-hyphens": "<value>a<!-- x --->b</value>",
+    "vertical-tab": "<value><string>a\x0bb</string></value>",
+    "spaces-in-tags": "<value ><int >5</int\n></value >",
+    "bom-charref": "<value><string>&#xFEFF;&#x2028;\u2028</string></value>",
     "undeclared-entity": "<value><string>&nbsp;</string></value>",
     "cdata-end": "<value><string>a]]>b</string></value>",
     "bad-charref": "<value><string>&#1;</string></value>",
@@ -368,7 +373,8 @@ READ_IN_C = {"int-spaces", "int-plus", "int-minus-zero", "int-leading-zeros", "i
              "nil-text", "unicode", "entities", "cdata", "cdata-bare", "crlf", "c1-control",
              "nonchar", "long-string", "long-name", "text-after-child", "text-in-struct",
              "text-in-array", "empty-struct", "empty-array", "nested", "duplicate-members",
-             "comment", "no-declaration", "utf8-declared", "standalone", "comments-outside",
+             "comment", "spaces-in-tags", "bom-charref", "no-declaration", "utf8-declared",
+             "standalone", "comments-outside",
              "deep-200", "whitespace-only", "bare-spaces"}
 
 
