@@ -154,4 +154,5 @@ wheelhouse: $(STAMP)
 	$(BIN)/python -m elasticslice.pilots.wheelhouse $(WHEELHOUSE_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache elasticslice/rspec/_fastrspec*.so troy/_spawn*.so
+	rm -rf $(VENV) *.egg-info .pytest_cache elasticslice/rspec/_fastrspec*.so troy/_spawn*.so \
+		elasticslice/rpc/_fastxmlrpc*.so

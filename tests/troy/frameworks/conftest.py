@@ -27,10 +27,15 @@ def session(tmp_path) -> Iterator[troy.Session]:
     s.close()
 
 
-@pytest.fixture(params=["local", pytest.param("dask", marks=pytest.mark.slow)])
+@pytest.fixture(params=["local", pytest.param("dask", marks=pytest.mark.slow),
+                        pytest.param("dask-channel", marks=pytest.mark.slow)])
 def framework(request, session, tmp_path):
-    """A started framework of each kind (no pilots yet), registered in ``session``."""
+    """A started framework of each kind (no pilots yet), registered in ``session``;
+    ``dask-channel``: Dask with its units on Troy's own channel (``unit_channel``)."""
     options = {"sandbox": str(tmp_path / "sandbox")}
-    if request.param == "dask":
+    kind = request.param.split("-")[0]
+    if kind == "dask":
         options["scheduler_address"] = request.getfixturevalue("dask_scheduler")
-    return session.add_framework(request.param, name=f"fw-{request.param}", **options)
+    if request.param == "dask-channel":
+        options["unit_channel"] = True
+    return session.add_framework(kind, name=f"fw-{request.param}", **options)

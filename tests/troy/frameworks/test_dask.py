@@ -259,7 +259,7 @@ def test_a_unit_canceled_while_its_task_is_handed_to_dask_leaves_no_process(
     marker = str(tmp_path / "never")
     with troy.Session(store_path=tmp_path / "s.sqlite") as s:
         fw = s.add_framework("dask", scheduler_address=dask_scheduler,
-                             sandbox=str(tmp_path / "sb"))
+                             sandbox=str(tmp_path / "sb"), unit_channel=False)
         a = running_pilot(fw, 1)
         units: dict[str, troy.ComputeUnit] = {}
         dask_map = fw.client.map

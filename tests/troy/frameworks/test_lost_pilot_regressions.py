@@ -48,6 +48,16 @@ def fw(tmp_path: Path, ca: tuple[bytes, bytes]):  # noqa: ANN201
     f.close()
 
 
+@pytest.fixture
+def fw_tasks(tmp_path: Path, ca: tuple[bytes, bytes]):  # noqa: ANN201
+    """Units as Dask tasks (``unit_channel=False``): regressions of that path."""
+    f = DaskFramework("elastic", sandbox=str(tmp_path / "sb"), adopt_workers=True,
+                      tls=member(tmp_path / "control", ca, "control"), unit_channel=False)
+    f.start()
+    yield f
+    f.close()
+
+
 def test_a_lost_pilot_whose_worker_lives_on_gets_no_unit_and_none_fails(
         fw: DaskFramework, ca: tuple[bytes, bytes], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,7 +177,7 @@ def test_a_unit_dask_moves_off_a_dead_worker_by_itself_counts_as_requeued(
 
 
 def test_a_unit_ending_while_its_pilot_is_being_lost_is_moved_not_failed(
-        fw: DaskFramework, ca: tuple[bytes, bytes], tmp_path: Path,
+        fw_tasks: DaskFramework, ca: tuple[bytes, bytes], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the whole suite's load (test_dask_drain's lost pilot): a unit ended on its
     node just as the node was declared lost. ``lose_pilot`` takes the node's address for
@@ -175,6 +185,7 @@ def test_a_unit_ending_while_its_pilot_is_being_lost_is_moved_not_failed(
     between, the unit's end event came from the dead address and was not taken, then its
     Dask task finished: FAILED "unit result lost". Now the loss's evacuation moves it, once
     the dead worker gets nothing more (moving it at once sent it back there once: lost)."""
+    fw = fw_tasks
     monkeypatch.setattr(fw, "_retire", lambda addr: None)   # the machine lives on a while
     asked, go, handled = threading.Event(), threading.Event(), threading.Event()
     withdraw, handle = fw._withdraw, fw._handle_done

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from troy.descriptions import ComputeUnitDescription
@@ -427,11 +427,15 @@ def _outbox_of(worker) -> _Outbox:
     return box
 
 
-def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
-             sandbox: str | None) -> UnitResult | None:
-    """Run one unit inside a Dask worker (the Dask task of every Troy unit)."""
-    from distributed import get_worker
-    worker = get_worker()
+class Stopped(RuntimeError):
+    """The pilot is going away while the unit ran: it runs again elsewhere."""
+
+
+def run_tracked(cud: ComputeUnitDescription, unit_id: str, sandbox: str | None,
+                started: Callable[[], None]) -> UnitResult | None:
+    """Run one unit here, its processes known to :func:`kill_unit`; ``started()`` is called
+    once it is about to start. None: it was canceled before it started (nothing to say);
+    :class:`Stopped`: the pilot is going away (nothing is reported: it runs elsewhere)."""
     with _procs_lock:
         if unit_id in _canceled:
             return None
@@ -444,21 +448,10 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
         if dead:
             kill(proc)
 
-    # RUNNING is announced only if the unit is still running RUN_EVENT_DELAY later: a
-    # shorter unit's ``end`` event carries its start, and the framework pushes RUNNING then
-    # the final state from it, saving a scheduler message per short unit.
-    outbox = _outbox_of(worker)
-    start = time.time()
-    # each event names the unit's Dask task: the scheduler's guard takes a unit's events
-    # only from the worker that runs its task, and the framework only for its current one
-    key = worker.get_current_task()
-    outbox.started(worker, unit_id, topic, start, key)
+    started()
     try:
         result = execute(cud, sandbox=sandbox, on_start=hook,
                          canceled=lambda: unit_id in _canceled or _stopping.is_set())
-    except BaseException:  # the Dask task errs: the unit ran here, its future says how
-        outbox.ended(worker, unit_id, topic, ["run", unit_id, worker.address, start, key])
-        raise
     finally:
         with _procs_lock:
             _procs.pop(unit_id, None)
@@ -466,11 +459,41 @@ def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
             and _terminating.wait(SHUTDOWN_GRACE):
         # the node is shutting down (SIGTERM to every process of it, the agent included):
         # the unit died of that, not of its own doing; once the worker has left, nothing
-        # is reported and Dask reruns it elsewhere
+        # is reported and the unit runs again elsewhere
         _stopping.wait(SHUTDOWN_WAIT)
-    if _stopping.is_set():  # the pilot is going away: Dask reruns the unit elsewhere
+    if _stopping.is_set():
+        raise Stopped("pilot stopped while the unit ran")
+    return result
+
+
+def run_unit(cud: ComputeUnitDescription, unit_id: str, topic: str,
+             sandbox: str | None) -> UnitResult | None:
+    """Run one unit inside a Dask worker (the Dask task of every Troy unit)."""
+    from distributed import get_worker
+    worker = get_worker()
+    # RUNNING is announced only if the unit is still running RUN_EVENT_DELAY later: a
+    # shorter unit's ``end`` event carries its start, and the framework pushes RUNNING then
+    # the final state from it, saving a scheduler message per short unit.
+    outbox = _outbox_of(worker)
+    # each event names the unit's Dask task: the scheduler's guard takes a unit's events
+    # only from the worker that runs its task, and the framework only for its current one
+    key = worker.get_current_task()
+    start = [0.0]
+
+    def started() -> None:
+        start[0] = time.time()
+        outbox.started(worker, unit_id, topic, start[0], key)
+
+    try:
+        result = run_tracked(cud, unit_id, sandbox, started)
+    except Stopped:  # Dask reruns the unit elsewhere
         outbox.forget(unit_id)
-        raise RuntimeError("pilot stopped while the unit ran")
+        raise
+    except BaseException:  # the Dask task errs: the unit ran here, its future says how
+        outbox.ended(worker, unit_id, topic, ["run", unit_id, worker.address, start[0], key])
+        raise
+    if result is None:
+        return None
     outbox.ended(worker, unit_id, topic, ["end", unit_id, worker.address,
                                           result_to_wire(as_data(result)), key])
     return None

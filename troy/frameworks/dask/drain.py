@@ -52,6 +52,7 @@ class PilotMoves:
     _dispatch_lock: Any
     _lock: Any
     _stats: Any
+    _links: Any
 
     # -------------------------------------------------------------- tags ---------------
     @property
@@ -103,6 +104,8 @@ class PilotMoves:
     # -------------------------------------------------------------- moves --------------
     def _processing(self, addr: str) -> set[str]:
         """Keys the scheduler has on the worker at ``addr`` (queued there or running)."""
+        if self._links is not None:
+            return self._links.keys(addr)
         try:
             return {str(k) for k in self.client.processing(workers=[addr]).get(addr, ())}
         except Exception as err:
@@ -119,15 +122,18 @@ class PilotMoves:
 
         Under ``_tags_lock``: a grant to the worker sets its tags at the scheduler, so
         one in flight must land before the withdrawal, never after it (the
-        pilot is draining already: no grant comes later)."""
+        pilot is draining already: no grant comes later). On the unit channel: what was
+        sent to it and has not ended (its tags are withdrawn all the same)."""
         try:
             with self._tags_lock:
                 keys = self.client.run_on_scheduler(agent.withdraw, addr,
                                                     [self.topic, self.long_tag])
+            if self._links is not None:
+                return self._links.keys(addr)
             return {str(k) for k in keys}
         except Exception as err:
             log.info("framework %s: withdrawing %s: %s", self.name, addr, err)
-            return set()
+            return self._links.keys(addr) if self._links is not None else set()
 
     def _held_by(self, pilot: Pilot, keys: set[str]) -> list[UnitRecord]:
         addr = pilot.native_id
@@ -161,8 +167,9 @@ class PilotMoves:
         self._unit_gone(rec, addr)
 
     def _kill_later(self, addr: str, unit_ids: list[str]) -> None:
-        """Kill moved units' processes on the worker, without waiting for it."""
-        if not unit_ids or self.client is None:
+        """Kill moved units' processes on the worker, without waiting for it (on the unit
+        channel, requeuing took them back already)."""
+        if not unit_ids or self.client is None or self._links is not None:
             return
 
         def kill() -> None:
@@ -187,6 +194,8 @@ class PilotMoves:
                 self._requeue_rec(rec, addr)
         if ask:   # its worker still serves: let go of the old tasks before it leaves
             self._let_go(old)
+        if addr and self._links is not None:
+            self._links.drop(addr)
         if addr:
             self._kill_later(addr, [r.unit.id for r in recs])
         return [r.unit for r in recs]
@@ -194,7 +203,7 @@ class PilotMoves:
     def _let_go(self, keys: list[str]) -> None:
         """The scheduler forgets moved units' old tasks now, not when the futures' cancel
         comes on the client's stream (see :func:`agent.let_go`)."""
-        if not keys or self.client is None:
+        if not keys or self.client is None or self._links is not None:
             return
         try:
             self.client.run_on_scheduler(agent.let_go, keys, self.client.id)

@@ -71,6 +71,7 @@ class UnitEvents:
     name: str
 
     _releasing: list[Any] | None = None  # futures to release after the current batch
+    # and, from ``UnitChannel``: ``_link_closed``, ``_link_check``, ``_refill``
 
     def _handle_cluster(self, msg: dict) -> None:
         raise NotImplementedError
@@ -147,6 +148,12 @@ class UnitEvents:
         if kind == "done":
             self._handle_done(msg[1])
             return
+        if kind == "link":   # a node agent's unit channel closed
+            self._link_closed(msg[1], msg[2])
+            return
+        if kind == "link-check":   # ... and Dask has not said it left
+            self._link_check(msg[1], msg[2])
+            return
         if kind == "batch":  # a worker's events of one loop turn, in order
             self._releasing = []
             try:
@@ -160,6 +167,7 @@ class UnitEvents:
                 done, self._releasing = self._releasing, None
                 if done:  # one hop to the client's loop for the batch, not one per unit
                     done[0].client.loop.add_callback(_release_all, done)
+            self._refill()   # units ended: room for the ones waiting on the channel
             return
         _, uid, addr, payload, *rest = msg
         key = rest[0] if rest else None
@@ -229,9 +237,10 @@ class UnitEvents:
         self._unreserve(rec)
         fut, rec.future = rec.future, None
         self._by_key.pop(rec.key, None)
-        if fut is not None:  # let Dask forget the key now, not when a pending "done"
-            if self._releasing is not None:  # message lets go of it (a pilot canceled
-                self._releasing.append(fut)  # meanwhile reran it)
+        if fut is not None and hasattr(fut, "client"):  # a Dask future: let Dask forget
+            if self._releasing is not None:  # the key now, not when a pending "done"
+                self._releasing.append(fut)  # message lets go of it (a pilot canceled
+                #                              meanwhile reran it)
             else:
                 fut.release()
         rec.unit._set_state(state, result=result)

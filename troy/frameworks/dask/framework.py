@@ -22,6 +22,7 @@ from troy.descriptions import PilotDescription
 from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.dask import agent, forkserver
+from troy.frameworks.dask.channel import Sent, UnitChannel
 from troy.frameworks.dask.drain import PilotMoves
 from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
@@ -86,7 +87,7 @@ def scheduler_workers(client: Any) -> dict[str, dict[str, Any]]:
     return dict(identity.get("workers", {}))
 
 
-class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
+class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, PilotFramework):
     """Pilots are Dask workers; units are Dask tasks that run ``troy.execution.execute``.
 
     Options: ``scheduler_address`` (None: start a scheduler in-process on 127.0.0.1),
@@ -108,8 +109,9 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
     (``callable(name, address, resources) -> bool``: a joining worker it refuses is never
     adopted and never receives a unit), ``verify_names`` (with ``tls``, default: adopt a
     worker only if its name is its certificate's common name, so that a member cannot pose
-    as another), ``long_unit`` and ``low_value`` (see
-    ``PilotFramework``). Pilots are drained, lost and valued as ``troy.frameworks.dask.
+    as another), ``unit_channel`` (units go to the pilots' agents on Troy's own channel, one
+    connection an agent on ``listen``, not as Dask tasks: see ``troy.frameworks.dask.
+    channel``), ``long_unit`` and ``low_value`` (see ``PilotFramework``). Pilots are drained, lost and valued as ``troy.frameworks.dask.
     drain`` describes.
     """
 
@@ -124,8 +126,14 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
                  tls: DaskTLS | dict[str, Any] | None = None, listen: str = "127.0.0.1",
                  port: int = 0, adopt_filter: AdoptFilter | None = None,
                  verify_names: bool = True, dashboard_address: str | None = None,
-                 **options: Any) -> None:
+                 unit_channel: bool = True, **options: Any) -> None:
         super().__init__(name, **options)
+        if not isinstance(unit_channel, bool):
+            raise BadParameter(f"framework {self.name!r}: unit_channel: expected true or "
+                               f"false, got {unit_channel!r}")
+        self.unit_channel = unit_channel
+        self._links: Any = None
+        self._waiting: list[UnitRecord] = []   # channel: units no pilot has room for
         if dashboard_address is not None and (scheduler_process or scheduler_address):
             raise BadParameter(f"framework {self.name!r}: dashboard_address: only for the "
                                f"scheduler it starts in this process")
@@ -209,6 +217,14 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
         safe = re.sub(r"[^A-Za-z0-9_.]+", "_", self.name)[:40]
         self.topic = f"troy-{safe}-{uuid.uuid4().hex[:8]}"
         self._subscribe()
+        if self.unit_channel:
+            try:
+                self._start_links()
+            except (OSError, ssl.SSLError) as err:
+                self.client.close()
+                self._stop_scheduler()
+                raise NoSuccess(f"framework {self.name!r}: cannot listen for its unit "
+                                f"channel on {self.listen}: {err}") from err
         for target, tname in ((self._submit_loop, "submit"), (self._event_loop, "events")):
             t = threading.Thread(target=target, name=f"troy-{self.name}-{tname}", daemon=True)
             t.start()
@@ -279,6 +295,8 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
                 log.warning("framework %s: the scheduler's TLS contexts: %s", self.name,
                             err or type(err).__name__)
         found.append((getattr(self.client, "connection_args", None) or {}).get("ssl_context"))
+        if self._links is not None:
+            found.append(self._links.ssl)
         return list({id(c): c for c in found if isinstance(c, ssl.SSLContext)}.values())
 
     def _start_scheduler(self) -> str:
@@ -333,6 +351,9 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
             self.client.close(timeout=10)
         except Exception:
             log.exception("closing the Dask client of %s", self.name)
+        if self._links is not None:
+            self._links.close()
+        self._waiting.clear()
         for pilot in live:
             w = self._workers.get(pilot.id)
             if w is not None and w.timer is not None:
@@ -404,6 +425,16 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
             return
         pilot.native_id = addr
         self._by_addr[addr] = pilot
+        failed = self._open_link(addr)
+        if failed is not None:
+            self._dead_addrs.add(addr)
+            if pilot.state is State.RUNNING:
+                self.lose_pilot(pilot, f"its worker {addr}: {failed}")
+            elif pilot.state not in FINAL_STATES:
+                log.error("pilot %s: its worker %s: %s", pilot.id, addr, failed)
+                pilot._set_state(State.FAILED)
+                proc.stop()
+            return
         w = self._workers[pilot.id]
         if pilot.description.walltime and w.timer is None:
             w.timer = threading.Timer(pilot.description.walltime, self._expire, (pilot,))
@@ -415,6 +446,7 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
             parked = self._parked.pop(pilot.id, [])
         for rec in parked:
             self._submitq.put(rec)
+        self._refill()
         self._values_changed()
 
     def _adopt(self, addr: str, info: dict[str, Any]) -> None:
@@ -449,8 +481,16 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
                 self._dead_addrs.add(addr)
                 pilot._set_state(State.FAILED)
                 return
+        failed = self._open_link(addr) if not pilot.draining else None
+        if failed is not None:
+            log.warning("framework %s: worker %s (%s) not adopted: %s", self.name, addr, name,
+                        failed)
+            self._dead_addrs.add(addr)
+            pilot._set_state(State.FAILED)
+            return
         pilot.long_ok = False
         pilot._set_state(State.RUNNING)
+        self._refill()
         self._values_changed()
 
     def _expire(self, pilot: Pilot) -> None:
@@ -557,6 +597,9 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
             self._dispatch_locked(batch)
 
     def _dispatch_locked(self, batch: list[UnitRecord]) -> None:
+        if self._links is not None:
+            self._dispatch_links(batch)
+            return
         groups: dict[tuple[int, str | None, bool], list[UnitRecord]] = {}
         valued = max((p.size for p in self.long_pilots()), default=0)
         for rec in batch:
@@ -632,7 +675,9 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, PilotFramework):
         self._unreserve(rec)
         self._unit_gone(rec, addr)   # a drain waiting for it does not wait any more
         unit._set_state(State.CANCELED, result=UnitResult(error="canceled"))
-        if fut is not None:   # else the dispatch that hands it to Dask kills it
+        if isinstance(fut, Sent):   # taken back from its agent: killed there
+            fut.cancel()
+        elif fut is not None:   # else the dispatch that hands it to Dask kills it
             fut.cancel()
             if fut.status != "finished" and self.client is not None:
                 try:  # kill its processes where it runs (or may be just starting)

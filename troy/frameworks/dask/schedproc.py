@@ -235,6 +235,7 @@ class SchedulerRecovery:
     _by_key: dict[str, UnitRecord]
     _workers: dict[str, Any]
     _dead_addrs: set[str]
+    _links: Any
     _dispatch_lock: Any
     _sched_lock: Any
     _scheduler_up: threading.Event
@@ -370,6 +371,11 @@ class SchedulerRecovery:
             w = self._workers.get(pilot.id)
             if w is not None and w.proc is not None and not pilot.draining:
                 self._dead_addrs.add(addr)
+                if self._links is not None:   # its units were sent to the old worker
+                    with self._dispatch_lock:
+                        for rec in self._held_by(pilot, set()):
+                            self._requeue_rec(rec, addr)
+                    self._links.drop(addr)
                 pilot.native_id = None   # units bound to it wait for its new worker
                 threading.Thread(target=self._relaunch, args=(pilot,), daemon=True,
                                  name=f"troy-{pilot.id}-restart").start()
