@@ -17,7 +17,8 @@ from troy import State
 from tests.helpers import wait_for
 from tests.troy.frameworks.nodes import stop
 from tests.troy.frameworks.test_guard import (  # noqa: F401 - guarded: a fixture
-    _touch, _Touched, error_chain, guarded, node_files, replaced_node, spy_worker, until)
+    _touch, _Touched, error_chain, guarded, guarded_tasks, node_files, replaced_node,
+    spy_worker, until)
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def test_a_node_cannot_end_or_claim_another_nodes_unit_under_its_own_address(
     assert u.wait(60) is State.FAILED and u.result.exit_code == 3, u.result
 
 
-def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
+def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded_tasks, tmp_path,
                                                               cluster_ca, caplog) -> None:
     """Dask takes a task's outcome whose run_id matches from any worker, and ``add-keys``
     for any key in memory. A node whose agent a task replaced sends, for a unit's task on
@@ -94,7 +95,7 @@ def test_a_node_cannot_finish_fail_or_hold_another_nodes_task(guarded, tmp_path,
     from distributed.protocol.serialize import Serialize
 
     from troy import ComputeUnitDescription as CUD
-    fw, _ = guarded
+    fw, _ = guarded_tasks
     node3 = replaced_node(tmp_path, cluster_ca)
     victim = fw.find_pilot("node-2")
     gate, marker = tmp_path / "gate", tmp_path / "marker"
@@ -260,7 +261,8 @@ def test_a_node_s_pickle_is_never_decoded_in_the_control_process(guarded, tmp_pa
     assert fw.client.run_on_scheduler(_touch, str(tmp_path / "control-ran")) == "ran"
 
 
-def test_troy_never_decodes_what_a_node_sent(guarded, tmp_path, cluster_ca, caplog) -> None:
+def test_troy_never_decodes_what_a_node_sent(guarded_tasks, tmp_path, cluster_ca,
+                                             caplog) -> None:
     """A unit's result is data: nothing a node made is decoded in Troy's process (the
     control process). A node running a unit of its own (a pilot) sends for that unit's task
     a ``task-erred`` with a pickled exception (Dask would hand it to Troy's client, which
@@ -271,7 +273,7 @@ def test_troy_never_decodes_what_a_node_sent(guarded, tmp_path, cluster_ca, capl
     from distributed.protocol.serialize import Serialize
 
     from troy import ComputeUnitDescription as CUD
-    fw, _ = guarded
+    fw, _ = guarded_tasks
     markers = {name: tmp_path / f"marker-{name}" for name in ("erred", "event", "run")}
     gate = tmp_path / "gate"
     out: dict[str, object] = {}

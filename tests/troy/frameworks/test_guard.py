@@ -107,6 +107,22 @@ def guarded(tmp_path, cluster_ca):  # noqa: ANN001, ANN201
         fw.close()
 
 
+@pytest.fixture
+def guarded_tasks(tmp_path, cluster_ca):  # noqa: ANN001, ANN201
+    """As ``guarded``, with Troy's units as Dask tasks (``unit_channel=False``): what the
+    guard keeps from them (on the unit channel, tests/troy/frameworks/test_unit_channel.py
+    tries the same)."""
+    fw = DaskFramework("guarded", sandbox=str(tmp_path / "sb"), adopt_workers=True,
+                       tls=member(tmp_path / "control", cluster_ca, "control"),
+                       unit_channel=False)
+    fw.start()
+    try:
+        with nodes(fw, cluster_ca, tmp_path / "nodes", ["node-1", "node-2"]) as procs:
+            yield fw, procs
+    finally:
+        fw.close()
+
+
 def node_files(tmp_path: Path, name: str = "node-1") -> DaskTLS:
     """The TLS files of the node ``name`` of ``guarded``, as a task on that node finds them."""
     home = tmp_path / "nodes" / name

@@ -89,6 +89,7 @@ class Links:
         self._links: dict[str, _Link] = {}
         self._ready: dict[str, threading.Event] = {}
         self._unknown = 0
+        self._writers: set[asyncio.StreamWriter] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -121,6 +122,12 @@ class Links:
             for link in list(self._links.values()):
                 link.closing = True
                 link.writer.close()
+            for writer in list(self._writers):   # connections not admitted yet too
+                writer.close()
+            here = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not here]
+            if rest:   # each ends as its connection closes: none left pending
+                await asyncio.wait(rest, timeout=5)
         try:
             asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
         except Exception as err:  # noqa: BLE001 - closing anyway
@@ -128,6 +135,8 @@ class Links:
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(10)
+            if not self._thread.is_alive():
+                loop.close()
 
     # ------------------------------------------------------------ the framework's side --
     def expect(self, addr: str, cn: str | None) -> str:
@@ -203,6 +212,7 @@ class Links:
             writer.close()
             return
         self._unknown += 1
+        self._writers.add(writer)
         link, why = None, "closed"
         try:
             try:
@@ -225,6 +235,7 @@ class Links:
             why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
         finally:
             writer.close()
+            self._writers.discard(writer)
             if link is not None:
                 self._gone(link, why)
 
