@@ -7,7 +7,11 @@ worker ...``) with ``resources={"cores": size}``; it reports its address on stdo
 registered with the scheduler (then the pilot is RUNNING, ``native_id`` = worker address) and
 leaves when its stdin closes, so a dying Troy never leaks workers.
 
-Units. ``submit_unit`` queues the unit; a submitter thread hands everything queued so far to
+Units. By default (``unit_channel=True``) they travel on Troy's own channel, not as Dask
+tasks: the framework places each one and sends it to its pilot's agent (``channel``,
+``link``, ``runner``, ``wire``). What follows describes units as Dask tasks
+(``unit_channel=False``), whose events, drains and losses the channel shares.
+``submit_unit`` queues the unit; a submitter thread hands everything queued so far to
 Dask in one ``client.map`` per (cores, pilot) group, so units submitted in a burst cost one
 scheduler round instead of one each. Each unit is a Dask task (keys share one prefix,
 ``troy-unit-N-<topic>``: Dask keeps a task group per prefix), asking for
