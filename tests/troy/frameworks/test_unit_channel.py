@@ -266,3 +266,27 @@ def test_queued_units_move_to_a_pilot_that_joins(tmp_path) -> None:
         assert [u.wait(WAIT) for u in units] == [State.DONE] * 3
         assert sorted(u.pilot for u in units).count(b.id) == 2
         assert fw.unit_stats().lost == 0
+
+
+@pytest.mark.slow
+def test_a_unit_bound_to_a_pilot_whose_agent_is_still_connecting_runs_there(
+        fw, ca, tmp_path) -> None:
+    """Regression (the suite under load): a unit bound to an adopted pilot before its agent
+    had connected was sent nowhere, then taken for one that had left that pilot: its events
+    were ignored, and it waited for ever."""
+    units: list[troy.ComputeUnit] = []
+    open_link = fw._open_link
+
+    def bound_first(addr: str):  # noqa: ANN202
+        pilot = fw._by_addr[addr]
+        units.append(fw.submit_unit(CUD(executable="/bin/echo", arguments=["here"]),
+                                    pilot=pilot))
+        time.sleep(0.5)   # the dispatcher has it before the agent connects
+        return open_link(addr)
+
+    fw._open_link = bound_first
+    with nodes(fw, ca, tmp_path, ["node-a"]):
+        pa = fw.find_pilot("node-a")
+        (u,) = units
+        assert u.wait(WAIT) is State.DONE and u.result.stdout.data == b"here\n"
+        assert u.pilot == pa.id and u.attempts <= 1

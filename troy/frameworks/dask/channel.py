@@ -150,6 +150,9 @@ class UnitChannel:
                 else:
                     self._parked.setdefault(rec.bound.id, []).append(rec)
                     continue
+            if rec.bound is not None and not self._links.connected(rec.bound.native_id):
+                self._waiting.append(rec)   # adopted, its agent not connected yet
+                continue
             pilot = self._place(rec, valued)
             if pilot is None:
                 self._waiting.append(rec)
@@ -169,9 +172,8 @@ class UnitChannel:
                 items.append([rec.key, rec.unit.id,
                               runner.description_to_wire(rec.unit.description), self.sandbox])
             if sent and not self._links.send_units(addr, items):
-                for rec in sent:   # its connection closed meanwhile: placed again
-                    rec.future, rec.addr = None, None
-                    rec.left.add(addr)
+                for rec in sent:   # its connection closed meanwhile: placed again (its
+                    rec.future, rec.addr = None, None   # pilot is lost, or it reconnects)
                     self._unreserve(rec)
                     self._waiting.append(rec)
                 continue
