@@ -88,7 +88,8 @@ def scheduler_workers(client: Any) -> dict[str, dict[str, Any]]:
 
 
 class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, PilotFramework):
-    """Pilots are Dask workers; units are Dask tasks that run ``troy.execution.execute``.
+    """Pilots are Dask workers; units run ``troy.execution.execute`` on them, sent on Troy's
+    own unit channel (``unit_channel``, the default) or as Dask tasks.
 
     Options: ``scheduler_address`` (None: start a scheduler in-process on 127.0.0.1),
     ``worker_saturation`` (for the scheduler we start; ``"inf"`` by default: a worker
@@ -109,9 +110,10 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, Pilo
     (``callable(name, address, resources) -> bool``: a joining worker it refuses is never
     adopted and never receives a unit), ``verify_names`` (with ``tls``, default: adopt a
     worker only if its name is its certificate's common name, so that a member cannot pose
-    as another), ``unit_channel`` (units go to the pilots' agents on Troy's own channel, one
-    connection an agent on ``listen``, not as Dask tasks: see ``troy.frameworks.dask.
-    channel``), ``long_unit`` and ``low_value`` (see ``PilotFramework``). Pilots are drained, lost and valued as ``troy.frameworks.dask.
+    as another), ``unit_channel`` (True: units go to the pilots' agents on Troy's own
+    channel, one connection an agent on ``listen``; False: as Dask tasks; see
+    ``troy.frameworks.dask.channel``), ``long_unit`` and ``low_value`` (see
+    ``PilotFramework``). Pilots are drained, lost and valued as ``troy.frameworks.dask.
     drain`` describes.
     """
 
