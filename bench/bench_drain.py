@@ -121,8 +121,9 @@ def revocation(notice: float, quick: bool) -> dict[str, float]:
                                                                        doomed)]
         until(lambda: all(u.state is State.RUNNING for u in first), 60, "units running")
         queued = [fw.submit_unit(sleeper(1, 1), doomed) for _ in range(4)]
-        until(lambda: len(fw.client.processing([doomed.native_id]).get(doomed.native_id, ()))
-              == 6, 60, "units queued on the doomed node")
+        # what the node holds (sent on its unit channel, or its Dask tasks): 2 run, 4 wait
+        until(lambda: len(fw._processing(doomed.native_id)) == 6, 60,
+              "units queued on the doomed node")
         emptied = threading.Event()
         t0 = time.time()
         plan = fw.drain_pilot(doomed, t0 + notice, margin=MARGIN,

@@ -245,8 +245,10 @@ def test_a_worker_the_filter_refuses_is_never_given_a_unit(fw, ca, tmp_path) -> 
         assert wide.wait(3) is State.DISPATCHED
         wide.cancel()
         busy = fw.client.processing()
-        assert not any(busy.get(addr) for addr, info in fw.workers_info().items()
-                       if info.get("name") == "intruder-1")
+        intruder = [a for a, info in fw.workers_info().items()
+                    if info.get("name") == "intruder-1"]
+        assert intruder and not any(busy.get(a) or fw._processing(a) for a in intruder)
+        assert not any(fw._links.connected(a) for a in intruder)   # never asked to connect
 
 
 def test_a_unit_killed_with_its_draining_node_is_requeued_not_failed(fw, ca,
