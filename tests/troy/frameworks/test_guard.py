@@ -97,8 +97,12 @@ async def attack(tls: DaskTLS, scheduler: str, worker: str, marker: str) -> dict
 
 @pytest.fixture
 def guarded(tmp_path, cluster_ca):  # noqa: ANN001, ANN201
+    yield from _guarded(tmp_path, cluster_ca)
+
+
+def _guarded(tmp_path, cluster_ca, **options):  # noqa: ANN001, ANN003, ANN202
     fw = DaskFramework("guarded", sandbox=str(tmp_path / "sb"), adopt_workers=True,
-                       tls=member(tmp_path / "control", cluster_ca, "control"))
+                       tls=member(tmp_path / "control", cluster_ca, "control"), **options)
     fw.start()
     try:
         with nodes(fw, cluster_ca, tmp_path / "nodes", ["node-1", "node-2"]) as procs:
@@ -112,15 +116,7 @@ def guarded_tasks(tmp_path, cluster_ca):  # noqa: ANN001, ANN201
     """As ``guarded``, with Troy's units as Dask tasks (``unit_channel=False``): what the
     guard keeps from them (on the unit channel, tests/troy/frameworks/test_unit_channel.py
     tries the same)."""
-    fw = DaskFramework("guarded", sandbox=str(tmp_path / "sb"), adopt_workers=True,
-                       tls=member(tmp_path / "control", cluster_ca, "control"),
-                       unit_channel=False)
-    fw.start()
-    try:
-        with nodes(fw, cluster_ca, tmp_path / "nodes", ["node-1", "node-2"]) as procs:
-            yield fw, procs
-    finally:
-        fw.close()
+    yield from _guarded(tmp_path, cluster_ca, unit_channel=False)
 
 
 def node_files(tmp_path: Path, name: str = "node-1") -> DaskTLS:

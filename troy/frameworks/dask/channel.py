@@ -70,6 +70,7 @@ class UnitChannel:
     _cancel_lock: Any
     _dispatch_lock: Any
     _parked: dict[str, list[UnitRecord]]
+    _parks: Any      # the framework's: whether a unit waits for the pilot it is bound to
     _started: bool
     _scheduler_up: threading.Event
 
@@ -142,14 +143,9 @@ class UnitChannel:
         valued = max((p.size for p in self.long_pilots()), default=0)
         groups: dict[str, tuple[Pilot, list[UnitRecord]]] = {}
         for rec in batch:
-            if rec.unit.state in FINAL_STATES or not self._started or rec.canceling:
+            if rec.unit.state in FINAL_STATES or not self._started or rec.canceling \
+                    or self._parks(rec):
                 continue
-            if rec.bound is not None and (rec.bound.draining or rec.bound.native_id is None):
-                if rec.bound.state in FINAL_STATES or rec.bound.draining:  # going away
-                    rec.bound = None
-                else:
-                    self._parked.setdefault(rec.bound.id, []).append(rec)
-                    continue
             if rec.bound is not None and not self._links.connected(rec.bound.native_id):
                 self._waiting.append(rec)   # adopted, its agent not connected yet
                 continue

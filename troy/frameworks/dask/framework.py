@@ -605,14 +605,8 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, Pilo
         groups: dict[tuple[int, str | None, bool], list[UnitRecord]] = {}
         valued = max((p.size for p in self.long_pilots()), default=0)
         for rec in batch:
-            if rec.unit.state in FINAL_STATES or not self._started:
+            if rec.unit.state in FINAL_STATES or not self._started or self._parks(rec):
                 continue
-            if rec.bound is not None and (rec.bound.draining or rec.bound.native_id is None):
-                if rec.bound.state in FINAL_STATES or rec.bound.draining:  # going away
-                    rec.bound = None
-                else:
-                    self._parked.setdefault(rec.bound.id, []).append(rec)
-                    continue
             addr = rec.bound.native_id if rec.bound is not None else None
             cores = rec.unit.description.cores  # long: to a valued pilot, if one fits it
             long = addr is None and cores <= valued and self.is_long(rec.unit.description)
@@ -647,6 +641,17 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, Pilo
                 # canceled while handed to Dask: its task may have started on a worker
                 # already, and Dask's cancel never stops a task that runs: kill it there
                 self._kill_canceled(addr, doomed)
+
+    def _parks(self, rec: UnitRecord) -> bool:
+        """Whether ``rec``'s unit waits for the pilot it is bound to (parked until its worker
+        runs); a unit bound to a pilot going away is unbound. Under ``_dispatch_lock``."""
+        if rec.bound is None or not (rec.bound.draining or rec.bound.native_id is None):
+            return False
+        if rec.bound.state in FINAL_STATES or rec.bound.draining:  # going away
+            rec.bound = None
+            return False
+        self._parked.setdefault(rec.bound.id, []).append(rec)
+        return True
 
     def _kill_canceled(self, addr: str | None, unit_ids: list[str]) -> None:
         """Kill canceled units' processes on the worker at ``addr`` (None: every worker),

@@ -158,18 +158,22 @@ def _strict_decoding() -> None:
     tcp.from_frames = from_frames
 
 
-def peer_identity(comm: Any) -> tuple[str | None, str | None]:
-    """(common name, role) of the certificate the peer of ``comm`` presented (Nones: no
-    certificate, or no such field)."""
-    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
+def subject(peercert: dict | None) -> tuple[str | None, str | None]:
+    """(common name, role: the organizational unit) of a certificate as
+    ``SSLSocket.getpeercert()`` shows it (Nones: no certificate, or no such field)."""
     cn = role = None
-    for rdn in cert.get("subject", ()):
+    for rdn in (peercert or {}).get("subject", ()):
         for key, value in rdn:
             if key == "commonName":
                 cn = str(value)
             elif key == "organizationalUnitName":
                 role = str(value)
     return cn, role
+
+
+def peer_identity(comm: Any) -> tuple[str | None, str | None]:
+    """(common name, role) of the certificate the peer of ``comm`` presented."""
+    return subject((getattr(comm, "extra_info", None) or {}).get("peercert"))
 
 
 @functools.lru_cache(maxsize=1)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from troy.frameworks.dask import wire
-from troy.frameworks.dask.guard import CONTROL, WORKER
+from troy.frameworks.dask.guard import CONTROL, WORKER, subject
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +51,6 @@ class _Link:
     canceled: set[str] = field(default_factory=set)       # keys taken back: ends ignored
     closing: bool = False           # we close it (no loss to report)
     dropped: int = 0                # events about units it was not sent
-
-
-def subject(peercert: dict | None) -> tuple[str | None, str | None]:
-    """(common name, organizational unit) of ``SSLSocket.getpeercert()``'s subject."""
-    cn = ou = None
-    for rdn in (peercert or {}).get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                cn = str(value)
-            elif key == "organizationalUnitName":
-                ou = str(value)
-    return cn, ou
 
 
 def _host_port(host: str, port: int) -> str:

@@ -29,8 +29,7 @@ import msgpack
 
 from troy.descriptions import ComputeUnitDescription
 from troy.frameworks.dask import agent, wire
-from troy.frameworks.dask.guard import CONTROL
-from troy.frameworks.dask.link import subject
+from troy.frameworks.dask.guard import CONTROL, subject
 
 log = logging.getLogger(__name__)
 
