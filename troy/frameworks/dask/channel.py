@@ -70,12 +70,10 @@ class UnitChannel:
     _cancel_lock: Any
     _dispatch_lock: Any
     _parked: dict[str, list[UnitRecord]]
+    _records: dict[str, UnitRecord]
     _parks: Any      # the framework's: whether a unit waits for the pilot it is bound to
     _started: bool
     _scheduler_up: threading.Event
-
-    def _channel_host(self) -> str:
-        return self.listen
 
     def _start_links(self) -> None:
         from troy.frameworks.dask.link import Links
@@ -87,7 +85,7 @@ class UnitChannel:
             if self.tls.deny_file:
                 from troy.frameworks.dask.denylist import DenyList
                 deny = DenyList(self.tls.deny_file)
-        self._links = Links(self.name, self._channel_host(), 0, ctx,
+        self._links = Links(self.name, self.listen, 0, ctx,
                             on_events=lambda addr, events: self._inbox.put(("batch", events)),
                             on_closed=lambda addr, why: self._inbox.put(("link", addr, why)),
                             deny=deny)
@@ -204,30 +202,34 @@ class UnitChannel:
             return
         valued = max((p.size for p in self.long_pilots()), default=0)
         takers = {p.id: p for p in live}
+        long_ok = {p.id for p in self.long_pilots()}
         taken: list[UnitRecord] = []
         with self._dispatch_lock:
-            for rec in reversed(list(self._records.values())):
-                if not idle or not over:
-                    break
-                cores = rec.unit.description.cores
-                if over.get(rec.addr, 0) < cores or rec.bound is not None \
-                        or not isinstance(rec.future, Sent) or rec.canceling \
-                        or rec.unit.state is State.RUNNING:
-                    continue
-                long = cores <= valued and self.is_long(rec.unit.description)
-                ok = {p.id for p in self.long_pilots()} if long else takers
-                to = next((pid for pid, free in idle.items() if free >= cores and pid in ok
-                           and self._eligible(takers[pid], cores, rec.left)), None)
-                if to is None:
-                    continue
-                over[rec.addr] -= cores
-                idle[to] -= cores
-                if idle[to] <= 0:
-                    del idle[to]
-                self._links.cancel(rec.addr, [rec.unit.id])
-                rec.future, rec.addr = None, None
-                self._unreserve(rec)
-                taken.append(rec)
+            # only what was sent to busy agents, latest first: a backlog's worth each
+            for addr in list(over):
+                for uid in reversed(self._links.unit_ids(addr)):
+                    if not idle or over[addr] <= 0:
+                        break
+                    rec = self._records.get(uid)
+                    if rec is None or rec.addr != addr or rec.bound is not None \
+                            or not isinstance(rec.future, Sent) or rec.canceling \
+                            or rec.unit.state is State.RUNNING:
+                        continue
+                    cores = rec.unit.description.cores
+                    long = cores <= valued and self.is_long(rec.unit.description)
+                    to = next((pid for pid, free in idle.items() if free >= cores
+                               and (not long or pid in long_ok)
+                               and self._eligible(takers[pid], cores, rec.left)), None)
+                    if to is None or over[addr] < cores:
+                        continue
+                    over[addr] -= cores
+                    idle[to] -= cores
+                    if idle[to] <= 0:
+                        del idle[to]
+                    self._links.cancel(addr, [uid])
+                    rec.future, rec.addr = None, None
+                    self._unreserve(rec)
+                    taken.append(rec)
             if taken:
                 log.debug("framework %s: %d queued unit(s) moved to idle pilots", self.name,
                           len(taken))

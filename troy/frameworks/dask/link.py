@@ -180,6 +180,12 @@ class Links:
         with self._lock:
             return set(link.keys) if link is not None else set()
 
+    def unit_ids(self, addr: str) -> list[str]:
+        """The units sent to ``addr`` that have not ended there, in the order sent."""
+        link = self._links.get(addr)
+        with self._lock:
+            return list(link.by_uid) if link is not None else []
+
     def drop(self, addr: str) -> None:
         """Close ``addr``'s connection (its pilot is going away): no loss is reported."""
         link = self._links.get(addr)

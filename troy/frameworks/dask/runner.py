@@ -39,22 +39,22 @@ _links: dict[str, _AgentLink] = {}   # worker address -> its link (one at a time
 
 
 def _description(desc: Any) -> ComputeUnitDescription:
-    """A unit's description as the control sent it (fields, or its pickle)."""
-    if isinstance(desc, list) and len(desc) == 2 and desc[0] == "pickle":
+    """A unit's description as the control sent it (:func:`description_to_wire`)."""
+    kind, body = desc
+    if kind == "pickle":
         from distributed.protocol.pickle import loads
-        return loads(desc[1])   # the control's: a node decodes what the control sent
-    fields = dict(desc)
+        return loads(body)   # the control's: a node decodes what the control sent
+    fields = msgpack.unpackb(body, raw=False)
     fields["bundle"] = [ComputeUnitDescription.checked(m) for m in fields.get("bundle", ())]
     return ComputeUnitDescription.checked(fields)
 
 
-def description_to_wire(cud: ComputeUnitDescription) -> Any:
-    """What :func:`_description` reads: plain fields when msgpack carries them all."""
+def description_to_wire(cud: ComputeUnitDescription) -> list:
+    """``["fields", msgpack of its fields]`` when msgpack carries them all (packed once,
+    here), else ``["pickle", Dask's pickle of it]`` (a unit that runs a function)."""
     if cud.function is None and not any(m.function is not None for m in cud.bundle):
-        fields = cud.to_dict()
         try:
-            msgpack.packb(fields, use_bin_type=True)
-            return fields
+            return ["fields", msgpack.packb(cud.to_dict(), use_bin_type=True)]
         except (TypeError, ValueError, OverflowError):
             pass
     from distributed.protocol.pickle import dumps

@@ -5,9 +5,9 @@ refused, and every frame read from a node is checked to be plain data (None, boo
 numbers, strings, bytes, lists and maps of them) before anything looks at it.
 
 Frames, control -> node: ``["ok"]`` (the hello was accepted), ``["units", [[key, unit id,
-description, sandbox], ...]]`` (a description is a dict of plain fields, or ``["pickle",
-bytes]`` for a unit that runs a Python function: the node decodes the control's pickles as
-Dask's workers do, never the other way round), ``["cancel", [unit id, ...]]``, ``["bye"]``.
+description, sandbox], ...]]`` (a description is ``["fields", msgpack of its fields]``, or
+``["pickle", bytes]`` for a unit that runs a Python function: the node decodes the control's
+pickles as Dask's workers do, never the other way round), ``["cancel", [unit id, ...]]``, ``["bye"]``.
 Node -> control: ``["hello", token]`` (first, within :data:`HELLO_TIMEOUT`), then
 ``["events", [["run", unit id, start, key] | ["end", unit id, result, key], ...]]``.
 """
