@@ -290,3 +290,31 @@ def test_a_unit_bound_to_a_pilot_whose_agent_is_still_connecting_runs_there(
         (u,) = units
         assert u.wait(WAIT) is State.DONE and u.result.stdout.data == b"here\n"
         assert u.pilot == pa.id and u.attempts <= 1
+
+
+@pytest.mark.slow
+def test_a_thousand_idle_connections_and_the_node_s_own_certificate_get_nothing(
+        fw, ca, tmp_path) -> None:
+    """1,000 connections that never finish a handshake do not keep a node that joins from
+    its channel; a task holding its node's own certificate (and key) cannot connect without
+    the token only the agent was given: not with none, nor with one already used."""
+    host, port = fw._links.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(1000)]
+    try:
+        with nodes(fw, ca, tmp_path, ["node-a"]):
+            pa = fw.find_pilot("node-a")
+            assert fw._links.connected(pa.native_id)
+            u = fw.submit_unit(CUD(executable="/bin/echo", arguments=["in"]), pilot=pa)
+            assert u.wait(WAIT) is State.DONE and u.result.stdout.data == b"in\n"
+            own = member(tmp_path / "node-a-copy", ca, "node-a")   # the node's identity
+            assert closed_by_peer(tls_connect(fw, own, "0" * 64))   # a token of its own
+            token = fw._links.expect("tcp://127.0.0.1:9", "node-a")
+            first = tls_connect(fw, own, token)        # the one holder of a token gets in
+            assert wire.read_frame(first) == ["ok"]
+            assert closed_by_peer(tls_connect(fw, own, token))      # and only once
+            assert fw._links.connected(pa.native_id) and pa.state is State.RUNNING
+            v = fw.submit_unit(CUD(executable="/bin/true"), pilot=pa)
+            assert v.wait(WAIT) is State.DONE
+    finally:
+        for s in idle:
+            s.close()
