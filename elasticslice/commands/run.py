@@ -234,7 +234,10 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
     stopped before its end keeps them for a resume (unless ``release``) and leaves what was
     in flight unfinished in its store. Returns how many nodes it held."""
     held = cluster.nodes() if cluster.session is not None else 0
-    cluster.close(keep=keep if ended else not release, resume=not ended)
+    kept = keep if ended else not release
+    cluster.close(keep=kept, resume=not ended)
+    if kept and held:   # what the daemon left held: a node being added as it stopped too
+        held = cluster.kept_nodes()
     return held
 
 

@@ -263,6 +263,17 @@ class WorkloadCluster:
         view = self.view()
         return len(view.state.nodes()) if view is not None else 0
 
+    def kept_nodes(self) -> int:
+        """After :meth:`close`: the nodes the daemon left held, read once from its state (a
+        node whose AddNodes landed while the run stopped is among them)."""
+        view = open_view(self.state_dir)
+        if view is None:
+            return 0
+        try:
+            return len(view.state.nodes())
+        finally:
+            view.state.close()
+
     def _reload_loop(self, tls: DaskTLS) -> None:
         """The scheduler's certificate, loaded again when the daemon renewed it."""
         seen = _mtime(tls.cert_file)
