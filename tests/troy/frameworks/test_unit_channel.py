@@ -245,6 +245,26 @@ def test_a_unit_canceled_while_it_is_sent_leaves_no_process(tmp_path) -> None:
         assert v.pilot == a.id
 
 
+def test_a_unit_the_node_cannot_read_fails_alone(tmp_path, monkeypatch) -> None:
+    """A function from a module only the control has (the node cannot unpickle it): that
+    unit fails, naming the module; the agent's channel stays and the next unit runs (it
+    used to close the channel, and the unit went round pilots for ever)."""
+    (tmp_path / "only_on_control.py").write_text("def f():\n    return 1\n")
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
+        a = fw.submit_pilot({"size": 1})
+        assert a.wait_running(WAIT) is State.RUNNING
+        monkeypatch.syspath_prepend(str(tmp_path))   # after the node started: not its path
+        from only_on_control import f
+        u = fw.submit_unit(CUD(function=f))
+        assert u.wait(WAIT) is State.FAILED
+        assert "could not read the unit" in u.result.error
+        assert "only_on_control" in u.result.error
+        v = fw.submit_unit(CUD(executable="/bin/true"))
+        assert v.wait(WAIT) is State.DONE and v.pilot == a.id
+        assert u.attempts <= 1 and fw.unit_stats().lost == 0
+
+
 @pytest.mark.slow
 def test_queued_units_move_to_a_pilot_that_joins(tmp_path) -> None:
     """Units sent to the only pilot's agent (its backlog) run on a second pilot that joins

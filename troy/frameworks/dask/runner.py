@@ -105,7 +105,13 @@ class _AgentLink:
 
     def _queue(self, items: list) -> None:
         for key, uid, desc, sandbox in items:
-            cud = _description(desc)
+            try:
+                cud = _description(desc)
+            except Exception as err:  # noqa: BLE001 - e.g. its function's module is not here
+                self._add(["end", uid, agent.result_to_wire(agent.UnitResult(
+                    error=f"the node could not read the unit: {type(err).__name__}: {err}")),
+                    key])
+                continue
             self.queue.append((key, uid, cud, sandbox, min(self.cores, cud.cores)))
         self._start()
 
