@@ -63,6 +63,7 @@ class UnitChannel:
     connect_timeout: float
     _links: Any
     _waiting: list[UnitRecord]
+    _waiting_bound: list[UnitRecord]
     _by_addr: dict[str, Pilot]
     _inbox: Any
     _submitq: Any
@@ -145,11 +146,11 @@ class UnitChannel:
                     or self._parks(rec):
                 continue
             if rec.bound is not None and not self._links.connected(rec.bound.native_id):
-                self._waiting.append(rec)   # adopted, its agent not connected yet
+                self._wait(rec)   # adopted, its agent not connected yet
                 continue
             pilot = self._place(rec, valued)
             if pilot is None:
-                self._waiting.append(rec)
+                self._wait(rec)
                 continue
             groups.setdefault(pilot.native_id, (pilot, []))[1].append(rec)
         for addr, (pilot, recs) in groups.items():
@@ -169,7 +170,7 @@ class UnitChannel:
                 for rec in sent:   # its connection closed meanwhile: placed again (its
                     rec.future, rec.addr = None, None   # pilot is lost, or it reconnects)
                     self._unreserve(rec)
-                    self._waiting.append(rec)
+                    self._wait(rec)
                 continue
             doomed = [r.unit.id for r in sent if r.canceling]
             if doomed:  # canceled while being sent
@@ -180,13 +181,33 @@ class UnitChannel:
         take units queued on other agents (a unit ended, a pilot joined)."""
         if self._links is None:
             return
-        if self._waiting:
+        if self._waiting or self._waiting_bound:
             with self._dispatch_lock:
-                waiting, self._waiting = self._waiting, []
+                waiting = self._take_waiting()
             if waiting:
                 self._submitq.put(waiting)
             return
         self._rebalance()
+
+    def _wait(self, rec: UnitRecord) -> None:
+        """Under ``_dispatch_lock``: ``rec`` found no room (or its pilot's agent is not
+        connected yet): it goes to the dispatcher again when room opens."""
+        (self._waiting if rec.bound is None else self._waiting_bound).append(rec)
+
+    def _take_waiting(self) -> list[UnitRecord]:
+        """Under ``_dispatch_lock``: the waiting units the room open now may take, oldest
+        first (those bound to a pilot always): placing every waiting unit on every batch
+        of events made a burst of N units cost O(N^2) placements."""
+        taken, self._waiting_bound = self._waiting_bound, []
+        room = sum(_room(p) for p in self.list_pilots()
+                   if self._eligible(p, 1, set()))
+        n = 0
+        while n < len(self._waiting) and room > 0:
+            room -= self._waiting[n].unit.description.cores
+            n += 1
+        taken.extend(self._waiting[:n])
+        del self._waiting[:n]
+        return taken
 
     def _rebalance(self) -> None:
         """Units queued on an agent beyond its cores (not started) move to pilots whose

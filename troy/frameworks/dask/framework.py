@@ -136,6 +136,7 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, Pilo
         self.unit_channel = unit_channel
         self._links: Any = None
         self._waiting: list[UnitRecord] = []   # channel: units no pilot has room for
+        self._waiting_bound: list[UnitRecord] = []   # ... bound to one not connected yet
         if dashboard_address is not None and (scheduler_process or scheduler_address):
             raise BadParameter(f"framework {self.name!r}: dashboard_address: only for the "
                                f"scheduler it starts in this process")
@@ -356,6 +357,7 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, Pilo
         if self._links is not None:
             self._links.close()
         self._waiting.clear()
+        self._waiting_bound.clear()
         for pilot in live:
             w = self._workers.get(pilot.id)
             if w is not None and w.timer is not None:
