@@ -163,3 +163,21 @@ def write_inventories(directory: Path, specs: list[tuple[str, Path | None]]) -> 
         (home / "nodes").mkdir(parents=True, exist_ok=True)
         (home / "inventory.ini").write_text(text.lstrip("\n"), encoding="utf-8")
     return list(texts)
+
+
+def pick(directory: Path, name: str | None) -> Cluster | None:
+    """The cluster an admin command names (``--cm``; the first when none is named), or None
+    for a box of one CM; one clear line for a name the box does not have."""
+    from elasticslice.emulator.setup import load_config
+    d = Path(directory).resolve()
+    found = load_config(d).cluster_list(d)
+    if name is None:
+        return found[0] if found else None
+    if not found:
+        raise ConfigError(f"no cluster {name!r}: this box has one CM (init had no --cm)",
+                          key="cm", path=str(d))
+    for cluster in found:
+        if cluster.name == name:
+            return cluster
+    raise ConfigError(f"no cluster {name!r} (this box has: "
+                      f"{', '.join(c.name for c in found)})", key="cm", path=str(d))
