@@ -218,9 +218,21 @@ def _serve_in_background(ctx: click.Context, directory: Path, log_file: Path) ->
     running = start_background(directory.resolve(), [*args, "--log-file", str(log_file)],
                                log_file)
     click.echo(f"emulator serving {running.url}/{{sa,cm,dynslice}} (pid {running.pid})")
+    _echo_clusters(directory)
     click.echo(f"client config: {directory.resolve() / 'elasticslice.conf'}")
     click.echo(f"log: {log_file}")
     click.echo(f"stop with: elasticslice emulator stop --dir {directory}")
+
+
+def _echo_clusters(directory: Path) -> None:
+    """A line per cluster of a box of several CMs (``server.json``), none otherwise."""
+    try:
+        clusters = json.loads((directory / "server.json").read_text()).get("clusters") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    for name, info in clusters.items():
+        click.echo(f"  cluster {name}: {info.get('url')}/{{cm,dynslice}} "
+                   f"({info.get('cm_urn')})")
 
 
 @contextmanager
@@ -270,6 +282,7 @@ def _serve(directory: Path, **options: object) -> None:
     server.start()
     try:
         click.echo(f"emulator serving {server.url}/{{sa,cm,dynslice}}", nl=True)
+        _echo_clusters(directory)
         click.echo(f"client config: {server.config_path}")
         click.echo(f"stop with Ctrl-C or: elasticslice emulator stop --dir {directory}")
         sys.stdout.flush()
