@@ -216,3 +216,19 @@ def test_bad_cluster_names_are_one_line_and_exit_1(tmp_path: Path, box):
     result = runner.invoke(cli, ["emulator", "status", "--dir", str(box.dir), "--cm", "wisc",
                                  "--json"])
     assert result.exit_code == 0 and "c220g5" in result.output and "m510" not in result.output
+
+
+def test_a_restarted_box_keeps_each_clusters_slivers(tmp_path: Path):
+    d = init_emulator(tmp_path / "emu", 0, clusters=("utah", "wisc"))
+    with EmulatorServer(d, port=0, **FAST) as server:
+        with client(RunningEmulator(d, server), "again") as c:
+            c.register_slice()
+            c.create_sliver(request(WISC, ("w1", "c240g5")), cm=1)
+    assert (d / "cms" / "wisc" / "state.db").exists()
+    with EmulatorServer(d, port=0, **FAST) as server:
+        with client(RunningEmulator(d, server), "again") as c:
+            assert set(c.resolve_slice()["component_managers"]) == {WISC}
+            status = c.sliver_status(cm=1)
+            assert [n.client_id for n in status.nodes] == ["w1"]
+            assert "+wisc.emulab.test+node+c240g5n" in status.nodes[0].component_id
+            assert fault(lambda: c.sliver_status(cm=0)).code == GeniCode.SEARCHFAILED
