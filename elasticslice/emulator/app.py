@@ -132,6 +132,7 @@ class EmulatorServer:
                 raise ElasticSliceError(f"cannot listen on {self.host}:{port}: "
                                         f"{err.strerror or err}{hint}") from err
         except BaseException:
+            self.aggregates = []  # built, never started: nothing of theirs runs
             self._close_stores()
             raise
         self.sa_ctx, self.ctx = sa_ctx, first.ctx
