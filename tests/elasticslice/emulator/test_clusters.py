@@ -232,3 +232,33 @@ def test_a_restarted_box_keeps_each_clusters_slivers(tmp_path: Path):
             assert [n.client_id for n in status.nodes] == ["w1"]
             assert "+wisc.emulab.test+node+c240g5n" in status.nodes[0].component_id
             assert fault(lambda: c.sliver_status(cm=0)).code == GeniCode.SEARCHFAILED
+
+
+def test_nodes_are_added_and_deleted_at_the_cm_that_holds_the_sliver(box):
+    with client(box, "grow") as c:
+        c.register_slice()
+        c.create_sliver(request(UTAH, ("u1", None)), cm=0)
+        c.create_sliver(request(WISC, ("w1", None)), cm=1)
+        wisc_free = next(n.component_id.rsplit("+", 1)[-1]
+                         for n in parse(c.discover_resources(available=True, cm=1),
+                                        "rspec").nodes)
+        err = fault(lambda: c.add_nodes({"u2": {"node": wisc_free}}, cm=0))
+        assert err.code == GeniCode.BADARGS and f"{wisc_free} does not exist" in str(err)
+        manifest = parse(c.add_nodes({"w2": {"node": wisc_free}}, cm=1), "rspec")
+        assert {n.client_id for n in manifest.nodes} == {"w1", "w2"}
+        assert manifest.node("w2").component_id.endswith(f"+wisc.emulab.test+node+{wisc_free}")
+        assert {n.component_manager_id for n in manifest.nodes} == {WISC}
+        assert "w1" in str(fault(lambda: c.delete_nodes(["w1"], cm=0)))  # not utah's
+        assert [n.client_id for n in parse(c.delete_nodes(["w1"], cm=1), "rspec").nodes] == \
+            ["w2"]
+        assert [n.client_id for n in c.sliver_status(cm=0).nodes] == ["u1"]
+        for i in (0, 1):
+            c.delete_slice(cm=i, cancel=True, blocking=True)
+
+
+def test_another_users_config_lists_every_cluster_too(box):
+    from elasticslice.emulator.setup import issue_user
+    files = issue_user(box.dir, "carol")
+    cfg = load_config(files.config)
+    assert cfg.cm_urls == load_config(box.config_path).cm_urls
+    assert len(cfg.dynslice_urls) == 2 and cfg.slice_name == "carol"
