@@ -141,10 +141,11 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
               help="Accept client endpoints that are not on 127.0.0.1.")
 @click.option("--slow", "slow", multiple=True, metavar="METHOD=SECONDS",
               help="Every call of METHOD waits SECONDS before it is carried out (e.g. "
-                   "AddNodes=30, as CloudLab's CM). Repeatable.")
-@click.option("--busy", "busy", multiple=True, metavar="METHOD=FRACTION",
-              help="That share of METHOD's calls answer BUSY at once (e.g. AddNodes=0.5). "
+                   "AddNodes=30, as CloudLab's CM; wisc/AddNodes=30: at cluster wisc only). "
                    "Repeatable.")
+@click.option("--busy", "busy", multiple=True, metavar="METHOD=FRACTION",
+              help="That share of METHOD's calls answer BUSY at once (e.g. AddNodes=0.5; "
+                   "wisc/AddNodes=0.5: at cluster wisc only). Repeatable.")
 @click.option("--latency", type=click.Choice(PROFILES), default="none", show_default=True,
               help="cloudlab: CreateSliver and AddNodes take 10-40 s, DeleteNodes 5-10 s, "
                    "boots 3-8 min (estimates, docs/emulator.md), each tarball URL the "

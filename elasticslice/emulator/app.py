@@ -106,6 +106,11 @@ class EmulatorServer:
             raise ConfigError("this box has clusters, each with its own inventory (init --cm "
                               "NAME=FILE); --inventory is for a box of one CM",
                               key="inventory", path=str(self.directory))
+        unknown = sorted(self.pressure.clusters() - {c.name for c in clusters})
+        if unknown:
+            raise ConfigError(f"--slow/--busy name cluster {unknown[0]!r}, which this box "
+                              f"does not have ({', '.join(c.name for c in clusters) or 'none'})",
+                              key="slow", path=str(self.directory))
         authority = self._authority(identity)
         store = Store(self.directory / "state.db").open()
         self._stores = [store]

@@ -131,6 +131,7 @@ class EmulatorDispatcher:
         self.services = {s.module: s for s in services}
         self.clusters = {name: {s.module: s for s in found}
                          for name, found in (clusters or {}).items()}
+        self.home = next(iter(self.clusters), "")  # the cluster also at the SA's paths
         self.faults = faults
         self.pressure = pressure or Pressure()
         self.admin_urn = admin_urn
@@ -143,8 +144,9 @@ class EmulatorDispatcher:
         if match is None:
             return 200, _fault(FAULT_CERT_OR_MODULE, f"No such module: {path}")
         module = MODULE_ALIASES.get(match.group(2), match.group(2))
-        services = self.services
+        services, cluster = self.services, (self.home if module != "sa" else "")
         if match.group(1) is not None:
+            cluster = match.group(1)
             services = self.clusters.get(match.group(1), {})
             if module not in services:
                 return 200, _fault(FAULT_CERT_OR_MODULE, f"No such module: {path}")
@@ -171,7 +173,7 @@ class EmulatorDispatcher:
                 return 200, self._reply(response(0, GeniCode.BUSY, "Server is busy; try again"))
             if fault is Fault.SLOW:
                 time.sleep(self.faults.slow_seconds)
-            if self.pressure.apply(module, method):  # --busy answers at once, --slow waits
+            if self.pressure.apply(module, method, cluster):  # --busy answers at once, --slow waits
                 return 200, self._reply(response(0, GeniCode.BUSY, "Server is busy; try again"))
         if self.latency is not None and module == "cm":
             self.latency.pause(method)

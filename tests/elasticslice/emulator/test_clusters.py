@@ -16,7 +16,7 @@ from elasticslice.cli import cli
 from elasticslice.config import load_config
 from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
-from elasticslice.errors import RPCError
+from elasticslice.errors import ConfigError, RPCError
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import NodeSpec, build_request, parse
@@ -225,6 +225,8 @@ def test_a_restarted_box_keeps_each_clusters_slivers(tmp_path: Path):
             c.register_slice()
             c.create_sliver(request(WISC, ("w1", "c240g5")), cm=1)
     assert (d / "cms" / "wisc" / "state.db").exists()
+    with pytest.raises(ConfigError, match="cluster 'mars', which this box does not have"):
+        EmulatorServer(d, port=0, busy={"mars/AddNodes": 0.5}, **FAST).start()
     with EmulatorServer(d, port=0, **FAST) as server:
         with client(RunningEmulator(d, server), "again") as c:
             assert set(c.resolve_slice()["component_managers"]) == {WISC}
@@ -262,3 +264,22 @@ def test_another_users_config_lists_every_cluster_too(box):
     cfg = load_config(files.config)
     assert cfg.cm_urls == load_config(box.config_path).cm_urls
     assert len(cfg.dynslice_urls) == 2 and cfg.slice_name == "carol"
+
+
+def test_a_busy_cluster_leaves_the_other_alone(box):
+    ctx = user_context(box.dir)
+    cms = {name: xmlrpc.client.ServerProxy(url, context=ctx) for name, url in
+           (("utah", load_config(box.config_path).cm_urls[0]),
+            ("wisc", load_config(box.config_path).cm_urls[1]), ("plain", f"{box.url}/cm"))}
+
+    def codes() -> dict[str, int]:
+        return {name: cm.GetVersion({})["code"] for name, cm in cms.items()}
+
+    try:
+        box.server.pressure.set(busy={"wisc/GetVersion": 1.0})
+        assert codes() == {"utah": 0, "wisc": GeniCode.BUSY, "plain": 0}
+        box.server.pressure.set(busy={"utah/cm.GetVersion": 1.0})  # also at the SA's paths
+        assert codes() == {"utah": GeniCode.BUSY, "wisc": 0, "plain": GeniCode.BUSY}
+    finally:
+        box.server.pressure.set(slow={}, busy={})
+    assert codes() == {"utah": 0, "wisc": 0, "plain": 0}
