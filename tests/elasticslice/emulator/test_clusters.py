@@ -283,3 +283,17 @@ def test_a_busy_cluster_leaves_the_other_alone(box):
     finally:
         box.server.pressure.set(slow={}, busy={})
     assert codes() == {"utah": 0, "wisc": 0, "plain": 0}
+
+
+def test_offline_commands_read_the_clusters_own_state(box):
+    runner = CliRunner()
+    utah_node = "ms1001"  # utah's (the built-in inventory), no node of wisc
+    result = runner.invoke(cli, ["emulator", "log", "--dir", str(box.dir), "--cm", "wisc",
+                                 utah_node])
+    assert result.exit_code == 1 and f"no node {utah_node} in {box.dir / 'cms' / 'wisc'}" \
+        in result.output
+    result = runner.invoke(cli, ["emulator", "log", "--dir", str(box.dir), "--cm", "utah",
+                                 utah_node])
+    assert result.exit_code == 1 and "has no runlog" in result.output
+    result = runner.invoke(cli, ["emulator", "report", "--dir", str(box.dir), "--cm", "mars"])
+    assert result.exit_code == 1 and "no cluster 'mars'" in result.output
