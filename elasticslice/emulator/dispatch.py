@@ -3,8 +3,9 @@
 Paths: ``[/project/<pid>]/protogeni/xmlrpc/<module>`` with module ``sa``, ``cm`` (CM 2.0),
 ``cm/2.0``, ``dynslice`` (the dynamic-slice server) and ``admin`` (the emulator's own admin
 certificate only); in a box of several CMs (clusters.py), a cluster's own modules (all but
-``sa``) at ``/cluster/<name>/protogeni/xmlrpc/<module>``. Every call takes one struct; the dynamic-slice calls also accept their
-documented positional arguments. Transport faults use ProtoGENI's codes.
+``sa``) at ``/cluster/<name>/protogeni/xmlrpc/<module>``. Every call takes one struct; the
+dynamic-slice calls also accept their documented positional arguments. Transport faults use
+ProtoGENI's codes.
 
 Bodies are decoded as they arrive (``decode``): the parser coalesces text into large pieces
 and nothing keeps the raw bytes, so a call costs about twice its largest string, not the
@@ -173,7 +174,8 @@ class EmulatorDispatcher:
                 return 200, self._reply(response(0, GeniCode.BUSY, "Server is busy; try again"))
             if fault is Fault.SLOW:
                 time.sleep(self.faults.slow_seconds)
-            if self.pressure.apply(module, method, cluster):  # --busy answers at once, --slow waits
+            # --busy answers at once, --slow waits (at this cluster, or everywhere)
+            if self.pressure.apply(module, method, cluster):
                 return 200, self._reply(response(0, GeniCode.BUSY, "Server is busy; try again"))
         if self.latency is not None and module == "cm":
             self.latency.pause(method)
