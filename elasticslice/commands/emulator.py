@@ -31,6 +31,24 @@ from elasticslice.errors import ElasticSliceError
 
 log = logging.getLogger(__name__)
 
+CM_OPTION = click.option(
+    "--cm", "cluster", default=None, metavar="NAME",
+    help="In a box of several clusters (init --cm): the cluster's CM (default: the first).")
+
+
+def _admin(directory: Path, cluster: str | None) -> AdminClient:
+    """The admin client of the box's CM (``--cm``: that cluster's; checked against DIR)."""
+    from elasticslice.emulator.clusters import pick
+    chosen = pick(directory, cluster) if cluster is not None else None
+    return AdminClient(directory, cluster=chosen.name if chosen is not None else None)
+
+
+def _home(directory: Path, cluster: str | None) -> Path:
+    """Where the CM's state and nodes are: DIR, or a cluster's DIR/cms/NAME."""
+    from elasticslice.emulator.clusters import pick
+    chosen = pick(directory, cluster)
+    return chosen.home if chosen is not None else directory
+
 
 @click.group("emulator")
 def emulator() -> None:
@@ -67,17 +85,31 @@ emulator.add_command(image_group)
 @click.option("--hostname", "hostnames", multiple=True,
               help="Extra DNS name for the server certificate (repeatable).")
 @click.option("--force", is_flag=True, help="Start over in an existing emulator directory.")
+@click.option("--cm", "clusters", multiple=True, metavar="NAME[=INVENTORY]",
+              help="A cluster (a CM of its own) behind the one SA, as CloudLab's Utah and "
+                   "Wisconsin (repeatable, in order: the client config lists them so). Built "
+                   "in: utah, wisc, clemson, each with its own hardware types; another name "
+                   "needs its inventory INI: --cm NAME=FILE. Without --cm: one CM.")
 def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, host: str,
-             hostnames: tuple[str, ...], force: bool) -> None:
+             hostnames: tuple[str, ...], force: bool, clusters: tuple[str, ...]) -> None:
     """Create the CA, certificates, user.pem, password and elasticslice.conf in --dir.
 
     The client config works as is: `elasticslice --config DIR/elasticslice.conf ...`.
     Refuses an existing emulator directory unless --force (which wipes its state).
+
+    \b
+    Several clusters (docs/emulator.md, "Several clusters"):
+      elasticslice emulator init --dir ~/emu --cm utah --cm wisc
+    Each cluster NAME is a CM with its own URN (NAME.<domain>), nodes, node network,
+    dynamic-slice server and reclaimer, at https://HOST:PORT/cluster/NAME/protogeni/xmlrpc/.
     """
     from elasticslice.emulator import init_emulator
     d = init_emulator(directory, port, user=user, project=project, domain=domain, host=host,
-                      hostnames=hostnames, force=force)
+                      hostnames=hostnames, force=force, clusters=clusters)
     click.echo(f"emulator initialised in {d}")
+    if clusters:
+        names = [c.partition("=")[0] for c in clusters]
+        click.echo(f"clusters: {', '.join(names)} (one SA, a CM each)")
     click.echo(f"client config: {d / 'elasticslice.conf'}")
     click.echo(f"next: elasticslice emulator serve --dir {d}")
 
@@ -89,7 +121,8 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
                    "client config is rewritten with the real port.")
 @click.option("--host", default=None, help="Listen address (default 127.0.0.1).")
 @click.option("--inventory", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Node inventory INI (default: the built-in one, as etc/emulator-inventory.ini).")
+              help="Node inventory INI (default: the built-in one, as etc/emulator-inventory.ini). "
+                   "A box of several clusters has one per cluster, given at init (--cm).")
 @click.option("--boot-delay", type=click.FloatRange(0), default=5.0, show_default=True,
               help="Seconds from allocation to ready.")
 @click.option("--notify-interval", type=click.FloatRange(0.01), default=10.0,
@@ -108,10 +141,11 @@ def init_cmd(directory: Path, port: int, user: str, project: str, domain: str, h
               help="Accept client endpoints that are not on 127.0.0.1.")
 @click.option("--slow", "slow", multiple=True, metavar="METHOD=SECONDS",
               help="Every call of METHOD waits SECONDS before it is carried out (e.g. "
-                   "AddNodes=30, as CloudLab's CM). Repeatable.")
-@click.option("--busy", "busy", multiple=True, metavar="METHOD=FRACTION",
-              help="That share of METHOD's calls answer BUSY at once (e.g. AddNodes=0.5). "
+                   "AddNodes=30, as CloudLab's CM; wisc/AddNodes=30: at cluster wisc only). "
                    "Repeatable.")
+@click.option("--busy", "busy", multiple=True, metavar="METHOD=FRACTION",
+              help="That share of METHOD's calls answer BUSY at once (e.g. AddNodes=0.5; "
+                   "wisc/AddNodes=0.5: at cluster wisc only). Repeatable.")
 @click.option("--latency", type=click.Choice(PROFILES), default="none", show_default=True,
               help="cloudlab: CreateSliver and AddNodes take 10-40 s, DeleteNodes 5-10 s, "
                    "boots 3-8 min (estimates, docs/emulator.md), each tarball URL the "
@@ -185,9 +219,21 @@ def _serve_in_background(ctx: click.Context, directory: Path, log_file: Path) ->
     running = start_background(directory.resolve(), [*args, "--log-file", str(log_file)],
                                log_file)
     click.echo(f"emulator serving {running.url}/{{sa,cm,dynslice}} (pid {running.pid})")
+    _echo_clusters(directory)
     click.echo(f"client config: {directory.resolve() / 'elasticslice.conf'}")
     click.echo(f"log: {log_file}")
     click.echo(f"stop with: elasticslice emulator stop --dir {directory}")
+
+
+def _echo_clusters(directory: Path) -> None:
+    """A line per cluster of a box of several CMs (``server.json``), none otherwise."""
+    try:
+        clusters = json.loads((directory / "server.json").read_text()).get("clusters") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    for name, info in clusters.items():
+        click.echo(f"  cluster {name}: {info.get('url')}/{{cm,dynslice}} "
+                   f"({info.get('cm_urn')})")
 
 
 @contextmanager
@@ -237,6 +283,7 @@ def _serve(directory: Path, **options: object) -> None:
     server.start()
     try:
         click.echo(f"emulator serving {server.url}/{{sa,cm,dynslice}}", nl=True)
+        _echo_clusters(directory)
         click.echo(f"client config: {server.config_path}")
         click.echo(f"stop with Ctrl-C or: elasticslice emulator stop --dir {directory}")
         sys.stdout.flush()
@@ -280,23 +327,25 @@ def add_user_cmd(directory: Path, uid: str) -> None:
 
 @emulator.command("revoke")
 @DIR_OPTION
+@CM_OPTION
 @click.argument("node_ids", nargs=-1, required=True)
-def revoke_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
+def revoke_cmd(directory: Path, cluster: str | None, node_ids: tuple[str, ...]) -> None:
     """Take nodes back by NODE_ID (e.g. ms0101; see `status`, or the component_id of
     `sliver-status`).
 
     A slice that registered a client endpoint gets the NotifyDeletePending countdown; a
     node of any other slice is taken at once.
     """
-    result = AdminClient(directory).call("Revoke", nodes=list(node_ids))
+    result = _admin(directory, cluster).call("Revoke", nodes=list(node_ids))
     for node_id, what in result.items():
         click.echo(f"{node_id}: {what}")
 
 
 @emulator.command("reboot")
 @DIR_OPTION
+@CM_OPTION
 @click.argument("node_ids", nargs=-1, required=True)
-def reboot_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
+def reboot_cmd(directory: Path, cluster: str | None, node_ids: tuple[str, ...]) -> None:
     """Reboot nodes of slices by NODE_ID (e.g. ms0101), as CloudLab reboots a node.
 
     Every process of the node gets SIGTERM, then SIGKILL 3 s later; its disk and addresses
@@ -306,15 +355,16 @@ def reboot_cmd(directory: Path, node_ids: tuple[str, ...]) -> None:
     An unknown node, one not in a slice or one still booting is one line and exit 1,
     and then no node of the command reboots.
     """
-    result = AdminClient(directory).call("Reboot", nodes=list(node_ids))
+    result = _admin(directory, cluster).call("Reboot", nodes=list(node_ids))
     for node_id, what in result.items():
         click.echo(f"{node_id}: {what}")
 
 
 @emulator.command("log")
 @DIR_OPTION
+@CM_OPTION
 @click.argument("node_id")
-def log_cmd(directory: Path, node_id: str) -> None:
+def log_cmd(directory: Path, cluster: str | None, node_id: str) -> None:
     """Print the runlog of node NODE_ID: what its last startup command printed, ending with
     `<command> returned <status>` (CloudLab's /var/emulab/logs/runlog.XXXXXX on the node).
 
@@ -323,18 +373,19 @@ def log_cmd(directory: Path, node_id: str) -> None:
     from elasticslice.emulator.nodefs import NODE_NAME, NodeDir
     from elasticslice.emulator.store import Store
     load_config(directory)
+    home = _home(directory, cluster)
     if not NODE_NAME.fullmatch(node_id):
         raise ElasticSliceError(f"{node_id!r} is not a node id (e.g. ms0101)")
-    if not (directory / "state.db").exists():
-        raise ElasticSliceError(f"{directory}: no state yet (the emulator never ran here)")
-    store = Store(directory / "state.db").open()
+    if not (home / "state.db").exists():
+        raise ElasticSliceError(f"{home}: no state yet (the emulator never ran here)")
+    store = Store(home / "state.db").open()
     try:
         known = store.get_node(node_id) is not None
     finally:
         store.close()
     if not known:
-        raise ElasticSliceError(f"no node {node_id} in {directory}")
-    text = NodeDir(directory / "nodes" / node_id).runlog_text()
+        raise ElasticSliceError(f"no node {node_id} in {home}")
+    text = NodeDir(home / "nodes" / node_id).runlog_text()
     if text is None:
         raise ElasticSliceError(f"node {node_id} has no runlog (no startup command has run "
                                 "on it since it was given to its slice)")
@@ -343,22 +394,24 @@ def log_cmd(directory: Path, node_id: str) -> None:
 
 @emulator.command("load")
 @DIR_OPTION
+@CM_OPTION
 @click.option("--busy", type=click.IntRange(0, 1_000_000), required=True,
               help="How many nodes other tenants hold (reclaims from dynamic slices if needed).")
-def load_cmd(directory: Path, busy: int) -> None:
+def load_cmd(directory: Path, cluster: str | None, busy: int) -> None:
     """Set how many nodes other tenants hold (free nodes first, then reclaimed from
     dynamic slices); --busy 0 gives every node back. Under `serve --tenant-load` the model
     moves the target again at its next step."""
-    target = AdminClient(directory).call("SetLoad", busy=busy)
+    target = _admin(directory, cluster).call("SetLoad", busy=busy)
     click.echo(f"other tenants now want {target} nodes")
 
 
 @emulator.command("status")
 @DIR_OPTION
+@CM_OPTION
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
-def status_cmd(directory: Path, as_json: bool) -> None:
+def status_cmd(directory: Path, cluster: str | None, as_json: bool) -> None:
     """The running emulator's pool (free / in slices / other tenants) and slivers."""
-    status = AdminClient(directory).call("Status")
+    status = _admin(directory, cluster).call("Status")
     if as_json:
         click.echo(json.dumps(status, indent=2, sort_keys=True))
         return
@@ -373,8 +426,9 @@ def status_cmd(directory: Path, as_json: bool) -> None:
 
 @emulator.command("report")
 @DIR_OPTION
+@CM_OPTION
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
-def report_cmd(directory: Path, as_json: bool) -> None:
+def report_cmd(directory: Path, cluster: str | None, as_json: bool) -> None:
     """Reclamations: node, slice, notified at, released at, forced or early.
 
     Reads DIR/state.db: works whether or not the server is running.
@@ -382,9 +436,10 @@ def report_cmd(directory: Path, as_json: bool) -> None:
     from elasticslice.emulator.admin import reclamation_report
     from elasticslice.emulator.store import Store
     load_config(directory)
-    if not (directory / "state.db").exists():
-        raise ElasticSliceError(f"{directory}: no state yet (the emulator never ran here)")
-    store = Store(directory / "state.db").open()
+    home = _home(directory, cluster)
+    if not (home / "state.db").exists():
+        raise ElasticSliceError(f"{home}: no state yet (the emulator never ran here)")
+    store = Store(home / "state.db").open()
     try:
         events = reclamation_report(store)
     finally:

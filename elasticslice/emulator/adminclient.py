@@ -17,17 +17,22 @@ def _not_running(d: Path) -> ElasticSliceError:
 
 
 class AdminClient:
-    """Calls ``/protogeni/xmlrpc/admin`` of the emulator serving directory ``d``."""
+    """Calls ``/protogeni/xmlrpc/admin`` of the emulator serving directory ``d`` (with
+    ``cluster``: ``/cluster/<name>/protogeni/xmlrpc/admin``, that cluster's)."""
 
-    def __init__(self, directory: str | Path, timeout: float = 30.0) -> None:
+    def __init__(self, directory: str | Path, timeout: float = 30.0,
+                 cluster: str | None = None) -> None:
         self.directory = Path(directory).resolve()
         self.timeout = timeout
+        self.cluster = cluster  # a cluster of a box of several CMs (clusters.py)
 
     def _proxy(self) -> xmlrpc.client.ServerProxy:
         d = self.directory
         try:
             info = json.loads((d / "server.json").read_text())
             url = str(info["url"])
+            if self.cluster is not None:
+                url = str(info["clusters"][self.cluster]["url"])
         except FileNotFoundError as err:
             raise _not_running(d) from err
         except (OSError, ValueError, KeyError) as err:

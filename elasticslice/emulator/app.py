@@ -16,16 +16,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from elasticslice.emulator.admin import AdminService
+from elasticslice.emulator.aggregate import Aggregate
 from elasticslice.emulator.authority import Authority, Identity
-from elasticslice.emulator.boot import BootRunner
-from elasticslice.emulator.cm import ComponentManager
+from elasticslice.emulator.clusters import Cluster
 from elasticslice.emulator.context import Context, Settings
 from elasticslice.emulator.dispatch import EmulatorDispatcher
-from elasticslice.emulator.dynamic import DynamicSliceService, Reclaimer
+from elasticslice.emulator.dynamic import Reclaimer
 from elasticslice.emulator.faults import FaultInjector
 from elasticslice.emulator.pace import Latency
-from elasticslice.emulator.pool import load_inventory, sync_nodes
+from elasticslice.emulator.pool import Inventory, load_inventory, sync_nodes
 from elasticslice.emulator.pressure import Pressure
 from elasticslice.emulator.sa import SliceAuthority
 from elasticslice.emulator.server import TLSServer, server_context
@@ -33,14 +32,14 @@ from elasticslice.emulator.setup import (EmulatorConfig, base_url, load_config, 
                                          write_atomic, write_client_conf)
 from elasticslice.emulator.sliver import SliverOps
 from elasticslice.emulator.store import Store
-from elasticslice.emulator.tmcd import NodeConfigServer
 from elasticslice.errors import ConfigError, ElasticSliceError
 
 log = logging.getLogger(__name__)
 
 
 class EmulatorServer:
-    """SA, CM v2, the dynamic-slice server and the admin service on one HTTPS port."""
+    """SA, CM v2, the dynamic-slice server and the admin service on one HTTPS port (a CM,
+    dynamic-slice server and admin service per cluster in a box of several: clusters.py)."""
 
     def __init__(self, directory: str | Path, port: int | None = None, host: str | None = None,
                  inventory: str | Path | None = None, boot_delay: float = 5.0,
@@ -67,11 +66,13 @@ class EmulatorServer:
             raise ConfigError(str(err), key="fault-rate") from err
         self.pressure = Pressure(slow, busy, seed)  # --slow / --busy: a slow CM on demand
         self.seed = seed
-        self.ctx: Context | None = None
+        self.ctx: Context | None = None  # the (first) CM's
+        self.sa_ctx: Context | None = None  # the SA's (the CM's too in a box of one CM)
+        self.aggregates: list[Aggregate] = []  # every CM (clusters.py), the first first
         self.reclaimer: Reclaimer | None = None
         self.slivers: SliverOps | None = None
         self._tls: TLSServer | None = None
-        self._tmcd: NodeConfigServer | None = None
+        self._stores: list[Store] = []
         self._lock_fd: int | None = None
         self.host = host or "127.0.0.1"
 
@@ -100,23 +101,32 @@ class EmulatorServer:
             self._lock_fd = None
 
     def _start(self, cfg: EmulatorConfig, port: int, identity: Identity) -> None:
-        try:
-            authority = Authority(self.directory, identity).load()
-        except OSError as err:
-            raise ConfigError(f"emulator keys missing: {err}", path=str(self.directory)) from err
-        inventory = load_inventory(self.inventory_path)
+        clusters = cfg.cluster_list(self.directory)
+        if clusters and self.inventory_path is not None:
+            raise ConfigError("this box has clusters, each with its own inventory (init --cm "
+                              "NAME=FILE); --inventory is for a box of one CM",
+                              key="inventory", path=str(self.directory))
+        unknown = sorted(self.pressure.clusters() - {c.name for c in clusters})
+        if unknown:
+            raise ConfigError(f"--slow/--busy name cluster {unknown[0]!r}, which this box "
+                              f"does not have ({', '.join(c.name for c in clusters) or 'none'})",
+                              key="slow", path=str(self.directory))
+        authority = self._authority(identity)
         store = Store(self.directory / "state.db").open()
+        self._stores = [store]
         try:
-            sync_nodes(store, inventory)
-            ctx = Context(self.directory, cfg, identity, authority, store, inventory,
-                          self.settings, self.faults)
-            ctx.boot = BootRunner(ctx)
-            slivers = self.slivers = SliverOps(ctx)
-            self.reclaimer = Reclaimer(ctx, slivers, seed=self.seed)
-            services = [SliceAuthority(ctx), ComponentManager(ctx, slivers),
-                        DynamicSliceService(ctx, self.reclaimer), AdminService(ctx, self.reclaimer)]
-            dispatcher = EmulatorDispatcher(services, self.faults, identity.admin_urn,
-                                            self.pressure, self.settings.latency)
+            if clusters:
+                sa_ctx, cms = self._clusters(cfg, identity, authority, store, clusters)
+            else:
+                sa_ctx = self._context(cfg, identity, authority, store,
+                                       load_inventory(self.inventory_path))
+                cms = [sa_ctx]
+            self.aggregates = [Aggregate.build(ctx, self.seed) for ctx in cms]
+            first = self.aggregates[0]
+            dispatcher = EmulatorDispatcher(
+                [SliceAuthority(sa_ctx), *first.services()], self.faults, identity.admin_urn,
+                self.pressure, self.settings.latency,
+                clusters={c.name: a.services() for c, a in zip(clusters, self.aggregates)})
             tls_ctx = server_context(str(self.directory / "server.pem"),
                                      str(self.directory / "server-key.pem"),
                                      str(self.directory / "ca.pem"))
@@ -127,43 +137,79 @@ class EmulatorServer:
                 raise ElasticSliceError(f"cannot listen on {self.host}:{port}: "
                                         f"{err.strerror or err}{hint}") from err
         except BaseException:
-            store.close()
+            self.aggregates = []  # built, never started: nothing of theirs runs
+            self._close_stores()
             raise
-        self.ctx = ctx
-        # geni-get's server, before nodes boot: where nodes reach the control machine
-        self._tmcd = NodeConfigServer(ctx, host=ctx.boot.control_address()).start()
-        ctx.node_config_url = self._tmcd.url
-        ctx.url = base_url(self.host, self._tls.port)
-        ctx.boot.start()
-        slivers.reaper.sweep()
+        self.sa_ctx, self.ctx = sa_ctx, first.ctx
+        self.slivers, self.reclaimer = first.slivers, first.reclaimer
+        url = base_url(self.host, self._tls.port)
+        for cluster, agg in zip(clusters or [None], self.aggregates):
+            agg.start_nodes(url if cluster is None else cluster.url(url))
         self._tls.start()
-        self.reclaimer.start()
-        fabric = ctx.boot.network()
+        for agg in self.aggregates:
+            agg.reclaimer.start()
+        fabric = first.ctx.boot.network() if first.ctx.boot is not None else None
         write_client_conf(self.directory, self.host, self.port,
                           fabric.control_ip if fabric is not None else None)
-        write_atomic(self.directory / "server.json", json.dumps(
-            {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid(),
-             "node_config_url": ctx.node_config_url,
-             "control_address": ctx.boot.control_address()}) + "\n")
+        info = {"url": self.url, "port": self.port, "host": self.host, "pid": os.getpid(),
+                "node_config_url": first.ctx.node_config_url,
+                "control_address": first.control_address()}
+        if clusters:
+            info["clusters"] = {c.name: {"url": a.ctx.url, "cm_urn": a.ctx.identity.cm_urn,
+                                         "node_config_url": a.ctx.node_config_url,
+                                         "control_address": a.control_address()}
+                                for c, a in zip(clusters, self.aggregates)}
+        write_atomic(self.directory / "server.json", json.dumps(info) + "\n")
         log.info("emulator serving %s (state %s)", self.url, store.path)
+
+    def _authority(self, identity: Identity, home: Path | None = None) -> Authority:
+        try:
+            return Authority(self.directory, identity, home).load()
+        except OSError as err:
+            raise ConfigError(f"emulator keys missing: {err}", path=str(self.directory)) from err
+
+    def _context(self, cfg: EmulatorConfig, identity: Identity, authority: Authority,
+                 store: Store, inventory: Inventory, cluster: Cluster | None = None
+                 ) -> Context:
+        sync_nodes(store, inventory)
+        return Context(self.directory, cfg, identity, authority, store, inventory,
+                       self.settings, self.faults, cluster=cluster.name if cluster else "",
+                       home=cluster.home if cluster else None)
+
+    def _clusters(self, cfg: EmulatorConfig, identity: Identity, authority: Authority,
+                  store: Store, clusters: list[Cluster]) -> tuple[Context, list[Context]]:
+        """The SA's context and each cluster's CM (its keys, state, inventory, nodes)."""
+        cms = []
+        for cluster in clusters:
+            inventory = load_inventory(cluster.inventory)
+            own = Store(cluster.home / "state.db", slices=store).open()
+            self._stores.append(own)
+            cms.append(self._context(cfg, cluster.identity,
+                                     self._authority(cluster.identity, cluster.home), own,
+                                     inventory, cluster))
+        sa_ctx = Context(self.directory, cfg, identity, authority, store, cms[0].inventory,
+                         self.settings, self.faults, box=cms)
+        for ctx in cms:
+            ctx.box = cms
+        return sa_ctx, cms
+
+    def _close_stores(self) -> None:
+        for store in reversed(self._stores):
+            store.close()
+        self._stores = []
 
     def stop(self) -> None:
         self.pressure.close()
-        if self.reclaimer is not None:
-            self.reclaimer.stop()
+        for agg in self.aggregates:
+            agg.reclaimer.stop()
         if self._tls is not None:
             self._tls.stop()
             self._tls = None
-        if self.ctx is not None:
-            if self.slivers is not None:
-                self.slivers.reaper.stop()  # teardowns still running finish first
-            if self.ctx.boot is not None:
-                self.ctx.boot.stop()
-            if self._tmcd is not None:
-                self._tmcd.stop()
-                self._tmcd = None
-            self.ctx.store.close()
-            self.ctx = None
+        for agg in self.aggregates:
+            agg.stop()
+        self.aggregates = []
+        self._close_stores()
+        self.ctx = self.sa_ctx = None
         if self._lock_fd is not None:
             (self.directory / "server.json").unlink(missing_ok=True)
         self._unlock_directory()

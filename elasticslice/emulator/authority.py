@@ -144,8 +144,10 @@ class Authority:
 
     identity_days = 30
 
-    def __init__(self, directory: Path, identity: Identity) -> None:
+    def __init__(self, directory: Path, identity: Identity, cm_home: Path | None = None
+                 ) -> None:
         self.directory = directory
+        self.cm_home = cm_home or directory  # where this CM's cm.pem is (a cluster's home)
         self.identity = identity
         self._cache: OrderedDict[str, credlib.Credential] = OrderedDict()
         self._lock = threading.Lock()
@@ -160,8 +162,8 @@ class Authority:
         self.ca_key = (d / "ca-key.pem").read_bytes()
         self.sa_cert = (d / "sa.pem").read_bytes()
         self.sa_key = (d / "sa-key.pem").read_bytes()
-        self.cm_cert = (d / "cm.pem").read_bytes()
-        self.cm_key = (d / "cm-key.pem").read_bytes()
+        self.cm_cert = (self.cm_home / "cm.pem").read_bytes()
+        self.cm_key = (self.cm_home / "cm-key.pem").read_bytes()
         self._roots = pki.load_trusted([self.ca_pem])
         self._signers = {"sa": [pki.load_pem_cert(self.sa_cert)],
                          "cm": [pki.load_pem_cert(self.cm_cert)]}

@@ -73,7 +73,7 @@ class BootRunner:
         self._network: network.Choice | None = None
         self.fabric: network.Fabric | None = None
         self.images = Images(ctx.directory, ctx.identity, ctx.config.project)
-        self.tarfiles = TarfileStore(ctx.directory)
+        self.tarfiles = TarfileStore(ctx.where)
         self.box = ctx.directory / "box"
 
     def isolation(self) -> isolate.Choice:
@@ -90,11 +90,13 @@ class BootRunner:
             if choice.on:
                 try:
                     self.fabric = network.Fabric().start(
-                        prefer=self._last_control_address(), owner=str(self.ctx.directory))
+                        prefer=self._last_control_address(), owner=str(self.ctx.where))
                 except (network.NetworkError, OSError) as err:
                     self._network = choice = network.Choice(False, str(err))
             if self.fabric is not None:
                 tarfiles.BOX_HOSTS.add(self.fabric.control_ip)  # the CM fetches from there
+                if self.ctx.cluster:  # where this cluster's nodes found it last time
+                    self.ctx.store.set_meta("control_address", self.fabric.control_ip)
                 self.fabric.set_nodes([n for hw in self.ctx.inventory.types.values()
                                        for n in hw.node_ids()])
             elif choice.reason.startswith(network.ENV_VAR):
@@ -109,6 +111,8 @@ class BootRunner:
         """The control address the client config names (``[pilots] listen``, written by
         the last ``serve`` of this directory), if any."""
         from elasticslice.config import load_pilot_settings
+        if self.ctx.cluster:
+            return self.ctx.store.get_meta("control_address")
         try:
             return load_pilot_settings(self.ctx.directory / "elasticslice.conf").listen
         except (ElasticSliceError, OSError):
@@ -126,7 +130,7 @@ class BootRunner:
 
     # ---- life cycle
     def start(self) -> None:
-        orphans.reap(self.ctx.directory / "nodes")  # before startup commands run again
+        orphans.reap(self.ctx.where / "nodes")  # before startup commands run again
         geniget.install_client(self.box)
         isolate.announce(self.isolation())
         for node in self.ctx.store.nodes(holder=Holder.SLICE):

@@ -5,7 +5,8 @@ URL's host; at the box's control address (nodes on networks of their own: the us
 certificate names 127.0.0.1, not that address) it must instead name, in its subjectAltName
 URN, the user who registered the endpoint, so that another user of the CA, or a server
 certificate, holding that port gets none of the slice's callbacks. The emulator presents
-``D/cm.pem`` as its client certificate, so the endpoint can accept only callers the emulator
+its CM's certificate (``D/cm.pem``; a cluster's ``D/cms/<name>/cm.pem``) as its
+client certificate, so the endpoint can accept only callers the emulator
 CA vouches for.
 
 ``CallbackClient.fail_for(seconds)`` makes every call fail for a while as a dropped
@@ -72,15 +73,14 @@ class CallbackClient:
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
-            d = self.ctx.directory
+            d, cm = self.ctx.directory, self.ctx.authority.cm_home  # this CM's certificate
             ctx = ssl.create_default_context(cafile=str(d / "ca.pem"))
-            ctx.load_cert_chain(str(d / "cm.pem"), str(d / "cm-key.pem"))
+            ctx.load_cert_chain(str(cm / "cm.pem"), str(cm / "cm-key.pem"))
             self._ssl = ctx
         return self._ssl
 
     def _at_control_address(self, url: str) -> bool:
-        box = self.ctx.boot.fabric if self.ctx.boot is not None else None
-        return box is not None and urllib.parse.urlsplit(url).hostname == box.control_ip
+        return urllib.parse.urlsplit(url).hostname in self.ctx.control_ips()  # any CM's
 
     def _context_for(self, url: str) -> ssl.SSLContext:
         """At the control machine's address on the box's control network (this machine,
@@ -90,10 +90,10 @@ class CallbackClient:
         if not self._at_control_address(url):
             return self._context()
         if self._ssl_box is None:
-            d = self.ctx.directory
+            d, cm = self.ctx.directory, self.ctx.authority.cm_home
             ctx = ssl.create_default_context(cafile=str(d / "ca.pem"))
             ctx.check_hostname = False
-            ctx.load_cert_chain(str(d / "cm.pem"), str(d / "cm-key.pem"))
+            ctx.load_cert_chain(str(cm / "cm.pem"), str(cm / "cm-key.pem"))
             self._ssl_box = ctx
         return self._ssl_box
 

@@ -49,6 +49,11 @@ class Context:
     boot: BootRunner | None = None
     node_config_url: str = ""  # the node configuration server geni-get asks (tmcd.py)
     url: str = ""  # the XML-RPC base URL, once the server listens
+    # A CM of a box of several (clusters.py): its name and home (D/cms/<name>: its state,
+    # nodes, kept tarballs). A box of one CM: "" and the directory itself.
+    cluster: str = ""
+    home: Path | None = None
+    box: list[Context] = field(default_factory=list)  # every CM of the box (itself too)
     # serialises CM/SA decisions that read and then change the pool
     lock: threading.RLock = field(default_factory=threading.RLock)
     wakeup: threading.Event = field(default_factory=threading.Event)
@@ -56,6 +61,22 @@ class Context:
     def __post_init__(self) -> None:
         # A slice credential's target_gid must be the GID the SA recorded for the slice.
         self.authority.known_gid = self._slice_gid
+        if self.home is None:
+            self.home = self.directory
+        if not self.box:
+            self.box = [self]
+
+    @property
+    def where(self) -> Path:
+        """This CM's own folder: its state, nodes, kept tarballs (``home``)."""
+        assert self.home is not None
+        return self.home
+
+    def control_ips(self) -> set[str]:
+        """The control machine's addresses on the box's node networks (one per CM that
+        has one): where the box's nodes reach this machine."""
+        return {c.boot.fabric.control_ip for c in self.box
+                if c.boot is not None and c.boot.fabric is not None}
 
     def _slice_gid(self, urn: str) -> str | None:
         row = self.store.get_slice(urn) if "+slice+" in urn else None
@@ -72,4 +93,4 @@ class Context:
         return value
 
     def node_dir(self, node_id: str) -> Path:
-        return self.directory / "nodes" / node_id
+        return self.where / "nodes" / node_id

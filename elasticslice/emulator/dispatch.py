@@ -2,8 +2,10 @@
 
 Paths: ``[/project/<pid>]/protogeni/xmlrpc/<module>`` with module ``sa``, ``cm`` (CM 2.0),
 ``cm/2.0``, ``dynslice`` (the dynamic-slice server) and ``admin`` (the emulator's own admin
-certificate only). Every call takes one struct; the dynamic-slice calls also accept their
-documented positional arguments. Transport faults use ProtoGENI's codes.
+certificate only); in a box of several CMs (clusters.py), a cluster's own modules (all but
+``sa``) at ``/cluster/<name>/protogeni/xmlrpc/<module>``. Every call takes one struct; the
+dynamic-slice calls also accept their documented positional arguments. Transport faults use
+ProtoGENI's codes.
 
 Bodies are decoded as they arrive (``decode``): the parser coalesces text into large pieces
 and nothing keeps the raw bytes, so a call costs about twice its largest string, not the
@@ -33,7 +35,8 @@ from elasticslice.rpc.codes import (FAULT_CERT_OR_MODULE, FAULT_NO_SUCH_METHOD, 
 
 log = logging.getLogger(__name__)
 
-PATH = re.compile(r"^(?:/project/[^/]+)?/protogeni/xmlrpc/(sa|cm|cm/2\.0|dynslice|admin)/?$")
+PATH = re.compile(r"^(?:/cluster/([^/]+))?(?:/project/[^/]+)?/protogeni/xmlrpc/"
+                  r"(sa|cm|cm/2\.0|dynslice|admin)/?$")
 MODULE_ALIASES = {"cm/2.0": "cm"}
 
 
@@ -124,9 +127,12 @@ class EmulatorDispatcher:
     """Routes calls to services; checks identity; applies fault injection; logs each call."""
 
     def __init__(self, services: list[Service], faults: FaultInjector, admin_urn: str,
-                 pressure: Pressure | None = None,
-                 latency: Latency | None = None) -> None:
+                 pressure: Pressure | None = None, latency: Latency | None = None,
+                 clusters: dict[str, list[Service]] | None = None) -> None:
         self.services = {s.module: s for s in services}
+        self.clusters = {name: {s.module: s for s in found}
+                         for name, found in (clusters or {}).items()}
+        self.home = next(iter(self.clusters), "")  # the cluster also at the SA's paths
         self.faults = faults
         self.pressure = pressure or Pressure()
         self.admin_urn = admin_urn
@@ -138,7 +144,13 @@ class EmulatorDispatcher:
         match = PATH.match(path.split("?", 1)[0])
         if match is None:
             return 200, _fault(FAULT_CERT_OR_MODULE, f"No such module: {path}")
-        module = MODULE_ALIASES.get(match.group(1), match.group(1))
+        module = MODULE_ALIASES.get(match.group(2), match.group(2))
+        services, cluster = self.services, (self.home if module != "sa" else "")
+        if match.group(1) is not None:
+            cluster = match.group(1)
+            services = self.clusters.get(match.group(1), {})
+            if module not in services:
+                return 200, _fault(FAULT_CERT_OR_MODULE, f"No such module: {path}")
         if not peer.urn:
             return 200, _fault(FAULT_CERT_OR_MODULE, "Could not get uuid/urn from certificate")
         if module == "admin" and peer.urn != self.admin_urn:
@@ -150,7 +162,7 @@ class EmulatorDispatcher:
             raise  # the connection is broken: nobody to answer
         except Exception as err:  # expat errors, bad values: all one parse fault
             return 200, _fault(FAULT_PARSE, f"parse error: {err}")
-        service = self.services.get(module)
+        service = services.get(module)
         handler = service.handler(method or "") if service else None
         if service is None or handler is None:
             return 200, _fault(FAULT_NO_SUCH_METHOD, f"No such method: {method}")
@@ -162,7 +174,8 @@ class EmulatorDispatcher:
                 return 200, self._reply(response(0, GeniCode.BUSY, "Server is busy; try again"))
             if fault is Fault.SLOW:
                 time.sleep(self.faults.slow_seconds)
-            if self.pressure.apply(module, method):  # --busy answers at once, --slow waits
+            # --busy answers at once, --slow waits (at this cluster, or everywhere)
+            if self.pressure.apply(module, method, cluster):
                 return 200, self._reply(response(0, GeniCode.BUSY, "Server is busy; try again"))
         if self.latency is not None and module == "cm":
             self.latency.pause(method)

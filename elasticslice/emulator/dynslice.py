@@ -75,9 +75,9 @@ class DynamicSliceService(Service):
         parts = urllib.parse.urlparse(url)
         if parts.scheme != "https" or not parts.hostname:
             raise GeniFault(GeniCode.BADARGS, f"Endpoint url must be https://host:port/...: {url}")
-        box = self.ctx.boot.fabric if self.ctx.boot is not None else None  # network.py
+        box = self.ctx.control_ips()  # this machine on the box's node networks (network.py)
         if not _loopback(parts.hostname) and not self.ctx.settings.allow_remote_endpoints \
-                and not (box is not None and parts.hostname == box.control_ip):
+                and parts.hostname not in box:
             raise GeniFault(GeniCode.BADARGS, "This emulator only calls endpoints on "
                                               f"127.0.0.1 (got {parts.hostname})")
         policy = str(optional(call.params, "policy", str, "LIFO")).upper()

@@ -111,7 +111,7 @@ def _uid(urn: str) -> str:
 
 
 def _user_email(ctx: Context, node: NodeRow) -> str:
-    return f"{_uid(_sliver(ctx, node).creator_urn)}@{ctx.identity.domain}"
+    return f"{_uid(_sliver(ctx, node).creator_urn)}@{ctx.config.domain}"  # the SA's
 
 
 def _geni_user(ctx: Context, node: NodeRow) -> str:
@@ -119,7 +119,7 @@ def _geni_user(ctx: Context, node: NodeRow) -> str:
     for entry in _sliver(ctx, node).keys or []:
         if not isinstance(entry, dict):
             continue
-        urn = entry.get("urn") or ctx.identity.user_urn(str(entry.get("login", "")))
+        urn = entry.get("urn") or ctx.config.identity.user_urn(str(entry.get("login", "")))
         keys = [k.get("key") for k in entry.get("keys") or []
                 if isinstance(k, dict) and isinstance(k.get("key"), str)]
         if keys:

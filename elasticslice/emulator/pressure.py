@@ -7,7 +7,9 @@ real CM maps and allocates inside CreateSliver and AddNodes, which takes tens of
 ``--busy METHOD=FRACTION``: that share of METHOD's calls answer BUSY (code 14) at once, as
 a CM does while the slice is locked; a client retries with back-off. Both repeat, one
 method each; ``cm.RenewSlice`` names a method of one module only (sa, cm, dynslice), a bare
-name the method wherever it is. The same seed gives the same BUSY answers.
+name the method wherever it is; ``wisc/AddNodes`` (or ``wisc/cm.AddNodes``) the method at
+one cluster of a box of several (clusters.py), whose other clusters are not slowed. The
+same seed gives the same BUSY answers.
 
 Unlike ``--fault-rate`` (random faults on any call), this is aimed: tests, benches and users
 reproduce "AddNodes takes 30 s" or "the client is in BUSY back-off" and watch the callbacks.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -26,6 +29,7 @@ from elasticslice.errors import ConfigError
 
 MAX_SLOW = 3600.0   # seconds: longer is a hung CM, not a slow one
 MODULES = ("sa", "cm", "dynslice")
+CLUSTER = re.compile(r"[a-z][a-z0-9]{0,15}")  # a cluster's name (clusters.py)
 
 
 def _known_methods() -> frozenset[str]:
@@ -75,22 +79,35 @@ class Pressure:
                ) -> dict[str, float]:
         known = _known_methods() if values else frozenset()
         for name, value in values.items():
-            if name not in known:
+            cluster, slash, bare = name.rpartition("/")
+            if bare not in known or (slash and not CLUSTER.fullmatch(cluster)):
                 raise ConfigError(f"--{option} {name}: not a method of the emulator's SA, CM "
-                                  f"or dynslice server (e.g. AddNodes, cm.RenewSlice)")
+                                  f"or dynslice server (e.g. AddNodes, cm.RenewSlice, "
+                                  f"wisc/AddNodes)")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not low <= value <= high:
                 raise ConfigError(f"--{option} {name}={value}: expected a number from "
                                   f"{low:g} to {high:g}")
         return {k: float(v) for k, v in values.items()}
 
-    def _setting(self, table: Mapping[str, float], module: str, method: str) -> float:
+    def clusters(self) -> set[str]:
+        """The clusters the settings name (``wisc/AddNodes``: wisc)."""
+        with self._lock:
+            return {k.rpartition("/")[0] for k in (*self.slow, *self.busy)} - {""}
+
+    @staticmethod
+    def _setting(table: Mapping[str, float], module: str, method: str,
+                 cluster: str = "") -> float:
+        for key in ((f"{cluster}/{module}.{method}", f"{cluster}/{method}") if cluster else ()):
+            if key in table:
+                return table[key]
         return table.get(f"{module}.{method}", table.get(method, 0.0))
 
-    def apply(self, module: str, method: str) -> bool:
-        """Before a call of ``module.method``: True when it must answer BUSY now; otherwise
-        it first waits out the method's slowness (ended early by :meth:`relieve`)."""
-        fraction = self._setting(self.busy, module, method)
+    def apply(self, module: str, method: str, cluster: str = "") -> bool:
+        """Before a call of ``module.method`` (at ``cluster``, of a box of several): True
+        when it must answer BUSY now; otherwise it first waits out the method's slowness
+        (ended early by :meth:`relieve`)."""
+        fraction = self._setting(self.busy, module, method, cluster)
         if fraction > 0.0:
             with self._lock:
                 hit = self._random.random() < fraction
@@ -98,7 +115,7 @@ class Pressure:
                     self._busy_answers[method] = self._busy_answers.get(method, 0) + 1
             if hit:
                 return True
-        seconds = self._setting(self.slow, module, method)
+        seconds = self._setting(self.slow, module, method, cluster)
         if seconds <= 0.0 or self._relieved.is_set():
             return False
         with self._lock:

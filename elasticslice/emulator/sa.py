@@ -126,11 +126,12 @@ class SliceAuthority(Service):
         kind = self._check_type(params, ("slice", "user"))
         if kind == "slice":
             row = self._slice(params)
-            sliver = self.ctx.store.get_sliver(row.urn)
+            cms = [cm.identity.cm_urn for cm in self.ctx.box  # every CM holding a sliver
+                   if cm.store.get_sliver(row.urn) is not None]
             return {"hrn": f"{Urn.parse(row.urn).authority}.{row.hrn}",  # type: ignore[union-attr]
                     "urn": row.urn, "uuid": row.uuid, "creator_uuid": stable_uuid(row.creator_urn),
                     "creator_urn": row.creator_urn, "gid": row.gid,
-                    "component_managers": [self.ctx.identity.cm_urn] if sliver else []}
+                    "component_managers": cms}
         return self._resolve_user(call)
 
     def _resolve_user(self, call: Call) -> dict[str, Any]:

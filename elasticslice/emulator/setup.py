@@ -16,7 +16,9 @@ Layout of an emulator directory D::
     images.json images/        custom disk images (``emulator image add``; ELASTICSLICE-PILOT)
     box/                       the box's layer of every image (/usr/bin/geni-get)
     tarfiles/                  install tarballs the CM fetched, per slice
-    emulator.json              domain, user, project, port
+    emulator.json              domain, user, project, port, clusters
+    cms/<name>/                a cluster of a box with several CMs (``init --cm``): cm.pem,
+                               cm-key.pem, inventory.ini, state.db, nodes/ (clusters.py)
     state.db                   SQLite state (slices, slivers, nodes, reclamations)
     server.json                URL and pid of the running server (while it runs)
     serve.lock                 held (flock) by the running server: one server per directory
@@ -31,7 +33,7 @@ import os
 import re
 import secrets
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +41,7 @@ from elasticslice.errors import ConfigError, ElasticSliceError
 
 if TYPE_CHECKING:
     from elasticslice.emulator.authority import Identity
+    from elasticslice.emulator.clusters import Cluster
 
 DEFAULT_DOMAIN = "emulab.test"
 DEFAULT_USER = "elastic"
@@ -57,11 +60,16 @@ class EmulatorConfig:
     slice_name: str = DEFAULT_SLICE
     port: int = 0
     host: str = "127.0.0.1"
+    clusters: list[str] = field(default_factory=list)  # init --cm: the CMs' names, in order
 
     @property
     def identity(self) -> Identity:
         from elasticslice.emulator.authority import Identity
         return Identity(self.domain)
+
+    def cluster_list(self, directory: Path) -> list[Cluster]:
+        from elasticslice.emulator.clusters import clusters_of
+        return clusters_of(Path(directory).resolve(), self.domain, list(self.clusters))
 
 
 def load_config(directory: str | Path) -> EmulatorConfig:
@@ -99,8 +107,16 @@ def write_client_conf(directory: str | Path, host: str, port: int,
     return _write_conf(d, url, d, cfg.project, cfg.slice_name, listen)
 
 
+def cm_bases(d: Path, url: str) -> list[str]:
+    """The XML-RPC base of each CM of the box at ``url`` (the SA's): one per cluster, in
+    order, or the SA's own for a box of one CM."""
+    clusters = load_config(d).cluster_list(d)
+    return [c.url(url) for c in clusters] or [url]
+
+
 def _write_conf(home: Path, url: str, d: Path, project: str, slice_name: str,
                 listen: str | None = None) -> Path:
+    bases = cm_bases(d, url)
     where = ("# The box's nodes are on a network of their own: they reach this machine at\n"
              f"# {listen} only (its control network address).\n"
              f"listen = {listen}\n") if listen else ""
@@ -121,11 +137,11 @@ def _write_conf(home: Path, url: str, d: Path, project: str, slice_name: str,
         f"certificate = {home / 'user.pem'}\n"
         f"passphrase_file = {home / 'password'}\n"
         f"sa_url = {url}/sa\n"
-        f"cm_urls = {url}/cm\n"
+        f"cm_urls = {', '.join(b + '/cm' for b in bases)}\n"
         f"ca_bundle = {d / 'ca.pem'}\n"
         f"slice_name = {slice_name}\n"
         f"project = {project}\n"
-        f"dynslice_urls = {url}/dynslice\n"
+        f"dynslice_urls = {', '.join(b + '/dynslice' for b in bases)}\n"
         f"credential_cache_dir = {home / 'credentials'}\n"
         "# The emulator is local: retry BUSY sooner than against the real CloudLab.\n"
         "retry_delay = 0.5\n"
@@ -211,13 +227,18 @@ def _write_user(home: Path, ca: bytes, ca_key: bytes, cfg: EmulatorConfig, uid: 
 def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT_DOMAIN,
                   user: str = DEFAULT_USER, project: str = DEFAULT_PROJECT,
                   slice_name: str = DEFAULT_SLICE, host: str = "127.0.0.1",
-                  hostnames: tuple[str, ...] = (), force: bool = False) -> Path:
-    """Create an emulator directory (CA, certificates, user PEM, password, client config)."""
+                  hostnames: tuple[str, ...] = (), force: bool = False,
+                  clusters: tuple[str, ...] = ()) -> Path:
+    """Create an emulator directory (CA, certificates, user PEM, password, client config).
+
+    ``clusters``: ``NAME`` or ``NAME=INVENTORY`` each, a box of several CMs (clusters.py)."""
     from cryptography.hazmat.primitives import serialization
 
+    from elasticslice.emulator import clusters as clusterlib
     from elasticslice.rpc import pki
     d = Path(directory).resolve()
     _check_names(domain=domain, user=user, project=project, slice_name=slice_name)
+    specs = clusterlib.parse_specs(clusters)
     if (d / "ca.pem").exists() and not force:
         raise ConfigError("already an emulator directory (use --force to start over)",
                           path=str(d))
@@ -231,7 +252,7 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     for stale in ("state.db", "state.db-wal", "state.db-shm", "server.json"):
         (d / stale).unlink(missing_ok=True)
     cfg = EmulatorConfig(domain=domain, user=user, project=project, slice_name=slice_name,
-                         port=port, host=host)
+                         port=port, host=host, clusters=clusterlib.write_inventories(d, specs))
     ident = cfg.identity
     ca, ca_key = pki.make_ca(f"elasticslice emulator CA ({domain})")
     (d / "ca.pem").write_bytes(ca)
@@ -246,6 +267,9 @@ def init_emulator(directory: str | Path, port: int = 0, *, domain: str = DEFAULT
     _issue(d, "server", ca, ca_key, "localhost", urn=ident.cm_urn, hostnames=names, ips=ips)
     _issue(d, "sa", ca, ca_key, f"sa.{domain}", urn=ident.sa_urn)
     _issue(d, "cm", ca, ca_key, f"cm.{domain}", urn=ident.cm_urn)
+    for cluster in cfg.cluster_list(d):
+        _issue(cluster.home, "cm", ca, ca_key, f"cm.{cluster.domain}",
+               urn=cluster.identity.cm_urn)
     admin_cert, admin_key = pki.issue_certificate(ca, ca_key, "emulator-admin",
                                                   urn=ident.admin_urn)
     pki.write_private_file(d / "admin.pem", admin_cert.rstrip(b"\n") + b"\n" + admin_key)

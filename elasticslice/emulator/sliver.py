@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticslice.emulator import pool
-from elasticslice.emulator.authority import new_uuid
+from elasticslice.emulator.authority import Urn, new_uuid
 from elasticslice.emulator.context import Context
 from elasticslice.emulator.geni import GeniFault
 from elasticslice.emulator.manifest import mac_for
@@ -52,7 +52,7 @@ class SliverOps:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.reaper = Reaper(ctx)
-        self.tarfiles = TarfileStore(ctx.directory, ctx.settings.latency, ctx.clock)
+        self.tarfiles = TarfileStore(ctx.where, ctx.settings.latency, ctx.clock)
         self.rng = random.Random(ctx.settings.seed)  # the mapper's draws (serve --seed)
         self.release_hooks: list[Callable[[NodeRow, str], None]] = []
 
@@ -98,6 +98,7 @@ class SliverOps:
         ids = [n.client_id or "" for n in request.nodes]
         self._check_client_ids(ids, set())
         request.check_request(lambda problem: GeniFault(GeniCode.BADARGS, problem))
+        self._check_bound_here(request)
         iface_owner = {i.client_id: n.client_id for n in request.nodes for i in n.interfaces}
         for link in request.links:
             for ref in link.interfaces:
@@ -156,6 +157,22 @@ class SliverOps:
         self._boot(rows)
         log.info("sliver %s for %s: %d nodes", sliver.sliver_urn, slice_row.urn, len(rows))
         return change
+
+    def _check_bound_here(self, request: RSpec) -> None:
+        """Every node bound to a CM (``component_manager_id``), or pinned to a physical node
+        (``component_id``), must be bound to this one: BADARGS otherwise. CloudLab's CM
+        skips a node bound to another CM (a request for several clusters is sent whole to
+        each); the box refuses it (docs/emulator.md, "Several clusters")."""
+        ours = self.ctx.identity
+        for node in request.nodes:
+            cm = node.component_manager_id
+            if cm and cm.lower() != ours.cm_urn.lower():
+                raise GeniFault(GeniCode.BADARGS, f"Node {node.client_id} is bound to another "
+                                                  f"CM ({cm}), not this one ({ours.cm_urn})")
+            pinned = Urn.parse(node.component_id or "")
+            if pinned is not None and pinned.authority.lower() != ours.domain.lower():
+                raise GeniFault(GeniCode.BADARGS, f"Node {node.client_id} names a node of "
+                                                  f"another CM ({node.component_id})")
 
     def add(self, sliver: SliverRow, specs: list[Any]) -> Change:
         """AddNodes: ``specs`` are :class:`elasticslice.rspec.NodeSpec` records. The

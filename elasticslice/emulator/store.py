@@ -194,10 +194,13 @@ def _decode(cls: type, row: sqlite3.Row) -> Any:
 class Store:
     """Typed access to the SQLite state file; every method is atomic and thread-safe."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, slices: Store | None = None) -> None:
         self.path = Path(path)
         self.lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        # a cluster's CM (clusters.py) keeps its own slivers and nodes; the slices are the
+        # SA's, in the SA's store
+        self._slices = slices
 
     def open(self) -> Store:
         try:
@@ -265,18 +268,19 @@ class Store:
 
     # slices
     def put_slice(self, row: SliceRow) -> None:
-        self._upsert("slices", row)
+        (self._slices or self)._upsert("slices", row)
 
     def get_slice(self, urn: str) -> SliceRow | None:
-        found = self._select(SliceRow, "SELECT * FROM slices WHERE urn=?", (urn,))
+        found = (self._slices or self)._select(SliceRow, "SELECT * FROM slices WHERE urn=?",
+                                               (urn,))
         return found[0] if found else None
 
     def slices_of(self, creator_urn: str) -> list[SliceRow]:
-        return self._select(SliceRow, "SELECT * FROM slices WHERE creator_urn=? ORDER BY urn",
-                            (creator_urn,))
+        return (self._slices or self)._select(
+            SliceRow, "SELECT * FROM slices WHERE creator_urn=? ORDER BY urn", (creator_urn,))
 
     def all_slices(self) -> list[SliceRow]:
-        return self._select(SliceRow, "SELECT * FROM slices ORDER BY urn")
+        return (self._slices or self)._select(SliceRow, "SELECT * FROM slices ORDER BY urn")
 
     # slivers
     def put_sliver(self, row: SliverRow) -> None:

@@ -68,4 +68,15 @@ def test_serve_refuses_bad_pressure_with_one_line(tmp_path) -> None:
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         "Error: --busy Nope: not a method of the emulator's SA, CM or dynslice server "
-        "(e.g. AddNodes, cm.RenewSlice)"]
+        "(e.g. AddNodes, cm.RenewSlice, wisc/AddNodes)"]
+
+
+def test_a_cluster_named_in_a_setting_is_a_name_and_its_method_a_method() -> None:
+    pressure = Pressure(busy={"wisc/AddNodes": 1.0})
+    assert pressure.clusters() == {"wisc"}
+    assert pressure.apply("cm", "AddNodes", "wisc") is True
+    assert pressure.apply("cm", "AddNodes", "utah") is False
+    assert pressure.apply("cm", "AddNodes") is False
+    for bad in ("Wisc/AddNodes", "wisc/Nope", "/AddNodes"):
+        with pytest.raises(ConfigError, match="not a method"):
+            Pressure(slow={bad: 1.0})
