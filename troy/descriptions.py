@@ -77,12 +77,12 @@ class Description:
     def to_dict(self, deep: bool = True) -> dict[str, Any]:
         """A plain dict (JSON-friendly except for callables) of every field (``deep``:
         nested descriptions, a bundle's members, as dicts too)."""
-        out = {}
-        for name in _field_names(type(self)):
-            v = getattr(self, name)
-            if deep and isinstance(v, list) and v and isinstance(v[0], Description):
-                v = [x.to_dict() for x in v]
-            out[name] = v
+        d = self.__dict__   # a dataclass's fields are its instance attributes
+        out = {name: d[name] for name in _field_names(type(self))}
+        if deep:
+            for name, v in out.items():
+                if isinstance(v, list) and v and isinstance(v[0], Description):
+                    out[name] = [x.to_dict() for x in v]
         return out
 
     def replace(self: D, **changes: Any) -> D:

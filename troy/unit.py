@@ -117,6 +117,14 @@ class ComputeUnit:
     def state(self) -> State:
         return self._state
 
+    def member_index(self, task_id: str) -> int | None:
+        """Where task ``task_id`` is among the members of this (bundle) unit, or None."""
+        cached = self.__dict__.get("_member_index")
+        if cached is None or cached[0] != len(self.task_ids):
+            index = {t: i for i, t in reversed(list(enumerate(self.task_ids)))}  # the first
+            cached = self._member_index = (len(self.task_ids), index)
+        return cached[1].get(task_id)
+
     def add_callback(self, cb: UnitCallback, *, first: bool = False) -> None:
         """Call ``cb(unit, state)`` on every state change; ``first``: before the callbacks
         added so far (the store's record goes first, so that whoever a final state wakes

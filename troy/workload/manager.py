@@ -59,9 +59,8 @@ class _Plan:
 def unit_description(tasks: list[Task]) -> ComputeUnitDescription:
     """The unit for one task, or the bundle unit for several."""
     def one(t: Task) -> ComputeUnitDescription:
-        d = t.description   # checked when the task was made: not checked again
-        return ComputeUnitDescription.checked({"name": t.id,
-                                               **{f: getattr(d, f) for f in _WORK_FIELDS}})
+        d = t.description.__dict__   # checked when the task was made: not checked again
+        return ComputeUnitDescription.checked({"name": t.id, **{f: d[f] for f in _WORK_FIELDS}})
 
     if len(tasks) == 1:
         return one(tasks[0])

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 
 TaskCallback = Callable[["Task", State], Any]
+# what one unit's view makes its task (``derive_task_state`` of a single state)
+_KEPT = frozenset({State.FAILED, State.CANCELED, State.DISPATCHED, State.RUNNING, State.DONE})
 
 
 class Task(Observable):
@@ -108,6 +110,11 @@ class Task(Observable):
         self._notify(change)
 
     def _derive(self) -> State:
+        if len(self.units) == 1:   # the usual case, a unit's every change: no lists
+            view = self._unit_view(self.units[0])
+            if view in _KEPT:
+                return view
+            return State.DISPATCHED if view is State.PENDING else State.UNKNOWN
         return derive_task_state(self._unit_view(u) for u in self.units)
 
     def _unit_view(self, unit: ComputeUnit) -> State:
@@ -116,10 +123,9 @@ class Task(Observable):
         if state in PRE_DISPATCH:
             return State.DISPATCHED
         if state in (State.DONE, State.FAILED) and unit.description.bundle \
-                and unit.result is not None and unit.result.members \
-                and self.id in unit.task_ids:
+                and unit.result is not None and unit.result.members:
             members = unit.result.members
-            i = unit.task_ids.index(self.id)
-            if i < len(members):
+            i = unit.member_index(self.id)
+            if i is not None and i < len(members):
                 return State.DONE if members[i].ok else State.FAILED
         return state

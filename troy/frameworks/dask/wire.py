@@ -40,16 +40,27 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise BadFrame(f"an extension type ({code}): not data")
 
 
+_ATOMS = frozenset({type(None), bool, int, float, str, bytes})
+
+
 def plain(v: Any, depth: int = 0) -> bool:
-    """Whether ``v`` is plain data as msgpack decodes it (no timestamps, no extensions)."""
-    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+    """Whether ``v`` is plain data as msgpack decodes it (no timestamps, no extensions):
+    exact types, as msgpack makes them (no subclass of them is data here)."""
+    t = type(v)
+    if t in _ATOMS:
         return True
     if depth > 40:
         return False
-    if isinstance(v, list):
-        return all(plain(x, depth + 1) for x in v)
-    if isinstance(v, dict):
-        return all(plain(k, depth + 1) and plain(x, depth + 1) for k, x in v.items())
+    if t is list:
+        for x in v:
+            if type(x) not in _ATOMS and not plain(x, depth + 1):
+                return False
+        return True
+    if t is dict:
+        for k, x in v.items():
+            if type(k) not in _ATOMS or (type(x) not in _ATOMS and not plain(x, depth + 1)):
+                return False
+        return True
     return False
 
 
