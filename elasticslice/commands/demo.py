@@ -21,7 +21,7 @@ from elasticslice.demo.runner import run_demo, static_summary
 
 STATIC_ONLY = ("nodes", "add_nodes", "hardware_type", "framework")
 ELASTIC_ONLY = ("emulator_dir", "nodes_min", "nodes_max", "node_cores", "pool", "notice",
-                "margin", "revocations", "idle_timeout", "report")
+                "margin", "revocations", "idle_timeout", "report", "sites")
 DEFAULTS = {"time_scale": (1.0, 0.1), "timeout": (240.0, 60.0)}   # (elastic, static)
 
 
@@ -88,8 +88,13 @@ def check_mode(ctx: click.Context, static: bool) -> None:
 @click.option("--margin", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Drain safety margin: units not expected to end this many seconds "
                    "before the deadline are requeued at once.")
-@click.option("--revocations", type=click.IntRange(0, 8), default=1, show_default=True,
-              help="Nodes the other tenants take back mid-run, one at a time (0: none).")
+@click.option("--revocations", type=click.IntRange(0, 8), default=None,
+              help="Nodes the other tenants take back mid-run, one at a time (0: none); "
+                   "with --sites, at each site in turn [default: 1, one per site].")
+@click.option("--sites", type=click.IntRange(1, 3), default=1, show_default=True,
+              help="CloudLab clusters in the box, each a CM of its own behind one SA "
+                   "(utah, wisc, clemson): the slice holds a sliver at each; the first "
+                   "holds half of --nodes-max, so it fills and the slice grows at the next.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0), default=10.0,
               show_default=True, help="Seconds a pilot may idle before its node is given "
                                       "back (down to --nodes-min).")
@@ -143,6 +148,8 @@ def demo(ctx: click.Context, **o: Any) -> None:
     if static:
         _static(o, console)
         return
+    if o["revocations"] is None:
+        o["revocations"] = o["sites"]
     options = ElasticOptions(**{k: v for k, v in o.items() if k not in STATIC_ONLY})
     try:
         check_report_path(options.report)

@@ -20,7 +20,7 @@ from typing import Any
 
 from elasticslice.demo.console import Console, DemoError, port_open, rel, stop_emulator
 from elasticslice.demo.report import ElasticReport, Progress, ProgressPrinter, event_lines
-from elasticslice.demo.tenantload import TenantLoad
+from elasticslice.demo.tenantload import SiteAdmins, TenantLoad
 from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
 
@@ -30,7 +30,11 @@ REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_WORKLOAD = REPO / "examples" / "workflows" / "montage-chameleon-2mass-005d-001.json"
 STEPS = 4
 TICK = 0.5
+SITES_EVERY = 2.0   # seconds between looks at each site's pool (--sites)
 HARDWARE_TYPE = "m510"
+# ``--sites N``: the box's clusters, each with CloudLab's hardware type there and its names
+SITES = (("utah", "m510", "ms10"), ("wisc", "c220g5", "c220g5x"),
+         ("clemson", "c6320", "clnode"))
 INVENTORY = """[inventory]
 default_hardware_type = {hw}
 
@@ -63,6 +67,15 @@ class ElasticOptions:
     timeout: float = 240.0
     report: Path | None = None
     quiet: bool = False
+    sites: int = 1
+
+    def site_pools(self) -> list[tuple[str, str, str, int]]:
+        """``(cluster, hardware type, node name prefix, nodes)`` of each site: the first
+        holds half of ``nodes_max`` (it fills, and the slice grows at the next), the others
+        ``pool`` each."""
+        first = max(1, self.nodes_max // self.sites)
+        return [(name, hw, prefix, first if i == 0 else self.pool)
+                for i, (name, hw, prefix) in enumerate(SITES[:self.sites])]
 
 
 class ElasticDemo:
@@ -100,16 +113,22 @@ class ElasticDemo:
         d = self.emu_dir
         running = self._running_port(d)
         if running:
+            self._check_sites(d)
             self.c.detail("emulator", f"{rel(d)}/ serves already (port {running}): used as "
                                       f"it is, left running")
             url = json.loads((d / "server.json").read_text(encoding="utf-8"))["url"]
             self.report.emulator_url = str(url)
             return
-        if not (d / "ca.pem").exists():
-            init_emulator(d, port=0)
-        inventory = self.dir / "inventory.ini"
-        inventory.write_text(INVENTORY.format(hw=HARDWARE_TYPE, count=self.o.pool,
-                                              cores=self.o.node_cores), encoding="utf-8")
+        inventory: Path | None = self.dir / "inventory.ini"
+        if self.o.sites > 1:
+            self._init_sites(d)
+            inventory = None   # each cluster has its own
+        else:
+            if not (d / "ca.pem").exists():
+                init_emulator(d, port=0)
+            self._check_sites(d)
+            inventory.write_text(INVENTORY.format(hw=HARDWARE_TYPE, count=self.o.pool,
+                                                  cores=self.o.node_cores), encoding="utf-8")
         self.emu = EmulatorServer(d, port=0, inventory=inventory,
                                   boot_delay=self.o.boot_delay,
                                   notify_interval=self.o.notify_interval,
@@ -120,10 +139,42 @@ class ElasticDemo:
         self.report.emulator_url = self.emu.url
         self.c.detail("directory", f"{rel(d)}/  (node sandboxes in nodes/<node>/)")
         self.c.detail("URL", f"{self.emu.url}")
-        self.c.detail("inventory", f"{self.o.pool} {HARDWARE_TYPE} nodes, "
-                                   f"{self.o.node_cores} cores each")
+        if self.o.sites == 1:
+            self.c.detail("inventory", f"{self.o.pool} {HARDWARE_TYPE} nodes, "
+                                       f"{self.o.node_cores} cores each")
+        for name, hw, _, count in self.o.site_pools() if self.o.sites > 1 else ():
+            self.c.detail(f"cluster {name}", f"its own CM, {count} {hw} nodes of "
+                                             f"{self.o.node_cores} cores")
         self.c.detail("notices", f"a reclaimed node gets {self.o.notice} s "
                                  f"(NotifyDeletePending every {self.o.notify_interval:g} s)")
+
+    def _init_sites(self, d: Path) -> None:
+        """A box of ``--sites`` clusters (one SA, a CM each), made here the first time."""
+        if not (d / "ca.pem").exists():
+            specs = []
+            for name, hw, prefix, count in self.o.site_pools():
+                path = self.dir / f"inventory-{name}.ini"
+                path.write_text(INVENTORY.format(hw=hw, count=count, cores=self.o.node_cores)
+                                .replace("prefix = ms10", f"prefix = {prefix}"),
+                                encoding="utf-8")
+                specs.append(f"{name}={path}")
+            init_emulator(d, port=0, clusters=tuple(specs))
+        self._check_sites(d)
+
+    def _check_sites(self, d: Path) -> None:
+        have = self._clusters(d)
+        if len(have) != (self.o.sites if self.o.sites > 1 else 0):
+            what = f"a box of {len(have)} clusters" if have else "a box of one CM"
+            raise DemoError(f"{rel(d)}/ is {what}, made by an earlier run: --sites "
+                            f"{self.o.sites} needs another --dir (or remove {rel(d)}/)")
+
+    @staticmethod
+    def _clusters(d: Path) -> list[str]:
+        try:
+            data = json.loads((d / "emulator.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        return [str(c).split("=", 1)[0] for c in data.get("clusters") or []]
 
     @staticmethod
     def _running_port(d: Path) -> int:
@@ -178,7 +229,7 @@ class ElasticDemo:
         self.report.units_total = total
         self.c.detail("workload", f"{self.o.workload.name}: {total} tasks, {work:.0f} s of "
                                   f"task time (recorded runtimes x {self.o.time_scale:g})")
-        self.tenants = TenantLoad(AdminClient(self.emu_dir), revocations=self.o.revocations,
+        self.tenants = TenantLoad(self.admin(), revocations=self.o.revocations,
                                   node_cores=self.node_cores)
         run = troy.WorkloadRun(self.cluster.session, workload, self.cluster.overlay(),
                                bind_mode="late", timeout=self.o.timeout, name="demo-workload",
@@ -187,15 +238,18 @@ class ElasticDemo:
         run.start()
         printer = ProgressPrinter(self.c)
         last_stats: dict[str, Any] = {}
+        sites, sites_at = "", -SITES_EVERY
         while True:
             alive = not run.done()
             snap = self.cluster.snapshot()
             stats = dict(self.cluster.stats())
             done = run.progress().done
+            if time.monotonic() - sites_at >= SITES_EVERY or not alive:
+                sites, sites_at = self.look_at_sites(), time.monotonic()
             progress = Progress(time.monotonic() - started, int(snap.nodes_held),
                                 int(snap.pilots), int(snap.units_queued),
                                 int(snap.units_running), done, total,
-                                int(stats.get("revocations", snap.revocations)))
+                                int(stats.get("revocations", snap.revocations)), sites)
             if self.tenants.node_cores is None:     # a shared emulator: the pilots say
                 self.tenants.node_cores = self.pilot_cores()
             lines = event_lines(last_stats, stats) + self.tenants.step(
@@ -209,6 +263,31 @@ class ElasticDemo:
             run.wait(TICK)
         self.report.makespan_s = time.monotonic() - started
         self.finish_workload(workload, run.exception())
+
+    def admin(self) -> Any:
+        """The emulator's admin path: with ``--sites``, each site's in turn."""
+        if self.o.sites == 1:
+            return AdminClient(self.emu_dir)
+        return SiteAdmins({name: AdminClient(self.emu_dir, cluster=name)
+                           for name, *_ in self.o.site_pools()})
+
+    def look_at_sites(self) -> str:
+        """Our nodes at each site now (the emulator's pools), kept for the report:
+        ``"utah 2, wisc 1"``; "" with one site."""
+        if self.o.sites == 1 or not isinstance(self.tenants.admin, SiteAdmins):
+            return ""
+        parts = []
+        for name, admin in self.tenants.admin.admins.items():
+            try:
+                held = sum(int(r.get("slice", 0)) for r in
+                           admin.call("Status")["pool"].values())
+            except Exception as err:  # noqa: BLE001 - a look, not a step: say why, go on
+                log.warning("cannot read %s's pool: %s", name, err)
+                return ""
+            site = self.report.sites.setdefault(name, {"nodes_peak": 0})
+            site["nodes_peak"] = max(site["nodes_peak"], held)
+            parts.append(f"{name} {held}")
+        return ", ".join(parts)
 
     def pilot_cores(self) -> int | None:
         pilots = self.cluster.pilots() if self.cluster is not None else []
@@ -280,10 +359,21 @@ class ElasticDemo:
             self.c.detail("emulator", f"stopped; port {port} closed")
 
     def collect_reclamations(self) -> None:
-        try:
-            self.report.reclamations = list(AdminClient(self.emu_dir).call("Report"))
-        except Exception:   # the report is a nicety; the log says why it is missing
-            log.exception("cannot read the emulator's reclamation report")
+        sites = [name for name, *_ in self.o.site_pools()] if self.o.sites > 1 else [None]
+        for name in sites:
+            try:
+                rows = list(AdminClient(self.emu_dir, cluster=name).call("Report"))
+            except Exception:   # the report is a nicety; the log says why it is missing
+                log.exception("cannot read the emulator's reclamation report")
+                continue
+            for row in rows:
+                if name is not None:
+                    row["site"] = name
+                    site = self.report.sites.setdefault(name, {"nodes_peak": 0})
+                    outcome = str(row.get("outcome", "?"))
+                    site[outcome] = int(site.get(outcome, 0)) + 1
+                    site["revocations"] = int(site.get("revocations", 0)) + 1
+            self.report.reclamations.extend(rows)
 
     def take_nodes_back_detail(self) -> None:
         outcomes: dict[str, int] = {}

@@ -29,9 +29,11 @@ class Progress:
     done: int
     total: int
     revocations: int
+    sites: str = ""   # our nodes at each site (--sites): "utah 2, wisc 1"
 
     def line(self) -> str:
-        return (f"{self.elapsed:5.1f}s  nodes {self.nodes}  pilots {self.pilots}  units "
+        where = f" ({self.sites})" if self.sites else ""
+        return (f"{self.elapsed:5.1f}s  nodes {self.nodes}{where}  pilots {self.pilots}  units "
                 f"queued {self.queued} running {self.running} done {self.done}/{self.total}"
                 f"  revocations {self.revocations}")
 
@@ -110,6 +112,8 @@ class ElasticReport:
     cluster: dict[str, Any] = field(default_factory=dict)
     troy: dict[str, Any] = field(default_factory=dict)
     timeline: dict[str, Any] = field(default_factory=dict)  # pilots' nodes, notices, releases
+    # --sites: per cluster, our nodes at most at once and its reclamations by outcome
+    sites: dict[str, dict[str, int]] = field(default_factory=dict)
     ok: bool = False
     error: str | None = None
 
@@ -160,6 +164,10 @@ class ElasticReport:
           f"(every node a pilot: a Dask worker joined over TLS)")
         w(f"  revocations     {self.revocations}: {self.early_releases} released early "
           f"after a drain, {self.forced_releases} forced at the deadline")
+        for name, site in self.sites.items():
+            w(f"  site {name:<10} its own CM: up to {site.get('nodes_peak', 0)} of our nodes, "
+              f"{site.get('revocations', 0)} revocation(s): {site.get('early', 0)} released "
+              f"early, {site.get('forced', 0)} forced")
         w("  processes       none left: emulator, node agents and Dask scheduler stopped")
         w(f"  report          {', '.join(rel(p) for p in report_paths)}")
         w(f"  log             {rel(log_path)}")

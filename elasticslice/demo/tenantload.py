@@ -29,6 +29,22 @@ class Admin(Protocol):
     def call(self, method: str, **params: Any) -> Any: ...
 
 
+class SiteAdmins:
+    """The admin paths of a box's clusters, taken in turn: each revocation at the next
+    site (``demo --sites``). ``site`` names the one calls go to now."""
+
+    def __init__(self, admins: dict[str, Admin]) -> None:
+        self.admins = admins
+        self.order = list(admins)
+        self.site = self.order[0]
+
+    def call(self, method: str, **params: Any) -> Any:
+        return self.admins[self.site].call(method, **params)
+
+    def next_site(self) -> None:
+        self.site = self.order[(self.order.index(self.site) + 1) % len(self.order)]
+
+
 class Phase(str, Enum):
     WAITING = "waiting"          # for units on every pilot
     RAISED = "raised"            # tenant load raised; waiting for our node to go
@@ -127,12 +143,16 @@ class TenantLoad:
             if not self._every_pilot_busy(pilots, running) and now - self._since < self.patience:
                 return []
             counts = self.pool()
+            if counts.slices == 0 and isinstance(self.admin, SiteAdmins):
+                self.admin.next_site()   # none of ours at this site (yet): the next one
+                self._since = None
+                return []
             busy = counts.tenants + counts.free + 1
             self._base, self._released = revoked, released
             self.phase, self._since = Phase.RAISED, now
-            return [self._set(busy, f"other tenants now want {busy} nodes, {counts.free} are "
-                                    f"free: CloudLab reclaims one of ours ({running} units "
-                                    f"running on {pilots} pilots)")]
+            return [self._set(busy, f"other tenants{self._at()} now want {busy} nodes, "
+                                    f"{counts.free} are free: CloudLab reclaims one of ours "
+                                    f"({running} units running on {pilots} pilots)")]
         if self.phase is Phase.RAISED:
             if revoked > self._base and released > self._released:
                 self.forced += revoked - self._base
@@ -140,15 +160,22 @@ class TenantLoad:
                 return []
             if revoked == self._base and now - self._since > self.give_up:
                 self.phase = Phase.DONE
-                return [self._lower("no node of ours was reclaimed: the load goes back")]
+                return [self._lower(f"no node of ours{self._at()} was reclaimed: the load "
+                                    f"goes back")]
             return []
         if self.phase is Phase.RELEASED and self._since is not None \
                 and now - self._since >= self.hold:
-            line = self._lower("the other tenants are done: nodes are free again")
+            line = self._lower(f"the other tenants{self._at()} are done: nodes are free "
+                               f"again")
             self.phase = Phase.WAITING if self.forced < self.revocations else Phase.DONE
             self._since = None
+            if isinstance(self.admin, SiteAdmins):
+                self.admin.next_site()
             return [line]
         return []
+
+    def _at(self) -> str:
+        return f" at {self.admin.site}" if isinstance(self.admin, SiteAdmins) else ""
 
     def _lower(self, why: str) -> str:
         busy = max(self._before, 0)
