@@ -16,6 +16,7 @@ from typing import Any
 from bench.chaos.run import WORKFLOW, RunResult, chaos_run
 
 log = logging.getLogger("bench.chaos")
+SITES = ("utah", "wisc", "clemson")
 
 TOTALS = ("kills", "faults_injected", "emulator_calls_faulted", "units", "units_lost",
           "units_requeued", "duplicate_runs", "duplicate_runs_counted", "nodes_leaked",
@@ -38,6 +39,8 @@ def line(r: RunResult) -> str:
             f"(counted {r.duplicate_runs_counted}) processes {r.processes} "
             f"kills {r.kills} faults {r.faults_injected} leaked {r.nodes_leaked} "
             f"dup_adds {r.duplicate_adds} lapses {r.slice_lapses}")
+    if r.nodes_peak_by_site:
+        text += " nodes " + ", ".join(f"{s} {n}" for s, n in r.nodes_peak_by_site.items())
     return text + (f" ({r.error})" if r.error else "")
 
 
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                    "temporary directory, kept only for failed runs)")
     p.add_argument("--workflow", type=Path, default=WORKFLOW)
     p.add_argument("--time-scale", type=float, default=0.05)
+    p.add_argument("--sites", type=int, default=1, choices=(1, 2, 3),
+                   help="CMs in the box (utah, wisc, clemson), the slice a sliver at each; "
+                        "faults per CM (one answers BUSY a while; nodes of any revoked)")
     a = p.parse_args(argv)
     if a.runs < 1:
         p.error("--runs must be at least 1")
@@ -68,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     from elasticslice.emulator import init_emulator
     work = a.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     work.mkdir(parents=True, exist_ok=True)
-    pki = init_emulator(work / "pki", port=0)  # RSA keys once; each run copies them
+    sites = SITES[:a.sites] if a.sites > 1 else ()
+    pki = init_emulator(work / "pki", port=0, clusters=sites)  # keys once; runs copy them
     results = []
     for seed in range(a.seed, a.seed + a.runs):
         directory = work / f"run-{seed}"
@@ -76,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = run_logging(directory)
         try:
             result = chaos_run(seed, directory, pki, workflow=a.workflow,
-                               time_scale=a.time_scale)
+                               time_scale=a.time_scale, sites=sites)
         finally:
             logging.getLogger().removeHandler(handler)
             handler.close()

@@ -42,6 +42,8 @@ class RunResult:
     duplicate_adds: int = 0
     slice_lapses: int = 0
     nodes_peak_cm: int = 0
+    sites: int = 1                   # CMs of the box (a sliver at each)
+    nodes_peak_by_site: dict[str, int] = dataclasses.field(default_factory=dict)
     injected: list[str] = dataclasses.field(default_factory=list)
     error: str | None = None
 
@@ -99,14 +101,15 @@ def slice_urn_of(config_file: Path) -> str:
 
 def chaos_run(seed: int, directory: Path, pki: Path, *, workflow: Path = WORKFLOW,
               time_scale: float = 0.05, timeout: float = 180.0,
-              maxthreshold: int = 3) -> RunResult:
-    """Run the workflow under the faults of ``make_schedule(seed)`` in ``directory``."""
-    result = RunResult(seed)
+              maxthreshold: int = 3, sites: tuple[str, ...] = ()) -> RunResult:
+    """Run the workflow under the faults of ``make_schedule(seed)`` in ``directory``
+    (``sites``: on a box of those clusters, ``pki`` made with them)."""
+    result = RunResult(seed, sites=max(1, len(sites)))
     began = time.monotonic()
     world = World(directory, pki, seed, workflow=workflow, time_scale=time_scale,
-                  timeout=timeout, maxthreshold=maxthreshold)
-    watch = Watch(world.db, world.all_ran)
-    player = Player(world, make_schedule(seed), result)
+                  timeout=timeout, maxthreshold=maxthreshold, sites=sites)
+    watch = Watch(world.stores, world.all_ran)
+    player = Player(world, make_schedule(seed, sites=max(1, len(sites))), result)
     slice_urn = ""
     try:
         world.start()
@@ -139,7 +142,7 @@ def chaos_run(seed: int, directory: Path, pki: Path, *, workflow: Path = WORKFLO
         except Exception as err:
             log.exception("chaos run %d: closing", seed)
             result.error = result.error or f"closing: {err}"
-        left = held_by(world.db, slice_urn) if slice_urn else []
+        left = held_by(world.stores, slice_urn) if slice_urn else []
         result.nodes_leaked += len(left or [])
         result.emulator_calls_faulted = world.emulator_calls_faulted
         result.processes = world.incarnations

@@ -23,6 +23,7 @@ class Kind(str, Enum):
     EMULATOR_RESTART = "emulator_restart"  # the emulator stops and starts (same dir and port)
     CALLBACK_DROP = "callback_drop"        # the manager's callback endpoint refuses for a while
     REBOOT = "reboot"                      # CloudLab reboots a node holding a pilot
+    CM_BUSY = "cm_busy"                    # one CM of several answers BUSY to every call
 
 
 KILLS = frozenset({Kind.MANAGER_RESTART, Kind.PILOT_KILL, Kind.EMULATOR_RESTART, Kind.REBOOT})
@@ -32,7 +33,7 @@ KILLS = frozenset({Kind.MANAGER_RESTART, Kind.PILOT_KILL, Kind.EMULATOR_RESTART,
 class Fault:
     """One fault: ``at`` seconds after the workflow starts; ``duration`` for the ones that
     last (faulty answers, a dropped callback); ``rate`` of faulty answers; ``pick`` chooses
-    the target among the sorted candidates."""
+    the target among the sorted candidates (a node of any CM; the CM of ``cm_busy``)."""
 
     at: float
     kind: Kind
@@ -46,12 +47,15 @@ class Fault:
         return f"{self.at:5.1f}s {self.kind.value}{rate}{extra}"
 
 
-def make_schedule(seed: int, window: float = 12.0) -> list[Fault]:
+def make_schedule(seed: int, window: float = 12.0, sites: int = 1) -> list[Fault]:
     """The faults of one run, ordered by time, within ``window`` seconds of the start:
     every run restarts the manager, kills a pilot, turns on faulty answers, revokes a node
     (short or zero notice), drops the callback endpoint and reboots a node holding a pilot;
-    one run in two also restarts the emulator. (The reboot is drawn last: the other faults
-    of a seed are what they were before it existed.)"""
+    one run in two also restarts the emulator. With several CMs (``sites``), one of them
+    also answers BUSY to every call for a few seconds (down, as far as the manager can
+    tell), and the revoked and rebooted nodes are drawn from every CM's. (The reboot, then
+    the CM's outage, are drawn last: the other faults of a seed are what they were before
+    they existed.)"""
     rng = random.Random(seed)
 
     def when(lo: float = 1.0) -> float:
@@ -69,4 +73,7 @@ def make_schedule(seed: int, window: float = 12.0) -> list[Fault]:
     if rng.random() < 0.5:
         faults.append(Fault(when(3.0), Kind.EMULATOR_RESTART))
     faults.append(Fault(when(2.0), Kind.REBOOT, pick=rng.randrange(1 << 30)))
+    if sites > 1:
+        faults.append(Fault(when(0.5), Kind.CM_BUSY, duration=round(rng.uniform(3.0, 8.0), 2),
+                            pick=rng.randrange(1 << 30)))
     return sorted(faults, key=lambda f: (f.at, f.kind.value))

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from bench.chaos.invariants import Stores
 from bench.chaos.schedule import Fault, Kind
 from bench.chaos.workflow import Recorder, completions, recording_workflow
 from elasticslice.emulator import EmulatorServer
@@ -87,13 +88,18 @@ def _parent_pid(entry: Path) -> int | None:
 class World:
     """One run's emulator and cluster process in ``directory`` (the emulator's PKI copied
     from ``pki``); ``seed`` seeds the emulator's faulty answers; the cluster runs
-    ``workflow`` (a WfFormat trace, made a recording workflow) within ``timeout`` s."""
+    ``workflow`` (a WfFormat trace, made a recording workflow) within ``timeout`` s.
+    ``sites``: the clusters of a box of several CMs (``pki`` made with them), the slice
+    holding a sliver at each."""
 
     def __init__(self, directory: Path, pki: Path, seed: int, *, workflow: Path,
-                 time_scale: float, timeout: float = 180.0, maxthreshold: int = 3) -> None:
+                 time_scale: float, timeout: float = 180.0, maxthreshold: int = 3,
+                 sites: tuple[str, ...] = ()) -> None:
         self.dir = directory
         self.emu_dir = directory / "emulator"
         shutil.copytree(pki, self.emu_dir)
+        self.sites = sites
+        self.stores = Stores.of(self.emu_dir, sites)
         self.seed = seed
         self.maxthreshold = maxthreshold
         self.trace, self.time_scale, self.timeout = workflow, time_scale, timeout
@@ -224,12 +230,20 @@ class World:
                 self.recorder.close()
                 self.recorder = None
 
-    @property
-    def db(self) -> Path:
-        return self.emu_dir / "state.db"
+    def admin(self, site: str = "") -> AdminClient:
+        return AdminClient(self.emu_dir, cluster=site or None)
 
-    def admin(self) -> AdminClient:
-        return AdminClient(self.emu_dir)
+    def slice_nodes(self, pilots: set[str] | None = None) -> list[tuple[str, str, Any]]:
+        """(cluster, node id, its context) of the nodes slices hold, at every CM, sorted;
+        ``pilots``: only nodes whose client_id is one of them."""
+        emulator = self.emulator
+        if emulator is None:
+            return []
+        out = []
+        for site, agg in zip(self.sites or ("",), emulator.aggregates):
+            out += [(site, n.node_id, agg.ctx) for n in agg.ctx.store.nodes()
+                    if n.holder.value == "slice" and (pilots is None or n.client_id in pilots)]
+        return sorted(out, key=lambda t: (t[0], t[1]))
 
     def _later(self, seconds: float, action: Any) -> None:
         timer = threading.Timer(seconds, action)
@@ -249,7 +263,8 @@ class World:
                    Kind.EMULATOR_FAULTS: self.faulty_answers,
                    Kind.REVOKE_SHORT: self.revoke, Kind.REVOKE_NOW: self.revoke,
                    Kind.EMULATOR_RESTART: self.restart_emulator,
-                   Kind.CALLBACK_DROP: self.drop_callbacks, Kind.REBOOT: self.reboot}[fault.kind]
+                   Kind.CALLBACK_DROP: self.drop_callbacks, Kind.REBOOT: self.reboot,
+                   Kind.CM_BUSY: self.cm_busy}[fault.kind]
         return bool(handler(fault))
 
     def restart_manager(self, fault: Fault) -> bool:
@@ -314,20 +329,16 @@ class World:
 
     def revoke(self, fault: Fault) -> bool:
         """``emulator revoke`` of one node of the slice; REVOKE_NOW with max_wait 0."""
-        emulator = self.emulator
-        if emulator is None or emulator.ctx is None:
-            return False
-        nodes = sorted(n.node_id for n in emulator.ctx.store.nodes()
-                       if n.holder.value == "slice")
+        nodes = self.slice_nodes()
         if not nodes:
             return False
-        node = nodes[fault.pick % len(nodes)]
-        settings = emulator.ctx.settings
+        site, node, ctx = nodes[fault.pick % len(nodes)]
+        settings = ctx.settings
         saved = settings.max_wait
         if fault.kind is Kind.REVOKE_NOW:
             settings.max_wait = 0
         try:
-            self.admin().call("Revoke", nodes=[node])
+            self.admin(site).call("Revoke", nodes=[node])
         except ElasticSliceError as err:
             log.warning("chaos: revoke %s failed: %s", node, err)
             return False
@@ -376,20 +387,33 @@ class World:
         scheduler): its processes get SIGTERM, then SIGKILL; its disk stays; its startup
         command runs again at the end of the reboot, and the agent rejoins with what it has
         on its disk, or the manager replaces the node."""
-        emulator = self.emulator
         scheduler = self.cluster_file().get("scheduler")
         pilots = set(agent_pids(str(scheduler))) if scheduler else set()
-        if emulator is None or emulator.ctx is None or not pilots:
-            return False
-        nodes = sorted(n.node_id for n in emulator.ctx.store.nodes()
-                       if n.holder.value == "slice" and n.client_id in pilots)
+        nodes = self.slice_nodes(pilots) if pilots else []
         if not nodes:
             return False
-        node = nodes[fault.pick % len(nodes)]
+        site, node, _ = nodes[fault.pick % len(nodes)]
         try:
-            self.admin().call("Reboot", nodes=[node])
+            self.admin(site).call("Reboot", nodes=[node])
         except ElasticSliceError as err:  # e.g. it is still booting
             log.warning("chaos: reboot %s failed: %s", node, err)
             return False
         log.warning("chaos: reboot of %s", node)
+        return True
+
+    def cm_busy(self, fault: Fault) -> bool:
+        """One CM of several answers BUSY to every call for ``duration`` seconds (the
+        others answer as before): the manager's growth, renewals and releases there wait;
+        elsewhere they go on."""
+        emulator = self.emulator
+        if emulator is None or len(self.sites) < 2:
+            return False
+        from elasticslice.emulator.cm import ComponentManager
+        from elasticslice.emulator.dynamic import DynamicSliceService
+        site = self.sites[fault.pick % len(self.sites)]
+        emulator.pressure.set(busy={f"{site}/{module}.{m}": 1.0 for module, service in
+                                    (("cm", ComponentManager), ("dynslice", DynamicSliceService))
+                                    for m in service.METHODS})
+        self._later(fault.duration, lambda: emulator.pressure.set(busy={}))
+        log.warning("chaos: %s answers BUSY for %.1f s", site, fault.duration)
         return True

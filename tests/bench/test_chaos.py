@@ -30,9 +30,37 @@ def last_words(run: Path) -> str:
 def test_the_same_seed_replays_the_same_schedule() -> None:
     assert make_schedule(7) == make_schedule(7)
     assert make_schedule(7) != make_schedule(8)
-    kinds = {f.kind for seed in range(10) for f in make_schedule(seed)}
+    kinds = {f.kind for seed in range(10) for f in make_schedule(seed, sites=2)}
     assert kinds == set(Kind)  # every fault is drawn by some seed
     assert all(0 < f.at <= 12.0 for f in make_schedule(3))
+    # one CM: no CM outage; several: the same faults, and one CM's outage besides
+    assert all(f.kind is not Kind.CM_BUSY for seed in range(10) for f in make_schedule(seed))
+    two = make_schedule(7, sites=2)
+    assert [f for f in two if f.kind is not Kind.CM_BUSY] == make_schedule(7)
+    assert sum(f.kind is Kind.CM_BUSY for f in two) == 1
+
+
+def test_a_sliver_gone_at_either_cm_is_a_lapse_and_client_ids_are_per_cm() -> None:
+    """The invariants over a box of two CMs: the slice's sliver at the second CM going
+    while the work runs is a lapse, as the first's is; the same client_id held at two CMs
+    is two nodes, held twice at one CM a duplicate add."""
+    from bench.chaos.invariants import Sample, duplicate_adds, slice_lapses
+    u, far = "urn:slice", 1e12
+
+    def at(t: float, slivers: set, held: list, ended: bool = False) -> Sample:
+        return Sample(t, {u: far}, slivers, held, ended)
+
+    both = {("utah", u), ("wisc", u)}
+    assert slice_lapses([at(1, {("utah", u)}, []), at(2, both, []), at(3, both, [])], u) == 0
+    assert slice_lapses([at(1, both, []), at(2, {("utah", u)}, []), at(3, both, [])], u) == 1
+    assert slice_lapses([at(1, both, []), at(2, {("wisc", u)}, [])], u) == 1
+    assert slice_lapses([at(1, both, []), at(2, set(), [], ended=True)], u) == 0
+    per_cm = [(u, "node-1", "ms1001", "utah"), (u, "node-1", "c220g5n01", "wisc")]
+    known = {"ms1001", "c220g5n01", "ms1002"}
+    assert duplicate_adds([at(1, both, per_cm)], u, known, {"node-1"}, 3) == 0
+    twice = per_cm + [(u, "node-1", "ms1002", "utah")]
+    assert duplicate_adds([at(1, both, twice)], u, known, {"node-1"}, 3) == 1
+    assert duplicate_adds([at(1, both, twice)], u, known, {"node-1"}, 2) == 2
 
 
 @pytest.mark.slow
