@@ -144,8 +144,10 @@ bench: $(STAMP) native
 
 # the chaos suite: seeded faults during real workflows, then the invariants (docs/chaos.md)
 CHAOS_ARGS ?= --runs 20 --seed 1 --json bench/results/chaos.json
+CHAOS_SITES_ARGS ?= --runs 6 --seed 101 --sites 2 --json bench/results/chaos-sites.json
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
+	$(BIN)/python -m bench.chaos $(CHAOS_SITES_ARGS)
 
 # the nodes' software: the wheelhouse of what this environment runs (README "Node software");
 # cached in $(VENV)/var/wheelhouse. WHEELHOUSE_ARGS="--python 3.10 --platform manylinux_2_35_x86_64"
