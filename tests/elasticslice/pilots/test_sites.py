@@ -73,3 +73,32 @@ def test_nodes_at_both_sites_join_one_scheduler_and_each_site_runs_units(
     assert run.wait() is State.DONE
     ran = {node for nodes in out.ran().values() for node in nodes}
     assert {held[n].split("/cluster/")[1].split("/")[0] for n in ran} == {"utah", "wisc"}
+
+
+def test_a_dask_cluster_s_workers_at_both_sites_join_one_scheduler(
+        box: RunningEmulator, tmp_path: Path, monkeypatch) -> None:
+    """``CloudLabCluster`` (its manager in the daemon, Troy and the scheduler here): a
+    worker at each cluster, each told its site across the daemon's channel, and Dask runs
+    a task on each."""
+    import socket
+
+    from dask.distributed import Client
+    from elasticslice.dask import CloudLabCluster
+    from tests.elasticslice.managers.helpers import FAST_INTERVALS
+    monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
+    cluster = CloudLabCluster(config=box.config_path, state_dir=tmp_path / "dask",
+                              minimum=2, maximum=2, disk_image=pilot_image(box),
+                              node_python="python3", intervals=FAST_INTERVALS, margin=1.0)
+    try:
+        with Client(cluster) as client:
+            def both() -> dict[str, str | None] | None:
+                found = cluster.worker_sites()
+                return found if sorted(map(str, found.values())) == ["utah", "wisc"] else None
+            sites = wait_for(both, timeout=120, what="a worker at each site, with its site")
+            for address, site in sites.items():
+                name = client.submit(socket.gethostname, workers=[address],
+                                     pure=False).result(timeout=60)
+                held = {r.client_id: r.cm for r in cluster.manager.state.nodes()}
+                assert f"/cluster/{site}/" in held[name.split(".")[0]], (name, site)
+    finally:
+        cluster.close()
