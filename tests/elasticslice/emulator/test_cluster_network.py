@@ -151,3 +151,29 @@ def test_the_first_cluster_s_firewall_admits_only_the_other_clusters_and_only_it
                                      utah.name, "admitted"], capture_output=True, text=True,
                                     check=True).stdout
     assert f'"{wisc.name}"' in listed
+
+
+def _geni_get(url: str, key: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(f"{url}/geni/client_id", headers={"X-Geni-Key": key})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@needs_network
+def test_a_wisc_node_at_the_public_address_learns_nothing_from_utah_s_geni_get(
+        box: RunningEmulator) -> None:
+    """The public address is also where utah's geni-get server listens: a wisc node
+    reaches it now, and with its own key (the one it holds) is an unknown node there; at
+    its own cluster's server the same key answers."""
+    (_, _), (w_ns, _) = _node_namespaces_again(box)
+    utah, wisc = box.server.aggregates
+    (node,) = wisc.ctx.store.nodes(holder=Holder.SLICE)
+    key = str(node.attrs["geni_key"])
+    assert network.in_netns(w_ns, _geni_get, wisc.tmcd.url, key) == (200, f"{node.client_id}\n")
+    status, said = network.in_netns(w_ns, _geni_get, utah.tmcd.url, key)
+    assert status == 403 and "unknown node" in said
