@@ -132,7 +132,7 @@ def firewall_rules(table: str, subnet: str, host_end: str, control_ip: str = "")
     address on it): also taken from the host's ends of the other clusters of the same box
     that :meth:`Fabric.admit` puts in the set ``admitted`` (empty at first), that address
     only: the control machine's public address, which every cluster's nodes reach."""
-    admitted = (f"  set admitted {{\n    type ifname;\n  }}\n" if control_ip else "")
+    admitted = "  set admitted {\n    type ifname;\n  }\n" if control_ip else ""
     accept = (f"    ip daddr {control_ip} iifname @admitted accept\n" if control_ip else "")
     return (f"table inet {table} {{\n"
             f"{admitted}"
