@@ -80,7 +80,8 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
     "bounds": {"minthreshold": ((int,), True), "maxthreshold": ((int,), True)},
     # daemon -> workload
     "node": {"event": ((str,), True), "client_id": ((str,), True),
-             "address": ((str, None), False), "deadline": ((*NUMBER,), False)},
+             "address": ((str, None), False), "deadline": ((*NUMBER,), False),
+             "site": ((str, None), False)},
     "drain": {"client_id": ((str,), True), "until": ((*NUMBER,), True),
               "margin": ((*NUMBER,), True)},
     "retire": {"client_id": ((str,), True), "until": ((*NUMBER,), True)},

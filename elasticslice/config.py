@@ -35,7 +35,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -414,14 +414,51 @@ def route_to(cm_url: str) -> str | None:
 
 
 def default_listen(cm_urls: tuple[str, ...] | list[str]) -> str:
-    """``listen`` when neither ``--listen`` nor ``[pilots] listen`` says: loopback when the
+    """``listen`` when neither ``--listen`` nor ``[pilots] listen`` says: loopback when every
     CM runs on this machine (the box), else the address of the interface that routes to the
-    (first) CM's host: the address the nodes of that CM can reach when this machine is on
-    their network (a CloudLab control node, whose control network is routed to the
-    Internet). Loopback when no route is found (``elasticslice doctor`` says so)."""
-    if not cm_urls or cm_is_local(cm_urls[0]):
+    CMs' hosts: the address their nodes can reach when this machine is on their network (a
+    CloudLab control node, whose control network is routed to the Internet). The nodes of
+    every CM join the one scheduler, so when the CMs are reached from different addresses
+    the first one that is public (globally routed: every site reaches it) is taken, else the
+    first CM's. Loopback when no route is found (``elasticslice doctor`` says so)."""
+    import ipaddress
+    remote = [u for u in cm_urls if not cm_is_local(u)]
+    routes = [r for r in (route_to(u) for u in remote) if r]
+    if not routes:
         return "127.0.0.1"
-    return route_to(cm_urls[0]) or "127.0.0.1"
+    public = [r for r in routes if ipaddress.ip_address(r.split("%")[0]).is_global]
+    return (public or routes)[0]
+
+
+def cm_site(cm_url: str) -> str:
+    """The site (cluster) of the CM at ``cm_url``, the name a pilot is labelled with: the
+    box's cluster name (``.../cluster/NAME/...``), else the first label of the CM's host
+    name after ``www``/``boss`` (``www.utah.cloudlab.us``: ``utah``), else its address."""
+    import ipaddress
+    from urllib.parse import urlsplit
+    parts = urlsplit(cm_url)
+    found = re.search(r"/cluster/([^/]+)/", parts.path)
+    if found:
+        return found.group(1)
+    host = (parts.hostname or cm_url).lower()
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        labels = [x for x in host.split(".") if x]
+    while len(labels) > 1 and labels[0] in ("www", "boss"):
+        labels = labels[1:]
+    return labels[0] if labels else host
+
+
+def site_names(cm_urls: Sequence[str]) -> dict[str, str]:
+    """Each CM URL's site (:func:`cm_site`), unique: two CMs of one site name (two boxes on
+    this machine) are told apart by their host and port."""
+    from collections import Counter
+    from urllib.parse import urlsplit
+    names = {u: cm_site(u) for u in cm_urls}
+    counts = Counter(names.values())
+    return {u: n if counts[n] == 1 else f"{n}@{urlsplit(u).netloc}" for u, n in names.items()}
 
 
 def load_pilot_settings(path: str | os.PathLike[str] | None) -> PilotSettings:

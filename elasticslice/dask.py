@@ -359,6 +359,16 @@ class CloudLabCluster(Cluster):
         host = self.dashboard_address.rsplit(":", 1)[0] or "127.0.0.1"
         return format_dashboard_link(host, port)
 
+    def worker_sites(self) -> dict[str, str | None]:
+        """Each live worker's address -> its site (its node's cluster, as ``utah``; None:
+        not told yet): with several CMs (``cm_urls``), the workers of every site join this
+        one scheduler."""
+        from troy.states import FINAL_STATES
+        framework = self.elastic.framework if self.elastic is not None else None
+        return {str(p.native_id): p.description.site
+                for p in (framework.list_pilots() if framework is not None else [])
+                if p.native_id and p.state not in FINAL_STATES}
+
     def nodes(self) -> int:
         """Nodes the manager daemon holds now."""
         return self.elastic.nodes() if self.elastic is not None else 0

@@ -252,7 +252,9 @@ def _defaults() -> dict[str, Any]:
 class PilotDescription(Description):
     """A pilot: ``size`` cores on some ``resource`` for ``walltime`` seconds (None: until
     canceled), run by the pilot framework named ``framework`` (a registered kind or the
-    name given to a framework instance; None lets the overlay manager choose)."""
+    name given to a framework instance; None lets the overlay manager choose). ``site``:
+    where the resource is (a cluster of a testbed, e.g. ``utah``; None: unknown or one
+    site), for placement and drains that care, and for reports."""
 
     _kind: ClassVar[str] = "pilot"
     size: int = 1
@@ -261,11 +263,13 @@ class PilotDescription(Description):
     resource: str | None = None
     memory: int | None = None
     tag: str | None = None
+    site: str | None = None
 
     def __post_init__(self) -> None:
         self._check_int("size", 1)
         self._check_str("framework")
         self._check_str("resource")
         self._check_str("tag")
+        self._check_str("site")
         self._check_number("walltime")
         self._check_int("memory", 0, optional=True)

@@ -90,7 +90,8 @@ class BootRunner:
             if choice.on:
                 try:
                     self.fabric = network.Fabric().start(
-                        prefer=self._last_control_address(), owner=str(self.ctx.where))
+                        prefer=self._last_control_address(), owner=str(self.ctx.where),
+                        public=self._public())
                 except (network.NetworkError, OSError) as err:
                     self._network = choice = network.Choice(False, str(err))
             if self.fabric is not None:
@@ -106,6 +107,15 @@ class BootRunner:
                             "127.0.0.1 services, and LAN addresses are not configured",
                             choice.reason)
         return self.fabric
+
+    def _public(self) -> network.Fabric | None:
+        """The first cluster's fabric, for another cluster of a box of several: its control
+        address is the control machine's one public address, which every cluster's nodes
+        reach (docs/emulator.md, "The node's network"); None for the first cluster."""
+        first = self.ctx.box[0] if self.ctx.box else self.ctx
+        if first is self.ctx or first.boot is None:
+            return None
+        return first.boot.network()
 
     def _last_control_address(self) -> str | None:
         """The control address the client config names (``[pilots] listen``, written by

@@ -18,7 +18,10 @@ machine run as root), ``ip`` from iproute2 and ``nft`` from nftables, each emula
   (:func:`firewall_rules`). Without ``nft`` the box does not make networks.
 - per node, a network namespace (``es<pid>x<n>-<node>``) with ``lo``, ``eth0`` on ``ctl``
   at the node's control address (the manifest's ``host@ipv4``) and ``eth1``... on the LAN
-  bridges at the manifest's LAN addresses (and MACs). Its routes: its own subnets only.
+  bridges at the manifest's LAN addresses (and MACs). Its routes: its own subnets only,
+  and in a box of several clusters, one more: to the control machine's public address
+  (the first cluster's control address, ``Fabric.start(public=)``), through the control
+  machine's address on its own network. Nodes of two clusters never reach each other.
 
 The node's init is started inside its namespace (``nsenter --net``); the namespace belongs
 to the host's user namespace, so the node (root in its own) cannot change its addresses or
@@ -119,16 +122,23 @@ def _nft_run(script: str) -> None:
         raise NetworkError(f"nft: {said or proc.returncode}")
 
 
-def firewall_rules(table: str, subnet: str, host_end: str) -> str:
+def firewall_rules(table: str, subnet: str, host_end: str, control_ip: str = "") -> str:
     """The nftables table that keeps an emulator's control network on this machine: packets
     to its addresses are taken only from this machine itself (``lo``) and from the box's
     nodes (``host_end``, the host's end of the fabric's veth), and none is forwarded to or
     from it. Without it, Linux's weak host model answers at the control address for packets
     arriving on any interface: a neighbour that routes 100.64.0.0/10 to this machine would
-    reach the scheduler and the callback endpoint."""
+    reach the scheduler and the callback endpoint. ``control_ip`` (the control machine's
+    address on it): also taken from the host's ends of the other clusters of the same box
+    that :meth:`Fabric.admit` puts in the set ``admitted`` (empty at first), that address
+    only: the control machine's public address, which every cluster's nodes reach."""
+    admitted = "  set admitted {\n    type ifname;\n  }\n" if control_ip else ""
+    accept = (f"    ip daddr {control_ip} iifname @admitted accept\n" if control_ip else "")
     return (f"table inet {table} {{\n"
+            f"{admitted}"
             f"  chain input {{\n"
             f"    type filter hook input priority -10; policy accept;\n"
+            f"{accept}"
             f'    ip daddr {subnet} iifname != {{ "lo", "{host_end}" }} drop\n'
             f"  }}\n"
             f"  chain forward {{\n"
@@ -299,6 +309,9 @@ class Fabric:
         self._mutex = threading.Lock()
         self._bridges = threading.Lock()
         self._index: dict[str, int] = {}
+        #: the box's first cluster's fabric, when this one is another cluster's: its
+        #: control address is the control machine's public address (see :meth:`start`)
+        self.public: Fabric | None = None
 
     # ---- addresses
     @property
@@ -324,10 +337,17 @@ class Fabric:
         return NETNS_DIR / f"{self.name}-{node_id}"
 
     # ---- life cycle
-    def start(self, prefer: str | None = None, owner: str = "") -> Fabric:
+    def start(self, prefer: str | None = None, owner: str = "",
+              public: Fabric | None = None) -> Fabric:
         """Make the fabric. ``prefer``: the control address this box had before (a restart
         on the same directory, ``owner``): kept when it is free, so nodes and a running
-        manager that listens there reach this machine at the same address again."""
+        manager that listens there reach this machine at the same address again.
+        ``public``: the fabric of the box's first cluster, when this one is another
+        cluster's: its control address is where the control machine is for every cluster
+        (as a CloudLab control node's public address is reached from every cluster), so
+        this fabric's nodes get a route to that one address (through the control machine's
+        address on their own network) and ``public``'s firewall takes packets to it from
+        this fabric's end (:meth:`admit`); nothing else of ``public``'s network."""
         self.owner = owner
         STATE_DIR.mkdir(mode=0o700, exist_ok=True)
         with open(STATE_DIR / ".lock", "a") as global_lock:
@@ -346,13 +366,37 @@ class Fabric:
                           f"addr add {self.control_ip}/16 dev {host_end}",
                           f"link set {host_end} up"])
                 _run(["-n", self.name], ["link set host master ctl", "link set host up"])
-                _nft_run(firewall_rules(self.name, f"{self.subnet}.0.0/16", host_end))
+                _nft_run(firewall_rules(self.name, f"{self.subnet}.0.0/16", host_end,
+                                        self.control_ip))
+                if public is not None:
+                    public.admit(host_end)
+                    self.public = public
             except NetworkError:
                 self.stop()
                 raise
         log.info("nodes on their own network: control network %s.0.0/16, the control "
                  "machine at %s", self.subnet, self.control_ip)
         return self
+
+    def admit(self, host_end: str) -> None:
+        """Take packets to this fabric's control address (that one address) from
+        ``host_end``, another cluster's end of its veth (see :meth:`start`)."""
+        _nft_run(f'add element inet {self.name} admitted {{ "{host_end}" }}\n')
+
+    def dismiss(self, host_end: str) -> None:
+        """Undo :meth:`admit` (nothing when this fabric's table is gone already)."""
+        try:
+            _nft_run(f'delete element inet {self.name} admitted {{ "{host_end}" }}\n')
+        except NetworkError as err:
+            log.debug("%s: %s", self.name, err)
+
+    @property
+    def routes(self) -> list[str]:
+        """The ``ip route`` lines of a node, beyond its own subnets: to the control
+        machine's public address, when it is on another cluster's network."""
+        if self.public is None or self.public.control_ip == self.control_ip:
+            return []
+        return [f"route add {self.public.control_ip}/32 via {self.control_ip} dev eth0"]
 
     def _wait_address_gone(self, timeout: float = 5.0) -> None:
         """Until the host's end of the veth (the control address) is gone: the kernel tears
@@ -401,6 +445,9 @@ class Fabric:
         if self.k >= 0:   # held for this box's restart before its address goes: marked
             # after, another box starting in between took the network as free and unheld
             _mark_released(self.k, self.owner)
+        public, self.public = self.public, None
+        if public is not None:
+            public.dismiss(self.name)
         try:
             for node_id in nodes:
                 self.remove(node_id)
@@ -436,7 +483,7 @@ class Fabric:
         fabric = [f"link add c{port} type veth peer name eth0 netns {ns}",
                    f"link set c{port} master ctl up"]
         inside = ["link set lo up", f"addr add {self.node_ip(node_id)}/16 dev eth0",
-                  "link set eth0 up"]
+                  "link set eth0 up", *self.routes]
         for j, (bridge, address, prefix, mac) in enumerate(lans, start=1):
             peer = f"eth{j} address {mac}" if mac else f"eth{j}"
             fabric += [f"link add l{port}x{j} type veth peer name {peer} netns {ns}",

@@ -34,7 +34,7 @@ class PilotDrainer:
         self.work = Background("pilot-drain", threads=4)
 
     def _live(self, rev: PendingDelete) -> Pilot | None:
-        pilot = self.watch.pilot_of(rev.client_id)
+        pilot = self.watch.pilot_of(rev.client_id, rev.cm)   # the node's site's pilot only
         return pilot if pilot is not None and pilot.state not in FINAL_STATES else None
 
     def start(self, revocations: Sequence[PendingDelete]) -> None:

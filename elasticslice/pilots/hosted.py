@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from elasticslice.config import site_names
 from elasticslice.errors import RPCError
 from elasticslice.managers.background import Background
 from elasticslice.managers.hosted import HostedSystem
@@ -60,7 +61,23 @@ class PilotSystem(HostedSystem):
         self._sent_values: dict[str, dict[str, float]] = {}  # CM url -> our values sent
 
     def bind(self, manager: Any) -> None:
+        """The manager's CMs name the pilots' sites (:meth:`PilotWatch.label`, as each
+        pilot joins)."""
         self.manager = manager
+        self.watch.sites = site_names(list(manager.cmlist))
+        self.watch.cm_of = self._cm_of
+        watch = getattr(self.framework, "add_pilot_callback", None)
+        if watch is not None:   # a framework of this process (not reported from afar)
+            watch(self.watch.label)
+            for pilot in self.framework.list_pilots():
+                self.watch.label(pilot)
+
+    def _cm_of(self, client_id: str) -> str | None:
+        """The CM url of our node ``client_id`` (None: not ours)."""
+        for rec in self.manager.state.nodes():
+            if rec.client_id == client_id:
+                return str(rec.cm)
+        return None
 
     # ------------------------------------------------------------------ pilots of nodes
     def pilot_of(self, client_id: str | None) -> Pilot | None:

@@ -62,6 +62,7 @@ class WorkloadLink:
         self.scheduler_address: str | None = None
         self.channel: Channel | None = None
         self._held: dict[str, str | None] = {}
+        self._sites: dict[str, str] = {}   # client_id -> its site (its CM's), as told
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -115,11 +116,27 @@ class WorkloadLink:
         daemon where the nodes' agents join (the framework's scheduler)."""
         self.framework, self.session = framework, session
         self.scheduler_address = framework.scheduler_address
-        framework.add_pilot_callback(lambda _pilot, _state: self.poke())   # joined, ended
+        framework.add_pilot_callback(self._pilot_changed)   # joined, ended
         channel = self.channel
         if channel is not None and not channel.closed:
             channel.send("scheduler", address=self.scheduler_address)
         self.poke()
+
+    def _pilot_changed(self, pilot: Any, _state: Any = None) -> None:
+        self._label(pilot)
+        self.poke()
+
+    def _label(self, pilot: Any) -> None:
+        """The pilot's site: its node's, as the daemon told (before it gets units)."""
+        description = getattr(pilot, "description", None)
+        site = self.site_of(getattr(pilot, "worker_name", None) or "")
+        if description is not None and site and not getattr(description, "site", None):
+            description.site = site
+
+    def site_of(self, client_id: str) -> str | None:
+        """The site (its CM's) of the daemon's node ``client_id`` (None: not told)."""
+        with self._lock:
+            return self._sites.get(client_id)
 
     def accepts(self, name: str | None, address: str, resources: Any = None) -> bool:
         """The framework's ``adopt_filter``: only the agents of nodes the daemon holds."""
@@ -246,8 +263,15 @@ class WorkloadLink:
             with self._lock:
                 if message["event"] == "released":
                     self._held.pop(message["client_id"], None)
+                    self._sites.pop(message["client_id"], None)
                 else:
                     self._held[message["client_id"]] = message.get("address")
+                    if message.get("site"):
+                        self._sites[message["client_id"]] = message["site"]
+            pilot = (self.framework.find_pilot(message["client_id"])
+                     if self.framework is not None else None)
+            if pilot is not None:   # joined before its site was told
+                self._label(pilot)
             if self.on_node is not None:
                 self.on_node(message["event"], message["client_id"])
             return

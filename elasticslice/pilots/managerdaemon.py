@@ -267,11 +267,13 @@ class ManagerDaemon:
                 "requeued": totals["units_requeued"], "lost": totals["units_lost"]}
 
     # ------------------------------------------------------------------ running
-    def _held(self) -> list[tuple[str, str | None]]:
-        """The nodes held (and being added), with their control address."""
+    def _held(self) -> list[tuple[str, str | None, str | None]]:
+        """The nodes held (and being added), with their control address and site."""
+        from elasticslice.config import site_names
         manager = self.manager
+        sites = site_names(getattr(getattr(self.server, "config", None), "cm_urls", ()))
         if manager is not None:
-            return held_nodes(manager.state)
+            return held_nodes(manager.state, sites)
         # before the manager runs (a daemon started again): what the state says, so that
         # the agents rejoining a resumed run are adopted at once
         from elasticslice.managers.records import StateError
@@ -281,7 +283,7 @@ class ManagerDaemon:
         except StateError:
             return []
         try:
-            return held_nodes(state)
+            return held_nodes(state, sites)
         finally:
             state.close()
 
@@ -393,11 +395,14 @@ class ManagerDaemon:
                 lock.release()
 
 
-def held_nodes(state: Any) -> list[tuple[str, str | None]]:
-    """The nodes ``state`` holds (and those being added), with their control address."""
-    held = {r.client_id: r.ipv4 for r in state.nodes() if r.gone_at is None}
+def held_nodes(state: Any, sites: dict[str, str] | None = None
+               ) -> list[tuple[str, str | None, str | None]]:
+    """The nodes ``state`` holds (and those being added), with their control address and
+    site (``sites``: CM url -> site, :func:`~elasticslice.config.site_names`)."""
+    sites = sites or {}
+    held = {r.client_id: (r.ipv4, sites.get(r.cm)) for r in state.nodes() if r.gone_at is None}
     for intent in state.open_intents():
         if intent.kind == "add":
             for client_id in intent.client_ids:
-                held.setdefault(client_id, None)
-    return sorted(held.items())
+                held.setdefault(client_id, (None, sites.get(intent.cm)))
+    return [(cid, address, site) for cid, (address, site) in sorted(held.items())]

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +64,12 @@ class RemoteDrain:
 
 class RemoteWorkload:
     """The daemon's end (see the module docstring): serves the channel in ``state_dir``.
-    ``held()``: the nodes held now, as ``(client_id, control address)`` pairs, told to a
-    workload when it attaches; ``on_change()``: called when the demand or the pilots
+    ``held()``: the nodes held now, as ``(client_id, control address)`` pairs or
+    ``(client_id, control address, site)`` (its CM's), told to a workload when it attaches; ``on_change()``: called when the demand or the pilots
     changed (the manager wakes its cycle)."""
 
     def __init__(self, state_dir: str | Path, *,
-                 held: Callable[[], list[tuple[str, str | None]]] = list,
+                 held: Callable[[], Sequence[tuple[str, ...]]] = list,
                  on_change: Callable[[], None] | None = None,
                  on_scheduler: Callable[[str], None] | None = None,
                  on_close: Callable[[bool], None] | None = None,
@@ -82,7 +82,8 @@ class RemoteWorkload:
         self.on_close = on_close
         #: ``(minthreshold, maxthreshold)``: the workload's new bounds
         self.on_bounds = on_bounds
-        self._told: dict[str, str | None] = {}   # the nodes the workload was told of
+        #: the nodes the workload was told of: client_id -> (address, site)
+        self._told: dict[str, tuple[str | None, str | None]] = {}
         self._failures_told = -1
         self.server = ChannelServer(state_dir, on_message=self._on_message,
                                     on_attach=self._on_attach, on_detach=self._on_detach)
@@ -120,13 +121,21 @@ class RemoteWorkload:
             return False
 
     # ------------------------------------------------------------------ what it says
+    def _held_now(self) -> dict[str, tuple[str | None, str | None]]:
+        """client_id -> (control address, site) of the nodes :attr:`held` says."""
+        out: dict[str, tuple[str | None, str | None]] = {}
+        for client_id, address, *site in self.held():
+            out[client_id] = (address, site[0] if site else None)
+        return out
+
     def _on_attach(self, channel: Channel) -> None:
-        held = dict(self.held())
+        held = self._held_now()
         with self._lock:
             self._told = held
             self._failures_told = -1
-        for client_id, address in held.items():
-            channel.send("node", event="joined", client_id=client_id, address=address)
+        for client_id, (address, site) in held.items():
+            channel.send("node", event="joined", client_id=client_id, address=address,
+                         **({"site": site} if site else {}))
         self._attached.set()
 
     def tell_nodes(self) -> None:
@@ -134,12 +143,12 @@ class RemoteWorkload:
         those gone: its framework adopts only the agents of nodes held."""
         if not self.attached:
             return
-        held = dict(self.held())
+        held = self._held_now()
         with self._lock:
             told, self._told = self._told, held
-        for client_id, address in held.items():
-            if client_id not in told or told[client_id] != address:
-                self.node_event("joined", client_id, address=address)
+        for client_id, (address, site) in held.items():
+            if client_id not in told or told[client_id] != (address, site):
+                self.node_event("joined", client_id, address=address, site=site)
         for client_id in told.keys() - held.keys():
             self.node_event("released", client_id)
 
@@ -292,11 +301,14 @@ class RemoteWorkload:
 
     # ------------------------------------------------------------------ node events
     def node_event(self, event: str, client_id: str, *, address: str | None = None,
-                   deadline: float | None = None) -> None:
-        """Tell the workload side (if attached) what happened to a node."""
+                   deadline: float | None = None, site: str | None = None) -> None:
+        """Tell the workload side (if attached) what happened to a node (``site``: its
+        CM's, for the pilot's label)."""
         fields: dict[str, Any] = {"event": event, "client_id": client_id}
         if address is not None:
             fields["address"] = address
+        if site is not None:
+            fields["site"] = site
         if deadline is not None:
             fields["deadline"] = deadline
         self._send("node", **fields)

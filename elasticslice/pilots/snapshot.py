@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,9 @@ class ClusterSnapshot:
     revocations: int
     nodes_wanted: int | None = None   # what Troy's demand asks for (None: not known yet)
     pilot_cores: tuple[int, ...] = ()  # the size of each live pilot
+    #: live pilots by site (their node's CM: ``{"utah": 2, "wisc": 1}``; a pilot of no
+    #: known site is not counted)
+    pilot_sites: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, manager: Any, session: Any, pilots: Sequence[Any]) -> ClusterSnapshot:
@@ -28,6 +32,9 @@ class ClusterSnapshot:
             nodes_held=len(manager.state.nodes()) if manager is not None else 0,
             pilots=len(pilots), nodes_wanted=manager.demand if manager is not None else None,
             pilot_cores=tuple(p.size for p in pilots),
+            pilot_sites=tuple(sorted(Counter(
+                s for s in (getattr(p.description, "site", None) for p in pilots) if s
+            ).items())),
             units_queued=demand.units_queued, units_running=demand.units_running,
             units_done=demand.units_done,
             revocations=manager.state.revocations.counts()["revocations"]

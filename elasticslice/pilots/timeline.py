@@ -4,7 +4,7 @@ CloudLab's notices came, drains ended and nodes went back (what ``troy plot`` ma
 The report's ``timeline`` (JSON; every time in epoch seconds)::
 
     {"started": 1764000000.0,
-     "pilots": {"pilot.0003": {"node": "node-2", "host": "127.0.0.1"}},
+     "pilots": {"pilot.0003": {"node": "node-2", "host": "127.0.0.1", "site": "utah"}},
      "events": [{"time": ..., "kind": "notice", "node": "node-2"},
                 {"time": ..., "kind": "drain", "node": "node-2"},     # its pilot emptied
                 {"time": ..., "kind": "release", "node": "node-2", "why": "early"}]}
@@ -20,13 +20,17 @@ EVENT_KINDS = ("notice", "drain", "release")
 
 
 def pilot_nodes(framework: Any) -> dict[str, dict[str, str]]:
-    """pilot id -> the node it ran on: ``node`` (its agent's name: the client_id) and
-    ``host`` (of its agent's address), for the pilots that have them."""
+    """pilot id -> the node it ran on: ``node`` (its agent's name: the client_id),
+    ``host`` (of its agent's address) and ``site`` (its node's CM's, ``utah``), for the
+    pilots that have them."""
     out: dict[str, dict[str, str]] = {}
     for pilot in framework.list_pilots() if framework is not None else []:
         entry = {}
         if getattr(pilot, "worker_name", None):
             entry["node"] = str(pilot.worker_name)
+        site = getattr(getattr(pilot, "description", None), "site", None)
+        if site:
+            entry["site"] = str(site)
         native = str(getattr(pilot, "native_id", None) or "")
         host = urlsplit(native).hostname if "://" in native else None
         if host:

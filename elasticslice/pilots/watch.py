@@ -45,6 +45,12 @@ def extra_demand(values: Sequence[tuple[float | None, str]]) -> tuple[int, float
     return cores, nodes
 
 
+def site_of(pilot: object) -> str | None:
+    """The site a pilot is at (``description.site``, or a reported pilot's ``site``)."""
+    description = getattr(pilot, "description", None)
+    return getattr(description, "site", None) or getattr(pilot, "site", None) or None
+
+
 class PilotWatch:
     """What the pilots say about the nodes: busy, idle since, agent gone since (tracked on
     the injected clock), and the cores of a node."""
@@ -62,6 +68,10 @@ class PilotWatch:
         #: is gone, its pilots with it for the time being): every node counts as busy, so
         #: none is given back or replaced for want of an agent until it sees again
         self.blind: Callable[[], bool] | None = None
+        #: ``{CM url: site}`` (:func:`~elasticslice.config.site_names`) and ``client_id ->
+        #: its CM url`` (None: not ours): a pilot's site is its node's CM's (:meth:`label`)
+        self.sites: dict[str, str] = {}
+        self.cm_of: Callable[[str], str | None] = lambda client_id: None
 
     def refresh(self) -> None:
         """Before a decision on the pilots: a framework that reports from afar (the
@@ -71,9 +81,32 @@ class PilotWatch:
         if refresh is not None:
             refresh()
 
-    def pilot_of(self, client_id: str | None) -> Pilot | None:
-        """The pilot of the node ``client_id`` (its agent's name), None if none joined."""
-        return self.framework.find_pilot(client_id) if client_id else None
+    def pilot_of(self, client_id: str | None, cm: str | None = None) -> Pilot | None:
+        """The pilot of the node ``client_id`` (its agent's name), None if none joined;
+        with ``cm`` (the node's CM url), None too when the pilot is known to be at
+        another site (a node of the same name there: never this node's pilot)."""
+        pilot = self.framework.find_pilot(client_id) if client_id else None
+        if pilot is not None and cm is not None:
+            here, want = site_of(pilot), self.sites.get(cm)
+            if here and want and here != want:
+                return None
+        return pilot
+
+    def label(self, pilot: Pilot, *_: object, cm: str | None = None) -> None:
+        """Stamp the site of the pilot's node (its CM's, ``cm`` or :attr:`cm_of`, named by
+        :attr:`sites`) on the pilot's description, once it is known (a pilot callback:
+        before it is given units; and at every decision, for a node recorded late)."""
+        description = getattr(pilot, "description", None)
+        name = getattr(pilot, "worker_name", None)
+        if description is None or getattr(description, "site", None) or not name:
+            return
+        try:
+            site = self.sites.get(cm or self.cm_of(str(name)) or "")
+        except Exception:  # noqa: BLE001 - a replaced manager's closed state: the new one's
+            log.debug("no site for pilot %s yet", name, exc_info=True)
+            return
+        if site:
+            description.site = site
 
     def cores_per_node(self) -> int | None:
         if self.node_cores:
@@ -103,6 +136,7 @@ class PilotWatch:
         for view in views:
             pilot = self.pilot_of(view.client_id)
             if pilot is not None and pilot.state not in FINAL_STATES:
+                self.label(pilot, cm=view.cm)
                 busy, since = pilot.busy, pilot.idle_since
                 if view.client_id in other:  # other work: busy, or idle since it ended
                     last = other[view.client_id]
