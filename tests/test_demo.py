@@ -56,6 +56,42 @@ def test_elasticslice_demo_without_revocations_takes_no_node(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+def test_two_sites_grow_past_the_first_and_each_revocation_goes_back_at_its_own_cm(
+        tmp_path: Path) -> None:
+    """``--sites 2``: a box of two clusters, utah (2 nodes) and wisc (8), a CM each behind
+    one SA. The slice takes what it may at utah and grows at wisc; units run on pilots at
+    both sites; the other tenants take one of our nodes at each site, and each is drained
+    and given back early at its own CM (its emulator's record of the reclamation), 0 lost."""
+    d = tmp_path / "run"
+    run = DemoRun("--dir", str(d), *FAST, "--sites", "2", cwd=tmp_path)
+    code, out, err = run.finish()
+    assert code == 0, err[-3000:] + out[-3000:]
+    assert err == "" and "Traceback" not in out
+    assert "cluster utah  its own CM, 2 m510 nodes" in out
+    assert "cluster wisc  its own CM, 8 c220g5 nodes" in out
+    report = json.loads((d / "report.json").read_text())
+    assert report["ok"] and report["units_done"] == report["units_total"] == 58
+    assert report["units_lost"] == 0 and report["forced_releases"] == 0
+    # our nodes at both sites, pilots at both, and units ran at both
+    pilots = report["timeline"]["pilots"]
+    assert {p["site"] for p in pilots.values()} == {"utah", "wisc"}
+    ran_at = {pilots[t["pilot"]]["site"] for t in report["troy"]["tasks"] if t["pilot"]}
+    assert ran_at == {"utah", "wisc"}
+    assert all(report["sites"][site]["nodes_peak"] >= 1 for site in ("utah", "wisc"))
+    assert any("(utah " in line and ", wisc " in line for line in out.splitlines())
+    # one revocation at each site, released early at that site's CM: the CM's own record
+    by_site = {(r["site"], r["outcome"]) for r in report["reclamations"]}
+    assert by_site == {("utah", "early"), ("wisc", "early")}, report["reclamations"]
+    prefix = {"utah": "ms10", "wisc": "c220g5x"}
+    assert all(r["node_id"].startswith(prefix[r["site"]]) for r in report["reclamations"])
+    for site in ("utah", "wisc"):
+        assert report["sites"][site]["revocations"] == report["sites"][site]["early"] == 1
+        assert f"other tenants at {site} now want" in out
+    assert "  site wisc       its own CM: up to" in out
+    assert leftovers(run.proc.pid, d) == []
+
+
+@pytest.mark.slow
 def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     d = tmp_path / "run"
     emu = tmp_path / "emu"     # --emulator-dir: made, started and stopped by the demo
@@ -180,6 +216,8 @@ def assert_revoked_mid_run(report: dict, out: str, tmp_path: Path, d: Path) -> N
     (["--report", "no/such/dir/out.json"], "demo: --report no/such/dir/out.json: no such "
                                            "directory no/such/dir"),
     (["--bogus"], "demo: No such option '--bogus'"),
+    (["--static", "--sites", "2"], "demo: --sites: not with --static"),
+    (["--sites", "4"], "demo: Invalid value for '--sites': 4 is not in the range 1<=x<=3."),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str],
                                              message: str) -> None:

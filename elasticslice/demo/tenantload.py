@@ -30,19 +30,11 @@ class Admin(Protocol):
 
 
 class SiteAdmins:
-    """The admin paths of a box's clusters, taken in turn: each revocation at the next
-    site (``demo --sites``). ``site`` names the one calls go to now."""
+    """The admin paths of a box's clusters (``demo --sites``), by cluster name: a round of
+    revocations takes one of our nodes at each site that holds some."""
 
     def __init__(self, admins: dict[str, Admin]) -> None:
         self.admins = admins
-        self.order = list(admins)
-        self.site = self.order[0]
-
-    def call(self, method: str, **params: Any) -> Any:
-        return self.admins[self.site].call(method, **params)
-
-    def next_site(self) -> None:
-        self.site = self.order[(self.order.index(self.site) + 1) % len(self.order)]
 
 
 class Phase(str, Enum):
@@ -59,6 +51,7 @@ class TenantEvent:
     at: float                    # seconds since the driver started
     busy: int                    # nodes the other tenants want now
     why: str
+    site: str | None = None      # the cluster (demo --sites)
 
 
 @dataclass
@@ -91,26 +84,33 @@ class TenantLoad:
     _since: float | None = None  # when the phase's condition first held
     _base: int = 0               # revocations + releases seen when the load was raised
     _released: int = 0
-    _before: int = -1            # the tenants' target before we touched it (-1: none)
+    _before: dict[str | None, int] = field(default_factory=dict)  # tenants' target before us
+    _raised: list[str | None] = field(default_factory=list)  # the sites of this round
 
     def __post_init__(self) -> None:
         self._t0 = self.clock()
         if self.revocations <= 0:
             self.phase = Phase.DONE
 
-    def pool(self) -> PoolCounts:
-        status = self.admin.call("Status")
+    def _sites(self) -> list[str | None]:
+        return list(self.admin.admins) if isinstance(self.admin, SiteAdmins) else [None]
+
+    def _admin(self, site: str | None) -> Admin:
+        return self.admin.admins[site] if isinstance(self.admin, SiteAdmins) else self.admin
+
+    def pool(self, site: str | None = None) -> PoolCounts:
+        status = self._admin(site).call("Status")
         rows = status["pool"].values()
-        if self._before == -1 and not self.events:
-            self._before = int(status.get("tenant_target", -1))
+        if site not in self._before:
+            self._before[site] = int(status.get("tenant_target", -1))
         return PoolCounts(free=sum(r.get("free", 0) for r in rows),
                           slices=sum(r.get("slice", 0) for r in rows),
                           tenants=sum(r.get("tenant", 0) for r in rows))
 
-    def _set(self, busy: int, why: str) -> str:
-        self.admin.call("SetLoad", busy=busy)
-        self.events.append(TenantEvent(round(self.clock() - self._t0, 3), busy, why))
-        log.info("tenant load %d: %s", busy, why)
+    def _set(self, site: str | None, busy: int, why: str) -> str:
+        self._admin(site).call("SetLoad", busy=busy)
+        self.events.append(TenantEvent(round(self.clock() - self._t0, 3), busy, why, site))
+        log.info("tenant load %d%s: %s", busy, _at(site), why)
         return why
 
     def _every_pilot_busy(self, pilots: int, running: int) -> bool:
@@ -142,55 +142,64 @@ class TenantLoad:
                 self._since = now
             if not self._every_pilot_busy(pilots, running) and now - self._since < self.patience:
                 return []
-            counts = self.pool()
-            if counts.slices == 0 and isinstance(self.admin, SiteAdmins):
-                self.admin.next_site()   # none of ours at this site (yet): the next one
+            raised = []   # one of ours at each site holding some, as many as are left to do
+            for site in self._sites():
+                counts = self.pool(site)
+                if counts.slices and len(raised) < self.revocations - self.forced:
+                    raised.append((site, counts.tenants + counts.free + 1, counts.free))
+            if not raised:
                 self._since = None
                 return []
-            busy = counts.tenants + counts.free + 1
             self._base, self._released = revoked, released
+            self._raised = [site for site, _, _ in raised]
             self.phase, self._since = Phase.RAISED, now
-            return [self._set(busy, f"other tenants{self._at()} now want {busy} nodes, "
-                                    f"{counts.free} are free: CloudLab reclaims one of ours "
-                                    f"({running} units running on {pilots} pilots)")]
+            return [self._set(site, busy, f"other tenants{_at(site)} now want {busy} nodes, "
+                                          f"{free} are free: CloudLab reclaims one of ours "
+                                          f"({running} units running on {pilots} pilots)")
+                    for site, busy, free in raised]
         if self.phase is Phase.RAISED:
-            if revoked > self._base and released > self._released:
+            wanted = len(self._raised)
+            if revoked - self._base >= wanted and released - self._released >= wanted:
                 self.forced += revoked - self._base
                 self.phase, self._since = Phase.RELEASED, now
                 return []
-            if revoked == self._base and now - self._since > self.give_up:
+            if revoked - self._base < wanted and now - self._since > self.give_up:
+                self.forced += revoked - self._base
                 self.phase = Phase.DONE
-                return [self._lower(f"no node of ours{self._at()} was reclaimed: the load "
-                                    f"goes back")]
+                return self._lower("no node of ours was reclaimed: the load goes back")
             return []
         if self.phase is Phase.RELEASED and self._since is not None \
                 and now - self._since >= self.hold:
-            line = self._lower(f"the other tenants{self._at()} are done: nodes are free "
-                               f"again")
+            lines = self._lower("the other tenants are done: nodes are free again")
             self.phase = Phase.WAITING if self.forced < self.revocations else Phase.DONE
             self._since = None
-            if isinstance(self.admin, SiteAdmins):
-                self.admin.next_site()
-            return [line]
+            return lines
         return []
 
-    def _at(self) -> str:
-        return f" at {self.admin.site}" if isinstance(self.admin, SiteAdmins) else ""
-
-    def _lower(self, why: str) -> str:
-        busy = max(self._before, 0)
-        return self._set(busy, f"{why} (tenant load {busy})")
+    def _lower(self, why: str) -> list[str]:
+        lines = []
+        for site in self._raised:
+            busy = max(self._before.get(site, -1), 0)
+            lines.append(self._set(site, busy, f"{why.replace(':', _at(site) + ':', 1)} "
+                                               f"(tenant load {busy})"))
+        return lines
 
     def restore(self) -> None:
         """Put the tenants' load back as it was (a shared emulator); errors are logged."""
-        if not self.events or self.events[-1].busy == max(self._before, 0):
+        last = {e.site: e.busy for e in self.events}
+        if all(busy == max(self._before.get(site, -1), 0) for site, busy in last.items()):
             return
         try:
-            self._lower("the demo ends")
+            self._lower("the demo ends: the load goes back")
         except ElasticSliceError as err:
             log.warning("tenant load not restored: %s", err)
 
     def to_json(self) -> dict[str, Any]:
         return {"revocations_wanted": self.revocations, "revocations_caused": self.forced,
                 "phase": self.phase.value,
-                "events": [{"at_s": e.at, "busy": e.busy, "why": e.why} for e in self.events]}
+                "events": [{"at_s": e.at, "busy": e.busy, "why": e.why,
+                            **({"site": e.site} if e.site else {})} for e in self.events]}
+
+
+def _at(site: str | None) -> str:
+    return f" at {site}" if site else ""
