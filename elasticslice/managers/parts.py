@@ -18,6 +18,7 @@ from elasticslice.managers.observer import Observer
 from elasticslice.managers.ownership import SliceClaim
 from elasticslice.managers.registrar import EndpointRegistrar
 from elasticslice.managers.renewer import Renewer
+from elasticslice.managers.sites import Sites
 
 
 class PolicyField:
@@ -66,6 +67,7 @@ def build_parts(manager: Any, server: Any, *, helper: Any, hosted: HostedSystem,
         if endpoint is not None else None
     m.claim = SliceClaim(server, state, adopt=adopt, where=str(Path(state.path).parent),
                          clock=now)
+    m.sites = Sites(retry_interval=m.retry_interval, intervals=m.manage_intervals, clock=now)
     m.cycle = Cycle(m._run_method, order=m.manage_order, intervals=m.manage_intervals,
                     default_interval=m.DEF_INTERVAL, reset_triggers=m.method_reset_triggers,
                     retry_interval=m.retry_interval, recorder=state.cycle_log,

@@ -1,0 +1,137 @@
+"""Several CMs in one slice: each CM's methods fail, and back off, on their own.
+
+A slice of CloudLab's clusters holds a sliver at each CM of ``cmlist``; the methods that
+act at a CM (:data:`CM_METHODS`: ``ensure_sliver``, ``update_sliver_status``,
+``update_available``, ``update_all``, ``add_nodes``, ``delete_nodes``) run their work at
+each CM in turn. :class:`Sites` keeps a CM that fails from holding up the others: its
+failure is recorded against that CM and that method, the other CMs go on in the same run,
+and until its own back-off has passed (``retry_interval``, doubling on each further failure,
+never longer than the method's interval) the method leaves that CM alone. While a CM's
+``add_nodes`` backs off, the policy grows the slice at the other CMs (``Observed.paused``).
+The method still fails (one error naming each CM that failed), so ``status``, mail and
+``manage --once`` say so; what changed at the other CMs still wakes what it triggers.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from elasticslice.errors import ElasticSliceError, TransportError
+from elasticslice.managers.cycle import MAX_BACKOFF_FACTOR, one_line
+from elasticslice.rpc.codes import TRANSIENT_CODES
+
+log = logging.getLogger("elasticslice.managers.manager")
+
+#: the seed's methods that take a ``cm`` (``SimpleElasticSliceManager.CM_METHODS``)
+CM_METHODS = ("ensure_sliver", "update_sliver_status", "update_available", "update_all",
+              "add_nodes", "delete_nodes")
+
+
+def cm_name(url: str) -> str:
+    """A CM's short name, for lines, status and metric labels: a box's cluster
+    (``.../cluster/NAME/...``), else the URL's host (``www.utah.cloudlab.us``)."""
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    segments = parts.path.split("/")
+    if "cluster" in segments[:-1]:
+        return segments[segments.index("cluster") + 1] or url
+    return parts.hostname or url
+
+
+def transient(err: BaseException) -> bool:
+    """A CM down, unreachable or BUSY (what passes), not a refusal of what was asked."""
+    return isinstance(err, TransportError) or getattr(err, "code", None) in TRANSIENT_CODES
+
+
+class SitesFailed(ElasticSliceError):
+    """A method failed at some CMs (the others went on): ``failed`` maps each CM's URL to
+    its error, ``result`` is what the method did at the others."""
+
+    def __init__(self, method: str, failed: Mapping[str, BaseException], result: Any) -> None:
+        self.failed = dict(failed)
+        self.result = result
+        text = "; ".join(f"{cm_name(url)}: {one_line(err)}" for url, err in failed.items())
+        super().__init__(f"{method} failed at {len(failed)} CM(s): {text}")
+
+
+@dataclass
+class SiteRun:
+    """One method at one CM: its failures in a row, its last error, when it may run again."""
+
+    failures: int = 0
+    last_error: str | None = None
+    retry_at: float | None = None
+
+
+class Sites:
+    """Each (method, CM)'s failures and back-off (the module's doc). ``intervals``: the
+    methods' intervals (the back-off's cap), ``clock``: the manager's."""
+
+    def __init__(self, *, retry_interval: float, intervals: Mapping[str, float],
+                 clock: Callable[[], float]) -> None:
+        self.retry_interval = max(0.01, float(retry_interval))
+        self.intervals = dict(intervals)
+        self.clock = clock
+        self._runs: dict[tuple[str, str], SiteRun] = {}
+        self._lock = threading.Lock()
+
+    def each(self, method: str, cms: Iterable[Any], work: Callable[[Any], Any],
+             add: Callable[[Any, Any], Any] = lambda a, b: (a or 0) + (b or 0)) -> Any:
+        """``work(cm)`` at each of ``cms`` whose back-off for ``method`` has passed, the
+        results summed (``add``); a CM that raises is recorded and the others go on, then
+        :class:`SitesFailed` names them (one CM asked alone raises its own error)."""
+        cms = list(cms)
+        result: Any = None
+        failed: dict[str, BaseException] = {}
+        for cm in cms:
+            if len(cms) > 1 and self.waiting(method, cm.url):
+                log.debug("%s at %s: backing off until its retry", method, cm.url)
+                continue
+            try:
+                result = add(result, work(cm))
+            except Exception as err:
+                self.failed(method, cm.url, err)
+                if len(cms) == 1:
+                    raise
+                failed[cm.url] = err
+            else:
+                self.succeeded(method, cm.url)
+        if failed:
+            raise SitesFailed(method, failed, result)
+        return result
+
+    def failed(self, method: str, url: str, err: BaseException) -> None:
+        with self._lock:
+            run = self._runs.setdefault((method, url), SiteRun())
+            run.failures += 1
+            run.last_error = f"{type(err).__name__}: {one_line(err)}"
+            cap = max(self.retry_interval, min(self.intervals.get(method, 60.0),
+                                               self.retry_interval * MAX_BACKOFF_FACTOR))
+            delay = min(cap, self.retry_interval * 2 ** (run.failures - 1))
+            # only a CM that is down or BUSY is left alone; one that refused what we asked
+            # (a node taken meanwhile) is asked again at the next run
+            run.retry_at = self.clock() + delay if transient(err) else None
+        log.warning("%s at %s failed (%d in a row%s): %s", method, url, run.failures,
+                    f"; this CM's next try in {delay:.0f} s, the other CMs go on"
+                    if run.retry_at is not None else "", run.last_error)
+
+    def succeeded(self, method: str, url: str) -> None:
+        with self._lock:
+            self._runs.pop((method, url), None)
+
+    def waiting(self, method: str, url: str) -> bool:
+        """Whether ``method`` leaves the CM at ``url`` alone for now (its back-off)."""
+        with self._lock:
+            run = self._runs.get((method, url))
+            return run is not None and run.retry_at is not None and run.retry_at > self.clock()
+
+    def paused(self, method: str) -> frozenset[str]:
+        """The CMs ``method`` backs off from now (``add_nodes``'s: where the policy does
+        not add)."""
+        with self._lock:
+            keys = [url for (m, url), run in self._runs.items()
+                    if m == method and run.retry_at is not None and run.retry_at > self.clock()]
+        return frozenset(keys)
