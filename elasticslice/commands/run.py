@@ -267,6 +267,11 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
               help="Work on the configured slice although this --state-dir did not create "
                    "it and it holds a sliver (another manage or run may be using it); a "
                    "slice that holds none, as a run that ended leaves it, needs no --adopt.")
+@click.option("--cm", "cms", multiple=True, metavar="CM",
+              help="Hold nodes at this CM of [protogeni] cm_urls: a cluster's name (utah), "
+                   "a part of its URL, or its number; repeat for several (a sliver at each, "
+                   "the policy spreads the nodes in this order). Config [manager] cmlist. "
+                   "Default: every CM of cm_urls.")
 @click.option("--connect-timeout", type=click.FloatRange(0.1), default=60.0,
               show_default=True, help="Fail, leaving nothing behind, when the SA or a CM "
                                       "does not answer within this many seconds.")
@@ -276,7 +281,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
             time_scale: float, report: str | None,
             output_dir: Path | None, keep: bool, release: bool,
             timeout: float | None, adopt: bool, connect_timeout: float,
-            **settings: str | None) -> None:
+            cms: tuple[str, ...], **settings: Any) -> None:
     """Run WORKFLOW (Troy JSON or WfFormat) on an elastic cluster of the configured CM.
 
     The cluster grows to the workflow's demand (up to --max-nodes); every node runs a Troy
@@ -319,6 +324,8 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     config_path = getattr(ctx.obj, "config_path", None)
     # the settings only: the CloudLab credentials are the manager daemon's to open
     client = load_config(config_path, open_files=False)
+    if cms:
+        settings["cm"] = list(cms)     # the daemon resolves them as this does
     chosen = resolve_settings(client, settings, max_nodes)  # bad values: exit 2, no node
     debug = bool(getattr(ctx.obj, "debug", False))
     command = DaemonCommand(str(client.path) if config_path is not None else None,
