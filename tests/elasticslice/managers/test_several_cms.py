@@ -97,6 +97,14 @@ def test_a_slice_of_two_cms_holds_a_sliver_at_each_grows_and_renews_both(
         for i in (0, 1):
             left = expires_of(look.cm(i).get_sliver()).timestamp() - manager.clock()
             assert left > 7 * 3600, (i, left)
+    # metrics labelled by CM
+    from prometheus_client.exposition import generate_latest
+
+    from elasticslice.metrics import ManagerMetrics
+    text = generate_latest(ManagerMetrics(manager).registry()).decode()
+    assert 'elasticslice_cm_nodes_held{cm="utah"} 2.0' in text
+    assert 'elasticslice_cm_nodes_held{cm="wisc"} 1.0' in text
+    assert 'elasticslice_cm_notices_total{cm="wisc"} 0.0' in text
     # the per-CM seed methods answer per CM
     wisc = manager.cms[1]
     assert manager.get_node_status("node-2", cm=wisc) is not None
@@ -185,11 +193,15 @@ def manage(conf: Path, log: Path) -> subprocess.Popen[bytes]:
                             env=environ, cwd=str(REPO))
 
 
-def status(conf: Path) -> dict[str, Any]:
+def cli(conf: Path, *args: str) -> str:
     out = subprocess.run([sys.executable, "-m", "elasticslice.cli", "--config", str(conf),
-                          "status", "--json"], capture_output=True, check=True, cwd=str(REPO),
+                          *args], capture_output=True, check=True, cwd=str(REPO),
                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    return json.loads(out.stdout)
+    return out.stdout.decode()
+
+
+def status(conf: Path) -> dict[str, Any]:
+    return json.loads(cli(conf, "status", "--json"))
 
 
 def test_manage_sigkilled_resumes_with_both_slivers_and_adds_nothing_twice(
@@ -228,3 +240,13 @@ def test_manage_sigkilled_resumes_with_both_slivers_and_adds_nothing_twice(
                   for n in seen["nodes"]) == sorted(
         (cm, cid) for cm, cids in before.items() for cid in cids)
     assert "Traceback" not in log.read_text()
+    # what a user sees: status and nodes name each node's CM
+    assert {name: site["nodes"] for name, site in seen["sites"].items()} == {
+        cm: len(cids) for cm, cids in before.items()}
+    text = cli(conf, "status").splitlines()
+    rows = [line.split()[:2] for line in text if line.startswith("  ") and "node-" in line]
+    assert sorted(rows) == sorted([cm, cid] for cm, cids in before.items() for cid in cids)
+    assert any(line.startswith("nodes   4  utah 1") and "wisc 3" in line for line in text)
+    table = cli(conf, "nodes").splitlines()
+    assert table[0].split()[:2] == ["CM", "CLIENT_ID"]
+    assert sorted(line.split()[:2] for line in table[1:]) == sorted(rows)
