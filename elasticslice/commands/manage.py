@@ -143,31 +143,17 @@ def status_data(state: Any) -> dict[str, Any]:
                       "expires": _iso(record.expires) if record else None,
                       "slivers": slivers},
             "nodes": nodes, "to_release": to_release, "cycle": cycle,
-            "sites": sites_data(state, slivers, nodes)}
+            "sites": sites_data(state)}
 
 
-def sites_data(state: Any, slivers: list[dict[str, Any]],
-               nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per CM (by its short name, :func:`~elasticslice.managers.sites.cm_name`): its URL,
-    the nodes held there and CloudLab's revocations there (early, forced)."""
-    from elasticslice.managers.sites import cm_name
-    out: dict[str, dict[str, Any]] = {}
-    urls = [*(s["cm"] for s in slivers), *(n["cm"] for n in nodes)]
-    for url in dict.fromkeys(urls):
-        out.setdefault(cm_name(url), {"cm": url, "nodes": 0, "revocations": 0, "early": 0,
-                                      "forced": 0})
-    for n in nodes:
-        out[cm_name(n["cm"])]["nodes"] += 1
-    for url, counts in state.revocations.counts_by_cm().items():
-        site = out.setdefault(cm_name(url), {"cm": url, "nodes": 0, "revocations": 0,
-                                             "early": 0, "forced": 0})
-        for key in ("revocations", "early", "forced"):
-            site[key] += counts[key]
-    return out
+def sites_data(state: Any) -> dict[str, dict[str, Any]]:
+    """Per CM (by its short name): :func:`~elasticslice.managers.sites.site_counts`."""
+    from elasticslice.managers.sites import site_counts
+    return site_counts(state)
 
 
 def _print_status(data: dict[str, Any]) -> None:
-    from elasticslice.managers.sites import cm_name
+    from elasticslice.managers.sites import cm_name, sites_line
     s, sites = data["slice"], data.get("sites") or {}
     several = len(sites) > 1   # a slice over several CMs: each line names its CM
     click.echo(f"slice   {s['urn'] or '(none yet)'}  expires {s['expires'] or '-'}")
@@ -175,10 +161,7 @@ def _print_status(data: dict[str, Any]) -> None:
         site = f"{cm_name(sl['cm'])}  " if several else ""
         click.echo(f"sliver  {site}{sl['cm']}  expires {sl['expires'] or '-'}  "
                    f"{sl['status'] or ''}")
-    per_site = ", ".join(f"{name} {site['nodes']} ({site['revocations']} revoked: "
-                         f"{site['early']} early, {site['forced']} forced)"
-                         for name, site in sites.items())
-    click.echo(f"nodes   {len(data['nodes'])}" + (f"  {per_site}" if several else ""))
+    click.echo(f"nodes   {len(data['nodes'])}" + (f"  {sites_line(sites)}" if several else ""))
     for n in data["nodes"]:
         pend = n["pending_delete"]
         extra = f"  PENDING DELETE by {pend['deadline']}" if pend else ""

@@ -135,3 +135,33 @@ class Sites:
             keys = [url for (m, url), run in self._runs.items()
                     if m == method and run.retry_at is not None and run.retry_at > self.clock()]
         return frozenset(keys)
+
+
+def site_counts(state: Any) -> dict[str, dict[str, Any]]:
+    """Per CM of a manager's state (by :func:`cm_name`, in the order the state knows them):
+    its URL, the nodes held there now (``nodes``) and ever (``held_ever``, the gone
+    included), CloudLab's revocations there and how they ended (``early``, ``forced``)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def site(url: str) -> dict[str, Any]:
+        return out.setdefault(cm_name(url), {"cm": url, "nodes": 0, "held_ever": 0,
+                                             "revocations": 0, "early": 0, "forced": 0})
+    for sliver in state.slivers():
+        site(sliver.cm)
+    for rec in state.nodes(include_gone=True):
+        counts = site(rec.cm)
+        counts["held_ever"] += 1
+        counts["nodes"] += rec.gone_at is None
+    for url, counts in state.revocations.counts_by_cm().items():
+        for key in ("revocations", "early", "forced"):
+            site(url)[key] += counts[key]
+    return out
+
+
+def sites_line(sites: Mapping[str, Mapping[str, Any]]) -> str:
+    """``utah 3 nodes, 0 revoked; wisc 1 node, 1 revoked (1 early)`` (a live line's)."""
+    def one(name: str, c: Mapping[str, Any]) -> str:
+        ended = ", ".join(f"{c[k]} {k}" for k in ("early", "forced") if c[k])
+        return (f"{name} {c['nodes']} node{'s' if c['nodes'] != 1 else ''}, "
+                f"{c['revocations']} revoked" + (f" ({ended})" if ended else ""))
+    return "; ".join(one(name, c) for name, c in sites.items())
