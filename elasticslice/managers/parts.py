@@ -52,7 +52,9 @@ def build_parts(manager: Any, server: Any, *, helper: Any, hosted: HostedSystem,
     m.mail = Background("manager-mail")
     m.holdings = Holdings(state, events, clock=now, notify=m.notify_later, post=m.events.post)
     m.notices = NoticeBook(state, holdings=m.holdings, clock=now, wake=m.wake,
-                           notify=m.notify_later)
+                           notify=m.notify_later, calling_cm=lambda: (
+                               m.registrar.calling_cm() if getattr(m, "registrar", None)
+                               else None))
     m.observer = Observer(state, m.holdings, events, clock=now, notify=m.notify, wake=m.wake)
     m.actuator = Actuator(server, state, m.holdings, helper, m.cms, clock=now, notify=m.notify,
                           renew_hours=m.renew_hours,

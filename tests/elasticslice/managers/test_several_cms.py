@@ -7,9 +7,11 @@ import dataclasses
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import xmlrpc.client
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,6 +170,43 @@ def test_a_notice_from_wisc_is_answered_and_released_at_wisc(
     assert manager.notices.counts()["early"] == 1
     on_cms = held(box, "notice", tmp_path / "look")
     assert "node-3" not in on_cms["wisc"] and on_cms["utah"] == ["node-2"]
+    manager.stop()
+
+
+def cm_context(box: RunningEmulator, cluster: str) -> ssl.SSLContext:
+    """What the cluster's CM presents when it calls a client endpoint."""
+    ctx = ssl.create_default_context(cafile=str(box.dir / "ca.pem"))
+    ctx.load_cert_chain(str(box.dir / "cms" / cluster / "cm.pem"),
+                        str(box.dir / "cms" / cluster / "cm-key.pem"))
+    return ctx
+
+
+def test_a_notice_counts_only_from_the_cm_that_holds_the_node(box, manager_of) -> None:
+    """utah's CM (a trusted caller) naming a node held at wisc changes nothing: answered
+    max_wait_time 0 as for any node not ours there; the same notice from wisc counts."""
+    manager = manager_of("caller", maxthreshold=2, endpoint=EndpointConfig())
+    manager.start()
+    wait_for(lambda: len(manager.registered) == 2 and len(manager.state.nodes()) == 2,
+             timeout=60, what="a node at each CM and the endpoint registered at both")
+    rec = manager.state.node(manager.cmlist[1], "node-2")   # wisc's
+    item = {"node_id": rec.node_id, "client_id": "node-2", "max_wait_time": 300}
+    for cluster in ("utah", "wisc"):
+        proxy = xmlrpc.client.ServerProxy(manager.endpoint_url,
+                                          context=cm_context(box, cluster))
+        try:
+            answer = proxy.NotifyDeletePending({"nodelist": [item]})
+        finally:
+            proxy("close")()
+        assert answer["code"] == 0
+        waits = {n["node_id"]: n["max_wait_time"] for n in answer["value"]} \
+            if isinstance(answer["value"], list) else {}
+        if cluster == "utah":
+            assert waits.get(rec.node_id, 0) == 0
+            assert manager.state.pending_deletes() == []
+            assert manager.notices.counts()["revocations"] == 0
+    # from wisc: a revocation of wisc's node, kept until its commands finish
+    assert [(p.cm, p.node_id) for p in manager.state.pending_deletes()] == [
+        (manager.cmlist[1], rec.node_id)]
     manager.stop()
 
 
