@@ -26,6 +26,7 @@ from elasticslice.managers.config import EndpointConfig
 from elasticslice.managers.sites import SitesFailed
 from elasticslice.errors import RPCError
 from elasticslice.rpc.client import ProtoGeniServer
+from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of
 from tests.elasticslice.emulator.helpers import FAST, RunningEmulator
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_RETRY, with_policy
@@ -71,9 +72,16 @@ def manager_of(box: RunningEmulator, tmp_path: Path) -> Iterator[Any]:
 
 def held(box: RunningEmulator, slice_name: str, cache: Path) -> dict[str, list[str]]:
     """What each CM's sliver holds (a fresh client): cluster name -> client_ids."""
+    out: dict[str, list[str]] = {}
     with client(box, slice_name, cache) as look:
-        return {name: sorted(n.client_id for n in look.cm(i).sliver_status().nodes)
-                for i, name in enumerate(("utah", "wisc"))}
+        for i, name in enumerate(("utah", "wisc")):
+            try:
+                out[name] = sorted(n.client_id for n in look.cm(i).sliver_status().nodes)
+            except RPCError as err:   # no sliver there
+                if err.code != GeniCode.SEARCHFAILED:
+                    raise
+                out[name] = []
+    return out
 
 
 def by_cm(manager: Any) -> dict[str, list[str]]:
@@ -138,6 +146,34 @@ def test_a_busy_cm_delays_growth_only_there_while_the_other_grows(
         assert held(box, "busy", tmp_path / "look") == on_cms
     finally:
         box.server.pressure.relieve()
+
+
+CM_CALLS = ("GetVersion", "Resolve", "GetSliver", "CreateSliver", "SliverStatus",
+            "RenewSlice", "DiscoverResources", "AddNodes", "DeleteNodes")
+
+
+def test_a_cm_that_answers_nothing_but_busy_delays_only_its_own_share(
+        box, manager_of, tmp_path: Path) -> None:
+    """wisc answers BUSY to every call (as good as down): every method still does utah's
+    share, each failure names wisc alone, the slice grows at utah; once wisc answers again
+    its sliver is made."""
+    manager = manager_of("down", maxthreshold=3, cmlist=["wisc", "utah"], retry_interval=0.01)
+    box.server.pressure.set(busy={f"wisc/{m}": 1.0 for m in CM_CALLS})
+    try:
+        errors = {m: e for m, e in manager.manage_once().items() if e}
+    finally:
+        box.server.pressure.relieve()
+    assert {"ensure_sliver", "update_sliver_status", "update_available",
+            "update_all"} <= set(errors), errors
+    for method, error in errors.items():
+        assert "at 1 CM(s): wisc: " in error and "utah" not in error, (method, error)
+    assert held(box, "down", tmp_path / "look") == {"utah": ["node-1", "node-2", "node-3"],
+                                                    "wisc": []}
+    wait_for(lambda: not manager.sites.paused("ensure_sliver"), timeout=10,
+             what="wisc's back-off to pass")
+    assert [m for m, e in manager.manage_once().items() if e] == []
+    assert held(box, "down", tmp_path / "look")["wisc"] == ["node-4"]
+    assert {s.cm for s in manager.state.slivers()} == set(manager.cmlist)
 
 
 def test_a_notice_from_wisc_is_answered_and_released_at_wisc(
