@@ -3,7 +3,9 @@
 A slice of CloudLab's clusters holds a sliver at each CM of ``cmlist``; the methods that
 act at a CM (:data:`CM_METHODS`: ``ensure_sliver``, ``update_sliver_status``,
 ``update_available``, ``update_all``, ``add_nodes``, ``delete_nodes``) run their work at
-each CM in turn. :class:`Sites` keeps a CM that fails from holding up the others: its
+each CM in turn. :class:`Sites` keeps a CM that fails from holding up the others: a CM's
+calls are tried twice at most (``ProtoGeniServer.fewer_retries``: the back-off below retries
+them, not the call, which would hold the cycle's thread for minutes against CloudLab); its
 failure is recorded against that CM and that method, the other CMs go on in the same run,
 and until its own back-off has passed (``retry_interval``, doubling on each further failure,
 never longer than the method's interval) the method leaves that CM alone. While a CM's
@@ -13,11 +15,12 @@ The method still fails (one error naming each CM that failed), so ``status``, ma
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ContextManager
 
 from elasticslice.errors import ElasticSliceError, TransportError
 from elasticslice.managers.cycle import MAX_BACKOFF_FACTOR, one_line
@@ -71,8 +74,10 @@ class Sites:
     methods' intervals (the back-off's cap), ``clock``: the manager's."""
 
     def __init__(self, *, retry_interval: float, intervals: Mapping[str, float],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 quick: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
         self.retry_interval = max(0.01, float(retry_interval))
+        self.quick = quick   # a CM's calls among several: few retries (the back-off's job)
         self.intervals = dict(intervals)
         self.clock = clock
         self._runs: dict[tuple[str, str], SiteRun] = {}
@@ -91,7 +96,9 @@ class Sites:
                 log.debug("%s at %s: backing off until its retry", method, cm.url)
                 continue
             try:
-                result = add(result, work(cm))
+                with self.quick() if len(cms) > 1 else contextlib.nullcontext():
+                    done = work(cm)
+                result = add(result, done)
             except Exception as err:
                 self.failed(method, cm.url, err)
                 if len(cms) == 1:
