@@ -87,22 +87,23 @@ class Sites:
              add: Callable[[Any, Any], Any] = lambda a, b: (a or 0) + (b or 0)) -> Any:
         """``work(cm)`` at each of ``cms`` whose back-off for ``method`` has passed, the
         results summed (``add``); a CM that raises is recorded and the others go on, then
-        :class:`SitesFailed` names them (one CM asked alone raises its own error)."""
+        :class:`SitesFailed` names them. One CM (asked alone, or the only one) is just
+        ``work(cm)``: its error is its own, the cycle's back-off its back-off."""
         cms = list(cms)
+        if len(cms) == 1:   # one CM (asked alone, or the only one): as the cycle runs it
+            return add(None, work(cms[0]))
         result: Any = None
         failed: dict[str, BaseException] = {}
         for cm in cms:
-            if len(cms) > 1 and self.waiting(method, cm.url):
+            if self.waiting(method, cm.url):
                 log.debug("%s at %s: backing off until its retry", method, cm.url)
                 continue
             try:
-                with self.quick() if len(cms) > 1 else contextlib.nullcontext():
+                with self.quick():
                     done = work(cm)
                 result = add(result, done)
             except Exception as err:
                 self.failed(method, cm.url, err)
-                if len(cms) == 1:
-                    raise
                 failed[cm.url] = err
             else:
                 self.succeeded(method, cm.url)
