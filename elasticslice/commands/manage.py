@@ -169,6 +169,11 @@ def _print_status(data: dict[str, Any]) -> None:
         site = f"{cm_name(n['cm']):<8} " if several else ""
         click.echo(f"  {site}{n['client_id']:<16} {n['node_id'] or '-':<10} {n['state']:<9}"
                    f" {n['hostname'] or ''}{value}{extra}")
+    for name, site in sites.items():
+        for method, f in sorted((site.get("failing") or {}).items()):
+            retry = "next run" if f["retry_at"] is None else _iso(f["retry_at"])
+            click.echo(f"failing {name}  {method} ({f['failures']}x, retry {retry}): "
+                       f"{f['last_error']}")
     if data["to_release"]:
         click.echo(f"to give back {len(data['to_release'])}")
     for r in data["to_release"]:

@@ -71,7 +71,7 @@ def build_parts(manager: Any, server: Any, *, helper: Any, hosted: HostedSystem,
                          clock=now)
     quick = getattr(server, "fewer_retries", None)   # a CM among several: few retries
     m.sites = Sites(retry_interval=m.retry_interval, intervals=m.manage_intervals, clock=now,
-                    **({"quick": quick} if quick is not None else {}))
+                    state=state, **({"quick": quick} if quick is not None else {}))
     m.cycle = Cycle(m._run_method, order=m.manage_order, intervals=m.manage_intervals,
                     default_interval=m.DEF_INTERVAL, reset_triggers=m.method_reset_triggers,
                     retry_interval=m.retry_interval, recorder=state.cycle_log,

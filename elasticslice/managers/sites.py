@@ -16,6 +16,7 @@ The method still fails (one error naming each CM that failed), so ``status``, ma
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -49,6 +50,10 @@ def transient(err: BaseException) -> bool:
     return isinstance(err, TransportError) or getattr(err, "code", None) in TRANSIENT_CODES
 
 
+#: the state's meta key of what fails at each CM now (:meth:`Sites._save`)
+BACKOFF_KEY = "sites.failing"
+
+
 class SitesFailed(ElasticSliceError):
     """A method failed at some CMs (the others went on): ``failed`` maps each CM's URL to
     its error, ``result`` is what the method did at the others."""
@@ -75,13 +80,17 @@ class Sites:
 
     def __init__(self, *, retry_interval: float, intervals: Mapping[str, float],
                  clock: Callable[[], float],
-                 quick: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
+                 quick: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+                 state: Any = None) -> None:
         self.retry_interval = max(0.01, float(retry_interval))
+        self.state = state   # where status reads what fails at each CM (meta BACKOFF_KEY)
         self.quick = quick   # a CM's calls among several: few retries (the back-off's job)
         self.intervals = dict(intervals)
         self.clock = clock
         self._runs: dict[tuple[str, str], SiteRun] = {}
         self._lock = threading.Lock()
+        with self._lock:
+            self._save()   # what a manager of this state saw failing before is past
 
     def each(self, method: str, cms: Iterable[Any], work: Callable[[Any], Any],
              add: Callable[[Any, Any], Any] = lambda a, b: (a or 0) + (b or 0)) -> Any:
@@ -122,13 +131,30 @@ class Sites:
             # only a CM that is down or BUSY is left alone; one that refused what we asked
             # (a node taken meanwhile) is asked again at the next run
             run.retry_at = self.clock() + delay if transient(err) else None
+            self._save()
         log.warning("%s at %s failed (%d in a row%s): %s", method, url, run.failures,
                     f"; this CM's next try in {delay:.0f} s, the other CMs go on"
                     if run.retry_at is not None else "", run.last_error)
 
     def succeeded(self, method: str, url: str) -> None:
         with self._lock:
-            self._runs.pop((method, url), None)
+            if self._runs.pop((method, url), None) is not None:
+                self._save()
+
+    def _save(self) -> None:
+        """What fails at each CM now, for ``status`` (another process): CM URL -> method ->
+        failures in a row, last error, next try (None: the next run). Under the lock."""
+        if self.state is None:
+            return
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for (method, url), run in sorted(self._runs.items()):
+            out.setdefault(url, {})[method] = {"failures": run.failures,
+                                               "last_error": run.last_error,
+                                               "retry_at": run.retry_at}
+        try:
+            self.state.set_meta(BACKOFF_KEY, json.dumps(out))
+        except Exception as err:   # a status detail: never the method's failure
+            log.debug("cannot record the CMs' failures: %s", err)
 
     def waiting(self, method: str, url: str) -> bool:
         """Whether ``method`` leaves the CM at ``url`` alone for now (its back-off)."""
@@ -163,6 +189,12 @@ def site_counts(state: Any) -> dict[str, dict[str, Any]]:
     for url, counts in state.revocations.counts_by_cm().items():
         for key in ("revocations", "early", "forced"):
             site(url)[key] += counts[key]
+    try:
+        failing = json.loads(state.get_meta(BACKOFF_KEY) or "{}")
+    except ValueError:
+        failing = {}
+    for url, methods in failing.items():   # a manager of several CMs: what fails where
+        site(url)["failing"] = methods
     return out
 
 

@@ -179,6 +179,40 @@ def test_a_cm_that_answers_nothing_but_busy_delays_only_its_own_share(
     assert {s.cm for s in manager.state.slivers()} == set(manager.cmlist)
 
 
+def test_a_cm_that_is_down_delays_only_its_own_share(box, tmp_path: Path) -> None:
+    """wisc's CM does not answer at all (nothing listens where the config says it is): the
+    slice grows at utah, each failing method names wisc, and wisc is left alone until its
+    back-off passes (not asked again in the next run)."""
+    from tests.helpers import spare_port
+    config = load_config(box.config_path,
+                         env={"ELASTICSLICE_CREDENTIAL_CACHE_DIR": str(tmp_path / "cache")})
+    port = box.url.split(":")[2].split("/")[0]
+    dead = [u if "/cluster/wisc/" not in u else u.replace(f":{port}/", f":{spare_port()}/")
+            for u in config.cm_urls]
+    config = dataclasses.replace(config, slice_name="dead", cm_urls=tuple(dead))
+    manager = SimpleElasticSliceManager(
+        ProtoGeniServer(config, retry=FAST_RETRY), helper=SimpleElasticSliceHelper(num_pcs=1),
+        policy=with_policy(), state_dir=tmp_path / "state", manage_intervals=FAST_INTERVALS,
+        retry_interval=60, maxthreshold=2, cmlist=[dead[1], dead[0]])
+    try:
+        errors = {m: e for m, e in manager.manage_once().items() if e}
+        assert {"ensure_sliver", "update_sliver_status", "update_available"} <= set(errors)
+        assert all("at 1 CM(s): wisc: " in e for e in errors.values()), errors
+        assert held(box, "dead", tmp_path / "look")["utah"] == ["node-1", "node-2"]
+        assert manager.sites.paused("ensure_sliver") == {dead[1]}
+        # the next run leaves wisc alone (its back-off): nothing fails, utah's share is done
+        assert [m for m, e in manager.manage_once().items() if e] == []
+        # and status says what fails at wisc meanwhile
+        from elasticslice.commands.manage import status_data
+        failing = status_data(manager.state)["sites"]["wisc"]["failing"]
+        assert {"ensure_sliver", "update_sliver_status", "update_available"} <= set(failing)
+        assert failing["ensure_sliver"]["retry_at"] > manager.clock()
+        assert "failing" not in status_data(manager.state)["sites"]["utah"]
+    finally:
+        manager.close()
+        manager.server.close()
+
+
 def test_a_notice_from_wisc_is_answered_and_released_at_wisc(
         box, manager_of, tmp_path: Path) -> None:
     manager = manager_of("notice", maxthreshold=3, cmlist=["wisc", "utah"],
