@@ -16,6 +16,9 @@ The names (``elasticslice_`` first; counters end in ``_total``):
   ``forced_releases_total``;
 * ``units_queued``, ``units_running``, ``units_requeued_total``, ``units_lost_total`` (with
   a Troy session);
+* ``cm_nodes_held{cm}``, ``cm_nodes_booting{cm}``, ``cm_notices_total{cm}``,
+  ``cm_early_releases_total{cm}``, ``cm_forced_releases_total{cm}``: the same per CM (its
+  short name: a box's cluster, else the CM's host), every CM of the manager's;
 * ``cycle_last_success_age_seconds{method}`` (absent until the method first succeeds),
   ``cycle_failures_total{method}``;
 * ``cm_call_duration_seconds{method}``: a histogram of every ProtoGENI call (the CMs' and
@@ -73,7 +76,7 @@ class ManagerMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         manager = self._manager()
         if manager is not None:
-            for part in (self._nodes, self._notices, self._cycle, self._calls):
+            for part in (self._nodes, self._notices, self._sites, self._cycle, self._calls):
                 try:
                     yield from part(manager)
                 except Exception as err:  # a closing manager: the rest still answers
@@ -106,6 +109,32 @@ class ManagerMetrics(Collector):
                 ("early_releases", "early", "Revoked nodes given back before the deadline."),
                 ("forced_releases", "forced", "Revoked nodes CloudLab took at the deadline.")):
             yield CounterMetricFamily(PREFIX + name, text, value=counts[key])
+
+    @staticmethod
+    def _sites(manager: Any) -> Iterator[Metric]:
+        """The same per CM, labelled by its short name (``utah``, ``www.wisc.cloudlab.us``):
+        every CM of the manager's, a CM holding nothing at 0."""
+        from elasticslice.managers.sites import cm_name
+        urls = list(dict.fromkeys([*manager.cmlist, *(n.cm for n in manager.state.nodes())]))
+        families = {key: (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+            PREFIX + "cm_" + key, text, labels=["cm"]) for key, kind, text in (
+            ("nodes_held", "gauge", "Nodes the slice holds at each CM."),
+            ("nodes_booting", "gauge", "Nodes held at each CM that are not ready yet."),
+            ("notices", "counter", "CloudLab's revocations of nodes held, by CM."),
+            ("early_releases", "counter", "Revoked nodes given back early, by CM."),
+            ("forced_releases", "counter", "Revoked nodes CloudLab took at the deadline, "
+                                           "by CM."))}
+        nodes, revoked = manager.state.nodes(), manager.state.revocations.counts_by_cm()
+        urls += [url for url in revoked if url not in urls]
+        for url in urls:
+            name, here = cm_name(url), revoked.get(url, {})
+            families["nodes_held"].add_metric([name], sum(n.cm == url for n in nodes))
+            families["nodes_booting"].add_metric(
+                [name], sum(n.cm == url and n.state in BOOTING for n in nodes))
+            families["notices"].add_metric([name], here.get("revocations", 0))
+            families["early_releases"].add_metric([name], here.get("early", 0))
+            families["forced_releases"].add_metric([name], here.get("forced", 0))
+        yield from families.values()
 
     @staticmethod
     def _cycle(manager: Any) -> Iterator[Metric]:

@@ -109,6 +109,8 @@ class RunSettings:
     cm_urls: tuple[str, ...]
     manager: Any
     sources: dict[str, str]
+    cmlist: tuple[str, ...] = ()   # the CMs of --cm (URLs), () when not given
+
 
     def cluster_arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``ElasticCluster`` (besides server and state dir)."""
@@ -120,7 +122,9 @@ class RunSettings:
                     "renew_hours", "renew_margin"):
             if key in given:
                 options[key] = getattr(m, key)
-        if "cmlist" in given:
+        if self.cmlist:
+            options["cmlist"] = list(self.cmlist)
+        elif "cmlist" in given:
             options["cmlist"] = list(m.cms(self.cm_urls))
         if "email" in given and m.email.enabled:
             from elasticslice.managers.notify import Notifier
@@ -211,5 +215,28 @@ def resolve_settings(client: Any, given: dict[str, Any],
         sources["max_nodes"] = f"{path} [manager] maxthreshold"
     else:
         values["max_nodes"], sources["max_nodes"] = DEFAULT_MAX_NODES, "default"
+    cmlist = resolve_cms(given.get("cm") or (), client.cm_urls)
+    if cmlist:
+        sources["cmlist"] = "--cm"
     return RunSettings(**values, node_python=pilots.node_python, cm_urls=client.cm_urls,
-                       manager=manager, sources=sources)
+                       manager=manager, sources=sources, cmlist=cmlist)
+
+
+def resolve_cms(names: Any, cm_urls: Any) -> tuple[str, ...]:
+    """``--cm`` (repeatable: a cluster's name such as ``utah``, a part of its URL, or its
+    number in ``[protogeni] cm_urls``) as the CMs' URLs, in the order given; one that
+    matches no configured CM, or several, is :class:`SettingsError` naming it."""
+    out: list[str] = []
+    urls = list(cm_urls)
+    for name in [names] if isinstance(names, str) else list(names):
+        name = str(name).strip()
+        if name.isdigit():
+            found = [urls[int(name)]] if int(name) < len(urls) else []
+        else:
+            found = [u for u in urls if u == name] or [u for u in urls if name and name in u]
+        if len(found) != 1:
+            raise SettingsError(f"--cm {name}: matches {len(found)} of the configured CMs "
+                                f"([protogeni] cm_urls: {', '.join(urls) or 'none'})")
+        if found[0] not in out:
+            out.append(found[0])
+    return tuple(out)

@@ -142,21 +142,38 @@ def status_data(state: Any) -> dict[str, Any]:
     return {"slice": {"urn": record.urn if record else None,
                       "expires": _iso(record.expires) if record else None,
                       "slivers": slivers},
-            "nodes": nodes, "to_release": to_release, "cycle": cycle}
+            "nodes": nodes, "to_release": to_release, "cycle": cycle,
+            "sites": sites_data(state)}
+
+
+def sites_data(state: Any) -> dict[str, dict[str, Any]]:
+    """Per CM (by its short name): :func:`~elasticslice.managers.sites.site_counts`."""
+    from elasticslice.managers.sites import site_counts
+    return site_counts(state)
 
 
 def _print_status(data: dict[str, Any]) -> None:
-    s = data["slice"]
+    from elasticslice.managers.sites import cm_name, sites_line
+    s, sites = data["slice"], data.get("sites") or {}
+    several = len(sites) > 1   # a slice over several CMs: each line names its CM
     click.echo(f"slice   {s['urn'] or '(none yet)'}  expires {s['expires'] or '-'}")
     for sl in s["slivers"]:
-        click.echo(f"sliver  {sl['cm']}  expires {sl['expires'] or '-'}  {sl['status'] or ''}")
-    click.echo(f"nodes   {len(data['nodes'])}")
+        site = f"{cm_name(sl['cm'])}  " if several else ""
+        click.echo(f"sliver  {site}{sl['cm']}  expires {sl['expires'] or '-'}  "
+                   f"{sl['status'] or ''}")
+    click.echo(f"nodes   {len(data['nodes'])}" + (f"  {sites_line(sites)}" if several else ""))
     for n in data["nodes"]:
         pend = n["pending_delete"]
         extra = f"  PENDING DELETE by {pend['deadline']}" if pend else ""
         value = "" if n["value"] is None else f"  value {n['value']:.2f}"
-        click.echo(f"  {n['client_id']:<16} {n['node_id'] or '-':<10} {n['state']:<9}"
+        site = f"{cm_name(n['cm']):<8} " if several else ""
+        click.echo(f"  {site}{n['client_id']:<16} {n['node_id'] or '-':<10} {n['state']:<9}"
                    f" {n['hostname'] or ''}{value}{extra}")
+    for name, site in sites.items():
+        for method, f in sorted((site.get("failing") or {}).items()):
+            retry = "next run" if f["retry_at"] is None else _iso(f["retry_at"])
+            click.echo(f"failing {name}  {method} ({f['failures']}x, retry {retry}): "
+                       f"{f['last_error']}")
     if data["to_release"]:
         click.echo(f"to give back {len(data['to_release'])}")
     for r in data["to_release"]:

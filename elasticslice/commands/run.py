@@ -130,30 +130,62 @@ def the_workload(session: Any, fresh: Any) -> Any:
         return fresh
 
 
-def progress_line(cluster: Any, progress: Any, elapsed: float) -> str:
+class SiteWatch:
+    """Nodes and revocations per CM, from the manager daemon's state (``DIR/state``, read
+    only, as ``status`` reads it): ``{}`` until the daemon wrote it, or when unreadable."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "state"
+        self._state: Any = None
+
+    def counts(self) -> dict[str, dict[str, Any]]:
+        from elasticslice.managers.sites import site_counts
+        try:
+            if self._state is None:
+                if not (self.path / "manager.db").is_file():
+                    return {}
+                from elasticslice.managers.state import ManagerState
+                self._state = ManagerState.read_only(self.path)
+            return site_counts(self._state)
+        except Exception as err:   # a progress line never fails the run
+            log.debug("nodes per CM: %s", err)
+            return {}
+
+    def close(self) -> None:
+        state, self._state = self._state, None
+        if state is not None:
+            state.close()
+
+
+def progress_line(cluster: Any, progress: Any, elapsed: float,
+                  sites: dict[str, dict[str, Any]] | None = None) -> str:
+    """The live line; with nodes at several CMs, each CM's nodes and revocations too."""
+    from elasticslice.managers.sites import sites_line
     snap = cluster.snapshot()
     return (f"[{elapsed:6.1f}s] tasks {progress.done}/{progress.total} done, "
             f"{snap.units_running} units running, {snap.units_queued} queued; "
-            f"{snap.nodes_held} nodes, {snap.pilots} pilots; {snap.revocations} revocations")
+            f"{snap.nodes_held} nodes, {snap.pilots} pilots; {snap.revocations} revocations"
+            + (f" [{sites_line(sites)}]" if sites and len(sites) > 1 else ""))
 
 
-def follow(cluster: Any, run: Any, timeout: float | None) -> Any:
+def follow(cluster: Any, run: Any, timeout: float | None, sites: Any = dict) -> Any:
     """Progress on stderr until the run ends (its final state; what it raised, raised);
-    Stopped after ``timeout``."""
+    Stopped after ``timeout``. ``sites()``: nodes and revocations per CM (SiteWatch)."""
     started = time.monotonic()
     shown, shown_at = "", 0.0
     while not run.wait(0 if not shown else TICK):
         now = time.monotonic()
         if timeout is not None and now - started > timeout:
             raise Stopped(f"not finished within --timeout {timeout:g} s")
-        line = progress_line(cluster, run.progress(), now - started)
+        line = progress_line(cluster, run.progress(), now - started, sites())
         for failure in cluster.failures.fresh():  # at once, once each, with its cause
             click.echo(f"[{now - started:6.1f}s] {failure.line()}", err=True)
         body = line.split("] ", 1)[1]
         if body != shown and now - shown_at >= PROGRESS_EVERY or not shown:
             click.echo(line, err=True)
             shown, shown_at = body, now
-    click.echo(progress_line(cluster, run.progress(), time.monotonic() - started), err=True)
+    click.echo(progress_line(cluster, run.progress(), time.monotonic() - started, sites()),
+               err=True)
     return run.result()
 
 
@@ -197,7 +229,8 @@ def write_report(path: str, data: dict[str, Any]) -> None:
 
 
 def summary(data: dict[str, Any]) -> str:
-    s = data["stats"]
+    from elasticslice.managers.sites import sites_line
+    s, sites = data["stats"], data.get("sites") or {}
     return (f"{data['state']}: {data['tasks_done']}/{data['tasks_total']} tasks done, "
             f"{data['tasks_failed']} failed, {data['tasks_canceled']} canceled; "
             f"{data['nodes_peak']} nodes at most; {s['revocations']} revocation(s): "
@@ -205,7 +238,8 @@ def summary(data: dict[str, Any]) -> str:
             f"{s['restarts']} restart(s), {s['units_requeued']} units requeued, "
             f"{s['units_lost']} lost"
             + (f"; {len(data['node_failures'])} node(s) failed to start (the report names "
-               f"them)" if data.get("node_failures") else ""))
+               f"them)" if data.get("node_failures") else "")
+            + (f"; per CM: {sites_line(sites)}" if len(sites) > 1 else ""))
 
 
 def check_options(state_dir: Path | None, time_scale: float, timeout: float | None,
@@ -267,6 +301,11 @@ def close_cluster(cluster: Any, ended: bool, keep: bool, release: bool) -> int:
               help="Work on the configured slice although this --state-dir did not create "
                    "it and it holds a sliver (another manage or run may be using it); a "
                    "slice that holds none, as a run that ended leaves it, needs no --adopt.")
+@click.option("--cm", "cms", multiple=True, metavar="CM",
+              help="Hold nodes at this CM of [protogeni] cm_urls: a cluster's name (utah), "
+                   "a part of its URL, or its number; repeat for several (a sliver at each, "
+                   "the policy spreads the nodes in this order). Config [manager] cmlist. "
+                   "Default: every CM of cm_urls.")
 @click.option("--connect-timeout", type=click.FloatRange(0.1), default=60.0,
               show_default=True, help="Fail, leaving nothing behind, when the SA or a CM "
                                       "does not answer within this many seconds.")
@@ -276,7 +315,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
             time_scale: float, report: str | None,
             output_dir: Path | None, keep: bool, release: bool,
             timeout: float | None, adopt: bool, connect_timeout: float,
-            **settings: str | None) -> None:
+            cms: tuple[str, ...], **settings: Any) -> None:
     """Run WORKFLOW (Troy JSON or WfFormat) on an elastic cluster of the configured CM.
 
     The cluster grows to the workflow's demand (up to --max-nodes); every node runs a Troy
@@ -319,6 +358,8 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     config_path = getattr(ctx.obj, "config_path", None)
     # the settings only: the CloudLab credentials are the manager daemon's to open
     client = load_config(config_path, open_files=False)
+    if cms:
+        settings["cm"] = list(cms)     # the daemon resolves them as this does
     chosen = resolve_settings(client, settings, max_nodes)  # bad values: exit 2, no node
     debug = bool(getattr(ctx.obj, "debug", False))
     command = DaemonCommand(str(client.path) if config_path is not None else None,
@@ -345,6 +386,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     data: dict[str, Any] | None = None
     interrupted, timed_out = False, ""
     signal.signal(signal.SIGTERM, _terminated)
+    watch = SiteWatch(state_dir)
     try:
         cluster.start()
         if cluster.metrics_url:
@@ -361,8 +403,9 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
         import troy
         run = troy.WorkloadRun(cluster.session, workload, cluster.overlay(),
                                name="run-workload", events=False).start()
-        follow(cluster, run, timeout)
+        follow(cluster, run, timeout, watch.counts)
         data = make_report(workload, time.time() - started, cluster.stats(), outputs, base)
+        data["sites"] = watch.counts()   # nodes and revocations per CM
         data["node_failures"] = [f.to_json() for f in cluster.failures.all()]
         from elasticslice.pilots.timeline import run_timeline
         data["timeline"] = run_timeline(cluster, started)   # what troy plot marks
@@ -374,6 +417,7 @@ def run_cmd(ctx: click.Context, workflow: Path, state_dir: Path | None, max_node
     except TroyError as err:   # one line, as ours
         raise ElasticSliceError(str(err)) from err
     finally:
+        watch.close()
         held = close_cluster(cluster, data is not None, keep, release)
         if interrupted:
             click.echo(stop_line("interrupted", state_dir, held, release), err=True)

@@ -351,13 +351,10 @@ class Actuator:
                 self.state.finish_intent(intent.id, now=self.clock(), outcome="failed")
                 continue
             if cm.url not in statuses:
-                try:
-                    statuses[cm.url] = {n.client_id: n for n in cm.sliver_status().nodes}
-                except RPCError as err:
-                    if err.code != GeniCode.SEARCHFAILED:
-                        raise
-                    statuses[cm.url] = {}
+                statuses[cm.url] = self._present(cm)
             present = statuses[cm.url]
+            if present is None:   # this CM cannot be read now: its intents wait, not others'
+                continue
             now = self.clock()
             if intent.kind == "add" and not any(c in present for c in intent.client_ids) \
                     and now - intent.created < grace:
@@ -370,6 +367,17 @@ class Actuator:
             self._settle(intent, cm, present, now)
             done += 1
         return done
+
+    def _present(self, cm: Any) -> dict[str, Any] | None:
+        """The nodes of the sliver at ``cm`` by client_id ({} without a sliver); None when
+        the CM cannot be read now (down, BUSY): its intents wait for a later reconcile."""
+        try:
+            return {n.client_id: n for n in cm.sliver_status().nodes}
+        except RPCError as err:
+            if err.code == GeniCode.SEARCHFAILED:
+                return {}
+            log.warning("cannot reconcile the intents at %s yet: %s", cm.url, one_line(err))
+            return None
 
     def _settle(self, intent: Any, cm: Any, present: dict[str, Any], now: float) -> None:
         for cid in intent.client_ids:

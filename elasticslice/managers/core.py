@@ -46,6 +46,7 @@ from elasticslice.managers.notify import Notifier
 from elasticslice.managers.parts import PolicyField, build_parts
 from elasticslice.managers.policy import Decision, Observed, PolicyConfig, decide, failure_pause
 from elasticslice.managers.records import ReleaseSource
+from elasticslice.managers.sites import SitesFailed
 from elasticslice.managers.state import ManagerState
 
 log = logging.getLogger("elasticslice.managers.manager")
@@ -184,10 +185,15 @@ class Manager:
     def _run_method(self, name: str) -> Any:
         if name not in self.manage_order:
             raise ElasticSliceError(f"unknown manager method {name!r}")
-        if name in self.cycle.apart:  # never behind another method (see Actuator.release)
-            return getattr(self, name)()
-        with self._methods_lock:
-            return getattr(self, name)()
+        try:
+            if name in self.cycle.apart:  # never behind another (see Actuator.release)
+                return getattr(self, name)()
+            with self._methods_lock:
+                return getattr(self, name)()
+        except SitesFailed as err:  # what changed at the other CMs still wakes its methods
+            if err.result:
+                self.wake(*self.method_reset_triggers.get(name, ()))
+            raise
 
     def _renew_margin(self) -> float:
         return max(self.renew_margin,
@@ -250,21 +256,22 @@ class Manager:
         return self.actuator.create_sliver(self._cms(cm)[0])
 
     def ensure_sliver(self, cm: Any = None) -> Any:
-        created = 0
+        def one(c: Any) -> int:
+            created = self.actuator.ensure_sliver(c)
+            if self.registrar is not None:
+                self.registrar.register(c)
+            return created
         try:
-            for c in self._cms(cm):
-                created += self.actuator.ensure_sliver(c)
-                if self.registrar is not None:
-                    self.registrar.register(c)
+            return self.sites.each("ensure_sliver", self._cms(cm), one) or 0
         except Exception:
             self.hosted.adds_done()   # the nodes a failed CreateSliver asked for
             raise
-        return created
 
     def update_sliver_status(self, cm: Any = None, force: bool = False) -> Any:
         if not self._reconciled or self.state.open_intents():
             self.reconcile()
-        return sum(self.observer.sliver_status(c) for c in self._cms(cm))
+        return self.sites.each("update_sliver_status", self._cms(cm),
+                               self.observer.sliver_status) or 0
 
     def reconcile(self) -> int:
         """Close the open intents against the CMs' slivers (at start, after a crash)."""
@@ -279,13 +286,13 @@ class Manager:
 
     def update_all(self, cm: Any = None, force: bool = False,
                    lastFetchBefore: float | None = None) -> Any:  # noqa: N803 (seed name)
-        for c in self._cms(cm):
-            self.observer.resources(c, available=False)
+        self.sites.each("update_all", self._cms(cm),
+                        lambda c: self.observer.resources(c, available=False))
         return None
 
     def update_available(self, cm: Any = None) -> Any:
-        for c in self._cms(cm):
-            self.observer.resources(c, available=True)
+        self.sites.each("update_available", self._cms(cm),
+                        lambda c: self.observer.resources(c, available=True))
         return None
 
     def get_system_state(self) -> Any:
@@ -305,6 +312,8 @@ class Manager:
     def decide(self) -> Decision:
         """The policy's decision on what the manager observes now (no I/O)."""
         observed = self.observe()
+        if len(self.cms) > 1:   # a CM backing off: the others grow instead
+            observed = dataclasses.replace(observed, paused=self.sites.paused("add_nodes"))
         decision = decide(observed, self.policy)
         self.last_observed, self.last_decision = observed, decision
         pause = failure_pause(observed, self.policy)
@@ -324,19 +333,17 @@ class Manager:
         return allowed or None
 
     def add_nodes(self, count: int = 0, cm: Any = None) -> Any:
-        added = 0
+        def one(c: Any) -> int:
+            answer = self.should_add_nodes(count, c)
+            if not answer:
+                return 0
+            args = answer if isinstance(answer, dict) \
+                else self.node_helper.get_add_args(int(answer))
+            return self.actuator.add(c, args) if args else 0
         try:
-            for c in self._cms(cm):
-                answer = self.should_add_nodes(count, c)
-                if not answer:
-                    continue
-                args = answer if isinstance(answer, dict) \
-                    else self.node_helper.get_add_args(int(answer))
-                if args:
-                    added += self.actuator.add(c, args)
+            return self.sites.each("add_nodes", self._cms(cm), one) or 0
         finally:  # failed, or some left out (too few free of the type)
             self.hosted.adds_done()
-        return added
 
     def should_delete_nodes(self, cm: Any = None) -> Any:
         """The client_ids to give back at ``cm`` (what DeleteNodes takes), or None: the
@@ -347,15 +354,16 @@ class Manager:
         """The policy's victims and replaced nodes: the hosted system lets their work go,
         the helper's delete commands run, then they are asked to be given back
         (``release_nodes`` does it); how many were asked."""
-        deleted = 0
         self.hosted.refresh()   # the victims among the idle as they are now
-        for c in self._cms(cm):
+
+        def one(c: Any) -> int:
             victims = self.should_delete_nodes(c)
-            if victims:
-                self.hosted.before_give_back(list(victims))
-                why = "; ".join(self.last_decision.reasons) if self.last_decision else ""
-                deleted += self.actuator.delete(c, victims, why)
-        return deleted
+            if not victims:
+                return 0
+            self.hosted.before_give_back(list(victims))
+            why = "; ".join(self.last_decision.reasons) if self.last_decision else ""
+            return self.actuator.delete(c, victims, why)
+        return self.sites.each("delete_nodes", self._cms(cm), one) or 0
 
     def release_nodes(self) -> Any:
         """Give back every node asked (the state's ``to_release``): the one way nodes go

@@ -28,6 +28,7 @@ from elasticslice.managers.helpers import ElasticSliceHelper, PluginElasticSlice
 from elasticslice.managers.hosted import HostedSystem
 from elasticslice.managers.notify import Notifier
 from elasticslice.managers.policy import PolicyConfig
+from elasticslice.managers.sites import CM_METHODS
 from elasticslice.managers.state import ManagerState
 
 DEF_MIN_THRESHOLD = 1
@@ -78,8 +79,7 @@ class SimpleElasticSliceManager(Manager, ElasticSliceManager, PluginElasticSlice
     :class:`~.endpoint.Releaser`; None: the helper's delete commands) and ``hosted`` (what
     a hosted system adds: a :class:`~.hosted.HostedSystem`) are keyword extras."""
 
-    CM_METHODS = ["ensure_sliver", "update_sliver_status", "update_available", "update_all",
-                  "add_nodes", "delete_nodes"]
+    CM_METHODS = list(CM_METHODS)   # each runs at every CM, a failing CM apart (sites.py)
     DEF_INTERVALS = dict(seed_cycle.DEF_INTERVALS)
     DEF_MIN_THRESHOLD = DEF_MIN_THRESHOLD
     DEF_MAX_THRESHOLD = DEF_MAX_THRESHOLD

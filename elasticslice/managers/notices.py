@@ -86,8 +86,10 @@ class NoticeBook:
     def __init__(self, state: ManagerState, *, holdings: HeldNodes | None = None,
                  clock: Callable[[], float] = time.time,
                  wake: Callable[..., None] = _nothing,
-                 notify: Callable[[str, str], None] = _nothing) -> None:
+                 notify: Callable[[str, str], None] = _nothing,
+                 calling_cm: Callable[[], str | None] = _nothing) -> None:
         self.state = state
+        self.calling_cm = calling_cm  # the URL of the CM calling now (None: any may)
         self.holdings = holdings
         self.clock = clock
         self.wake = wake
@@ -102,6 +104,11 @@ class NoticeBook:
         if self.holdings is None:
             return "", notice.client_id
         rec = self.holdings.find(notice.node_id, notice.client_id)
+        caller = self.calling_cm()
+        if rec is not None and caller is not None and rec.cm != caller:
+            log.warning("%s (%s) is held at %s, not at %s which sent the notice: not ours "
+                        "there", notice.node_id, notice.client_id, rec.cm, caller)
+            return None
         return (rec.cm, rec.client_id) if rec is not None else None
 
     def pending(self, nodes: list[dict[str, Any]], received: float) -> list[Entry]:

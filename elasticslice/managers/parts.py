@@ -18,6 +18,7 @@ from elasticslice.managers.observer import Observer
 from elasticslice.managers.ownership import SliceClaim
 from elasticslice.managers.registrar import EndpointRegistrar
 from elasticslice.managers.renewer import Renewer
+from elasticslice.managers.sites import Sites
 
 
 class PolicyField:
@@ -51,7 +52,9 @@ def build_parts(manager: Any, server: Any, *, helper: Any, hosted: HostedSystem,
     m.mail = Background("manager-mail")
     m.holdings = Holdings(state, events, clock=now, notify=m.notify_later, post=m.events.post)
     m.notices = NoticeBook(state, holdings=m.holdings, clock=now, wake=m.wake,
-                           notify=m.notify_later)
+                           notify=m.notify_later, calling_cm=lambda: (
+                               m.registrar.calling_cm() if getattr(m, "registrar", None)
+                               else None))
     m.observer = Observer(state, m.holdings, events, clock=now, notify=m.notify, wake=m.wake)
     m.actuator = Actuator(server, state, m.holdings, helper, m.cms, clock=now, notify=m.notify,
                           renew_hours=m.renew_hours,
@@ -66,6 +69,9 @@ def build_parts(manager: Any, server: Any, *, helper: Any, hosted: HostedSystem,
         if endpoint is not None else None
     m.claim = SliceClaim(server, state, adopt=adopt, where=str(Path(state.path).parent),
                          clock=now)
+    quick = getattr(server, "fewer_retries", None)   # a CM among several: few retries
+    m.sites = Sites(retry_interval=m.retry_interval, intervals=m.manage_intervals, clock=now,
+                    state=state, **({"quick": quick} if quick is not None else {}))
     m.cycle = Cycle(m._run_method, order=m.manage_order, intervals=m.manage_intervals,
                     default_interval=m.DEF_INTERVAL, reset_triggers=m.method_reset_triggers,
                     retry_interval=m.retry_interval, recorder=state.cycle_log,

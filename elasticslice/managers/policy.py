@@ -20,6 +20,8 @@ The rules (the seed's defaults, plus hysteresis and rate limits so it never flap
   ``minthreshold`` add even when nodes are scarce (as long as some are free). At most
   ``max_add_per_cycle``, never more than available, not within ``add_cooldown`` of the last add
   nor within ``delete_cooldown`` of the last delete (unless below ``minthreshold``).
+  A CM whose last AddNodes failed (``Observed.paused``: BUSY, down) is left out until its
+  own retry: the others grow instead.
 * Delete only with ``enable_delete``: at a CM whose fraction fell below
   ``percent_available_minimum - hysteresis``, when demand (or ``maxthreshold``) is below the
   count, never below ``minthreshold``. Victims: lowest value first (CloudLab's
@@ -122,6 +124,7 @@ class Observed:
     extra_nodes: float = 0.0         # nodes asked besides the cores (Dask's adaptive target)
     failed_in_a_row: int = 0          # added nodes that failed to start, one after another
     last_failed_at: float | None = None
+    paused: frozenset[str] = frozenset()  # CMs whose last AddNodes failed: none added there
 
 
 @dataclass(frozen=True)
@@ -332,6 +335,9 @@ def _adds(observed: Observed, config: PolicyConfig, count: int,
     for cm in cm_order(observed, config):
         if budget <= 0:
             break
+        if cm in observed.paused:
+            reasons.append(f"{cm}: its last AddNodes failed; none added there until its retry")
+            continue
         avail = availability_for(observed, cm, config.nodetype)
         if avail is None or avail.total <= 0 or avail.available <= 0:
             reasons.append(f"{cm}: no free nodes known")

@@ -37,6 +37,7 @@ class EndpointRegistrar:
         self.prefer = str(getattr(config, "policy", None) or "CLIENT").upper()
         self.policies: dict[str, str] = {}
         self.waits: dict[str, int] = {}   # CM url -> the countdown we registered (0: its max)
+        self.cm_of_urn: dict[str, str] = {}   # a CM's URN -> its URL (learnt in register)
 
     def allowed(self) -> frozenset[str]:
         """Who may call (read at each connection; no RPC here)."""
@@ -75,6 +76,8 @@ class EndpointRegistrar:
             if urn and urn not in self.urns:
                 self.urns.add(urn)
                 log.info("callbacks accepted from %s", ", ".join(sorted(self.urns)))
+            if urn:
+                self.cm_of_urn.setdefault(urn, cm.url)
         try:
             wait = int(cm.get_server_defaults().get("maxwaittime", 0))
         except (RPCError, AttributeError, TypeError, ValueError):
@@ -100,6 +103,13 @@ class EndpointRegistrar:
                          one_line(err))
         cm.set_slice_client_endpoint(self.url, policy="LIFO", defwaittime=wait)
         return "LIFO"
+
+    def calling_cm(self) -> str | None:
+        """The URL of the CM whose callback is being handled (None: not known, e.g. with
+        ``[endpoint] cm_urn``, or two CMs of one URN): its notices count for its nodes only."""
+        from elasticslice.rpc.endpoint import CALLER
+        urn = CALLER.get()
+        return self.cm_of_urn.get(urn) if urn is not None else None
 
     def client_cms(self) -> list[Any]:
         """The CMs where our values decide the reclaim order (registered with CLIENT)."""

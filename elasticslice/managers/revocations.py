@@ -124,6 +124,13 @@ class RevocationLog:
             "FROM revocations")
         return {"revocations": total, "early": early, "forced": forced}
 
+    def counts_by_cm(self) -> dict[str, dict[str, int]]:
+        """:meth:`counts` per CM (its URL), by the same rule."""
+        rows = self.state._rows(
+            f"SELECT cm, COUNT(*), COALESCE(SUM({EARLY}), 0), COALESCE(SUM({FORCED}), 0) "
+            "FROM revocations GROUP BY cm")
+        return {r[0]: {"revocations": r[1], "early": r[2], "forced": r[3]} for r in rows}
+
     def nodes(self) -> dict[str, set[str]]:
         """The node_ids revoked (``seen``), released ``early``, ``forced``: by the same rule
         as :meth:`counts`, the one place it is written."""

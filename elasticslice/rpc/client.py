@@ -12,11 +12,13 @@ minutes before they expire; a cached credential the server refuses is fetched an
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from elasticslice.config import ClientConfig, load_passphrase
@@ -85,6 +87,16 @@ class ProtoGeniServer:
                                                   retry=self._retry, timings=self.call_timings,
                                                   **kwargs)
             return self._transport
+
+    @contextlib.contextmanager
+    def fewer_retries(self, attempts: int = 2) -> Iterator[None]:
+        """Within the block, this thread's calls are tried at most ``attempts`` times (a
+        BUSY or unreachable CM fails sooner): for a caller that backs off on its own, the
+        manager over several CMs, whose other CMs must not wait out one CM's retries."""
+        policy = dataclasses.replace(self._retry, attempts=max(1, min(attempts,
+                                                                      self._retry.attempts)))
+        with self.transport.retrying(policy):
+            yield
 
     def close(self) -> None:
         with self._lock:

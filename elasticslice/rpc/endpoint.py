@@ -23,6 +23,7 @@ whose ``RPC_METHODS`` name the methods that may be called.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import socket
 import ssl
@@ -39,6 +40,10 @@ from elasticslice.rpc.codes import FAULT_NO_SUCH_METHOD, FAULT_PARSE, GeniCode
 from elasticslice.serving import BufferedRequestHandler, GuardedServer, Limits, default_cap
 
 log = logging.getLogger(__name__)
+
+#: the URN of the certificate of the caller whose call is being handled (None outside a
+#: call): a handler of a client endpoint of several CMs tells which CM calls it
+CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("caller", default=None)
 
 HANDSHAKE_TIMEOUT = 5.0     # from accept to the end of the TLS handshake
 REQUEST_DEADLINE = 10.0     # from accept to the whole request of a peer that is not the CM
@@ -262,6 +267,7 @@ class EndpointServer:
             return _answer(response(GeniCode.BADARGS, 0,
                                     f"{method}: params must be a struct, not "
                                     f"{type(params).__name__}"))
+        token = CALLER.set(caller)
         try:
             result = getattr(self.endpoint, method)(params)
         except BadArgs as err:
@@ -271,6 +277,8 @@ class EndpointServer:
             log.exception("%s from %s failed", method, caller)
             return _answer(response(GeniCode.SERVERERROR, 0,
                                     f"{method}: internal error ({type(err).__name__})"))
+        finally:
+            CALLER.reset(token)
         if not isinstance(result, dict) or "code" not in result:
             result = response(GeniCode.SUCCESS, 0 if result is None else result)
         try:

@@ -10,6 +10,7 @@ parameters (they hold credentials) nor secrets.
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import random
@@ -18,7 +19,7 @@ import ssl
 import threading
 import time
 import xmlrpc.client
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,7 @@ class XmlRpcTransport:
         self._rng = random.Random(seed)
         self._sleep = sleep
         self._local = threading.local()
+        self._retries = threading.local()   # a thread's own retry policy (retrying)
         self._all: list[http.client.HTTPSConnection] = []
         self._lock = threading.Lock()
         self.connections_opened = 0
@@ -278,14 +280,26 @@ class XmlRpcTransport:
         finally:
             self.timings.record(method, time.monotonic() - began)
 
+    @contextlib.contextmanager
+    def retrying(self, policy: RetryPolicy) -> Iterator[None]:
+        """Within the block, this thread's calls retry by ``policy`` (the other threads' by
+        theirs): a caller with a back-off of its own tries fewer times."""
+        before = getattr(self._retries, "policy", None)
+        self._retries.policy = policy
+        try:
+            yield
+        finally:
+            self._retries.policy = before
+
     def _with_retries(self, url: str, method: str, body: bytes, keep_alive: bool) -> Any:
         label = server_label(url)
         last: _Transient | None = None
-        for attempt in range(max(1, self.retry.attempts)):
+        retry = getattr(self._retries, "policy", None) or self.retry
+        for attempt in range(max(1, retry.attempts)):
             if attempt:
-                pause = self.retry.delay(attempt - 1, self._rng)
+                pause = retry.delay(attempt - 1, self._rng)
                 log.warning("%s at %s: %s; retry %d/%d in %.2f s", method, label, last.message,
-                            attempt, self.retry.attempts - 1, pause)
+                            attempt, retry.attempts - 1, pause)
                 self._sleep(pause)
             start = time.monotonic()
             try:
@@ -305,7 +319,7 @@ class XmlRpcTransport:
             return result
         assert last is not None
         err = last.error
-        raise type(err)(f"{last.message} (gave up after {self.retry.attempts} attempts)",
+        raise type(err)(f"{last.message} (gave up after {retry.attempts} attempts)",
                         code=err.code, method=method, server=label, output=err.output) from err
 
     def call(self, url: str, method: str, params: dict[str, Any] | None = None, *,

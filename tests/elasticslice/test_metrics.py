@@ -88,8 +88,15 @@ def test_the_endpoint_reports_nodes_notices_cycle_failures_and_cm_calls(
                 (("le", "+Inf"), ("method", "GetVersion")))] == 2
     assert got[("elasticslice_cm_call_duration_seconds_sum", calls)] > 0
     assert not any(name.startswith("elasticslice_units_") for name, _ in got)  # no session
-    # no secret in any label: only method names
-    assert {k for _, labels in got for k, _ in labels} <= {"method", "le"}
+    # per CM, labelled by its short name (here the one CM's host)
+    from elasticslice.managers.sites import cm_name
+    site = (("cm", cm_name(cm)),)
+    assert got[("elasticslice_cm_nodes_held", site)] == 3
+    assert got[("elasticslice_cm_nodes_booting", site)] == 2
+    assert got[("elasticslice_cm_early_releases_total", site)] == 1
+    # no secret in any label: only method names and CM names
+    assert {k for _, labels in got for k, _ in labels} <= {"method", "le", "cm"}
+    assert {v for _, labels in got for k, v in labels if k == "cm"} == {cm_name(cm)}
 
 
 def test_two_managers_in_one_process_have_registries_of_their_own(

@@ -32,7 +32,7 @@ def test_manage_once_runs_one_full_cycle_and_status_json_shows_it(
     result = run("--config", str(conf), "status", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data) == {"slice", "nodes", "to_release", "cycle"}
+    assert set(data) == {"slice", "nodes", "to_release", "cycle", "sites"}
     assert data["to_release"] == []
     assert data["slice"]["urn"].endswith("+slice+" + "elastic") or data["slice"]["urn"]
     assert data["slice"]["expires"] and data["slice"]["slivers"][0]["expires"]
@@ -202,7 +202,7 @@ def test_the_code_blocks_of_docs_manager_md_run(emulator, tmp_path: Path,
     empty = ManagerState.in_memory()
     try:
         assert set(json.loads(doc)) == set(status_data(empty)) == {
-            "slice", "nodes", "to_release", "cycle"}
+            "slice", "nodes", "to_release", "cycle", "sites"}
     finally:
         empty.close()
     # The python blocks run.
