@@ -265,6 +265,32 @@ def test_a_unit_the_node_cannot_read_fails_alone(tmp_path, monkeypatch) -> None:
         assert u.attempts <= 1 and fw.unit_stats().lost == 0
 
 
+def test_a_unit_taken_back_and_sent_again_to_the_same_agent_runs_there(tmp_path) -> None:
+    """Regression (a ``troy run`` of Montage hung at 40/58 about once in 40 runs under
+    load): a unit taken back from an agent while it ran there (moved to an idle pilot, the
+    way queued units are) and placed on the same agent again arrived while its first attempt
+    was still being killed. Both attempts were one unit id to the agent, so the second was
+    killed as canceled before it started, and nothing ever said it ended."""
+    gate = tmp_path / "gate"
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
+        a = fw.submit_pilot({"size": 2})
+        assert a.wait_running(WAIT) is State.RUNNING
+        u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"[ -e {gate} ] && exit 0; touch {gate}; sleep 60"]))
+        wait_for(lambda: u.state is State.RUNNING and gate.exists(), WAIT,
+                 what="the unit's first attempt running")
+        rec = fw._records[u.id]
+        with fw._dispatch_lock:   # what moving a unit off a busy agent does
+            fw._links.cancel(rec.addr, [u.id])
+            rec.future, rec.addr = None, None
+            fw._unreserve(rec)
+            fw._dispatch_links([rec])   # ... and the same agent is where it goes now
+        assert u.wait(WAIT) is State.DONE, u.result
+        assert u.pilot == a.id and u.result.exit_code == 0
+        assert fw.unit_stats().lost == 0
+
+
 @pytest.mark.slow
 def test_queued_units_move_to_a_pilot_that_joins(tmp_path) -> None:
     """Units sent to the only pilot's agent (its backlog) run on a second pilot that joins

@@ -70,6 +70,9 @@ class _AgentLink:
         self.cores = self.free = max(1, cores)
         self.queue: deque[tuple[str, str, ComputeUnitDescription, str | None, int]] = deque()
         self.running: set[str] = set()
+        # an attempt of a unit whose earlier attempt still ends here (canceled, being
+        # killed): it starts once that one has ended (the agent knows a unit by its id)
+        self.deferred: dict[str, tuple[str, str, ComputeUnitDescription, str | None, int]] = {}
         self.pool = ThreadPoolExecutor(max_workers=self.cores, thread_name_prefix="troy-unit")
         self.pending: list[bytes] = []
         self.flushing = False
@@ -96,6 +99,7 @@ class _AgentLink:
             return
         self.closed = True
         self.queue.clear()
+        self.deferred.clear()
         for uid in list(self.running):
             agent.kill_unit(uid)
         self.writer.close()
@@ -119,6 +123,9 @@ class _AgentLink:
         """On the loop: start queued units, in order, while their cores are free."""
         while self.queue and not self.closed and self.queue[0][4] <= self.free:
             item = self.queue.popleft()
+            if item[1] in self.running:
+                self.deferred[item[1]] = item
+                continue
             self.free -= item[4]
             self.running.add(item[1])
             self.pool.submit(self._run, item)
@@ -128,6 +135,8 @@ class _AgentLink:
         later attempt of the same unit sent here again runs)."""
         gone = set(unit_ids)
         self.queue = deque(i for i in self.queue if i[1] not in gone)
+        for uid in gone:
+            self.deferred.pop(uid, None)
         for uid in gone & self.running:
             agent.kill_unit(uid)
 
@@ -159,6 +168,9 @@ class _AgentLink:
         self.free += cores
         if event is not None:
             self._add(event)
+        later = self.deferred.pop(uid, None)
+        if later is not None:
+            self.queue.appendleft(later)
         self._start()
 
     def _add(self, event: list) -> None:
