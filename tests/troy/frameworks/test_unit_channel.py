@@ -291,6 +291,31 @@ def test_a_unit_taken_back_and_sent_again_to_the_same_agent_runs_there(tmp_path)
         assert fw.unit_stats().lost == 0
 
 
+def test_a_unit_moved_off_a_drained_pilot_goes_to_another_site_first(tmp_path) -> None:
+    """Pilots that know their site (elasticslice labels each with its node's CM): a unit
+    a drain moves off a pilot goes to a pilot at another site before one at the drained
+    pilot's own site, even a wider one with more free cores (CloudLab takes nodes back where
+    it needs them; more may follow there). Without sites, the widest room wins."""
+    gate = tmp_path / "gate"
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
+        a = fw.submit_pilot(troy.PilotDescription(size=1, site="utah"))
+        assert a.wait_running(WAIT) is State.RUNNING
+        long = fw.submit_unit(CUD(executable="/bin/sh", runtime=600, arguments=[
+            "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"]), pilot=a)
+        wait_for(lambda: long.state is State.RUNNING, WAIT, what="the unit running on a")
+        b = fw.submit_pilot(troy.PilotDescription(size=4, site="utah"))
+        c = fw.submit_pilot(troy.PilotDescription(size=1, site="wisc"))
+        assert b.wait_running(WAIT) is State.RUNNING and c.wait_running(WAIT) is State.RUNNING
+        plan = fw.drain_pilot(a, time.time() + 300, margin=5)
+        assert plan.requeued == [long.id]
+        wait_for(lambda: long.state is State.RUNNING and long.pilot != a.id, WAIT,
+                 what="the unit running again")
+        assert long.pilot == c.id   # wisc: not b, utah's, wider and idler
+        gate.touch()
+        assert long.wait(WAIT) is State.DONE and long.attempts == 2
+
+
 @pytest.mark.slow
 def test_queued_units_move_to_a_pilot_that_joins(tmp_path) -> None:
     """Units sent to the only pilot's agent (its backlog) run on a second pilot that joins

@@ -118,24 +118,40 @@ class UnitChannel:
 
     def _place(self, rec: UnitRecord, valued: int) -> Pilot | None:
         """The pilot ``rec``'s unit goes to now (its reservation moved there), or None: one
-        wide enough for it (and valued, for a long unit), with free cores for it first,
-        then the most room (its backlog)."""
+        wide enough for it (and valued, for a long unit), with free cores for it first;
+        for a unit moved off a pilot (revoked, lost), one at another site than that
+        pilot's next (CloudLab takes nodes back where it needs them: more may follow
+        there); then the most room (its backlog)."""
         if rec.bound is not None:
             return rec.bound
         cores = rec.unit.description.cores
         self._unreserve(rec)   # a guess made at submission: placed for real now
         long = cores <= valued and self.is_long(rec.unit.description)
-        best, best_score = None, (False, 0)
+        away = self._sites_left(rec)
+        best, best_score = None, (False, False, 0)
         for p in (self.long_pilots() if long else self.list_pilots()):
             room = _room(p)
             if room < cores or not self._eligible(p, cores, rec.left):
                 continue
-            score = (p.free_cores >= cores, room)
+            score = (p.free_cores >= cores, p.description.site not in away, room)
             if score > best_score:
                 best, best_score = p, score
         if best is not None:
             self._reserve(rec, best)
         return best
+
+    def _sites_left(self, rec: UnitRecord) -> set[str]:
+        """The sites of the pilots ``rec``'s unit was moved off (a pilot knows its site when
+        its resource manager says: elasticslice's are labelled with their node's CM)."""
+        if not rec.left:
+            return set()
+        sites = set()
+        for addr in rec.left:
+            pilot = self._by_addr.get(addr)
+            site = pilot.description.site if pilot is not None else None
+            if site:
+                sites.add(site)
+        return sites
 
     def _dispatch_links(self, batch: list[UnitRecord]) -> None:
         """Under ``_dispatch_lock``: send each unit to its pilot, one frame a pilot."""
