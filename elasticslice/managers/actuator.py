@@ -117,13 +117,23 @@ class Actuator:
         return gone
 
     def create_sliver(self, cm: Any) -> int:
-        cred, manifest = cm.create_sliver(self.helper.create_rspec())
+        cred, manifest = cm.create_sliver(self._request_for(cm))
         info = parse_credential(cred)
         self.state.set_sliver(cm.url, info.target_urn, info.expires.timestamp(), "created")
         names = self.holdings.record_manifest(cm.url, manifest, self.clock(), initial=True)
         log.info("created the sliver at %s: %s", cm.url, " ".join(names))
         self.notify("sliver created", f"sliver at {cm.url}: {' '.join(names)}")
         return 1
+
+    def _request_for(self, cm: Any) -> str:
+        """The helper's request RSpec; with several CMs, each of its nodes that names no CM
+        bound to ``cm`` (CM v2's convention for a slice across CMs: PROTOCOL.md)."""
+        rspec = self.helper.create_rspec()
+        if len(self.cms) < 2:
+            return rspec
+        from elasticslice.rspec.build import bind_to_cm
+        urn = str(cm.get_version().get("urn", ""))
+        return bind_to_cm(rspec, urn) if urn else rspec
 
     def ensure_sliver(self, cm: Any) -> int:
         try:

@@ -213,3 +213,22 @@ def build_advertisement(nodes: Sequence[Node], component_manager_id: str, *,
             if iface.component_id:
                 _sub(node, ns, "interface", component_id=iface.component_id)
     return _finish(root, RSpecType.ADVERTISEMENT, validate)
+
+
+def bind_to_cm(request: str, cm_urn: str) -> str:
+    """``request`` with every node that names no CM bound to ``cm_urn``
+    (``component_manager_id``): the convention of a slice across several CMs, where each CM
+    takes the nodes bound to it and lets the others pass (``GeniXML::IsLocalNode`` in
+    Emulab's CM). A node bound to another CM is left as it is. Raises what
+    :func:`~elasticslice.rspec.safexml.parse_xml` raises for a bad request."""
+    from elasticslice.rspec.safexml import parse_xml
+    root = parse_xml(request, "the request RSpec")
+    changed = False
+    for node in root:
+        if isinstance(node.tag, str) and etree.QName(node).localname == "node" \
+                and not node.get("component_manager_id"):
+            node.set("component_manager_id", cm_urn)
+            changed = True
+    if not changed:
+        return request
+    return etree.tostring(root, encoding="unicode")

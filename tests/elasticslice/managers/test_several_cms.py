@@ -362,3 +362,29 @@ def test_manage_sigkilled_resumes_with_both_slivers_and_adds_nothing_twice(
     table = cli(conf, "nodes").splitlines()
     assert table[0].split()[:2] == ["CM", "CLIENT_ID"]
     assert sorted(line.split()[:2] for line in table[1:]) == sorted(rows)
+
+
+def test_each_cm_is_sent_a_request_whose_every_node_is_bound_to_it(box, manager_of) -> None:
+    """CM v2's convention for a slice across CMs (PROTOCOL.md): the CreateSliver at each CM
+    carries the helper's request with every node's ``component_manager_id`` that CM's URN
+    (what is sent on the wire, read as it goes; each CM's sliver then holds its node)."""
+    from elasticslice.rspec.safexml import parse_xml
+    m = manager_of("bound")
+    sent: list[tuple[str, str]] = []
+    call = m.server.transport.call
+
+    def watched(url: str, method: str, params: Any = None, **kw: Any) -> Any:
+        if method == "CreateSliver":
+            sent.append((url, params["rspec"]))
+        return call(url, method, params, **kw)
+
+    m.server.transport.call = watched
+    m.ensure_slice()
+    m.ensure_sliver()
+    assert sorted("wisc" if "/cluster/wisc/" in url else "utah" for url, _ in sent) == \
+        ["utah", "wisc"]
+    for url, rspec in sent:
+        site = "wisc" if "/cluster/wisc/" in url else "utah"
+        nodes = [n for n in parse_xml(rspec) if n.tag.endswith("}node")]
+        assert nodes and all(n.get("component_manager_id") ==
+                             f"urn:publicid:IDN+{site}.emulab.test+authority+cm" for n in nodes)

@@ -124,3 +124,18 @@ def test_build_advertisement_v2_uses_the_protogeni_v2_namespace() -> None:
         build_advertisement(nodes, CM, version="1")
     with pytest.raises(RSpecError, match="component_id"):
         build_advertisement([Node()], CM)
+
+
+def test_bind_to_cm_binds_the_nodes_that_name_no_cm_and_leaves_the_others() -> None:
+    from elasticslice.errors import HostileXMLError
+    from elasticslice.rspec import bind_to_cm
+    wisc = "urn:publicid:IDN+wisc.emulab.test+authority+cm"
+    request = build_request([NodeSpec(client_id="a"), NodeSpec(client_id="b")])
+    bound = parse(bind_to_cm(request, wisc))
+    assert [n.component_manager_id for n in bound.nodes] == [wisc, wisc]
+    mixed = request.replace('client_id="b"', f'client_id="b" component_manager_id="{CM}"')
+    again = parse(bind_to_cm(mixed, wisc))
+    assert {n.client_id: n.component_manager_id for n in again.nodes} == {"a": wisc, "b": CM}
+    assert bind_to_cm(bind_to_cm(request, wisc), wisc) == bind_to_cm(request, wisc)
+    with pytest.raises(HostileXMLError):
+        bind_to_cm('<!DOCTYPE x [<!ENTITY e "x">]><rspec>&e;</rspec>', wisc)
