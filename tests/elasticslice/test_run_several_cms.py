@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.managers.sites import site_counts
 from elasticslice.managers.state import ManagerState
-from tests.elasticslice.emulator.helpers import FAST, RunningEmulator
+from tests.elasticslice.emulator.helpers import RunningEmulator, cluster_box
 from tests.elasticslice.helpers import ever_held, run_workflow, sleepers_workflow, units
 from tests.helpers import wait_for
 
@@ -25,10 +24,8 @@ pytestmark = pytest.mark.slow  # a real run of pilots on a box of two clusters
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEmulator]:
-    d = init_emulator(tmp_path_factory.mktemp("box") / "emu", 0, clusters=("utah", "wisc"))
-    server = EmulatorServer(d, port=0, **FAST).start()
-    yield RunningEmulator(d, server)
-    server.stop()
+    with cluster_box(tmp_path_factory.mktemp("box") / "emu") as running:
+        yield running
 
 
 def sites(state_dir: Path) -> dict[str, dict]:

@@ -1,6 +1,7 @@
 """A plain XML-RPC client over TLS for the emulator tests (stdlib only, like classic clients)."""
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.server
 import os
@@ -10,7 +11,7 @@ import threading
 import time
 import xmlrpc.client
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -393,3 +394,17 @@ def free_node(emu: Any, like: str = "pc01") -> str:
         return like
     return next(n.node_id for n in store.nodes(holder=Holder.FREE,
                                                hardware_type=row.hardware_type))
+
+
+@contextlib.contextmanager
+def cluster_box(directory: Path, clusters: tuple[str, ...] = ("utah", "wisc"),
+                **settings: Any) -> Iterator[RunningEmulator]:
+    """A box of several clusters (one SA, a CM each: ``emulator init --cm``) made in
+    ``directory`` and served (``FAST``, then ``settings``) while the block runs."""
+    from elasticslice.emulator import EmulatorServer, init_emulator
+    d = init_emulator(directory, 0, clusters=clusters)
+    server = EmulatorServer(d, port=0, **{**FAST, **settings}).start()
+    try:
+        yield RunningEmulator(d, server)
+    finally:
+        server.stop()

@@ -21,7 +21,7 @@ from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rspec import NodeSpec, build_request, parse
 from tests.elasticslice.emulator.helpers import (FAST, CallbackEndpoint, RunningEmulator,
-                                                 user_context)
+                                                 cluster_box, user_context)
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow  # it boots an emulator (tests/conftest.py)
@@ -32,10 +32,8 @@ WISC = "urn:publicid:IDN+wisc.emulab.test+authority+cm"
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEmulator]:
-    d = init_emulator(tmp_path_factory.mktemp("box") / "emu", 0, clusters=("utah", "wisc"))
-    server = EmulatorServer(d, port=0, **FAST).start()
-    yield RunningEmulator(d, server)
-    server.stop()
+    with cluster_box(tmp_path_factory.mktemp("box") / "emu") as running:
+        yield running
 
 
 def client(box: RunningEmulator, slice_name: str) -> ProtoGeniServer:

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from elasticslice.config import load_config
-from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
 from elasticslice.managers import SimpleElasticSliceHelper, SimpleElasticSliceManager
 from elasticslice.managers.config import EndpointConfig
@@ -28,7 +27,7 @@ from elasticslice.errors import RPCError
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rpc.codes import GeniCode
 from elasticslice.rpc.credential import expires_of
-from tests.elasticslice.emulator.helpers import FAST, RunningEmulator
+from tests.elasticslice.emulator.helpers import RunningEmulator, cluster_box
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_RETRY, with_policy
 from tests.helpers import REPO, wait_for
 
@@ -37,10 +36,8 @@ pytestmark = pytest.mark.slow  # a box of two clusters, managers that grow at bo
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEmulator]:
-    d = init_emulator(tmp_path_factory.mktemp("box") / "emu", 0, clusters=("utah", "wisc"))
-    server = EmulatorServer(d, port=0, **FAST).start()
-    yield RunningEmulator(d, server)
-    server.stop()
+    with cluster_box(tmp_path_factory.mktemp("box") / "emu") as running:
+        yield running
 
 
 def client(box: RunningEmulator, slice_name: str, cache: Path) -> ProtoGeniServer:
