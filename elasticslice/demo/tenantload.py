@@ -7,7 +7,9 @@ node more than are free, so exactly one of ours is reclaimed while its units run
 that node is given back (early, after its drain, or forced at the deadline) and a few
 seconds have passed, the load goes back to what it was, nodes are free again, and the
 cluster can grow again. ``step()`` is called from the demo's progress loop; it returns the
-lines worth showing.
+lines worth showing. With ``demo --sites`` (:class:`SiteAdmins`, a box of several clusters)
+a round raises the load at each site that holds some of our nodes, at once, so that one of
+ours is reclaimed at each (each called back and released at its own CM).
 """
 from __future__ import annotations
 
