@@ -333,10 +333,12 @@ def test_manage_sigkilled_resumes_with_both_slivers_and_adds_nothing_twice(
     restarted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     proc = manage(conf, log)
 
-    def resumed() -> bool:
+    def resumed() -> bool:   # (a manager just started has run no method yet: no entry)
         seen = status(conf)
-        return all(s["status"] == "exists" for s in seen["slice"]["slivers"]) and \
-            (seen["cycle"]["add_nodes"]["last_ok"] or "") > restarted
+        slivers = (seen.get("slice") or {}).get("slivers") or []
+        adds = (seen.get("cycle") or {}).get("add_nodes") or {}
+        return bool(slivers) and all(s["status"] == "exists" for s in slivers) and \
+            (adds.get("last_ok") or "") > restarted
     try:
         wait_for(resumed, timeout=60,
                  what="the restarted manager to find both slivers and decide on adds")
