@@ -82,7 +82,7 @@ def test_two_sites_grow_past_the_first_and_each_revocation_goes_back_at_its_own_
     # one revocation at each site, released early at that site's CM: the CM's own record
     by_site = {(r["site"], r["outcome"]) for r in report["reclamations"]}
     assert by_site == {("utah", "early"), ("wisc", "early")}, report["reclamations"]
-    prefix = {"utah": "ms10", "wisc": "c220g5x"}
+    prefix = {"utah": "ms10", "wisc": "c220g5n"}
     assert all(r["node_id"].startswith(prefix[r["site"]]) for r in report["reclamations"])
     for site in ("utah", "wisc"):
         assert report["sites"][site]["revocations"] == report["sites"][site]["early"] == 1

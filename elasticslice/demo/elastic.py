@@ -23,6 +23,7 @@ from elasticslice.demo.report import ElasticReport, Progress, ProgressPrinter, e
 from elasticslice.demo.tenantload import SiteAdmins, TenantLoad
 from elasticslice.emulator import EmulatorServer, init_emulator
 from elasticslice.emulator.adminclient import AdminClient
+from elasticslice.emulator.clusters import TYPES, inventory_text
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +33,12 @@ STEPS = 4
 TICK = 0.5
 SITES_EVERY = 2.0   # seconds between looks at each site's pool (--sites)
 HARDWARE_TYPE = "m510"
-# ``--sites N``: the box's clusters, each with CloudLab's hardware type there and its names
-SITES = (("utah", "m510", "ms10"), ("wisc", "c220g5", "c220g5x"),
-         ("clemson", "c6320", "clnode"))
-INVENTORY = """[inventory]
-default_hardware_type = {hw}
+NODE_MEMORY = 16384   # MB, each emulated node
 
-[{hw}]
-count = {count}
-cores = {cores}
-memory = 16384
-prefix = ms10
-"""
+
+def inventory(hw: str, prefix: str, count: int, cores: int) -> str:
+    """The demo's pool: ``count`` nodes of one hardware type."""
+    return inventory_text(hw, [(hw, count, cores, NODE_MEMORY, prefix)], images=None)
 
 
 @dataclass
@@ -74,8 +69,11 @@ class ElasticOptions:
         holds half of ``nodes_max`` (it fills, and the slice grows at the next), the others
         ``pool`` each."""
         first = max(1, self.nodes_max // self.sites)
-        return [(name, hw, prefix, first if i == 0 else self.pool)
-                for i, (name, hw, prefix) in enumerate(SITES[:self.sites])]
+        out = []
+        for i, (name, (hw, types)) in enumerate(list(TYPES.items())[:self.sites]):
+            prefix = next(t[4] for t in types if t[0] == hw)   # the cluster's own names
+            out.append((name, hw, prefix, first if i == 0 else self.pool))
+        return out
 
 
 class ElasticDemo:
@@ -119,17 +117,17 @@ class ElasticDemo:
             url = json.loads((d / "server.json").read_text(encoding="utf-8"))["url"]
             self.report.emulator_url = str(url)
             return
-        inventory: Path | None = self.dir / "inventory.ini"
+        pool: Path | None = self.dir / "inventory.ini"
         if self.o.sites > 1:
             self._init_sites(d)
-            inventory = None   # each cluster has its own
+            pool = None   # each cluster has its own
         else:
             if not (d / "ca.pem").exists():
                 init_emulator(d, port=0)
             self._check_sites(d)
-            inventory.write_text(INVENTORY.format(hw=HARDWARE_TYPE, count=self.o.pool,
-                                                  cores=self.o.node_cores), encoding="utf-8")
-        self.emu = EmulatorServer(d, port=0, inventory=inventory,
+            pool.write_text(inventory(HARDWARE_TYPE, "ms10", self.o.pool, self.o.node_cores),
+                            encoding="utf-8")
+        self.emu = EmulatorServer(d, port=0, inventory=pool,
                                   boot_delay=self.o.boot_delay,
                                   notify_interval=self.o.notify_interval,
                                   max_wait=self.o.notice)
@@ -154,8 +152,7 @@ class ElasticDemo:
             specs = []
             for name, hw, prefix, count in self.o.site_pools():
                 path = self.dir / f"inventory-{name}.ini"
-                path.write_text(INVENTORY.format(hw=hw, count=count, cores=self.o.node_cores)
-                                .replace("prefix = ms10", f"prefix = {prefix}"),
+                path.write_text(inventory(hw, prefix, count, self.o.node_cores),
                                 encoding="utf-8")
                 specs.append(f"{name}={path}")
             init_emulator(d, port=0, clusters=tuple(specs))

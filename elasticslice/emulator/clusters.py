@@ -34,72 +34,33 @@ NAME = re.compile(r"[a-z][a-z0-9]{0,15}")
 NAME_RULE = "a lowercase letter, then lowercase letters or digits; at most 16"
 MAX = 8  # clusters in one box
 
-# CloudLab's clusters and some of their hardware types (counts scaled down).
-BUILTIN = {
-    "utah": """
-[inventory]
-default_hardware_type = m510
-images = UBUNTU22-64-STD, UBUNTU20-64-STD
-
-[m400]
-count = 24
-cores = 8
-memory = 65536
-prefix = ms04
-
-[m510]
-count = 16
-cores = 8
-memory = 65536
-prefix = ms10
-
-[xl170]
-count = 8
-cores = 10
-memory = 65536
-prefix = hp
-""",
-    "wisc": """
-[inventory]
-default_hardware_type = c220g5
-images = UBUNTU22-64-STD, UBUNTU20-64-STD
-
-[c220g1]
-count = 10
-cores = 16
-memory = 131072
-prefix = c220g1n
-
-[c220g5]
-count = 16
-cores = 20
-memory = 196608
-prefix = c220g5n
-
-[c240g5]
-count = 6
-cores = 20
-memory = 196608
-prefix = c240g5n
-""",
-    "clemson": """
-[inventory]
-default_hardware_type = c6320
-images = UBUNTU22-64-STD, UBUNTU20-64-STD
-
-[c6320]
-count = 16
-cores = 28
-memory = 262144
-prefix = clnode
-
-[c8220]
-count = 8
-cores = 20
-memory = 262144
-prefix = clgpu
-""",
+# CloudLab's clusters and some of their hardware types (counts scaled down): the default
+# type, then each (type, count, cores, memory MB, node name prefix).
+IMAGES = "UBUNTU22-64-STD, UBUNTU20-64-STD"
+TYPES = {
+    "utah": ("m510", [("m400", 24, 8, 65536, "ms04"), ("m510", 16, 8, 65536, "ms10"),
+                      ("xl170", 8, 10, 65536, "hp")]),
+    "wisc": ("c220g5", [("c220g1", 10, 16, 131072, "c220g1n"),
+                        ("c220g5", 16, 20, 196608, "c220g5n"),
+                        ("c240g5", 6, 20, 196608, "c240g5n")]),
+    "clemson": ("c6320", [("c6320", 16, 28, 262144, "clnode"),
+                          ("c8220", 8, 20, 262144, "clgpu")]),
 }
+
+
+def inventory_text(default: str, types: list[tuple[str, int, int, int, str]],
+                   images: str | None = IMAGES) -> str:
+    """An inventory INI (``serve --inventory``, ``--cm NAME=FILE``): ``default`` the
+    default hardware type, ``types`` each ``(type, count, cores, memory MB, node name
+    prefix)``; ``images`` the line of images its nodes may boot (None: no line)."""
+    head = f"[inventory]\ndefault_hardware_type = {default}\n"
+    if images:
+        head += f"images = {images}\n"
+    return head + "".join(f"\n[{hw}]\ncount = {count}\ncores = {cores}\nmemory = {memory}\n"
+                          f"prefix = {prefix}\n" for hw, count, cores, memory, prefix in types)
+
+
+BUILTIN = {name: inventory_text(default, types) for name, (default, types) in TYPES.items()}
 
 
 @dataclass(frozen=True)
