@@ -408,3 +408,13 @@ def cluster_box(directory: Path, clusters: tuple[str, ...] = ("utah", "wisc"),
         yield RunningEmulator(d, server)
     finally:
         server.stop()
+
+
+def try_connect(host: str, port: int) -> str:
+    """"connected", or why not (the error's text): a TCP connection to ``host:port``."""
+    import socket
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return "connected"
+    except OSError as err:
+        return os.strerror(err.errno) if err.errno else str(err)

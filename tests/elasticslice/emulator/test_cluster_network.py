@@ -8,7 +8,6 @@ the attacker's best case)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 from collections.abc import Iterator
 
@@ -19,7 +18,7 @@ from elasticslice.emulator import EmulatorServer, init_emulator, network
 from elasticslice.emulator.store import Holder
 from elasticslice.rpc.client import ProtoGeniServer
 from elasticslice.rspec import build_request
-from tests.elasticslice.emulator.helpers import FAST, RunningEmulator, script_node
+from tests.elasticslice.emulator.helpers import FAST, RunningEmulator, script_node, try_connect
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -64,16 +63,8 @@ def _node_namespaces(box: RunningEmulator) -> list[tuple[str, str]]:
     return out
 
 
-def _try_connect(host: str, port: int) -> str:
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-        return "connected"
-    except OSError as err:
-        return os.strerror(err.errno) if err.errno else str(err)
-
-
 def _from(ns: str, host: str, port: int) -> str:
-    return network.in_netns(ns, _try_connect, host, port)
+    return network.in_netns(ns, try_connect, host, port)
 
 
 def _listen_in(ns: str) -> socket.socket:

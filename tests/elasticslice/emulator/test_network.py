@@ -21,7 +21,7 @@ from elasticslice.emulator import network
 from elasticslice.rspec import LinkSpec, build_request
 from troy.frameworks.dask.framework import scheduler_workers
 from tests.helpers import wait_for
-from tests.elasticslice.emulator.helpers import Session, script_node
+from tests.elasticslice.emulator.helpers import Session, script_node, try_connect
 from tests.elasticslice.emulator.node_helpers import detail_of, node_dir
 
 pytestmark = pytest.mark.slow
@@ -266,11 +266,11 @@ def test_a_neighbour_of_this_machine_cannot_reach_the_control_address(networked)
         with socket.create_server((control, 0)) as served, \
                 socket.create_server((here, 0)) as beside:
             def connect(address: str, port: int) -> str:
-                return network.in_netns(name, _try_connect, address, port)
+                return network.in_netns(name, try_connect, address, port)
             # the neighbour reaches this machine where it faces it, and the nodes' address
             # of this machine from this machine itself
             assert connect(here, beside.getsockname()[1]) == "connected"
-            assert _try_connect(control, served.getsockname()[1]) == "connected"
+            assert try_connect(control, served.getsockname()[1]) == "connected"
             assert connect(control, served.getsockname()[1]) == "timed out"
             network._delete_table(fabric.name)  # without the rule: the weak host model
             assert connect(control, served.getsockname()[1]) == "connected"
@@ -297,14 +297,6 @@ def _spare_pair() -> tuple[str, str]:
                 return str(first), str(second)
     pytest.fail("no /30 of 198.51.100.0/24 or 203.0.113.0/24 is free of this machine's "
                 "addresses")
-
-
-def _try_connect(host: str, port: int) -> str:
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-        return "connected"
-    except OSError as err:
-        return os.strerror(err.errno) if err.errno else str(err)
 
 
 @needs_network
