@@ -82,6 +82,7 @@ class Actuator:
         self._lock = threading.Lock()   # the set below only, never across a call
         self._in_flight: set[int] = set()
         self._waiting: set[int] = set()  # open add intents whose wait was said once
+        self._slivers: dict[str, tuple[str, Any]] = {}  # cm -> its sliver credential, read
 
     # -- slice and sliver -------------------------------------------------------------------
     def create_slice(self) -> int:
@@ -142,7 +143,12 @@ class Actuator:
             if err.code != GeniCode.SEARCHFAILED:
                 raise
             return self.create_sliver(cm)
-        info = parse_credential(cred)
+        known = self._slivers.get(cm.url)
+        if known is not None and known[0] == cred:   # (the same every cycle until renewed)
+            info = known[1]
+        else:
+            info = parse_credential(cred)
+            self._slivers[cm.url] = (cred, info)
         self.state.set_sliver(cm.url, info.target_urn, info.expires.timestamp(), "exists")
         return 0
 

@@ -75,6 +75,11 @@ class Observer:
         self.last_failed_at: float | None = None
         self.startup_failed: set[tuple[str, str]] = set()  # (cm, client_id)
         self._views: tuple[int, tuple[NodeView, ...]] | None = None
+        #: per CM, the SliverStatus nodes last read with nothing to do, and the state's
+        #: writes then: the same answer on the same state is not gone through again
+        self._quiet: dict[str, tuple[Any, int]] = {}
+        #: per (CM, available), the last advertisement's digest and its counts
+        self._ads: dict[tuple[str, bool], tuple[bytes, Any]] = {}
 
     # -- SliverStatus ---------------------------------------------------------------------
     def sliver_status(self, cm: Any) -> int:
@@ -83,8 +88,12 @@ class Observer:
         asked = self.clock()
         status = cm.sliver_status()
         self.last_status[cm.url] = status
-        now = self.clock()
         state = self.state
+        quiet = self._quiet.pop(cm.url, None)
+        if quiet is not None and quiet[0] is status.nodes and quiet[1] == state.writes:
+            self._quiet[cm.url] = quiet    # nothing new in it, nothing changed here
+            return 0
+        now = self.clock()
         records = {r.client_id: r for r in state.nodes(cm.url)}
         adopting = not records and not state.nodes(cm.url, include_gone=True)
         # nodes an AddNodes or a DeleteNodes is about: the actuator records them (and why
@@ -93,6 +102,7 @@ class Observer:
         in_flight = {c for i in state.open_intents() if i.kind in ("add", "delete")
                      and i.cm == cm.url for c in i.client_ids}
         changes = 0
+        waited = False   # a record left as it is for now (time may change that)
         settled: list[tuple[Any, str]] = []
         seen = set()
         for node in status.nodes:
@@ -107,6 +117,7 @@ class Observer:
                     (rec.node_id == nid or not nid):
                 continue
             if rec is not None and rec.gone_at is not None and rec.gone_at > asked:
+                waited = True
                 continue   # given back while this status was on its way: it predates that
             fields: dict[str, Any] = {"state": value}
             if nid:
@@ -122,10 +133,15 @@ class Observer:
         self.helper.note_client_ids(seen)
         for cid, rec in records.items():
             # (added while this status was on its way: it predates the node, not its going)
-            if cid not in seen and cid not in in_flight and not rec.added_at > asked:
+            if cid in seen:
+                continue
+            waited = True
+            if cid not in in_flight and not rec.added_at > asked:
                 self.holdings.forget(rec, now, "not in the sliver any more")
                 changes += 1
         self._settled(settled)
+        if not changes and not waited:
+            self._quiet[cm.url] = (status.nodes, state.writes)
         return changes
 
     def _count_start(self, rec: Any, value: str, node: Any, now: float) -> None:
@@ -168,9 +184,16 @@ class Observer:
         if available and self.full_pass and \
                 self.full_advertisement_in.get(cm.url) == self.full_pass:
             return
-        # counts only: building every node's record was a quarter of a 1,000-node cycle
-        ad = count_nodes(cm.discover_resources(available=available),
-                         f"advertisement of {cm.url}")
+        # counts only: building every node's record was a quarter of a 1,000-node cycle;
+        # and an advertisement that came before is not counted again
+        key = (cm.url, available)
+        last = self._ads.get(key)
+        digest, text = cm.advertisement(available, since=last[0] if last else None)
+        if text is None and last is not None:
+            ad = last[1]
+        else:
+            ad = count_nodes(text or "", f"advertisement of {cm.url}")
+            self._ads[key] = (digest, ad)
         if available:
             avail = dict(ad.available_by_type or ad.total_by_type)
             avail["*"] = ad.not_unavailable

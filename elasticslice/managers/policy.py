@@ -189,10 +189,11 @@ def agentless(node: NodeView, observed: Observed, config: PolicyConfig) -> bool:
 
 def counted(observed: Observed, config: PolicyConfig | None = None) -> list[NodeView]:
     """The nodes that count towards the thresholds."""
-    return [n for n in observed.nodes
-            if n.state is not NodeState.FAILED and not n.pending_delete
-            and n.client_id not in observed.deleting
-            and (config is None or not agentless(n, observed, config))]
+    failed, deleting = NodeState.FAILED, observed.deleting
+    return [n for n in observed.nodes   # (a node with its agent is never agentless: no call)
+            if n.state is not failed and not n.pending_delete and n.client_id not in deleting
+            and (n.agentless_since is None or config is None
+                 or not agentless(n, observed, config))]
 
 
 def node_count(observed: Observed, config: PolicyConfig | None = None) -> int:
@@ -279,16 +280,21 @@ def _replacements(observed: Observed, config: PolicyConfig,
     refuses)."""
     out: dict[str, tuple[str, ...]] = {}
     reasons: list[str] = []
-    for cm in dict.fromkeys(n.cm for n in observed.nodes):
-        held = [n for n in observed.nodes if n.cm == cm]
+    held: dict[str, int] = {}
+    replaced: dict[str, tuple[list[str], list[str]]] = {}   # cm -> (failed, agentless)
+    failed_state, deleting = NodeState.FAILED, observed.deleting
+    for n in observed.nodes:   # one pass; most nodes are neither
+        held[n.cm] = held.get(n.cm, 0) + 1
+        if n.state is failed_state and (not n.initial or n.startup_failed) \
+                and not n.pending_delete and n.client_id not in deleting:
+            replaced.setdefault(n.cm, ([], []))[0].append(n.client_id)
+        if n.agentless_since is not None and agentless(n, observed, config):
+            replaced.setdefault(n.cm, ([], []))[1].append(n.client_id)
+    for cm in (c for c in held if c in replaced):   # (the CMs in the nodes' order)
+        failed, dead = replaced[cm]
         taken = set(delete.get(cm, ()))
-        failed = [n for n in held if n.state is NodeState.FAILED
-                  and (not n.initial or n.startup_failed)
-                  and not n.pending_delete and n.client_id not in observed.deleting]
-        dead = [n for n in held if agentless(n, observed, config)]
-        picks = list(dict.fromkeys(n.client_id for n in failed + dead
-                                   if n.client_id not in taken))
-        room = max(0, len(held) - len(taken) - 1)
+        picks = list(dict.fromkeys(c for c in failed + dead if c not in taken))
+        room = max(0, held[cm] - len(taken) - 1)
         if picks[:room]:
             out[cm] = tuple(picks[:room])
             reasons.append(f"{cm}: replace {', '.join(out[cm])} (failed or no agent)")

@@ -20,7 +20,11 @@ Before both, where it is built (:mod:`elasticslice.rpc.fastxmlbuild`), a C reade
 same usual shapes about three times faster again (a 1,000-node SliverStatus: 17 -> 5 ms;
 5,000: ~100 -> 25 ms), and hands anything it has the least doubt about (an error or warning
 of libxml2's, a DOCTYPE, an attribute, a number Python's int() refuses...) to the Python
-reader above, unchanged. ``ELASTICSLICE_XMLRPC_READER=python`` turns it off.
+reader above, unchanged. The C reader first tries a plainer one of its own that needs no
+parser: an answer with only whitespace between its elements and ASCII text (what CloudLab's
+and the emulator's SliverStatus are) is read byte by byte, about three times faster again
+(a 1,000-node SliverStatus: 5.8 -> 2.0 ms), base64 included; at the least doubt libxml2 reads
+it. ``ELASTICSLICE_XMLRPC_READER=python`` turns both off.
 tests/elasticslice/rpc/test_fast_xmlrpc_c.py checks the readers agree.
 """
 from __future__ import annotations
