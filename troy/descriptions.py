@@ -74,15 +74,25 @@ class Description:
                                f"known: {', '.join(sorted(names))}")
         return cls(**data)
 
-    def to_dict(self, deep: bool = True) -> dict[str, Any]:
+    def to_dict(self, deep: bool = True, *, defaults: bool = True) -> dict[str, Any]:
         """A plain dict (JSON-friendly except for callables) of every field (``deep``:
-        nested descriptions, a bundle's members, as dicts too)."""
+        nested descriptions, a bundle's members, as dicts too; ``defaults=False``: only
+        the fields that differ from their defaults, which building the description again
+        from the dict gives back: what goes over the wire and into the store, where a
+        bundle of 250 ``/bin/true`` members is 250 one-field dicts instead of 250 of 22)."""
         d = self.__dict__   # a dataclass's fields are its instance attributes
-        out = {name: d[name] for name in _field_names(type(self))}
+        if defaults:
+            out = {name: d[name] for name in _field_names(type(self))}
+        else:
+            out = {}
+            for name, default in _sparse_defaults(type(self)):
+                v = d[name]
+                if v is not default and (type(v) is not type(default) or v != default):
+                    out[name] = v
         if deep:
             for name, v in out.items():
                 if isinstance(v, list) and v and isinstance(v[0], Description):
-                    out[name] = [x.to_dict() for x in v]
+                    out[name] = [x.to_dict(defaults=defaults) for x in v]
         return out
 
     def replace(self: D, **changes: Any) -> D:
@@ -237,6 +247,19 @@ def _defaults_of(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, Callable[[
     made = tuple((f.name, f.default_factory) for f in fields(cls)
                  if f.default_factory is not dataclasses.MISSING)
     return plain, made
+
+
+@functools.cache
+def _sparse_defaults(cls: type) -> tuple[tuple[str, Any], ...]:
+    """Each field of a description class and its default (a factory's empty value), for
+    ``to_dict(defaults=False)``."""
+    plain, made = _defaults_of(cls)
+    empty = {name: factory() for name, factory in made}
+    return tuple((name, plain[name] if name in plain else empty.get(name, _NO_DEFAULT))
+                 for name in _field_names(cls))
+
+
+_NO_DEFAULT = object()   # a field without one: always written
 
 
 def _defaults() -> dict[str, Any]:

@@ -25,6 +25,7 @@ from troy.errors import BadParameter, IncorrectState
 from troy.limits import MAX_TASKS
 from troy.overlay.overlay import Overlay
 from troy.states import FINAL_STATES, State
+from troy.workload.task import set_states
 from troy.workload.workload import Relation, Workload
 
 if TYPE_CHECKING:
@@ -108,8 +109,7 @@ class Planner:
     def plan(self, workload: Workload) -> None:
         """Expand cardinality; the workload (and its tasks) move to PLANNED."""
         self.expand_workload(workload)
-        for t in workload.tasks.values():
-            t._set_state(State.PLANNED)
+        set_states(list(workload.tasks.values()), State.PLANNED)
         workload._set_state(State.PLANNED)
 
     def derive_overlay(self, workload: Workload, framework: str | None = None) -> Overlay:

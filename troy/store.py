@@ -75,7 +75,7 @@ def describe_for_store(cud: ComputeUnitDescription) -> tuple[dict[str, Any], boo
 
     def clean(d: ComputeUnitDescription) -> dict[str, Any]:
         nonlocal persistable
-        out = d.to_dict(deep=False)   # the members: clean()ed below
+        out = d.to_dict(deep=False, defaults=False)   # members: clean()ed below
         if d.function is not None:
             persistable = False
             fn = d.function

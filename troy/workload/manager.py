@@ -31,7 +31,7 @@ from troy.unit import ComputeUnit, UnitResult
 from troy.unit_service import UnitService
 from troy.workload.bundling import check_mode, plan_bundles
 from troy.workload.recovery import workload_spec
-from troy.workload.task import Task
+from troy.workload.task import Task, attach, mark_dispatched, set_states
 from troy.workload.workload import Workload
 
 if TYPE_CHECKING:
@@ -138,12 +138,10 @@ class WorkloadManager:
             own = {t.id for t in group}
             plan.heads[unit.id] = set().union(*(workload.heads(t) for t in own)) - own
             plan.units.append(unit)
-            for t in group:
-                t._attach(unit)
+            attach(unit, group)
         with self._lock:
             self._plans[workload.id] = plan
-        for t in tasks:
-            t._set_state(State.TRANSLATED)
+        set_states(tasks, State.TRANSLATED)
         workload._set_state(State.TRANSLATED)
         log.info("translated %s: %d tasks into %d units", workload.id, len(tasks),
                  len(plan.units))
@@ -167,8 +165,7 @@ class WorkloadManager:
         plan = self._plan(workload)
         if bind_mode == "early":
             plan.bindings = self._bind_early(plan, overlay)
-        for t in workload.tasks.values():
-            t._set_state(State.BOUND)
+        set_states(list(workload.tasks.values()), State.BOUND)
         for u in plan.units:
             u._set_state(State.BOUND)
         workload._set_state(State.BOUND)
@@ -222,9 +219,10 @@ class WorkloadManager:
         self.session._managers.add(self)
         workload, store = plan.workload, self.session.store
         workload.add_callback(lambda w, s: store.update_workload(w.id, s, len(w.tasks)))
-        for t in workload.tasks.values():
+        tasks = list(workload.tasks.values())
+        for t in tasks:
             t.add_callback(self._on_task)
-            t._mark_dispatched()
+        mark_dispatched(tasks)
         workload._mark_dispatched()
         self._release(plan, plan.units)
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def _task_dict(td: TaskDescription) -> dict[str, Any]:
-    d = td.to_dict()
+    d = td.to_dict(defaults=False)   # (coerce() gives the defaults back)
     if td.function is not None:
         d["function"], d["args"], d["kwargs"] = None, [], {}
     d["args"] = list(d.get("args") or [])

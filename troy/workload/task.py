@@ -89,10 +89,13 @@ class Task(Observable):
         if self._workload is not None:
             self._workload._task_changed(self, old, new)
 
-    def _attach(self, unit: ComputeUnit) -> None:
+    def _attach(self, unit: ComputeUnit, *, watch: bool = True) -> None:
+        """``unit`` serves this task; ``watch``: its changes call :meth:`_on_unit` (else the
+        caller watches it for all its tasks at once: :class:`UnitTasks`)."""
         with self._lock:
             self.units.append(unit)
-        unit.add_callback(self._on_unit)
+        if watch:
+            unit.add_callback(self._on_unit)
 
     def _mark_dispatched(self) -> None:
         with self._lock:
@@ -105,9 +108,12 @@ class Task(Observable):
         self._notify(second)
 
     def _on_unit(self, unit: ComputeUnit, state: State) -> None:
+        self._notify(self._unit_changed())
+
+    def _unit_changed(self) -> tuple[State, State] | None:
+        """The change one of its units' new states makes (the caller notifies it)."""
         with self._lock:
-            change = self._transition(self._derive()) if self._dispatched else None
-        self._notify(change)
+            return self._transition(self._derive()) if self._dispatched else None
 
     def _derive(self) -> State:
         if len(self.units) == 1:   # the usual case, a unit's every change: no lists
@@ -129,3 +135,98 @@ class Task(Observable):
             if i is not None and i < len(members):
                 return State.DONE if members[i].ok else State.FAILED
         return state
+
+
+def notify_tasks(changes: list[tuple[Task, tuple[State, State]]]) -> None:
+    """Many tasks' changes: each task's callbacks, in order, then each workload's counts
+    once for all of them (as :meth:`Task._notify` does for one)."""
+    per_workload: dict[int, tuple[Workload, list[tuple[Task, State, State]]]] = {}
+    for task, (old, new) in changes:
+        with task._lock:
+            callbacks = list(task._callbacks)
+        task._run_callbacks(callbacks, new)
+        if task._workload is not None:
+            per_workload.setdefault(id(task._workload), (task._workload, []))[1].append(
+                (task, old, new))
+    for workload, done in per_workload.values():
+        workload._tasks_changed(done)
+
+
+def mark_dispatched(tasks: list[Task]) -> None:
+    """:meth:`Task._mark_dispatched` of many tasks, their workloads told once a step."""
+    firsts, seconds = [], []
+    for task in tasks:
+        with task._lock:
+            if task._state in FINAL_STATES:
+                continue
+            task._dispatched = True
+            first = task._transition(State.DISPATCHED)
+            second = task._transition(task._derive())
+        if first is not None:
+            firsts.append((task, first))
+        if second is not None:
+            seconds.append((task, second))
+    notify_tasks(firsts)
+    notify_tasks(seconds)
+
+
+def set_states(tasks: list[Task], state: State) -> None:
+    """:meth:`Task._set_state` of many tasks, their workloads told once."""
+    changes = []
+    for task in tasks:
+        with task._lock:
+            change = task._transition(state)
+        if change is not None:
+            changes.append((task, change))
+    notify_tasks(changes)
+
+
+class UnitTasks:
+    """The one callback of a unit that serves several tasks (a bundle): at each of its
+    changes, every task derives its state, and the tasks that changed are told together
+    (:func:`notify_tasks`): a bundle of 250 tasks costs one workload update a change, not
+    250."""
+
+    def __init__(self, tasks: list[Task]) -> None:
+        self.tasks = list(tasks)
+
+    def __repr__(self) -> str:
+        return f"<UnitTasks of {len(self.tasks)} tasks>"
+
+    def __call__(self, unit: ComputeUnit, state: State) -> None:
+        if state in PRE_DISPATCH:
+            return   # every task sees such a unit as DISPATCHED (Task._unit_view): no change
+        live, result = unit.state, unit.result
+        # each task's view of the unit (Task._unit_view, for all of them at once): a final
+        # bundle's member outcome, else the unit's state; the tasks are its members in order
+        members = result.members if live in (State.DONE, State.FAILED) and \
+            unit.description.bundle and result is not None else None
+        same = live if live in _KEPT else \
+            State.DISPATCHED if live is State.PENDING or live in PRE_DISPATCH else State.UNKNOWN
+        changes = []
+        for i, task in enumerate(self.tasks):
+            if members:
+                view = (State.DONE if members[i].ok else State.FAILED) \
+                    if i < len(members) else same
+            else:
+                view = same
+            with task._lock:
+                if not task._dispatched:
+                    continue
+                # (a task of this unit alone, as always in a bundle: its view is its state)
+                change = task._transition(view) if len(task.units) == 1 and \
+                    task.units[0] is unit else task._transition(task._derive())
+            if change is not None:
+                changes.append((task, change))
+        if changes:
+            notify_tasks(changes)
+
+
+def attach(unit: ComputeUnit, tasks: list[Task]) -> None:
+    """``unit`` serves ``tasks``: one callback for them all when they are several."""
+    if len(tasks) == 1:
+        tasks[0]._attach(unit)
+        return
+    for task in tasks:
+        task._attach(unit, watch=False)
+    unit.add_callback(UnitTasks(tasks))

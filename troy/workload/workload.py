@@ -103,11 +103,20 @@ class Workload(Lockable, Observable):
         self._run_callbacks(callbacks or (), state)
 
     def _task_changed(self, task: Task, old: State, new: State) -> None:
+        self._tasks_changed([(task, old, new)])
+
+    def _tasks_changed(self, changes: list[tuple[Task, State, State]]) -> None:
+        """Tasks moved from ``old`` to ``new``: the counts, the waiters woken, this
+        workload's state derived again (once for them all)."""
         with self._lock:
-            if task.id not in self.tasks:
+            counted = False
+            for task, old, new in changes:
+                if task.id in self.tasks:
+                    self._counts[old] -= 1
+                    self._counts[new] += 1
+                    counted = True
+            if not counted:
                 return
-            self._counts[old] -= 1
-            self._counts[new] += 1
             self._cond.notify_all()
             if not self._dispatched:
                 return

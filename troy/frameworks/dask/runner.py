@@ -54,7 +54,8 @@ def description_to_wire(cud: ComputeUnitDescription) -> list:
     here), else ``["pickle", Dask's pickle of it]`` (a unit that runs a function)."""
     if cud.function is None and not any(m.function is not None for m in cud.bundle):
         try:
-            return ["fields", msgpack.packb(cud.to_dict(), use_bin_type=True)]
+            # the fields that differ from their defaults: the node fills in the rest
+            return ["fields", msgpack.packb(cud.to_dict(defaults=False), use_bin_type=True)]
         except (TypeError, ValueError, OverflowError):
             pass
     from distributed.protocol.pickle import dumps
