@@ -10,6 +10,10 @@
  * reads per pipe), kills its process group when `timeout` passes, and reaps it. Two units
  * run by two threads of one process then run side by side, as two processes would.
  *
+ * run_batch() runs a bundle's members one after another the same way, in one call: no
+ * Python runs between two members but the hooks that see each process start and may stop
+ * the batch (a cancel), so a bundle of short processes costs what its processes cost.
+ *
  * Built by troy/native.py; optional: troy.execution runs units through subprocess where
  * it is not built, with the same results.
  */
@@ -202,6 +206,144 @@ static int fill_argv(PyObject *seq, char ***out) {
     return 0;
 }
 
+/* One process run to its end: what run() and run_batch() share. */
+typedef struct {
+    int code, timed_out;
+    int spawn_errno;          /* posix_spawn's error (nothing ran), else 0 */
+    Tail out, err;
+    double start, end;        /* wall clock (time.time()) around it */
+} Ran;
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void ran_free(Ran *r) {
+    for (int i = 0; i < 2; i++) {
+        Tail *t = i ? &r->err : &r->out;
+        if (t->fd >= 0)
+            close(t->fd);
+        PyMem_RawFree(t->buf);
+        t->buf = NULL;
+        t->fd = -2;
+    }
+}
+
+/* Start `path` (argv, envp: NULL this process's) in `cwd` with stdin `in_fd` and stdout/
+ * stderr `out_fd`/`err_fd` (-1: a pipe read here, its last `tail` bytes kept), tell
+ * `started(*started_args, pid)` (None: nobody) with the GIL, and wait for it without the
+ * GIL, killing its group after `timeout` s (< 0: none). GIL held on entry and exit.
+ * 0: it ran (or posix_spawn failed: r->spawn_errno); -1: a Python exception (a pipe or
+ * memory failed, or the `started` hook raised: the process is killed and reaped). */
+static int run_member(const char *path, char **argv, char **envp, const char *cwd,
+                      int in_fd, int out_fd, int err_fd, double timeout, Py_ssize_t tail,
+                      PyObject *started, PyObject *started_args, Ran *r) {
+    memset(r, 0, sizeof(*r));
+    r->out.fd = r->err.fd = -2;
+    Tail *tails[2] = {&r->out, &r->err};
+    int pipes[2][2] = {{-1, -1}, {-1, -1}};
+    int *fds[2] = {&out_fd, &err_fd};
+    int ret = -1;
+    for (int i = 0; i < 2; i++) {
+        if (*fds[i] != -1)
+            continue;
+        if (pipe2(pipes[i], O_CLOEXEC) < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        *fds[i] = pipes[i][1];
+        tails[i]->fd = pipes[i][0];
+        tails[i]->cap = (size_t)(tail > 0 ? tail : 0);
+        tails[i]->buf = tails[i]->cap ? PyMem_RawMalloc(tails[i]->cap) : NULL;
+        if (tails[i]->cap && tails[i]->buf == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    if (posix_spawn_file_actions_init(&fa) != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (posix_spawnattr_init(&attr) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        PyErr_NoMemory();
+        goto done;
+    }
+    sigset_t defaults, none;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGXFSZ);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
+                                        POSIX_SPAWN_SETSIGMASK);
+    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    posix_spawn_file_actions_addchdir_np(&fa, cwd);
+    pid_t pid;
+    int rc;
+    r->start = wall_s();
+    Py_BEGIN_ALLOW_THREADS
+    rc = posix_spawn(&pid, path, &fa, &attr, argv, envp != NULL ? envp : environ);
+    Py_END_ALLOW_THREADS
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    for (int i = 0; i < 2; i++)   /* the child has its write ends (or never started) */
+        if (pipes[i][1] >= 0) {
+            close(pipes[i][1]);
+            pipes[i][1] = -1;
+        }
+    if (rc != 0) {
+        r->spawn_errno = rc;
+        r->end = wall_s();
+        ret = 0;
+        goto done;
+    }
+    if (started != Py_None) {
+        /* (*started_args, pid) */
+        Py_ssize_t before = started_args == NULL ? 0 : PyTuple_GET_SIZE(started_args);
+        PyObject *call_args = PyTuple_New(before + 1), *res = NULL;
+        PyObject *pid_o = call_args == NULL ? NULL : PyLong_FromLong((long)pid);
+        if (pid_o != NULL) {
+            for (Py_ssize_t k = 0; k < before; k++)
+                PyTuple_SET_ITEM(call_args, k, Py_NewRef(PyTuple_GET_ITEM(started_args, k)));
+            PyTuple_SET_ITEM(call_args, before, pid_o);
+            res = PyObject_Call(started, call_args, NULL);
+        }
+        Py_XDECREF(call_args);
+        if (res == NULL) {   /* the hook failed: the unit must not run on unseen */
+            killpg(pid, SIGKILL);
+            int ignored;
+            Py_BEGIN_ALLOW_THREADS
+            while (waitpid(pid, &ignored, 0) < 0 && errno == EINTR)
+                ;
+            Py_END_ALLOW_THREADS
+            goto done;
+        }
+        Py_DECREF(res);
+    }
+    int status = 0, timed_out;
+    Py_BEGIN_ALLOW_THREADS
+    timed_out = pump(pid, &r->out, &r->err, timeout < 0 ? -1.0 : now_s() + timeout, &status);
+    Py_END_ALLOW_THREADS
+    r->end = wall_s();
+    r->code = WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
+    r->timed_out = timed_out;
+    ret = 0;
+done:
+    for (int i = 0; i < 2; i++)
+        if (pipes[i][1] >= 0)
+            close(pipes[i][1]);
+    return ret;
+}
+
 /* run(path, argv, env, cwd, stdin_fd, stdout_fd, stderr_fd, timeout, tail, started)
  * path: bytes (the executable, already found); argv: bytes items; env: bytes items
  * (b"K=V") or None (this process's); stdout_fd/stderr_fd: -1 for a pipe read here;
@@ -223,105 +365,28 @@ static PyObject *spawn_run(PyObject *self, PyObject *args) {
     PyObject *env_seq = env_o == Py_None ? NULL : PySequence_Fast(env_o, "run: env");
     char **argv = NULL, **envp = NULL;
     PyObject *result = NULL;
-    Tail out = {.fd = -2}, err = {.fd = -2};
-    Tail *tails[2] = {&out, &err};
-    int pipes[2][2] = {{-1, -1}, {-1, -1}};
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    int fa_ok = 0, attr_ok = 0;
+    Ran r = {.out = {.fd = -2}, .err = {.fd = -2}};
     if ((env_o != Py_None && env_seq == NULL) || fill_argv(argv_seq, &argv) < 0 ||
         (env_seq != NULL && fill_argv(env_seq, &envp) < 0))
         goto done;
-    int *fds[2] = {&out_fd, &err_fd};
-    for (int i = 0; i < 2; i++) {
-        if (*fds[i] != -1)
-            continue;
-        if (pipe2(pipes[i], O_CLOEXEC) < 0) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            goto done;
-        }
-        *fds[i] = pipes[i][1];
-        tails[i]->fd = pipes[i][0];
-        tails[i]->cap = (size_t)(tail > 0 ? tail : 0);
-        tails[i]->buf = tails[i]->cap ? PyMem_RawMalloc(tails[i]->cap) : NULL;
-        if (tails[i]->cap && tails[i]->buf == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-    }
-    if (posix_spawn_file_actions_init(&fa) != 0 || (fa_ok = 1, 0) ||
-        posix_spawnattr_init(&attr) != 0 || (attr_ok = 1, 0)) {
-        PyErr_NoMemory();
+    if (run_member(PyBytes_AS_STRING(path), argv, envp, PyBytes_AS_STRING(cwd), in_fd, out_fd,
+                   err_fd, timeout, tail, started, NULL, &r) < 0)
         goto done;
-    }
-    sigset_t defaults, none;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGXFSZ);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
-                                        POSIX_SPAWN_SETSIGMASK);
-    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    posix_spawn_file_actions_addchdir_np(&fa, PyBytes_AS_STRING(cwd));
-    pid_t pid;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = posix_spawn(&pid, PyBytes_AS_STRING(path), &fa, &attr, argv,
-                     envp != NULL ? envp : environ);
-    Py_END_ALLOW_THREADS
-    for (int i = 0; i < 2; i++)   /* the child has its write ends (or never started) */
-        if (pipes[i][1] >= 0) {
-            close(pipes[i][1]);
-            pipes[i][1] = -1;
-        }
-    if (rc != 0) {
-        errno = rc;
+    if (r.spawn_errno) {
+        errno = r.spawn_errno;
         PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
         goto done;
     }
-    if (started != Py_None) {
-        PyObject *r = PyObject_CallFunction(started, "i", (int)pid);
-        if (r == NULL) {   /* the hook failed: the unit must not run on unseen */
-            killpg(pid, SIGKILL);
-            int ignored;
-            Py_BEGIN_ALLOW_THREADS
-            while (waitpid(pid, &ignored, 0) < 0 && errno == EINTR)
-                ;
-            Py_END_ALLOW_THREADS
-            goto done;
-        }
-        Py_DECREF(r);
-    }
-    int status = 0, timed_out;
-    Py_BEGIN_ALLOW_THREADS
-    timed_out = pump(pid, &out, &err, timeout < 0 ? -1.0 : now_s() + timeout, &status);
-    Py_END_ALLOW_THREADS
-    int code = WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
-    PyObject *o = tail_bytes(&out), *e = o ? tail_bytes(&err) : NULL;
+    PyObject *o = tail_bytes(&r.out), *e = o ? tail_bytes(&r.err) : NULL;
     if (o != NULL && e != NULL)
-        result = Py_BuildValue("(iONKNK)", code, timed_out ? Py_True : Py_False, o,
-                               out.size, e, err.size);
+        result = Py_BuildValue("(iONKNK)", r.code, r.timed_out ? Py_True : Py_False, o,
+                               r.out.size, e, r.err.size);
     else {
         Py_XDECREF(o);
         Py_XDECREF(e);
     }
 done:
-    for (int i = 0; i < 2; i++) {
-        if (pipes[i][1] >= 0)
-            close(pipes[i][1]);
-        if (tails[i]->fd >= 0)
-            close(tails[i]->fd);
-        PyMem_RawFree(tails[i]->buf);
-    }
-    if (fa_ok)
-        posix_spawn_file_actions_destroy(&fa);
-    if (attr_ok)
-        posix_spawnattr_destroy(&attr);
+    ran_free(&r);
     PyMem_Free(argv);
     PyMem_Free(envp);
     Py_DECREF(argv_seq);
@@ -329,8 +394,91 @@ done:
     return result;
 }
 
+/* run_batch(members, cwd, stdin_fd, tail, started, canceled): the members of a bundle one
+ * after another, as run() runs one, with no Python between them but the two hooks.
+ * members: a sequence of (path, argv, env, timeout) as run() takes them, each with its
+ * stdout and stderr read here; started(index, pid) or None; canceled() or None, asked
+ * before each member: a true answer stops the batch there.
+ * -> a list, one item per member that was started or tried (not those after a cancel):
+ * (returncode, timed_out, out, out_size, err, err_size, start, end, spawn_errno), where a
+ * spawn_errno other than 0 means it could not start (nothing else in the item counts). */
+static PyObject *spawn_batch(PyObject *self, PyObject *args) {
+    PyObject *members, *cwd, *started, *canceled;
+    int in_fd;
+    Py_ssize_t tail;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!inOO", &members, &PyBytes_Type, &cwd, &in_fd, &tail,
+                          &started, &canceled))
+        return NULL;
+    PyObject *seq = PySequence_Fast(members, "run_batch: members is a sequence");
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        if (canceled != Py_None) {
+            PyObject *stop = PyObject_CallNoArgs(canceled);
+            int yes = stop == NULL ? -1 : PyObject_IsTrue(stop);
+            Py_XDECREF(stop);
+            if (yes < 0) {
+                Py_CLEAR(out);
+                break;
+            }
+            if (yes)
+                break;
+        }
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i), *path, *argv_o, *env_o;
+        double timeout;
+        if (!PyArg_ParseTuple(m, "O!OOd", &PyBytes_Type, &path, &argv_o, &env_o, &timeout)) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *argv_seq = PySequence_Fast(argv_o, "run_batch: argv is a sequence");
+        PyObject *env_seq = env_o == Py_None || argv_seq == NULL ? NULL :
+            PySequence_Fast(env_o, "run_batch: env");
+        char **argv = NULL, **envp = NULL;
+        Ran r = {.out = {.fd = -2}, .err = {.fd = -2}};
+        PyObject *index = PyLong_FromSsize_t(i), *hook_args = NULL, *item = NULL;
+        if (index != NULL)
+            hook_args = PyTuple_Pack(1, index);
+        int ok = argv_seq != NULL && (env_o == Py_None || env_seq != NULL) &&
+                 hook_args != NULL && fill_argv(argv_seq, &argv) == 0 &&
+                 (env_seq == NULL || fill_argv(env_seq, &envp) == 0) &&
+                 run_member(PyBytes_AS_STRING(path), argv, envp, PyBytes_AS_STRING(cwd),
+                            in_fd, -1, -1, timeout, tail, started, hook_args, &r) == 0;
+        if (ok) {
+            PyObject *o = tail_bytes(&r.out), *e = o ? tail_bytes(&r.err) : NULL;
+            if (o != NULL && e != NULL)
+                item = Py_BuildValue("(iONKNKddi)", r.code, r.timed_out ? Py_True : Py_False,
+                                     o, r.out.size, e, r.err.size, r.start, r.end,
+                                     r.spawn_errno);
+            else {
+                Py_XDECREF(o);
+                Py_XDECREF(e);
+            }
+        }
+        ran_free(&r);
+        PyMem_Free(argv);
+        PyMem_Free(envp);
+        Py_XDECREF(argv_seq);
+        Py_XDECREF(env_seq);
+        Py_XDECREF(index);
+        Py_XDECREF(hook_args);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(item);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"run", spawn_run, METH_VARARGS, "Run a unit's process to its end (see the module)."},
+    {"run_batch", spawn_batch, METH_VARARGS,
+     "Run a bundle's members one after another, as run() does one (see run_batch's doc)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -230,6 +230,69 @@ def _run_spawned(cud: ComputeUnitDescription, path: str, workdir: str,
     return result
 
 
+def _plain(m: ComputeUnitDescription) -> bool:
+    """A member the C runner can run in a batch: a process, its streams read as usual, no
+    staging, the bundle's working directory."""
+    return m.function is None and bool(m.executable) and not m.bundle and m.stdin is None \
+        and m.stdout is None and m.stderr is None and not m.inputs and not m.outputs \
+        and m.working_directory is None
+
+
+def _run_batch(cud: ComputeUnitDescription, sandbox: str | None,
+               on_start: ProcessHook | None, canceled: Callable[[], bool] | None,
+               start: float) -> UnitResult | None:
+    """A bundle of plain members (:func:`_plain`) run by the C runner in one call (no
+    Python between members but the hooks), with the results the member-by-member loop of
+    :func:`execute` gives; None where that loop must run them (a member that is not plain
+    or whose executable the runner cannot find, no C runner)."""
+    members = cud.bundle
+    if _spawn is None or not all(_plain(m) for m in members):
+        return None
+    specs = []
+    for m in members:
+        env = None
+        if m.environment:
+            env = dict(os.environ)
+            env.update(m.environment)
+        path = _spawn_path(m.executable, env)
+        if path is None:
+            return None
+        specs.append((os.fsencode(path), [os.fsencode(a) for a in (m.executable, *m.arguments)],
+                      None if env is None else [os.fsencode(f"{k}={v}") for k, v in env.items()],
+                      -1.0 if m.walltime is None else float(m.walltime)))
+    workdir = sandbox or os.getcwd()
+    try:
+        if not os.path.isdir(workdir):
+            os.makedirs(workdir, exist_ok=True)
+    except OSError:
+        return None   # each member says so, as it would have
+    started = None
+    if on_start is not None:
+        def started(index: int, pid: int) -> None:
+            m = members[index]
+            on_start(Spawned(pid, [m.executable, *m.arguments]))  # type: ignore[arg-type]
+    ran = _spawn.run_batch(specs, os.fsencode(workdir), _null_input(), TAIL_BYTES,  # type: ignore[union-attr]
+                           started, canceled)
+    results = []
+    for m, (code, timed_out, out, out_size, err, err_size, began, ended, errno_) in \
+            zip(members, ran):
+        result = UnitResult(start=began, end=ended)
+        if errno_:
+            result.error = f"cannot start {m.executable}: {os.strerror(errno_)}"
+        else:
+            _ended(result, m, code, timed_out)
+            result.stdout = None if out is None else OutputTail(data=out, size=out_size)
+            result.stderr = None if err is None else OutputTail(data=err, size=err_size)
+        results.append(result)
+    for _ in members[len(ran):]:   # canceled before they started
+        now = time.time()
+        results.append(UnitResult(error="canceled", start=now, end=now))
+    failed = [r for r in results if not r.ok]
+    return UnitResult(exit_code=0 if not failed else 1, start=start, end=time.time(),
+                      error=f"{len(failed)} of {len(results)} bundled tasks failed"
+                      if failed else None, members=results)
+
+
 def _ended(result: UnitResult, cud: ComputeUnitDescription, code: int,
            timed_out: bool) -> None:
     """A process's exit code (negative: its signal) and what it says, into ``result``."""
@@ -263,6 +326,9 @@ def execute(cud: ComputeUnitDescription, *, sandbox: str | None = None,
     it turns true, stops a bundle before its next member (those get a "canceled" result)."""
     start = time.time()
     if cud.bundle:
+        batched = _run_batch(cud, sandbox, on_start, canceled, start)
+        if batched is not None:
+            return batched
         members = []
         for m in cud.bundle:
             if canceled is not None and canceled():

@@ -169,6 +169,69 @@ def test_a_bundle_runs_through_the_runner_member_by_member(
     assert ours.error == theirs.error == "3 of 6 bundled tasks failed"
 
 
+BATCHABLE = ["exit 0 with output", "exit 3", "killed by a signal", "more output than the tail",
+             "found on the PATH", "not found by path", "not executable", "environment",
+             "SIGPIPE back to its default", "its own session", "no descriptor of ours"]
+
+
+@needs_c
+def test_a_bundle_of_plain_members_is_one_batch_giving_what_subprocess_gives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members that are processes with nothing to stage run in one call of the C runner
+    (no Python between them), each with what subprocess gives it: exit codes, signals,
+    output tails, the environment, a start that fails, a walltime that kills."""
+    batches = []
+    real = execution._spawn.run_batch
+
+    def counting(specs: Any, *rest: Any) -> Any:
+        batches.append(len(specs))
+        return real(specs, *rest)
+
+    monkeypatch.setattr(execution._spawn, "run_batch", counting)
+    members = [CASES[name] for name in BATCHABLE] + [
+        CUD(executable="/bin/sleep", arguments=["5"], walltime=0.3)]
+    started: list[Any] = []
+    ours, theirs = run_both(CUD(bundle=members), tmp_path, monkeypatch,
+                            on_start=started.append)
+    assert batches == [len(members)]
+    assert [facts(m) for m in ours.members] == [facts(m) for m in theirs.members]
+    assert ours.members[-1].error == "walltime of 0.3s exceeded"
+    assert ours.error == theirs.error and ours.exit_code == theirs.exit_code == 1
+    # the hook saw each process the batch started, with its own arguments
+    ours_started = started[:len(started) // 2]
+    spawned = [m for m in members if m.executable not in ("/no/such/program", "/etc/hostname")]
+    assert [p.args for p in ours_started] == [[m.executable, *m.arguments] for m in spawned]
+    assert len({p.pid for p in ours_started}) == len(spawned)
+    assert all(m.start <= m.end for m in ours.members)
+
+
+@needs_c
+def test_a_batch_stops_at_a_cancel_before_its_next_member(tmp_path: Path) -> None:
+    started: list[Any] = []
+    bundle = CUD(bundle=[CUD(executable="/bin/true")] * 6)
+    result = execution.execute(bundle, sandbox=str(tmp_path), on_start=started.append,
+                               canceled=lambda: len(started) >= 2)
+    assert len(started) == 2
+    assert [m.error for m in result.members] == [None, None] + ["canceled"] * 4
+    assert result.error == "4 of 6 bundled tasks failed"
+
+
+@needs_c
+def test_a_batch_whose_hook_fails_kills_what_it_started(tmp_path: Path) -> None:
+    pids = []
+
+    def on_start(proc: Any) -> None:
+        pids.append(proc.pid)
+        raise RuntimeError("the framework could not record it")
+
+    with pytest.raises(RuntimeError):
+        execution.execute(CUD(bundle=[CUD(executable="/bin/sleep", arguments=["30"])] * 2),
+                          sandbox=str(tmp_path), on_start=on_start)
+    assert len(pids) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)   # killed and reaped
+
+
 def test_subprocess_is_used_when_the_runner_is_turned_off(tmp_path: Path) -> None:
     env = {**os.environ, "TROY_SPAWN": "python"}
     out = subprocess.run(
