@@ -142,9 +142,10 @@ def notify_tasks(changes: list[tuple[Task, tuple[State, State]]]) -> None:
     once for all of them (as :meth:`Task._notify` does for one)."""
     per_workload: dict[int, tuple[Workload, list[tuple[Task, State, State]]]] = {}
     for task, (old, new) in changes:
-        with task._lock:
-            callbacks = list(task._callbacks)
-        task._run_callbacks(callbacks, new)
+        if task._callbacks:   # (most tasks have none before dispatch)
+            with task._lock:
+                callbacks = list(task._callbacks)
+            task._run_callbacks(callbacks, new)
         if task._workload is not None:
             per_workload.setdefault(id(task._workload), (task._workload, []))[1].append(
                 (task, old, new))

@@ -336,6 +336,11 @@ def result_to_wire(r: UnitResult) -> list:
 def result_from_wire(w: list, depth: int = 0) -> UnitResult:
     """A UnitResult from what a node sent (checked: a malformed one is a failed result
     that says so, never an exception here)."""
+    if type(w) is list and len(w) == 8 and w[5] == [] and w[6] is None and w[7] is None \
+            and (w[0] is None or type(w[0]) is int) and (w[2] is None or type(w[2]) is str) \
+            and type(w[3]) is float and type(w[4]) is float:
+        # the usual member's result (a process with no output, timed): no more to check
+        return UnitResult(exit_code=w[0], value=w[1], error=w[2], start=w[3], end=w[4])
     try:
         if not isinstance(w, (list, tuple)) or len(w) not in (6, 8) or depth > 8 \
                 or not isinstance(w[5], (list, tuple)):
