@@ -14,7 +14,8 @@ Parsl is a demand source, not a second policy: the stock policy
   to the policy it has lost its agent, since then. Such a node does not count, and the
   policy replaces it at once (``agent_grace`` 0): it is given back, but never the last node
   held at the CM (CloudLab refuses to take a sliver's every node), which stays until another
-  comes or the provider closes. (Idle would be the wrong word for the policy: an idle node
+  comes or the provider closes: with several CMs, a sliver at each, one node at each
+  (docs/parsl.md, "Across sites"). (Idle would be the wrong word for the policy: an idle node
   counts as room for work, and a block waiting for nodes cannot use another block's.)
 
 New nodes are bound to the oldest block with an open slot when they are asked for

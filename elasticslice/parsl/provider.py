@@ -191,13 +191,19 @@ class CloudLabProvider(ExecutionProvider):
         if not isinstance(command, str) or not command.strip():
             raise ProviderError("CloudLabProvider.submit: the worker command is empty")
         command = self._node_command(command)
-        self._ensure_started()
-        assert self.link is not None
         job_id = f"{self.label}-{uuid.uuid4().hex[:8]}"
         match = _BLOCK_ID.search(command)
         block = Block(job_id, job_name, command, self.nodes_per_block,
                       block_id=match.group(1) if match else None)
+        # in the book first: the daemon starts its manager once it heard the blocks, and
+        # the slivers it makes then (one per CM) bind their first nodes to this one
         self.book.add(block)
+        try:
+            self._ensure_started()
+        except BaseException:
+            self.book.forget(job_id)
+            raise
+        assert self.link is not None
         self.resources[job_id] = {"job_id": job_id, "job_name": job_name,
                                   "block_id": block.block_id}
         log.info("block %s (%s): %d node(s) asked for", job_id, job_name, block.size)

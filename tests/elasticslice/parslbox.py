@@ -81,12 +81,14 @@ class OnTheBox:
 
 
 @contextlib.contextmanager
-def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
-                 **executor_options: Any) -> Iterator[OnTheBox]:
+def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1, max_blocks: int = 2,
+                 max_idletime: float = 120.0, **executor_options: Any) -> Iterator[OnTheBox]:
     """Two workers a block (``nodes_per_block`` nodes, 2 // nodes_per_block workers each),
-    two blocks at most, retries 2. The nodes boot the box's pilot image, which has Parsl
-    (``node_python``): docs/parsl.md's example runs the default, nodes that build the
-    environment from the provider's wheelhouse on the stock image."""
+    ``max_blocks`` blocks at most, retries 2; Parsl's strategy cancels the blocks after
+    ``max_idletime`` seconds without a task (Parsl's default 120). The nodes boot the box's
+    pilot image, which has Parsl (``node_python``): docs/parsl.md's example runs the
+    default, nodes that build the environment from the provider's wheelhouse on the stock
+    image."""
     import parsl
     from parsl import python_app
     from parsl.config import Config
@@ -96,7 +98,7 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
 
     witness = Witness(emulator.control_address)
     server = client_for(emulator, tmp_path / "cache")
-    provider = CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=2,
+    provider = CloudLabProvider(server, tmp_path / "state", init_blocks=1, max_blocks=max_blocks,
                                 nodes_per_block=nodes_per_block,
                                 disk_image=pilot_image(emulator), node_python="python3",
                                 margin=1.0, status_polling_interval=0.5,
@@ -109,7 +111,7 @@ def parsl_on_box(emulator: Any, tmp_path: Path, nodes_per_block: int = 1,
         max_workers_per_node=2 // nodes_per_block, poll_period=100,
         interchange_launch_cmd=provider.interchange_launch_cmd, **options)
     config = Config(executors=[executor], retries=2, strategy_period=0.5,
-                    run_dir=str(tmp_path / "runinfo"))
+                    max_idletime=max_idletime, run_dir=str(tmp_path / "runinfo"))
     square, total = (python_app(f) for f in apps())
     try:
         with parsl.load(config):

@@ -286,6 +286,37 @@ def test_a_node_given_back_after_it_failed_to_start_keeps_its_block_failed() -> 
                                                                P.JobState.TIMEOUT]
 
 
+def test_the_daemon_hears_the_first_block_when_it_starts(tmp_path: Path) -> None:
+    """The daemon starts its manager once it heard the blocks, and the manager makes a
+    sliver at each CM at once: the first block is in the first frame, so the sliver's first
+    node is that block's. Broke: the first frame had no block, and every sliver's first
+    node booted for no block (with two CMs, one such node stayed at each). A daemon that
+    cannot start leaves no block behind."""
+    from types import SimpleNamespace as NS
+    provider = P.CloudLabProvider(server=object(), state_dir=tmp_path / "state",
+                                  listen="127.0.0.1")
+    heard: list[dict[str, Any]] = []
+
+    def start() -> None:   # the link opens: its first frame is the blocks now
+        heard.append(provider._blocks_frame())
+        provider.link = NS(fatal=None, send_blocks=lambda: None)
+
+    provider._start = start
+    try:
+        job = provider.submit("process_worker_pool.py -a 127.0.0.1 --block_id=0", 1, "b0")
+    finally:
+        provider.link = None
+    assert [[b["job_id"] for b in frame["blocks"]] for frame in heard] == [[job]]
+
+    def refused() -> None:
+        raise P.ProviderError("CloudLabProvider: the manager cannot start")
+    provider._start = refused
+    with pytest.raises(P.ProviderError, match="cannot start"):
+        provider.submit("process_worker_pool.py -a 127.0.0.1 --block_id=1", 1, "b1")
+    assert list(provider.book.blocks) == [job] and provider.status([job])[0].state is \
+        P.JobState.PENDING
+
+
 def test_a_daemon_that_refused_the_provider_for_good_fails_its_blocks_and_new_ones(
         tmp_path: Path) -> None:
     """The daemon refused this provider for good (its link's ``fatal``): nobody holds the
