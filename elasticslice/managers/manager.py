@@ -44,6 +44,11 @@ SEED_DEFAULTS: dict[str, Any] = dict(
     enable_delete=False, email=True)
 
 
+#: the seed's options that are the policy's knobs
+POLICY_SEEDS = ("minthreshold", "maxthreshold", "percent_available_minimum", "enable_delete",
+                "nodetype")
+
+
 def seed_options(server: Any, *, policy: PolicyConfig | None = None,
                  **options: Any) -> dict[str, Any]:
     """The plain :class:`~.core.Manager`'s keywords from the seed's parameters
@@ -51,16 +56,20 @@ def seed_options(server: Any, *, policy: PolicyConfig | None = None,
     thresholds, ``nodetype`` and ``enable_delete`` go into ``policy`` (a
     :class:`PolicyConfig`; its other knobs kept), ``cmlist`` (URLs, names or indices)
     becomes the CMs, ``manage_*``/``method_reset_triggers`` the cycle's, ``email`` the
-    notifier (the seed's bool: on when an email config says so)."""
+    notifier (the seed's bool: on when an email config says so). A policy knob given both
+    ways is the seed option's."""
+    given = set(options) & set(SEED_DEFAULTS)
     seed = {name: options.pop(name, default) for name, default in SEED_DEFAULTS.items()}
-    least, most = seed["minthreshold"], seed["maxthreshold"]
+    # a seed option given wins; else a policy given keeps its own value (the seed's
+    # defaults overwrote it: ElasticCluster's percent_available_minimum of 0.25 was 0.5)
+    policy = dataclasses.replace(policy or PolicyConfig(), **{
+        k: seed[k] for k in POLICY_SEEDS if k in given or policy is None})
+    least, most = policy.minthreshold, policy.maxthreshold
     if least < 0 or most < least:
         raise ElasticSliceError(f"need 0 <= minthreshold ({least}) <= maxthreshold ({most})")
     email, cmlist = seed["email"], seed["cmlist"]
     return dict(
-        policy=dataclasses.replace(policy or PolicyConfig(), **{
-            k: seed[k] for k in ("minthreshold", "maxthreshold", "percent_available_minimum",
-                                 "enable_delete", "nodetype")}),
+        policy=policy,
         cms=[server.cm(c) for c in cmlist] if cmlist else None,
         order=list(seed["manage_order"] or seed_cycle.DEF_ORDER),
         intervals=seed["manage_intervals"], reset_triggers=seed["method_reset_triggers"],

@@ -189,6 +189,26 @@ def test_seed_constants_and_defaults() -> None:
     assert "add_nodes" in cls.CM_METHODS
 
 
+def test_a_policy_keeps_its_knobs_unless_a_seed_option_says_otherwise() -> None:
+    """The pilots' managers (ElasticCluster, run) pass a policy keeping a quarter of a CM
+    free: the seed's default of a half overwrote it."""
+    from elasticslice.managers.manager import seed_options
+    from elasticslice.managers.policy import PolicyConfig
+    from elasticslice.pilots.managerdaemon import default_policy
+
+    class Server:
+        def cm(self, which: object) -> object:
+            return which
+
+    kept = seed_options(Server(), policy=default_policy(4), minthreshold=0, maxthreshold=4)
+    assert kept["policy"].percent_available_minimum == 0.25
+    assert (kept["policy"].minthreshold, kept["policy"].maxthreshold) == (0, 4)
+    said = seed_options(Server(), policy=default_policy(4), percent_available_minimum=0.1)
+    assert said["policy"].percent_available_minimum == 0.1
+    assert seed_options(Server())["policy"] == PolicyConfig(minthreshold=1, maxthreshold=10,
+                                                           percent_available_minimum=0.5)
+
+
 def test_added_nodes_that_fail_to_boot_are_given_back_and_replaced(
         emulator_factory, make_manager, tmp_path: Path) -> None:
     emulator = emulator_factory(boot_failure_rate=1.0)
