@@ -8,7 +8,8 @@ typed and versioned, and nothing of it is ever a pickle:
 - workload -> daemon: ``scheduler`` (where the nodes' agents join), ``demand`` (Troy's
   demand in cores and units, and what else asks for nodes), ``pilots`` (each pilot: its
   node, state, cores, busy or idle since when, units on it), ``drained`` (a drain decision
-  carried out), ``bounds`` (hold from this many nodes to that many), ``close`` (the run
+  carried out), ``retired`` (a retirement done: Dask moved the data only that worker held,
+  or gave up; the daemon gives the node back only then), ``bounds`` (hold from this many nodes to that many), ``close`` (the run
   ends: stop, giving the slice back or not);
 - daemon -> workload: ``node`` events (booting, joined, notice with its deadline,
   released), ``drain``/``retire``/``lose`` decisions for a node's pilot, CloudLab's
@@ -52,7 +53,7 @@ from elasticslice.errors import ElasticSliceError
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 SOCKET = "manager.sock"
 MAX_FRAME = 1 << 20          # bytes of one frame, its newline included
 MAX_PILOTS = 10_000          # entries of one ``pilots`` frame
@@ -75,6 +76,7 @@ MESSAGES: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {
                "extra_nodes": ((*NUMBER, None), False)},
     "pilots": {"pilots": ((list,), True), "seq": ((int,), False)},
     "drained": {"client_id": ((str,), True), "requeued": ((int,), True)},
+    "retired": {"client_id": ((str,), True), "done": ((bool,), True)},
     "scheduler": {"address": ((str,), True)},
     "close": {"give_back": ((bool,), True)},
     "bounds": {"minthreshold": ((int,), True), "maxthreshold": ((int,), True)},

@@ -70,7 +70,12 @@ class PilotDrainer:
     def _emptied(self, rev: PendingDelete, pilot: Pilot) -> None:
         """Troy's units are off the pilot; the framework retires it before the deadline
         (``PilotFramework.retire``: on Dask, plain Dask tasks of a client's own, which
-        Troy's drain does not see, move with their data), then the node may go."""
+        Troy's drain does not see, move with their data), then the node may go. On the
+        drainer's thread: the retirement waits for its answer, which may come on the
+        thread that said the pilot was empty."""
+        self.work.post(self._retire_and_release, rev, pilot)
+
+    def _retire_and_release(self, rev: PendingDelete, pilot: Pilot) -> None:
         if pilot.state not in FINAL_STATES:
             self.framework.retire(pilot, rev.deadline - self.margin)
         self.release(rev.node_id, rev.client_id, "drained")

@@ -316,8 +316,9 @@ class WorkloadLink:
                     pilot, message["until"], margin=message["margin"],
                     on_empty=lambda _p: self._drained(client_id, len(requeued)))
                 requeued.extend(getattr(plan, "requeued", ()))
-            elif message["type"] == "retire" and live:
-                self.framework.retire(pilot, message["until"])
+            elif message["type"] == "retire":
+                done = self.framework.retire(pilot, message["until"]) if live else True
+                self._send_back("retired", client_id=client_id, done=bool(done))
             elif message["type"] == "lose" and live:
                 self.framework.lose_pilot(pilot, message["reason"])
             self.poke()
@@ -325,10 +326,15 @@ class WorkloadLink:
             log.exception("cannot %s the pilot of %s", message["type"], client_id)
 
     def _drained(self, client_id: str, requeued: int) -> None:
+        self._send_back("drained", client_id=client_id, requeued=requeued)
+
+    def _send_back(self, kind: str, **fields: Any) -> None:
+        """Tell the daemon a decision was carried out (it may be waiting for that)."""
         channel = self.channel
         if channel is None:
             return
         try:
-            channel.send("drained", client_id=client_id, requeued=requeued)
+            channel.send(kind, **fields)
         except ChannelError as err:
-            log.warning("the manager daemon did not hear that %s drained: %s", client_id, err)
+            log.warning("the manager daemon did not hear that %s %s: %s",
+                        fields.get("client_id"), kind, err)

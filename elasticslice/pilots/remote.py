@@ -92,6 +92,8 @@ class RemoteWorkload:
         self._demand = Demand()
         self._extra_nodes: float | None = None
         self._on_empty: dict[str, list[Callable[[Any], None]]] = {}
+        self._retiring: dict[str, threading.Event] = {}   # client_id -> set when retired
+        self._reading = threading.local()   # .now: this thread is handling a message
         self._attached = threading.Event()
         self._reported = threading.Condition()   # a pilots frame answered a report
         self._asked = self._answered = 0           # report sequence numbers
@@ -165,10 +167,20 @@ class RemoteWorkload:
         with self._lock:
             self._pilots.clear()
             self._on_empty.clear()
+            retiring, self._retiring = self._retiring, {}
+        for event in retiring.values():   # nobody will answer: nothing to wait for
+            event.set()
         self._attached.clear()
         self._changed()
 
     def _on_message(self, channel: Channel, message: dict[str, Any]) -> None:
+        self._reading.now = True
+        try:
+            self._handle(message)
+        finally:
+            self._reading.now = False
+
+    def _handle(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "demand":
             with self._lock:
@@ -203,6 +215,17 @@ class RemoteWorkload:
         elif kind == "close":
             if self.on_close is not None:
                 self.on_close(message["give_back"])
+        elif kind == "retired":
+            with self._lock:
+                event = self._retiring.pop(message["client_id"], None)
+            if event is None:
+                log.info("the workload side says %s retired: no retirement was asked of it",
+                         message["client_id"])
+                return
+            if not message["done"]:
+                log.warning("%s: its worker did not retire in time (Dask recomputes what "
+                            "only it held)", message["client_id"])
+            event.set()
         elif kind == "drained":
             with self._lock:
                 callbacks = self._on_empty.pop(message["client_id"], [])
@@ -279,9 +302,27 @@ class RemoteWorkload:
         return RemoteDrain(pilot.id, deadline, margin)
 
     def retire(self, pilot: RemotePilot, until: float | None = None) -> bool:
+        """Ask the workload side to retire ``pilot`` (Dask moves the data only its worker
+        holds to the others) and wait for its answer until ``until`` (epoch seconds): the
+        node is given back after, not while its results still live only there. True once
+        the workload side says it is done."""
         if until is None:
             raise ValueError("a remote retire needs a time")
-        return self._send("retire", client_id=pilot.worker_name, until=until)
+        event = threading.Event()
+        with self._lock:
+            self._retiring[pilot.worker_name] = event
+        waiting = not getattr(self._reading, "now", False)   # (the answer comes here)
+        if not self._send("retire", client_id=pilot.worker_name, until=until) or not waiting:
+            with self._lock:
+                self._retiring.pop(pilot.worker_name, None)
+            return False
+        if event.wait(min(120.0, max(0.0, until - time.time())) + 1.0):
+            return True
+        with self._lock:
+            self._retiring.pop(pilot.worker_name, None)
+        log.warning("%s: the workload side did not say it retired in time; giving it back",
+                    pilot.worker_name)
+        return False
 
     def lose_pilot(self, pilot: RemotePilot, reason: str = "lost") -> list[Any]:
         """Tell the workload side ``pilot`` is gone (it requeues the units); counted there,

@@ -58,7 +58,7 @@ def answer(sock: socket.socket) -> bytes:
         data += chunk
 
 
-HELLO = b'{"type":"hello","version":1,"role":"workload"}\n'
+HELLO = b'{"type":"hello","version":%d,"role":"workload"}\n' % ch.VERSION
 
 
 def test_demand_in_and_decisions_out(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ STRANGER = textwrap.dedent("""
     except OSError as err:
         print("connect:", err.strerror)
         raise SystemExit
-    s.sendall(b'{"type":"hello","version":1,"role":"workload"}\\n')
+    s.sendall(b'{"type":"hello","version":VERSION,"role":"workload"}\\n')
     s.settimeout(10)
     print(s.recv(4096).decode().strip())
 """)
@@ -130,7 +130,8 @@ def _stranger(tmp_path: Path) -> None:
         def as_nobody() -> str:
             return subprocess.run(
                 ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 "/usr/bin/python3", "-c", STRANGER, str(tmp_path / ch.SOCKET)],
+                 "/usr/bin/python3", "-c", STRANGER.replace("VERSION", str(ch.VERSION)),
+                 str(tmp_path / ch.SOCKET)],
                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
         assert as_nobody() == "connect: Permission denied"
         (tmp_path / ch.SOCKET).chmod(0o666)
@@ -233,8 +234,9 @@ def test_nan_is_not_json_here(tmp_path: Path) -> None:
 def test_another_version_is_told_both(tmp_path: Path) -> None:
     with Daemon(tmp_path) as daemon:
         sock = raw(tmp_path)
-        sock.sendall(b'{"type":"hello","version":2,"role":"workload"}\n')
-        assert b"the peer speaks version 2 of the channel, this side 1" in answer(sock)
+        sock.sendall(b'{"type":"hello","version":%d,"role":"workload"}\n' % (ch.VERSION + 1))
+        assert b"the peer speaks version %d of the channel, this side %d" % (
+            ch.VERSION + 1, ch.VERSION) in answer(sock)
         assert daemon.server.workload is None
 
 

@@ -168,19 +168,25 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
                               node_python="python3", intervals=FAST_INTERVALS, margin=1.0,
                               policy=policy, idle_timeout=1.0)
 
-    def gated(value: Any, url: str) -> Any:
+    def gated(value: Any, url: str, ran: str | None = None) -> Any:
         """``value`` once the test's gate at ``url`` is open (runs on a node's Dask worker:
         the test says when the work may end, whatever the machine's load; defined here: a
-        node has no tests package, so Dask must send it by value)."""
+        node has no tests package, so Dask must send it by value); each run told to
+        ``ran`` (the witness's ``/ran/<task>/<node>``) when given."""
+        import socket
         import time
         import urllib.error
         import urllib.request
         while True:  # the witness holds a closed gate's answer up to 4 s, then 404
             try:
                 urllib.request.urlopen(url, timeout=30).close()
-                return value
+                break
             except urllib.error.HTTPError:
                 time.sleep(0.05)
+        if ran is not None:
+            node = socket.gethostname().split(".")[0]
+            urllib.request.urlopen(f"{ran}/{node}", timeout=30).close()
+        return value
 
     try:
         with Client(cluster) as client:
@@ -193,7 +199,8 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
 
             # client.map of 64 tasks
             gate = witness.gate("map")
-            squares = client.map(lambda i, url=gate.url: gated(i * i, url), range(64))
+            squares = client.map(lambda i, url=gate.url, ran=witness.url: gated(
+                i * i, url, f"{ran}/ran/{i}"), range(64))
             revoked.append(revoke_a_busy_added_node(client, cluster, emulator, initial))
             gate.open()
             assert client.gather(squares) == [i * i for i in range(64)]
@@ -215,10 +222,15 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
             assert total.result() == 2 * 64 * 1000
             assert [reclaim_outcome(emulator, n) for n in revoked] == ["early", "early"]
 
-            # idle (the client still holds its results): back to the minimum
+            # idle (the client still holds its results): back to the minimum, each node
+            # given back once its worker retired, the results only it held moved to the
+            # others first: none is computed again (broke: the manager daemon gave the
+            # node back while Dask still copied)
+            runs = witness.ran()
             wait_for(lambda: cluster.nodes() == 1 and len(scheduler_workers(client))
                      == 1, timeout=120, what="back to one node")
             assert sorted(client.gather(squares))[-1] == 63 * 63  # its data moved, kept
+            assert witness.ran() == runs
 
             # a loaded machine's bokeh may take its time to render the page
             with urllib.request.urlopen(cluster.dashboard_link, timeout=60) as page:

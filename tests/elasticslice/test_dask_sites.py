@@ -78,10 +78,11 @@ def test_adapt_grows_at_the_second_cm_when_the_first_is_full_and_shrinks_at_each
                 assert [r[0] for r in results] == [i * i for i in range(64)]
                 ran = {node for nodes in witness.ran().values() for node in nodes}
                 assert ran == set(site_of) and set(added_at_wisc) <= ran, (ran, held)
-                # the results are the client's now: none stays on a worker. (Kept, those of
-                # a node given back as idle are computed again elsewhere: the manager daemon
-                # asks for the worker's retirement and gives the node back without waiting
-                # for it, and the recomputation makes the slice grow again.)
+                # the results are the client's now: none stays on a worker. (In the box a
+                # node cannot reach another cluster's nodes: a retiring worker's results
+                # could move only to a worker at its own site, and Dask's retirement may
+                # pick one at the other; test_dask_cluster.py checks that, at one site,
+                # none is computed again after a give-back.)
                 client.cancel(futures)
                 del futures
                 # idle: back to each sliver's first node, each added node given back at

@@ -195,3 +195,25 @@ def test_a_decision_stuck_in_a_dask_call_never_holds_the_run_s_exit(tmp_path: Pa
     except subprocess.TimeoutExpired:
         pytest.fail("the workload's process never exited: a stuck decision held it")
     assert (done.returncode, done.stdout) == (0, "closed\n"), done.stderr
+
+
+def test_a_retire_waits_until_the_workload_side_has_retired_the_pilot(
+        sides, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon gives an idle node back only once its pilot is retired (on Dask: the data
+    only its worker holds moved to the others): the retirement is a round trip."""
+    remote, session, framework, link = sides
+    pilot_on(framework, "node-1")
+    wait_for(lambda: remote.find_pilot("node-1") is not None, what="the pilot reported")
+    finished: list[float] = []
+
+    def slow_retire(pilot, until=None):   # Dask copying a worker's data away
+        time.sleep(0.5)
+        finished.append(pilot.worker_name)
+        return True
+
+    monkeypatch.setattr(framework, "retire", slow_retire)
+    assert remote.retire(remote.find_pilot("node-1"), time.time() + 10) is True
+    assert finished, "the daemon went on before the pilot was retired"
+    # a workload side that does not answer in time: the daemon goes on without it
+    monkeypatch.setattr(framework, "retire", lambda pilot, until=None: time.sleep(3) or True)
+    assert remote.retire(remote.find_pilot("node-1"), time.time() + 0.2) is False

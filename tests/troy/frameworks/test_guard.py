@@ -290,3 +290,39 @@ class _Touched:
 
     def __reduce__(self):  # noqa: ANN204
         return _touch, (self.path,)
+
+
+def test_a_copy_the_scheduler_asked_for_may_be_announced_once_by_that_worker_only() -> None:
+    """A retiring worker's data moves to others on the scheduler's ask (Dask's Active
+    Memory Manager: ``acquire-replicas``), and the recipient announces its copy with
+    ``add-keys``: that worker may, for that key, once; no other worker, nor that one for
+    another key (the guard's rule for inputs of tasks running there stays)."""
+    from troy.frameworks.dask.guard import Guard
+
+    class Task:
+        dependents = ()   # an input of nothing running anywhere
+
+    class Scheduler:
+        tasks = {"k": Task(), "other": Task()}
+        workers = {"tls://a:1": object(), "tls://b:1": object()}
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, list[str]]] = []
+
+        def handle_comm(self, comm: object) -> None:
+            return None
+
+        def request_acquire_replicas(self, addr: str, keys: list[str], *,
+                                     stimulus_id: str) -> None:
+            self.sent.append((addr, list(keys)))
+
+    scheduler = Scheduler()
+    guard = Guard(scheduler, "scheduler")
+    guard.watch_replicas()
+    assert not guard._fetched_for("tls://a:1", "k")        # nobody asked yet
+    scheduler.request_acquire_replicas("tls://a:1", iter(["k"]), stimulus_id="retire")
+    assert scheduler.sent == [("tls://a:1", ["k"])]          # the ask goes out as before
+    assert not guard._fetched_for("tls://b:1", "k")        # another worker: no
+    assert not guard._fetched_for("tls://a:1", "other")    # another key: no
+    assert guard._fetched_for("tls://a:1", "k")            # the asked copy: yes
+    assert not guard._fetched_for("tls://a:1", "k")        # once

@@ -17,8 +17,9 @@ and checks every message read on it, before Dask dispatches it:
   common name; a worker stream message may not name a worker (Dask adds the stream's own).
   A worker's events: none on topic ``all``, and a Troy framework's only about its own
   units; a task's outcome (``task-finished``, ``task-erred``) counts only from the worker
-  the scheduler runs it on, and ``add-keys`` only for inputs of tasks running there (the
-  rest goes no further, one line a peer). No client: ``register-client``,
+  the scheduler runs it on, and ``add-keys`` only for inputs of tasks running there or
+  copies the scheduler asked that worker to make (a retiring worker's data moving to the
+  others; the rest goes no further, one line a peer). No client: ``register-client``,
   ``update-graph``, ``run_function``, ``broadcast``, ``scatter``, plugins, dumps... are
   refused.
 - ``worker``, at a worker: only Dask's own data transfer between workers
@@ -276,6 +277,9 @@ def _node_error(msg: dict[str, Any]) -> Any:
     return Serialize(NodeError(f"the unit's task failed on its node: {text}"))
 
 
+MAX_ASKED = 100_000   # keys a worker was asked to copy that the guard remembers
+
+
 class Guard:
     """The guard of one server (``kind``: ``"scheduler"`` or ``"worker"``); see the module."""
 
@@ -288,6 +292,9 @@ class Guard:
         self._denied_seen: set[int | None] = set()
         self._handle = server.handle_comm
         self.workers_of: dict[str, set[str]] = {}   # worker-role CN -> addresses registered
+        #: worker address -> keys the scheduler asked it to copy (``acquire-replicas``:
+        #: the Active Memory Manager, as a retiring worker's data moves to the others)
+        self.asked: dict[str, set[Any]] = {}
         self.refusals = 0
         self.dropped = 0                            # Troy events not from their task's worker
         self._dropped_from: set[str | None] = set()
@@ -482,11 +489,42 @@ class Guard:
 
     def _fetched_for(self, worker: str | None, key: Any) -> bool:
         """Whether ``worker`` may hold a copy of ``key``: an input of a task the scheduler
-        runs there (what Dask's workers fetch, then announce with ``add-keys``)."""
+        runs there (what Dask's workers fetch, then announce with ``add-keys``), or a copy
+        the scheduler asked it to make (:meth:`watch_replicas`; once)."""
         ts = self._task(key)
-        return ts is not None and any(
-            d.processing_on is not None and d.processing_on.address == worker
-            for d in ts.dependents)
+        if ts is None:
+            return False
+        asked = self.asked.get(worker or "")
+        if asked is not None and key in asked:
+            asked.discard(key)
+            if not asked:
+                del self.asked[worker or ""]
+            return True
+        return any(d.processing_on is not None and d.processing_on.address == worker
+                   for d in ts.dependents)
+
+    def watch_replicas(self) -> None:
+        """Note the copies the scheduler asks workers to make (``request_acquire_replicas``:
+        how a retiring worker's data moves to the others), so the ``add-keys`` that says a
+        copy was made passes; any other stays refused. At most ``MAX_ASKED`` keys a worker
+        are remembered (more: the oldest asks are forgotten, and their copies recomputed if
+        ever needed, as without the guard's leave)."""
+        ask = getattr(self.server, "request_acquire_replicas", None)
+        if ask is None:
+            return
+
+        def asking(addr: str, keys: Any, *, stimulus_id: str) -> None:
+            keys = list(keys)
+            workers = getattr(self.server, "workers", {})
+            for gone in [a for a in self.asked if a not in workers]:
+                del self.asked[gone]   # (a worker that left)
+            noted = self.asked.setdefault(addr, set())
+            if len(noted) + len(keys) > MAX_ASKED:
+                noted.clear()
+            noted.update(keys)
+            ask(addr, keys, stimulus_id=stimulus_id)
+
+        self.server.request_acquire_replicas = asking
 
     def _dropped(self, peer: _Peer, count: int, about: Any, why: str) -> None:
         """Count what a worker-role peer sent about others' tasks, which went no further;
@@ -642,6 +680,7 @@ def install(server: Any, kind: str, deny_file: str | None = None) -> Guard | Non
     server._troy_guard = guard
     if kind == "scheduler":
         _strict_pool(server.rpc)
+        guard.watch_replicas()
     if guard.deny is not None:
         from tornado.ioloop import PeriodicCallback
         server.periodic_callbacks["troy-deny-list"] = PeriodicCallback(guard.sweep, 1000)
