@@ -84,11 +84,9 @@ class Description:
         if defaults:
             out = {name: d[name] for name in _field_names(type(self))}
         else:
-            out = {}
-            for name, default in _sparse_defaults(type(self)):
-                v = d[name]
-                if v is not default and (type(v) is not type(default) or v != default):
-                    out[name] = v
+            given = _sparse_defaults(type(self))
+            out = {k: v for k, v in d.items() if k in given and (
+                (dv := given[k]) is not v and (type(v) is not type(dv) or v != dv))}
         if deep:
             for name, v in out.items():
                 if isinstance(v, list) and v and isinstance(v[0], Description):
@@ -250,13 +248,13 @@ def _defaults_of(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, Callable[[
 
 
 @functools.cache
-def _sparse_defaults(cls: type) -> tuple[tuple[str, Any], ...]:
+def _sparse_defaults(cls: type) -> dict[str, Any]:
     """Each field of a description class and its default (a factory's empty value), for
     ``to_dict(defaults=False)``."""
     plain, made = _defaults_of(cls)
     empty = {name: factory() for name, factory in made}
-    return tuple((name, plain[name] if name in plain else empty.get(name, _NO_DEFAULT))
-                 for name in _field_names(cls))
+    return {name: plain[name] if name in plain else empty.get(name, _NO_DEFAULT)
+            for name in _field_names(cls)}
 
 
 _NO_DEFAULT = object()   # a field without one: always written

@@ -57,3 +57,24 @@ def test_a_unit_made_from_a_checked_task_equals_one_checked_again() -> None:
     other = ComputeUnitDescription.checked({"name": "t2", "executable": "/bin/true"})
     assert other.bundle == [] and other.bundle is not fast.bundle
     assert other == ComputeUnitDescription(name="t2", executable="/bin/true")
+
+
+def test_a_description_without_its_defaults_builds_the_same_description_again() -> None:
+    """What goes over the wire to a node and into the store: only the fields that differ
+    from their defaults (a bundle member is a one-field dict), and the same description
+    comes back from it."""
+    from troy import ComputeUnitDescription as CUD, TaskDescription as TD
+    unit = CUD(name="b", cores=1, runtime=0.5, bundle=[
+        CUD(executable="/bin/true"),
+        CUD(executable="/bin/sh", arguments=["-c", "exit 0"], environment={"A": "1"},
+            walltime=0, cores=2, stdout="out", inputs=["x > y"])])
+    sparse = unit.to_dict(defaults=False)
+    assert sparse == {"name": "b", "runtime": 0.5, "bundle": [
+        {"executable": "/bin/true"},
+        {"executable": "/bin/sh", "arguments": ["-c", "exit 0"], "environment": {"A": "1"},
+         "walltime": 0, "cores": 2, "stdout": "out", "inputs": ["x > y"]}]}
+    assert CUD.coerce(sparse) == unit and CUD.coerce(unit.to_dict()) == unit
+    task = TD(executable="x", args=(1,), cardinality=3, runtime=0.0)
+    assert task.to_dict(defaults=False) == {"executable": "x", "args": (1,),
+                                             "cardinality": 3, "runtime": 0.0}
+    assert TD.coerce(task.to_dict(defaults=False)) == task

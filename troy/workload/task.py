@@ -175,10 +175,13 @@ def set_states(tasks: list[Task], state: State) -> None:
     """:meth:`Task._set_state` of many tasks, their workloads told once."""
     changes = []
     for task in tasks:
-        with task._lock:
-            change = task._transition(state)
-        if change is not None:
-            changes.append((task, change))
+        lock = task._lock
+        lock.acquire()
+        old = task._state   # (Task._transition, inline: this runs for every task)
+        if old is not state and old not in FINAL_STATES:
+            task._state = state
+            changes.append((task, (old, state)))
+        lock.release()
     notify_tasks(changes)
 
 

@@ -109,14 +109,16 @@ class Workload(Lockable, Observable):
         """Tasks moved from ``old`` to ``new``: the counts, the waiters woken, this
         workload's state derived again (once for them all)."""
         with self._lock:
-            counted = False
+            tasks, moves = self.tasks, {}
             for task, old, new in changes:
-                if task.id in self.tasks:
-                    self._counts[old] -= 1
-                    self._counts[new] += 1
-                    counted = True
-            if not counted:
+                if task.id in tasks:
+                    moves[old, new] = moves.get((old, new), 0) + 1
+            if not moves:
                 return
+            counts = self._counts
+            for (old, new), n in moves.items():
+                counts[old] -= n
+                counts[new] += n
             self._cond.notify_all()
             if not self._dispatched:
                 return

@@ -160,8 +160,9 @@ def test_idle_connections_are_capped_and_the_worker_still_gets_in(plain_links) -
         s.close()
     time.sleep(0.3)
     token = links.expect("tcp://a:1", None)
-    connect(links, token)   # (its "ok" may come a moment before the link is recorded)
+    worker = connect(links, token)   # (kept open: a socket let go of closes its link)
     wait_for(lambda: links.connected("tcp://a:1"), WAIT, what="the worker's link")
+    worker.close()
 
 
 # ------------------------------------------------------------------ over TLS, end to end --
