@@ -97,16 +97,6 @@ class Task(Observable):
         if watch:
             unit.add_callback(self._on_unit)
 
-    def _mark_dispatched(self) -> None:
-        with self._lock:
-            if self._state in FINAL_STATES:
-                return
-            self._dispatched = True
-            first = self._transition(State.DISPATCHED)
-            second = self._transition(self._derive())
-        self._notify(first)
-        self._notify(second)
-
     def _on_unit(self, unit: ComputeUnit, state: State) -> None:
         self._notify(self._unit_changed())
 
@@ -154,7 +144,8 @@ def notify_tasks(changes: list[tuple[Task, tuple[State, State]]]) -> None:
 
 
 def mark_dispatched(tasks: list[Task]) -> None:
-    """:meth:`Task._mark_dispatched` of many tasks, their workloads told once a step."""
+    """The workload manager dispatched ``tasks``: each becomes DISPATCHED, then what its
+    units say (a unit that ended already); their workloads told once a step."""
     firsts, seconds = [], []
     for task in tasks:
         with task._lock:
