@@ -285,12 +285,22 @@ def _run_batch(cud: ComputeUnitDescription, sandbox: str | None,
             result.stderr = None if err is None else OutputTail(data=err, size=err_size)
         results.append(result)
     for _ in members[len(ran):]:   # canceled before they started
-        now = time.time()
-        results.append(UnitResult(error="canceled", start=now, end=now))
-    failed = [r for r in results if not r.ok]
+        results.append(_canceled())
+    return _bundle_result(start, results)
+
+
+def _canceled() -> UnitResult:
+    """A bundle member canceled before it started."""
+    now = time.time()
+    return UnitResult(error="canceled", start=now, end=now)
+
+
+def _bundle_result(start: float, members: list[UnitResult]) -> UnitResult:
+    """A bundle's result from its members': failed if any failed, saying how many."""
+    failed = [m for m in members if not m.ok]
     return UnitResult(exit_code=0 if not failed else 1, start=start, end=time.time(),
-                      error=f"{len(failed)} of {len(results)} bundled tasks failed"
-                      if failed else None, members=results)
+                      error=f"{len(failed)} of {len(members)} bundled tasks failed"
+                      if failed else None, members=members)
 
 
 def _ended(result: UnitResult, cud: ComputeUnitDescription, code: int,
@@ -329,17 +339,9 @@ def execute(cud: ComputeUnitDescription, *, sandbox: str | None = None,
         batched = _run_batch(cud, sandbox, on_start, canceled, start)
         if batched is not None:
             return batched
-        members = []
-        for m in cud.bundle:
-            if canceled is not None and canceled():
-                members.append(UnitResult(error="canceled", start=time.time(),
-                                          end=time.time()))
-                continue
-            members.append(execute(m, sandbox=sandbox, on_start=on_start))
-        failed = [m for m in members if not m.ok]
-        return UnitResult(exit_code=0 if not failed else 1, start=start, end=time.time(),
-                          error=f"{len(failed)} of {len(members)} bundled tasks failed"
-                          if failed else None, members=members)
+        members = [_canceled() if canceled is not None and canceled()
+                   else execute(m, sandbox=sandbox, on_start=on_start) for m in cud.bundle]
+        return _bundle_result(start, members)
     workdir = cud.working_directory or sandbox or os.getcwd()
     # a callable without staging or a working directory never touches the file system
     if cud.function is None or cud.inputs or cud.outputs or cud.working_directory:

@@ -308,21 +308,22 @@ class RemoteWorkload:
         the workload side says it is done."""
         if until is None:
             raise ValueError("a remote retire needs a time")
+        name = pilot.worker_name
+        if getattr(self._reading, "now", False):   # its answer would come on this thread
+            self._send("retire", client_id=name, until=until)
+            return False
         event = threading.Event()
         with self._lock:
-            self._retiring[pilot.worker_name] = event
-        waiting = not getattr(self._reading, "now", False)   # (the answer comes here)
-        if not self._send("retire", client_id=pilot.worker_name, until=until) or not waiting:
-            with self._lock:
-                self._retiring.pop(pilot.worker_name, None)
-            return False
-        if event.wait(min(120.0, max(0.0, until - time.time())) + 1.0):
-            return True
+            self._retiring[name] = event
+        sent = self._send("retire", client_id=name, until=until)
+        answered = sent and event.wait(min(120.0, max(0.0, until - time.time())) + 1.0)
         with self._lock:
-            self._retiring.pop(pilot.worker_name, None)
-        log.warning("%s: the workload side did not say it retired in time; giving it back",
-                    pilot.worker_name)
-        return False
+            if self._retiring.get(name) is event:
+                del self._retiring[name]
+        if sent and not answered:
+            log.warning("%s: the workload side did not say it retired in time; giving it "
+                        "back", name)
+        return answered
 
     def lose_pilot(self, pilot: RemotePilot, reason: str = "lost") -> list[Any]:
         """Tell the workload side ``pilot`` is gone (it requeues the units); counted there,

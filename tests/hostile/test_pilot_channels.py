@@ -374,3 +374,43 @@ def test_a_node_s_pickle_is_never_decoded_by_a_scheduler_in_its_own_process(
     assert all(v.startswith("refused") for v in out.values()), out
     u = fw.submit_unit(CUD(executable="/bin/true"), fw.find_pilot("node-1"))
     assert u.wait(60) is State.DONE
+
+
+def test_a_node_cannot_announce_a_copy_another_node_was_asked_to_make(
+        guarded_tasks, tmp_path, cluster_ca, caplog) -> None:
+    """A retiring worker's data moves on the scheduler's ask (``acquire-replicas``), and
+    the guard lets the worker asked announce its copy (``add-keys``). A node whose agent a
+    task replaced (node-3) announces, with its own certificate, a copy the scheduler asked
+    node-2 to make: dropped; the scheduler never thinks node-3 holds it."""
+    fw, _ = guarded_tasks
+    node3 = replaced_node(tmp_path, cluster_ca)
+    holder = fw.find_pilot("node-1").native_id
+    asked = fw.find_pilot("node-2").native_id
+    future = fw.client.submit(lambda: 42, pure=False, workers=[holder])
+    assert future.result(60) == 42
+    key = future.key
+    # node-2 was asked for a copy and has not announced it yet: what the guard notes when
+    # the scheduler asks (the guard's own test watches that call; here the ask is noted
+    # without sending it, so node-2's announcement cannot come first)
+    fw.on_scheduler(lambda s: s._troy_guard.asked.setdefault(asked, set()).add(key))
+
+    def dropped() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "troy.frameworks.dask.guard" and "dropped" in r.getMessage()]
+
+    async def forge() -> str:
+        async with spy_worker(fw, node3) as w:
+            w.batched_stream.send({"op": "add-keys", "keys": [key], "stimulus_id": "spy"})
+            await until(lambda: dropped())
+            await asyncio.sleep(0.5)   # what the scheduler would do with it, it did
+            return w.address
+
+    with caplog.at_level(logging.DEBUG, logger="troy.frameworks.dask.guard"):
+        spy = asyncio.run(forge())
+    lines = dropped()
+    assert len(lines) == 1 and "node-3 (role worker" in lines[0] and "add-keys" in lines[0]
+    holders = fw.on_scheduler(lambda s: {w.address for w in s.tasks[key].who_has or ()})
+    assert spy not in holders and holder in holders, holders
+    # node-2's ask stands: the spy's announcement did not use it up
+    assert fw.on_scheduler(lambda s: key in s._troy_guard.asked.get(asked, ()))
+    del future

@@ -107,24 +107,40 @@ class Task(Observable):
 
     def _derive(self) -> State:
         if len(self.units) == 1:   # the usual case, a unit's every change: no lists
-            view = self._unit_view(self.units[0])
-            if view in _KEPT:
-                return view
-            return State.DISPATCHED if view is State.PENDING else State.UNKNOWN
+            return _task_state(self._unit_view(self.units[0]))
         return derive_task_state(self._unit_view(u) for u in self.units)
 
     def _unit_view(self, unit: ComputeUnit) -> State:
         """The state of ``unit`` as far as this task is concerned (see the module doc)."""
-        state = unit.state
-        if state in PRE_DISPATCH:
-            return State.DISPATCHED
-        if state in (State.DONE, State.FAILED) and unit.description.bundle \
-                and unit.result is not None and unit.result.members:
-            members = unit.result.members
+        members = _member_results(unit)
+        if members:
             i = unit.member_index(self.id)
             if i is not None and i < len(members):
                 return State.DONE if members[i].ok else State.FAILED
-        return state
+        return _unit_state(unit.state)
+
+
+def _unit_state(state: State) -> State:
+    """A unit's state as its tasks see it (a unit not dispatched yet: DISPATCHED, the
+    workload has accepted it), but for a bundle member's own outcome."""
+    return State.DISPATCHED if state in PRE_DISPATCH else state
+
+
+def _task_state(view: State) -> State:
+    """The state a task of one unit has, from its view of that unit
+    (``derive_task_state`` of a single state)."""
+    if view in _KEPT:
+        return view
+    return State.DISPATCHED if view is State.PENDING else State.UNKNOWN
+
+
+def _member_results(unit: ComputeUnit) -> list[Any] | None:
+    """A final bundle's members' results (None: not a final bundle with results)."""
+    result = unit.result
+    if unit.state in (State.DONE, State.FAILED) and unit.description.bundle \
+            and result is not None:
+        return result.members
+    return None
 
 
 def notify_tasks(changes: list[tuple[Task, tuple[State, State]]]) -> None:
@@ -166,13 +182,10 @@ def set_states(tasks: list[Task], state: State) -> None:
     """:meth:`Task._set_state` of many tasks, their workloads told once."""
     changes = []
     for task in tasks:
-        lock = task._lock
-        lock.acquire()
-        old = task._state   # (Task._transition, inline: this runs for every task)
-        if old is not state and old not in FINAL_STATES:
-            task._state = state
-            changes.append((task, (old, state)))
-        lock.release()
+        with task._lock:
+            change = task._transition(state)
+        if change is not None:
+            changes.append((task, change))
     notify_tasks(changes)
 
 
@@ -191,20 +204,14 @@ class UnitTasks:
     def __call__(self, unit: ComputeUnit, state: State) -> None:
         if state in PRE_DISPATCH:
             return   # every task sees such a unit as DISPATCHED (Task._unit_view): no change
-        live, result = unit.state, unit.result
-        # each task's view of the unit (Task._unit_view, for all of them at once): a final
+        # each task's state from the unit (Task._derive, for all of them at once): a final
         # bundle's member outcome, else the unit's state; the tasks are its members in order
-        members = result.members if live in (State.DONE, State.FAILED) and \
-            unit.description.bundle and result is not None else None
-        same = live if live in _KEPT else \
-            State.DISPATCHED if live is State.PENDING or live in PRE_DISPATCH else State.UNKNOWN
+        members = _member_results(unit) or ()
+        same = _task_state(_unit_state(unit.state))
         changes = []
         for i, task in enumerate(self.tasks):
-            if members:
-                view = (State.DONE if members[i].ok else State.FAILED) \
-                    if i < len(members) else same
-            else:
-                view = same
+            view = same if i >= len(members) else \
+                State.DONE if members[i].ok else State.FAILED
             with task._lock:
                 if not task._dispatched:
                     continue

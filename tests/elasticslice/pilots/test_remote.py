@@ -217,3 +217,17 @@ def test_a_retire_waits_until_the_workload_side_has_retired_the_pilot(
     # a workload side that does not answer in time: the daemon goes on without it
     monkeypatch.setattr(framework, "retire", lambda pilot, until=None: time.sleep(3) or True)
     assert remote.retire(remote.find_pilot("node-1"), time.time() + 0.2) is False
+
+
+def test_a_retired_nobody_asked_for_changes_nothing(sides, caplog) -> None:
+    """The workload side may say a node retired when no retirement was asked (a late
+    answer, or a confused peer): the daemon notes it and waits for nothing more."""
+    remote, session, framework, link = sides
+    pilot_on(framework, "node-1")
+    wait_for(lambda: remote.find_pilot("node-1") is not None, what="the pilot reported")
+    with caplog.at_level("INFO", logger="elasticslice.pilots.remote"):
+        link._send_back("retired", client_id="node-1", done=True)
+        wait_for(lambda: "no retirement was asked of it" in caplog.text,
+                 what="the unasked answer noted")
+    assert remote._retiring == {} and remote.attached
+    assert remote.find_pilot("node-1") is not None   # the link is up, the pilot still there
