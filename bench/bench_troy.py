@@ -13,7 +13,9 @@ the rounds (3; 1 with ``--quick``) with its min and max. Ratios are taken within
 - bundled: bundles of 250 ``/bin/true`` members made directly, and the whole pipeline
   (``execute_workload``: planner, workload manager with bundling, unit service);
 - the spawn floor: ``/bin/true`` from a pool of 2 processes (forked before anything else
-  starts); the thread floor: from 2 threads of this process (where ``local`` runs units);
+  starts), measured before the bundled Troy figures and again after each: a bundled figure's
+  ratio to the floor is to the mean of the floor just before and just after it (BRACKETS);
+  the thread floor: from 2 threads of this process (where ``local`` runs units);
 - latency: back-to-back round trips of one null unit, median ms of the round.
 
 ``python bench/bench_troy.py [--quick]``; ``python -m bench --only troy``.
@@ -158,6 +160,9 @@ def throughputs(e: Engines, s: Sizes) -> list[tuple[str, int, Callable[[], float
     each Troy figure next to the peers it is compared with."""
     null, true = [CUD(function=noop)] * s.null, [CUD(executable="/bin/true")] * s.true
     half = s.bundled // 2
+
+    def floor() -> float:
+        return timed(lambda: e.pool.map(true_proc, range(s.bundled), chunksize=16))
     return [
         ("dask_map_null_tasks_per_s", s.null, lambda: dask_map(e.dask, noop, s.null)),
         ("troy_dask_null_units_per_s", s.null, lambda: burst(e.dask, null)),
@@ -174,18 +179,21 @@ def throughputs(e: Engines, s: Sizes) -> list[tuple[str, int, Callable[[], float
         ("parsl_htex_bash_app_true_tasks_per_s", s.true,
          lambda: e.parsl.burst("bash_app", s.true)),
         ("troy_local_true_units_per_s", s.true, lambda: burst(e.local, true)),
-        ("spawn_floor_true_tasks_per_s", s.bundled,
-         lambda: timed(lambda: e.pool.map(true_proc, range(s.bundled), chunksize=16))),
         ("spawn_floor_threads_true_tasks_per_s", s.bundled,
          lambda: timed(lambda: e.threads.map(true_proc, range(s.bundled), chunksize=16))),
+        (FLOOR, s.bundled, floor),
         ("troy_dask_bundled_true_tasks_per_s", s.bundled,
          lambda: burst(e.dask, bundles(s.bundled))),
+        (after("troy_dask_bundled_true_tasks_per_s"), s.bundled, floor),
         ("troy_local_bundled_true_tasks_per_s", s.bundled,
          lambda: burst(e.local, bundles(s.bundled))),
+        (after("troy_local_bundled_true_tasks_per_s"), s.bundled, floor),
         ("troy_pipeline_dask_bundled_true_tasks_per_s", s.bundled,
          lambda: pipeline(e, "dask", s.bundled, "auto")),
+        (after("troy_pipeline_dask_bundled_true_tasks_per_s"), s.bundled, floor),
         ("troy_pipeline_local_bundled_true_tasks_per_s", s.bundled,
          lambda: pipeline(e, "local", s.bundled, "auto")),
+        (after("troy_pipeline_local_bundled_true_tasks_per_s"), s.bundled, floor),
         ("troy_pipeline_dask_unbundled_true_tasks_per_s", half // 2,
          lambda: pipeline(e, "dask", half // 2, False)),
         ("troy_pipeline_local_unbundled_true_tasks_per_s", half // 2,
@@ -201,7 +209,29 @@ def latencies(e: Engines) -> list[tuple[str, Callable[[], object]]]:
             ("troy_local_latency_ms", lambda: e.local.submit_unit(CUD(function=noop)).wait())]
 
 
-# ratio name -> (numerator, denominators: the best of them in the same round)
+#: the spawn floor, measured before the bundled Troy figures and again after each of them
+FLOOR = "spawn_floor_true_tasks_per_s"
+#: the bundled Troy figures, each between two measurements of the floor (see BRACKETS)
+BUNDLED = ("troy_dask_bundled_true_tasks_per_s", "troy_local_bundled_true_tasks_per_s",
+           "troy_pipeline_dask_bundled_true_tasks_per_s",
+           "troy_pipeline_local_bundled_true_tasks_per_s")
+
+
+def after(figure: str) -> str:
+    """The name of the floor measured right after ``figure`` (a figure of its own, not a
+    throughput of the chart: no ``_per_s``)."""
+    return f"spawn_floor_true_after_{figure.removesuffix('_true_tasks_per_s')}"
+
+
+#: figure -> the floor measurements just before and just after it: its ratio to the floor
+#: is taken against their mean, which cancels a drift of the machine's speed over the few
+#: seconds between them (the floor moved 2,678-3,751/s between the rounds of one run, more
+#: than the 10 % its goal allows; each is 1.5-2 s)
+BRACKETS = {figure: (FLOOR if i == 0 else after(BUNDLED[i - 1]), after(figure))
+            for i, figure in enumerate(BUNDLED)}
+
+# ratio name -> (numerator, denominators: the best of them in the same round; the floor:
+# the mean of the floors around the numerator, BRACKETS)
 RATIOS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ratio_troy_dask_over_dask_map_null": (
         "troy_dask_null_units_per_s",
@@ -252,9 +282,14 @@ def figures_of(samples: dict[str, list[float]], rounds: int) -> dict[str, Any]:
     figures: dict[str, Any] = {"rounds": rounds, "workers": CORES, "bundle_size": BUNDLE}
     for name, values in samples.items():
         summarise(name, values, figures)
+    def peer(top: str, peers: tuple[str, ...], i: int) -> float:
+        if peers == (FLOOR,) and top in BRACKETS:
+            return statistics.mean(samples[f][i] for f in BRACKETS[top])
+        return max(samples[p][i] for p in peers)
+
     for name, (top, peers) in RATIOS.items():
-        summarise(name, [samples[top][i] / max(samples[p][i] for p in peers)
-                         for i in range(rounds)], figures)
+        summarise(name, [samples[top][i] / peer(top, peers, i) for i in range(rounds)],
+                  figures)
     summarise("troy_dask_latency_over_dask_ms",
               [t - d for t, d in zip(samples["troy_dask_latency_ms"],
                                      samples["dask_latency_ms"])], figures)

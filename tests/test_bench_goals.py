@@ -87,3 +87,31 @@ def test_issue_36s_ratios_are_rows_and_a_quick_runs_figures_fill_them():
 def test_an_unknown_direction_is_refused():
     with pytest.raises(ValueError, match="op must be one of"):
         Goal("x", "a", "=<", 1.0, "ms")
+
+
+def test_a_bundled_figure_is_taken_against_the_floor_measured_on_either_side_of_it():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        bench_troy = pytest.importorskip("bench_troy")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    # in a round's order, each bundled figure sits between the two floors of its bracket
+    order = [name for name, _, _ in bench_troy.throughputs(None, bench_troy.sizes(True))]
+    for figure, (before, after) in bench_troy.BRACKETS.items():
+        assert order.index(before) + 1 == order.index(figure) == order.index(after) - 1
+    # a machine slowing down through a round (the floor 1,000/s, then 800/s) does not read
+    # as Troy being slower: 900/s between them is the floor's pace then
+    samples = {name: [1.0] for name in order}
+    floors = iter([1000.0, 800.0, 800.0, 800.0, 800.0])
+    for name in order:
+        if name == bench_troy.FLOOR or name.startswith("spawn_floor_true_after_"):
+            samples[name] = [next(floors)]
+    samples["troy_dask_bundled_true_tasks_per_s"] = [900.0]
+    samples["troy_local_bundled_true_tasks_per_s"] = [720.0]
+    for key in ("troy_dask_latency_ms", "dask_latency_ms", "parsl_htex_latency_ms"):
+        samples[key] = [1.0]
+    figures = bench_troy.figures_of(samples, 1)
+    assert figures["ratio_troy_dask_bundled_true_over_floor"] == pytest.approx(1.0)
+    assert figures["ratio_troy_local_bundled_true_over_floor"] == pytest.approx(0.9)
+    # the thread floor and Parsl are still the best peer of the same round
+    assert figures["ratio_troy_dask_bundled_true_over_parsl"] == pytest.approx(900.0)

@@ -228,6 +228,19 @@ class ComputeUnitDescription(_WorkFields):
         unit.__dict__.update(_defaults(), **fields_)
         return unit
 
+    @classmethod
+    def of_task(cls, task: TaskDescription, name: str) -> ComputeUnitDescription:
+        """The unit of one task: the task's work fields as they are (checked when the task
+        was made; its values shared, as :meth:`checked` shares them), named ``name``: a copy
+        of its fields where :meth:`checked` builds every default first and then replaces
+        all but two (the workload manager makes one per task it translates)."""
+        unit = cls.__new__(cls)
+        d = unit.__dict__
+        d.update(task.__dict__)
+        del d["cardinality"]
+        d["name"], d["bundle"] = name, []
+        return unit
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_str("name")

@@ -48,12 +48,18 @@ def test_a_unit_made_from_a_checked_task_equals_one_checked_again() -> None:
     """The workload manager makes a task's unit without checking its fields again: the
     same unit as the checked constructor gives, with defaults of its own."""
     from troy import ComputeUnitDescription, TaskDescription
-    from troy.workload.manager import _WORK_FIELDS
+    from troy.workload.manager import unit_description
+    from troy.workload.task import Task
     task = TaskDescription(executable="/bin/echo", arguments=["a", "b"], environment={"X": "1"},
-                           cores=2, walltime=5.0, runtime=1.5, stdout="out.txt")
-    fields_ = {"name": "t1", **{f: getattr(task, f) for f in _WORK_FIELDS}}
+                           cores=2, walltime=5.0, runtime=1.5, stdout="out.txt", cardinality=3)
+    fields_ = {"name": "t1", **{f: getattr(task, f) for f in task.__dict__ if f != "cardinality"}}
     fast, checked = ComputeUnitDescription.checked(fields_), ComputeUnitDescription(**fields_)
     assert fast == checked and fast.to_dict() == checked.to_dict()
+    made = unit_description([Task("t1", task)])   # the manager's: ComputeUnitDescription.of_task
+    assert made == checked and made.to_dict() == checked.to_dict()
+    assert made.to_dict(defaults=False) == checked.to_dict(defaults=False)
+    assert list(made.to_dict()) == list(checked.to_dict())   # every field, in order
+    assert task.cardinality == 3 and "cardinality" not in made.__dict__
     other = ComputeUnitDescription.checked({"name": "t2", "executable": "/bin/true"})
     assert other.bundle == [] and other.bundle is not fast.bundle
     assert other == ComputeUnitDescription(name="t2", executable="/bin/true")

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import logging
@@ -45,7 +44,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _UNSET: Any = object()
-_WORK_FIELDS = [f.name for f in dataclasses.fields(TaskDescription) if f.name != "cardinality"]
 
 
 @dataclass
@@ -82,8 +80,7 @@ def _collector_paused(step: Callable[..., T]) -> Callable[..., T]:
 def unit_description(tasks: list[Task]) -> ComputeUnitDescription:
     """The unit for one task, or the bundle unit for several."""
     def one(t: Task) -> ComputeUnitDescription:
-        d = t.description.__dict__   # checked when the task was made: not checked again
-        return ComputeUnitDescription.checked({"name": t.id, **{f: d[f] for f in _WORK_FIELDS}})
+        return ComputeUnitDescription.of_task(t.description, t.id)
 
     if len(tasks) == 1:
         return one(tasks[0])
