@@ -244,8 +244,8 @@ class WorkloadManager:
         workload.add_callback(lambda w, s: store.update_workload(w.id, s, len(w.tasks)))
         tasks = list(workload.tasks.values())
         for t in tasks:   # a task others depend on releases them as it ends (the relations
-            if workload._tails.get(t.id):   # are fixed from translation on); the rest:
-                t.add_callback(self._on_task)   # nothing to do, no callback to run
+            if workload.tails(t.id):   # are fixed from translation on); the rest: nothing
+                t.add_callback(self._on_task)   # to do, no callback to run
         # the units go first, then the tasks are marked: a unit that ended meanwhile is
         # read when its tasks are (their states derive from their units' as they are), and
         # the nodes start 5,000 tasks' marking sooner
