@@ -26,6 +26,19 @@ def test_add_task_returns_ids_and_tasks_are_reachable():
         w.add_task({"exe": "/bin/true"})
 
 
+def test_one_batch_of_changes_to_tasks_of_two_workloads_counts_each_in_its_own():
+    """The managers tell workloads of many tasks' changes at once (a bundle's 250 tasks):
+    a batch that mixes two workloads' tasks moves each workload's counts, not one's."""
+    from troy.workload.task import set_states
+    w1, w2 = Workload(), Workload()
+    a = [w1.tasks[t] for t in w1.add_task([{"executable": "/bin/true"}] * 2)]
+    b = [w2.tasks[t] for t in w2.add_task([{"executable": "/bin/true"}] * 3)]
+    set_states([a[0], b[0], a[1], b[1]], State.DONE)
+    assert w1.finished and not w2.finished
+    set_states([b[2], a[0]], State.FAILED)   # a[0] is final already: no change
+    assert w2.finished and a[0].state is State.DONE and b[2].state is State.FAILED
+
+
 def test_add_relation_refuses_unknown_tasks_duplicates_and_cycles():
     w = Workload()
     a, b, c = w.add_task([{"executable": "/bin/true"}] * 3)

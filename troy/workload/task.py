@@ -147,14 +147,21 @@ def notify_tasks(changes: list[tuple[Task, tuple[State, State]]]) -> None:
     """Many tasks' changes: each task's callbacks, in order, then each workload's counts
     once for all of them (as :meth:`Task._notify` does for one)."""
     per_workload: dict[int, tuple[Workload, list[tuple[Task, State, State]]]] = {}
+    last, batch = None, None   # (a batch is one workload's tasks, but for rare cases)
     for task, (old, new) in changes:
-        if task._callbacks:   # (most tasks have none before dispatch)
+        if task._callbacks:   # (most tasks have none: the manager watches only heads)
             with task._lock:
                 callbacks = list(task._callbacks)
             task._run_callbacks(callbacks, new)
-        if task._workload is not None:
-            per_workload.setdefault(id(task._workload), (task._workload, []))[1].append(
-                (task, old, new))
+        workload = task._workload
+        if workload is None:
+            continue
+        if workload is not last:
+            entry = per_workload.get(id(workload))
+            if entry is None:
+                entry = per_workload[id(workload)] = (workload, [])
+            last, batch = workload, entry[1]
+        batch.append((task, old, new))   # type: ignore[union-attr]
     for workload, done in per_workload.values():
         workload._tasks_changed(done)
 

@@ -112,7 +112,8 @@ class Workload(Lockable, Observable):
             tasks, moves = self.tasks, {}
             for task, old, new in changes:
                 if task.id in tasks:
-                    moves[old, new] = moves.get((old, new), 0) + 1
+                    move = (old, new)
+                    moves[move] = moves.get(move, 0) + 1
             if not moves:
                 return
             counts = self._counts
