@@ -84,9 +84,7 @@ class Description:
         if defaults:
             out = {name: d[name] for name in _field_names(type(self))}
         else:
-            given = _sparse_defaults(type(self))
-            out = {k: v for k, v in d.items() if k in given and (
-                (dv := given[k]) is not v and (type(v) is not type(dv) or v != dv))}
+            out = _sparse_of(type(self))(d)
         if deep:
             for name, v in out.items():
                 if isinstance(v, list) and v and isinstance(v[0], Description):
@@ -271,6 +269,35 @@ def _sparse_defaults(cls: type) -> dict[str, Any]:
 
 
 _NO_DEFAULT = object()   # a field without one: always written
+_ABSENT = object()       # a field not in an instance's __dict__: not written
+
+
+@functools.cache
+def _sparse_of(cls: type) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """``to_dict(defaults=False)`` of ``cls``'s instances, from their ``__dict__``: each
+    field whose value differs from its default (:func:`_sparse_defaults`: a value of
+    another type, or unequal), in field order. Made once per class as one function with a
+    test per field (as :mod:`dataclasses` makes ``__init__``): the workload manager
+    writes every task, every unit and every bundle member so, 3 us each as a loop over the
+    fields, 1 us so. ``tests/troy/test_descriptions.py`` holds it to the loop's answers."""
+    names: dict[str, Any] = {"_ABSENT": _ABSENT}
+    lines = ["def sparse(d):", "    out = {}", "    get = d.get"]
+    for i, (name, default) in enumerate(_sparse_defaults(cls).items()):
+        lines.append(f"    v = get({name!r}, _ABSENT)")
+        if default is _NO_DEFAULT:
+            test = "v is not _ABSENT"
+        elif default is None:
+            test = "v is not None and v is not _ABSENT"
+        elif type(default) in (list, dict) and not default:   # a factory's empty value
+            test = f"v is not _ABSENT and (type(v) is not {type(default).__name__} or v)"
+        else:
+            names[f"_d{i}"], names[f"_t{i}"] = default, type(default)
+            test = (f"v is not _d{i} and v is not _ABSENT and "
+                    f"(type(v) is not _t{i} or v != _d{i})")
+        lines += [f"    if {test}:", f"        out[{name!r}] = v"]
+    lines.append("    return out")
+    exec("\n".join(lines), names)   # noqa: S102 - our own field names and defaults only
+    return names["sparse"]
 
 
 def _defaults() -> dict[str, Any]:

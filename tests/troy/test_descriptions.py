@@ -84,3 +84,45 @@ def test_a_description_without_its_defaults_builds_the_same_description_again() 
     assert task.to_dict(defaults=False) == {"executable": "x", "args": (1,),
                                              "cardinality": 3, "runtime": 0.0}
     assert TD.coerce(task.to_dict(defaults=False)) == task
+
+
+def test_the_fields_written_without_defaults_are_those_the_field_by_field_rule_gives() -> None:
+    """``to_dict(defaults=False)`` is one function per class made from its fields
+    (descriptions._sparse_of): it writes what the rule it replaced wrote, a field whose
+    value is not its default's type or is unequal to it, on descriptions of every kind of
+    value, a missing field and an attribute that is not a field included."""
+    import itertools
+
+    from troy import ComputeUnitDescription as CUD, PilotDescription, TaskDescription as TD
+    from troy.descriptions import _sparse_defaults
+
+    class Words(list):
+        pass
+
+    def by_rule(obj) -> dict:
+        given = _sparse_defaults(type(obj))
+        return {k: v for k, v in obj.__dict__.items() if k in given and (
+            (dv := given[k]) is not v and (type(v) is not type(dv) or v != dv))}
+
+    values = [None, 0, 1, 2, 1.0, True, False, "", "x", [], ["a"], Words(), {}, {"A": "1"},
+              0.5, float("nan")]
+    seen = 0
+    for cls in (CUD, TD, PilotDescription):
+        base = cls.__new__(cls)
+        base.__dict__.update({n: v for n, v in _sparse_defaults(cls).items()})
+        names = list(_sparse_defaults(cls))
+        for name, value in itertools.product(names, values):
+            obj = cls.__new__(cls)
+            obj.__dict__.update(base.__dict__)
+            obj.__dict__[name] = value
+            assert obj.to_dict(deep=False, defaults=False) == by_rule(obj), (cls, name, value)
+            seen += 1
+        obj = cls.__new__(cls)   # a field missing, an attribute that is no field
+        obj.__dict__.update({n: v for n, v in base.__dict__.items() if n != names[0]},
+                            extra=1)
+        assert obj.to_dict(deep=False, defaults=False) == by_rule(obj)
+    assert seen > 500
+    made = CUD(executable="/bin/sh", arguments=["-c", "true"], cores=2, environment={"A": "1"})
+    assert made.to_dict(defaults=False) == {"executable": "/bin/sh",
+                                            "arguments": ["-c", "true"], "cores": 2,
+                                            "environment": {"A": "1"}}
