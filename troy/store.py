@@ -83,8 +83,10 @@ def describe_for_store(cud: ComputeUnitDescription) -> tuple[dict[str, Any], boo
             name = getattr(fn, "__qualname__", repr(fn))
             out["callable"] = f"{getattr(fn, '__module__', '?')}.{name}"
             out["args"], out["kwargs"] = [], {}
-        out["args"] = list(out.get("args") or [])
-        out["bundle"] = [clean(m) for m in d.bundle]
+        if "args" in out:   # (a tuple given: JSON's list)
+            out["args"] = list(out["args"])
+        if d.bundle:   # fields at their defaults are not written: coerce() gives them back
+            out["bundle"] = [clean(m) for m in d.bundle]
         return out
 
     return clean(cud), persistable

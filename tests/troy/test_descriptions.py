@@ -84,6 +84,18 @@ def test_a_description_without_its_defaults_builds_the_same_description_again() 
     assert task.to_dict(defaults=False) == {"executable": "x", "args": (1,),
                                              "cardinality": 3, "runtime": 0.0}
     assert TD.coerce(task.to_dict(defaults=False)) == task
+    # the store's record of it: JSON of the same fields, read back the same
+    import json
+
+    from troy.store import _dumps_description
+    text, persistable = _dumps_description(unit)
+    assert persistable and json.loads(text)["bundle"][0] == {"executable": "/bin/true"}
+    assert CUD.coerce(json.loads(text)) == unit
+    called = CUD(function=print, args=(1, 2), name="f")
+    text, persistable = _dumps_description(called)
+    assert not persistable and json.loads(text) == {
+        "name": "f", "function": None, "callable": "builtins.print", "args": [], "kwargs": {}}
+    assert json.loads(_dumps_description(CUD(executable="x", args=(1,)))[0])["args"] == [1]
 
 
 def test_the_fields_written_without_defaults_are_those_the_field_by_field_rule_gives() -> None:
