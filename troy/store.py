@@ -83,8 +83,8 @@ def describe_for_store(cud: ComputeUnitDescription) -> tuple[dict[str, Any], boo
             name = getattr(fn, "__qualname__", repr(fn))
             out["callable"] = f"{getattr(fn, '__module__', '?')}.{name}"
             out["args"], out["kwargs"] = [], {}
-        if "args" in out:   # (a tuple given: JSON's list)
-            out["args"] = list(out["args"])
+        if "args" in out:   # (a tuple: JSON's list)
+            out["args"] = list(out["args"] or [])
         if d.bundle:   # fields at their defaults are not written: coerce() gives them back
             out["bundle"] = [clean(m) for m in d.bundle]
         return out
