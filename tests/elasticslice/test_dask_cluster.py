@@ -19,6 +19,7 @@ from elasticslice.dask import CloudLabCluster
 from elasticslice.managers.policy import PolicyConfig, wanted_nodes
 from elasticslice.pilots.watch import extra_demand
 from troy.frameworks.dask.framework import scheduler_workers
+from tests.elasticslice.gates import gated
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY, admin, \
     reclaim_outcome
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
@@ -167,26 +168,6 @@ def test_a_dask_user_gets_cloudlab_elastically(emulator_factory, tmp_path: Path,
                               maximum=4, disk_image=pilot_image(emulator),
                               node_python="python3", intervals=FAST_INTERVALS, margin=1.0,
                               policy=policy, idle_timeout=1.0)
-
-    def gated(value: Any, url: str, ran: str | None = None) -> Any:
-        """``value`` once the test's gate at ``url`` is open (runs on a node's Dask worker:
-        the test says when the work may end, whatever the machine's load; defined here: a
-        node has no tests package, so Dask must send it by value); each run told to
-        ``ran`` (the witness's ``/ran/<task>/<node>``) when given."""
-        import socket
-        import time
-        import urllib.error
-        import urllib.request
-        while True:  # the witness holds a closed gate's answer up to 4 s, then 404
-            try:
-                urllib.request.urlopen(url, timeout=30).close()
-                break
-            except urllib.error.HTTPError:
-                time.sleep(0.05)
-        if ran is not None:
-            node = socket.gethostname().split(".")[0]
-            urllib.request.urlopen(f"{ran}/{node}", timeout=30).close()
-        return value
 
     try:
         with Client(cluster) as client:

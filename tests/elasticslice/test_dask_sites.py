@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.elasticslice.gates import gated
 from tests.elasticslice.managers.helpers import FAST_INTERVALS, FAST_POLICY
 from tests.elasticslice.pilots.helpers import Witness, pilot_image
 from tests.elasticslice.sitesbox import UTAH_NODES, held_per_cm, small_first_site
@@ -26,24 +27,6 @@ def test_adapt_grows_at_the_second_cm_when_the_first_is_full_and_shrinks_at_each
     from troy.frameworks.dask.framework import scheduler_workers
     monkeypatch.setenv("ELASTICSLICE_CREDENTIAL_CACHE_DIR", str(tmp_path / "cache"))
 
-    def gated(i: int, url: str, witness: str) -> tuple[int, str]:
-        """i * i and the node it ran on, once the test's gate at ``url`` is open; the node
-        is told to the ``witness`` too (defined here: a node has no tests package, so Dask
-        sends it by value)."""
-        import socket
-        import time
-        import urllib.error
-        import urllib.request
-        while True:   # the witness holds a closed gate's answer up to 4 s, then 404
-            try:
-                urllib.request.urlopen(url, timeout=30).close()
-                break
-            except urllib.error.HTTPError:
-                time.sleep(0.05)
-        node = socket.gethostname().split(".")[0]
-        urllib.request.urlopen(f"{witness}/ran/{i}/{node}", timeout=30).close()
-        return i * i, node
-
     with small_first_site(tmp_path / "box") as box:
         witness = Witness(box.control_address)
         # utah fills up to its last free node (no share of it kept free: the manager's
@@ -57,7 +40,8 @@ def test_adapt_grows_at_the_second_cm_when_the_first_is_full_and_shrinks_at_each
             with Client(cluster) as client:
                 cluster.adapt(minimum=1, maximum=4, target_duration="1s")
                 gate = witness.gate("grow")
-                futures = client.map(gated, range(64), url=gate.url, witness=witness.url)
+                futures = client.map(lambda i, url=gate.url, ran=witness.url: gated(
+                    i * i, url, f"{ran}/ran/{i}"), range(64))
 
                 def four_workers() -> dict[str, str | None] | None:
                     found = cluster.worker_sites()
@@ -75,7 +59,7 @@ def test_adapt_grows_at_the_second_cm_when_the_first_is_full_and_shrinks_at_each
                          == 4, timeout=30, what="tasks running on each of the four workers")
                 gate.open()
                 results = client.gather(futures)
-                assert [r[0] for r in results] == [i * i for i in range(64)]
+                assert results == [i * i for i in range(64)]
                 ran = {node for nodes in witness.ran().values() for node in nodes}
                 assert ran == set(site_of) and set(added_at_wisc) <= ran, (ran, held)
                 # the results are the client's now: none stays on a worker. (In the box a
