@@ -156,9 +156,16 @@ class ComputeUnit:
                 self.result = result
                 self.start = result.start or self.start
                 self.end = result.end
-            if state in FINAL_STATES and self.end is None:
-                self.end = time.time()
-            callbacks = list(self._callbacks)
+            if state in FINAL_STATES:
+                if self.end is None:
+                    self.end = time.time()
+                # a final unit changes no more (``_requeue`` moves only units not final):
+                # its callbacks go with this last call, and with them what they hold (its
+                # tasks, their workload), which the unit service's list of every unit
+                # kept alive for the session's life
+                callbacks, self._callbacks = self._callbacks, []
+            else:
+                callbacks = list(self._callbacks)
             self._cond.notify_all()
         for cb in callbacks:
             try:

@@ -256,3 +256,35 @@ def test_a_task_that_ends_finds_its_unit_s_end_queued_for_the_store(troy_session
     w.tasks["one"].add_callback(on_task)
     assert troy.execute_workload(troy_session, w, troy.Overlay([{"size": 1}])) is State.DONE
     assert seen == ["DONE"]
+
+
+@pytest.mark.parametrize("bundle", [False, "auto"])
+def test_a_done_workload_let_go_is_freed_while_the_session_keeps_its_units(
+        troy_session, local_fw, bundle) -> None:
+    """What leaked: the unit service keeps every unit for ``list_units()`` and the manager
+    every plan for ``units()``; each unit kept its callbacks, which held its tasks, and each
+    plan its workload: a session running workload after workload grew by all of them
+    (70,000 objects a 5,000-task workload). A final unit now lets its callbacks go and the
+    manager a final workload; the units stay, with their results."""
+    import gc
+    import weakref
+    w = troy.Workload()
+    w.add_task([{"executable": "/bin/true", "runtime": 0.001}] * 6)
+    task = next(iter(w.tasks.values()))
+    refs = [weakref.ref(w), weakref.ref(task)]
+    seen: list[State] = []
+    task.add_callback(lambda t, state: seen.append(state))
+    us = troy_session.unit_service()
+    manager = troy.WorkloadManager(troy_session, unit_service=us, bundle=bundle)
+    assert troy.execute_workload(troy_session, w, troy.Overlay([{"size": 1}]),
+                                 manager=manager) is State.DONE
+    assert seen[-1] is State.DONE   # the callbacks ran to the end first
+    unit_ids = {u.id for u in task.units}
+    wid, plan_units = w.id, manager.units(w)
+    del w, task
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    kept = [u for u in us.list_units() if u.id in unit_ids]
+    assert kept and all(u.state is State.DONE and u.result.ok for u in kept)
+    assert [u.id for u in manager.units(troy.Workload(uid=wid))] == \
+        [u.id for u in plan_units]

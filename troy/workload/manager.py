@@ -48,9 +48,10 @@ _UNSET: Any = object()
 
 @dataclass
 class _Plan:
-    """What the manager knows of one workload: its units, their heads and bindings."""
+    """What the manager knows of one workload: its units, their heads and bindings.
+    ``workload``: None once it is final (the manager lets it go; its units stay)."""
 
-    workload: Workload
+    workload: Workload | None
     units: list[ComputeUnit] = field(default_factory=list)
     heads: dict[str, set[str]] = field(default_factory=dict)
     bindings: dict[str, Pilot] = field(default_factory=dict)
@@ -235,13 +236,16 @@ class WorkloadManager:
         (not final, not submitted yet)."""
         with self._lock:
             plans = list(self._plans.values())
-            return [u for p in plans if p.workload.state not in FINAL_STATES
+            return [u for p in plans if p.workload is not None
+                    and p.workload.state not in FINAL_STATES
                     for u in p.units if u.id not in p.released and u.state not in FINAL_STATES]
 
     def _start(self, plan: _Plan) -> None:
         self.session._managers.add(self)
         workload, store = plan.workload, self.session.store
+        assert workload is not None
         workload.add_callback(lambda w, s: store.update_workload(w.id, s, len(w.tasks)))
+        workload.add_callback(functools.partial(self._let_go, plan))
         tasks = list(workload.tasks.values())
         for t in tasks:   # a task others depend on releases them as it ends (the relations
             if workload.tails(t.id):   # are fixed from translation on); the rest: nothing
@@ -253,20 +257,31 @@ class WorkloadManager:
         mark_dispatched(tasks)
         workload._mark_dispatched()
 
+    def _let_go(self, plan: _Plan, workload: Workload, state: State) -> None:
+        """A final workload changes no more: the manager keeps its units (``units()``)
+        but not the workload, whose tasks the user may let go (a manager running workload
+        after workload kept every one of them, 70,000 objects a 5,000-task workload)."""
+        if state in FINAL_STATES:
+            with self._lock:
+                plan.workload = None
+
     def _on_task(self, task: Task, state: State) -> None:
         if state not in FINAL_STATES or task.workload is None:
             return
         plan = self._plans.get(task.workload.id)
-        if plan is None:
+        wl = plan.workload if plan is not None else None
+        if wl is None:
             return
-        wl = plan.workload
         units = {u.id: u for t in wl.tails(task.id) for u in wl.tasks[t].units}
         if units:
             self._release(plan, list(units.values()))
 
     def _release(self, plan: _Plan, units: list[ComputeUnit]) -> None:
         """Submit the units whose heads are all DONE; cancel those with a failed head."""
-        tasks = plan.workload.tasks
+        workload = plan.workload
+        if workload is None:   # final: nothing is left to release
+            return
+        tasks = workload.tasks
         ready, doomed = [], []
         with self._lock:
             for u in units:
@@ -287,9 +302,9 @@ class WorkloadManager:
             u._set_state(State.CANCELED, result=UnitResult(
                 error="canceled: a task it depends on failed or was canceled"))
         if ready:
-            self._submit(plan, ready)
+            self._submit(plan, workload.id, ready)
 
-    def _submit(self, plan: _Plan, units: list[ComputeUnit]) -> None:
+    def _submit(self, plan: _Plan, wid: str, units: list[ComputeUnit]) -> None:
         us = self.unit_service
         late = [u for u in units if u.id not in plan.bindings]
         by_pilot: dict[str, list[ComputeUnit]] = defaultdict(list)
@@ -304,14 +319,14 @@ class WorkloadManager:
                 late.extend(group)
                 continue
             try:
-                us.submit_units(group, pilot=pilot, workload=plan.workload.id, stored=True)
+                us.submit_units(group, pilot=pilot, workload=wid, stored=True)
             except Exception as err:  # the pilot went away meanwhile: bind late instead
                 log.warning("early-bound submission to %s failed (%s); binding late",
                             pilot.id, err)
                 late.extend(u for u in group
                             if u._framework_obj is None and u.state not in FINAL_STATES)
         if late:
-            us.submit_units(late, workload=plan.workload.id, stored=True,
+            us.submit_units(late, workload=wid, stored=True,
                             frameworks=overlay_frameworks(plan.overlay))
 
     # -- wait / cancel ------------------------------------------------------------------
