@@ -29,3 +29,27 @@ def test_the_image_pythons_version_is_asked_once(monkeypatch) -> None:
     version = pilotimage.image_python_version()
     monkeypatch.setattr(pilotimage.subprocess, "run", None)  # asking again would fail
     assert pilotimage.image_python_version() == version
+
+
+def test_the_image_is_built_again_when_a_source_changes_not_when_its_bytecode_does(
+        tmp_path: Path, monkeypatch) -> None:
+    """The image's key covers the project's files (a node must run this checkout's code)
+    and nothing under __pycache__ (compiling must not make a new image)."""
+    top = tmp_path / "troy"
+    (top / "sub" / "__pycache__").mkdir(parents=True)
+    (top / "a.py").write_text("x = 1\n")
+    (top / "sub" / "b.py").write_text("y = 2\n")
+    monkeypatch.setattr(pilotimage, "_project_dirs", lambda: [top])
+    version, dists = (3, 11), pilotimage._agent_dists()
+    first = pilotimage._key(version, dists)
+    assert pilotimage._key(version, dists) == first
+    (top / "sub" / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"\0" * 16)
+    assert pilotimage._key(version, dists) == first
+    (top / "sub" / "b.py").write_text("y = 22\n")   # edited: another size
+    second = pilotimage._key(version, dists)
+    assert second != first
+    os.utime(top / "a.py", ns=(0, 1))   # same size, another mtime
+    third = pilotimage._key(version, dists)
+    assert third not in (first, second)
+    (top / "sub" / "c.py").write_text("")   # a new file
+    assert pilotimage._key(version, dists) not in (first, second, third)
