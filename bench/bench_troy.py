@@ -16,19 +16,25 @@ the rounds (3; 1 with ``--quick``) with its min and max. Ratios are taken within
   starts), measured before the bundled Troy figures and again after each: a bundled figure's
   ratio to the floor is to the mean of the floor just before and just after it (BRACKETS);
   the thread floor: from 2 threads of this process (where ``local`` runs units);
-- latency: back-to-back round trips of one null unit, median ms of the round.
+- latency: back-to-back round trips of one null unit, median ms of the round;
+- memory kept: the Python memory (tracemalloc) a ``local`` session still holds per task
+  after two more whole-pipeline workloads ran and were let go, bundled and unbundled (what
+  a session running workload after workload grows by: its unit service keeps every unit
+  and its result for ``list_units()``; the tasks and workloads go).
 
 ``python bench/bench_troy.py [--quick]``; ``python -m bench --only troy``.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import statistics
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -264,6 +270,24 @@ def summarise(name: str, values: list[float], figures: dict[str, Any]) -> None:
     figures[name + "_min"], figures[name + "_max"] = min(values), max(values)
 
 
+def kept_bytes_per_task(e: Engines, n: int, bundle: object, runs: int = 2) -> float:
+    """Python memory the ``local`` session still holds per task after ``runs`` more
+    whole-pipeline workloads of ``n`` tasks ran and were let go (after a first one: what
+    first use allocates once is not counted)."""
+    pipeline(e, "local", n, bundle)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(runs):
+            pipeline(e, "local", n, bundle)
+        time.sleep(0.2)   # the store's writer and the last callbacks
+        gc.collect()
+        return (tracemalloc.get_traced_memory()[0] - before) / (runs * n)
+    finally:
+        tracemalloc.stop()
+
+
 def measure(quick: bool) -> dict[str, list[float]]:
     s = sizes(quick)
     samples: dict[str, list[float]] = {}
@@ -275,6 +299,11 @@ def measure(quick: bool) -> dict[str, list[float]]:
             for name, once in latencies(e):
                 once()
                 samples.setdefault(name, []).append(latency_ms(once, s.lat))
+        # once, after the rounds (tracemalloc slows what it watches)
+        samples["troy_local_kept_bytes_per_task_bundled"] = [
+            kept_bytes_per_task(e, s.bundled, "auto")]
+        samples["troy_local_kept_bytes_per_task_unbundled"] = [
+            kept_bytes_per_task(e, s.bundled // 5, False)]
     return samples
 
 
@@ -324,7 +353,8 @@ def table(figures: dict[str, Any]) -> list[tuple[str, str]]:
     for name in figures:
         if name.endswith(("_min", "_max")) or not isinstance(figures[name], float):
             continue
-        unit = "ms" if name.endswith("_ms") else "x" if name.startswith("ratio_") else "/s"
+        unit = "ms" if name.endswith("_ms") else "x" if name.startswith("ratio_") else \
+            "B" if "_bytes_" in name else "/s"
         rows.append((name, _fig(figures, name, unit)))
     rows += [(name, "met" if ok else "MISSED") for name, ok in figures.items()
              if name.startswith("goal_")]

@@ -115,3 +115,40 @@ def test_a_bundled_figure_is_taken_against_the_floor_measured_on_either_side_of_
     assert figures["ratio_troy_local_bundled_true_over_floor"] == pytest.approx(0.9)
     # the thread floor and Parsl are still the best peer of the same round
     assert figures["ratio_troy_dask_bundled_true_over_parsl"] == pytest.approx(900.0)
+
+
+def test_the_memory_kept_per_task_sees_workloads_a_session_keeps(monkeypatch, tmp_path):
+    """The figure counts what a session still holds after its workloads were let go: a
+    session that kept them (as the unit service's units did through their callbacks) reads
+    their tasks too: about 700 bytes a task more (the units it keeps: about 1,000)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        bench_troy = pytest.importorskip("bench_troy")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    import troy
+    from troy.overlay import OverlayManager
+    with troy.Session(store_path=tmp_path / "troy.sqlite") as session:
+        session.add_framework("local", sandbox=str(tmp_path / "sandbox"))
+        overlay = troy.Overlay([{"size": 2, "framework": "local"}])
+        OverlayManager(session).manage_overlay(overlay)
+        engines = type("E", (), {"sessions": {"local": session},
+                                 "overlays": {"local": overlay}})()
+        try:
+            freed = bench_troy.kept_bytes_per_task(engines, 500, "auto")
+            kept: list = []
+            pipeline = bench_troy.pipeline
+
+            def keeping(e, kind, n, bundle):   # the workloads stay referenced
+                real = troy.Workload
+                monkeypatch.setattr(troy, "Workload", lambda: kept.append(real()) or kept[-1])
+                try:
+                    return pipeline(e, kind, n, bundle)
+                finally:
+                    monkeypatch.setattr(troy, "Workload", real)
+            monkeypatch.setattr(bench_troy, "pipeline", keeping)
+            held = bench_troy.kept_bytes_per_task(engines, 500, "auto")
+        finally:
+            overlay.cancel()
+    assert len(kept) == 3
+    assert 0 < freed < 2000 and held - freed > 400, (freed, held)
