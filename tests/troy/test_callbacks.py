@@ -39,3 +39,39 @@ def test_removed_callback_is_not_called(kind):
     obj.remove_callback(cb)
     obj._set_state(State.TRANSLATED)
     assert seen == []
+
+
+def test_a_unit_s_waiters_wake_at_its_final_state_and_its_callbacks_see_every_change():
+    """A unit has a lock and an Event made for its first waiter (not a Condition each):
+    waiters in several threads wake at the final state and not before, a timeout returns
+    the state as it is, and callbacks added, removed and added first see what they should."""
+    import threading
+    import time
+
+    from troy import ComputeUnitDescription
+    from troy.unit import ComputeUnit
+    unit = ComputeUnit(ComputeUnitDescription(executable="/bin/true"))
+    assert unit.wait(0.05) is State.DESCRIBED
+    seen: list[tuple[str, State]] = []
+    gone = lambda u, st: seen.append(("gone", st))  # noqa: E731
+    unit.add_callback(lambda u, st: seen.append(("last", st)))
+    unit.add_callback(gone)
+    unit.add_callback(lambda u, st: seen.append(("first", st)), first=True)
+    unit.remove_callback(gone)
+    woke: list[State] = []
+    waiters = [threading.Thread(target=lambda: woke.append(unit.wait(30)), daemon=True)
+               for _ in range(3)]
+    for t in waiters:
+        t.start()
+    unit._set_state(State.RUNNING)
+    time.sleep(0.2)
+    assert woke == []   # RUNNING is not final
+    unit._set_state(State.DONE)
+    deadline = time.monotonic() + 5   # woken, not timed out (they wait up to 30 s)
+    for t in waiters:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert woke == [State.DONE] * 3
+    assert unit.wait() is State.DONE and unit.wait(0) is State.DONE
+    assert seen == [("first", State.RUNNING), ("last", State.RUNNING),
+                    ("first", State.DONE), ("last", State.DONE)]
+    assert not unit._set_state(State.FAILED) and seen[-1] == ("last", State.DONE)
