@@ -102,12 +102,13 @@ class Observable:
     ``get_state()``, ``add_callback(cb)`` / ``remove_callback(cb)``; ``cb(obj, state)`` runs
     on every change, in the thread that caused it, outside the object's lock. A failing
     callback is logged and never breaks the caller. Expects ``_state``, ``_lock`` and
-    ``_callbacks`` of the class; the class decides its transitions and calls
-    ``_run_callbacks`` with a snapshot taken under its lock."""
+    ``_callbacks`` of the class (a tuple, copied on write: a state change reads it as it
+    is, and the many objects that never get a callback share the empty one); the class
+    decides its transitions and calls ``_run_callbacks`` with it, read under its lock."""
 
     _state: State
     _lock: Any
-    _callbacks: list[Callable[[Any, State], Any]]
+    _callbacks: tuple[Callable[[Any, State], Any], ...]
 
     @property
     def state(self) -> State:
@@ -119,12 +120,14 @@ class Observable:
     def add_callback(self, cb: Callable[[Any, State], Any]) -> None:
         """Call ``cb(obj, state)`` on every state change."""
         with self._lock:
-            self._callbacks.append(cb)
+            self._callbacks = (*self._callbacks, cb)
 
     def remove_callback(self, cb: Callable[[Any, State], Any]) -> None:
         with self._lock:
             if cb in self._callbacks:
-                self._callbacks.remove(cb)
+                kept = list(self._callbacks)
+                kept.remove(cb)
+                self._callbacks = tuple(kept)
 
     def _run_callbacks(self, callbacks: Iterable[Callable[[Any, State], Any]],
                        state: State) -> None:

@@ -74,7 +74,7 @@ class Overlay(Lockable, Observable):
         self._state = State.DESCRIBED
         self._locked = False
         self._lock = threading.RLock()
-        self._callbacks: list[OverlayCallback] = []
+        self._callbacks: tuple[OverlayCallback, ...] = ()
         self._cancelling = False
         for pd in pilots or ():
             self.add_pilot(pd)
@@ -125,7 +125,7 @@ class Overlay(Lockable, Observable):
             if self._state is state or self._state in (State.COMPLETED, State.FAILED):
                 return
             self._state = state
-            callbacks = list(self._callbacks)
+            callbacks = self._callbacks
         self._run_callbacks(callbacks, state)
 
     def _pilot_changed(self, *args: Any) -> None:

@@ -41,7 +41,7 @@ class Task(Observable):
         self._state = State.DESCRIBED
         self._dispatched = False
         self._lock = threading.RLock()
-        self._callbacks: list[TaskCallback] = []
+        self._callbacks: tuple[TaskCallback, ...] = ()
 
     def __repr__(self) -> str:
         return f"<Task {self.id} {self._state.value} units={len(self.units)}>"
@@ -83,7 +83,7 @@ class Task(Observable):
             return
         old, new = change
         with self._lock:
-            callbacks = list(self._callbacks)
+            callbacks = self._callbacks
         self._run_callbacks(callbacks, new)
         # last, so that whoever waits on the workload sees the task's callbacks done
         if self._workload is not None:
@@ -151,7 +151,7 @@ def notify_tasks(changes: list[tuple[Task, tuple[State, State]]]) -> None:
     for task, (old, new) in changes:
         if task._callbacks:   # (most tasks have none: the manager watches only heads)
             with task._lock:
-                callbacks = list(task._callbacks)
+                callbacks = task._callbacks
             task._run_callbacks(callbacks, new)
         workload = task._workload
         if workload is None:

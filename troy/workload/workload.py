@@ -63,7 +63,7 @@ class Workload(Lockable, Observable):
         self._locked = False
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._callbacks: list[WorkloadCallback] = []
+        self._callbacks: tuple[WorkloadCallback, ...] = ()
 
     def __repr__(self) -> str:
         return f"<Workload {self.id} {self._state.value} tasks={len(self.tasks)}>"
@@ -92,14 +92,14 @@ class Workload(Lockable, Observable):
             callbacks = self._transition(state)
         self._notify(state, callbacks)
 
-    def _transition(self, state: State) -> list[WorkloadCallback] | None:
+    def _transition(self, state: State) -> tuple[WorkloadCallback, ...] | None:
         if self._state is state:
             return None
         self._state = state
         self._cond.notify_all()
-        return list(self._callbacks)
+        return self._callbacks
 
-    def _notify(self, state: State, callbacks: list[WorkloadCallback] | None) -> None:
+    def _notify(self, state: State, callbacks: tuple[WorkloadCallback, ...] | None) -> None:
         self._run_callbacks(callbacks or (), state)
 
     def _task_changed(self, task: Task, old: State, new: State) -> None:
