@@ -43,14 +43,14 @@ def session_demand(session: Session) -> Demand:
     live: dict[str, ComputeUnit] = {}
     done = 0
     for us in list(session._services):
-        for u in us.list_units():
+        for u in us.live_units():
             if u.state not in FINAL_STATES:
                 live[u.id] = u
-            elif u.state is State.DONE:
-                done += 1
+        done += us.units_done
     for fw in list(session.frameworks.values()):
-        for u in fw.live_units():
-            live[u.id] = u
+        for u in fw.live_units():   # (one that just ended may be listed a moment longer)
+            if u.state not in FINAL_STATES:
+                live[u.id] = u
     waiting: dict[str, ComputeUnit] = {}
     for wm in list(session._managers):
         for u in wm.held_units():

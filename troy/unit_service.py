@@ -69,6 +69,10 @@ class UnitService:
         self.wait = wait
         self.early_binding = early_binding
         self._units: dict[str, ComputeUnit] = {}
+        # the units not final yet, and how many ended DONE: what the session's demand reads
+        # every manager cycle, without walking every unit the session ever ran
+        self._live: dict[str, ComputeUnit] = {}
+        self._done = 0
         self._queue: dict[str, ComputeUnit] = {}  # insertion-ordered: the queue order
         self._rank: dict[str, float] = {}  # queued unit id -> its sort key (longest first)
         self._scopes: dict[str, frozenset[str]] = {}  # unit id -> frameworks it may use
@@ -127,7 +131,12 @@ class UnitService:
             self.session.store.add_units(cus, session=self.session.id, workload=workload)
         with self._lock:
             for u in cus:
+                known = u.id in self._units
                 self._units[u.id] = u
+                if u.state not in FINAL_STATES:
+                    self._live[u.id] = u
+                elif u.state is State.DONE and not known:   # final already: no callback
+                    self._done += 1   # will count it (it found no live unit, or none came)
                 if frameworks is not None and target is None:
                     self._scopes[u.id] = frozenset(frameworks)
         if target is not None:
@@ -179,6 +188,16 @@ class UnitService:
         with self._lock:
             return list(self._units.values())
 
+    def live_units(self) -> list[ComputeUnit]:
+        """The units of this service that are not final yet."""
+        with self._lock:
+            return list(self._live.values())
+
+    @property
+    def units_done(self) -> int:
+        """How many of this service's units ended DONE."""
+        return self._done
+
     def queued_units(self) -> list[ComputeUnit]:
         """The units waiting in this service's queue, in its order."""
         with self._lock:
@@ -229,6 +248,9 @@ class UnitService:
     def _on_unit(self, unit: ComputeUnit, state: State) -> None:
         self.session.store.record(unit, state)
         if state in FINAL_STATES:
+            with self._lock:
+                if self._live.pop(unit.id, None) is not None and state is State.DONE:
+                    self._done += 1
             self._kick()
 
     def _kick(self) -> None:
