@@ -146,8 +146,8 @@ class ComputeUnit:
 
     def _set_state(self, state: State, *, pilot: str | None = None,
                    result: UnitResult | None = None) -> bool:
-        """Move to ``state`` (frameworks call this). A final state is never left, except by
-        ``_requeue``. Returns whether the state changed."""
+        """Move to ``state`` (frameworks call this). A final state is never left (the
+        frameworks ``_requeue`` only units not final). Returns whether the state changed."""
         with self._lock:
             if self._state in FINAL_STATES or self._state is state and pilot is None:
                 return False
