@@ -70,7 +70,7 @@ class NodeProcesses:
         alive = {g for g in groups if orphans.signal_group(g, signal.SIGTERM)}
         deadline = time.monotonic() + SHUTDOWN_GRACE
         while alive and time.monotonic() < deadline:
-            alive = {g for g in alive if orphans.group_alive(g)}
+            alive = orphans.live_groups(alive)
             if alive:
                 time.sleep(0.05)
         for pgid in alive:
@@ -84,4 +84,4 @@ class NodeProcesses:
     def running(self, node_id: str) -> bool:
         with self._lock:
             groups = set(self._groups.get(node_id, set()))
-        return any(orphans.group_alive(g) for g in groups)
+        return bool(orphans.live_groups(groups))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -71,22 +72,34 @@ def _runs_for(pgid: int, sandbox: Path) -> bool:
     return False
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process group has a live (not zombie) member; zombies whose parent never
-    reaps them (no init in a container) would otherwise look alive forever."""
+def live_groups(pgids: Iterable[int]) -> set[int]:
+    """Those of ``pgids`` that have a live member: not a zombie (zombies whose parent never
+    reaps them, with no init in a container, would otherwise look alive forever). One pass
+    over /proc for them all: a node's shutdown asks every 50 ms for each of its groups, and
+    a pass per group, through pathlib, cost 2 ms with 60 processes on the machine."""
+    want = {str(g).encode(): g for g in pgids}
+    if not want:
+        return set()
     if not PROC.is_dir():
-        return signal_group(pgid, 0)
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
+        return {g for g in want.values() if signal_group(g, 0)}
+    found: set[int] = set()
+    for name in os.listdir(PROC):
+        if not name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 1024)
+            finally:
+                os.close(fd)
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
+        fields = stat[stat.rfind(b")") + 2:].split(None, 3)   # state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[0] != b"Z" and fields[2] in want:
+            found.add(want[fields[2]])
+            if len(found) == len(want):
+                break
+    return found
 
 
 def signal_group(pgid: int, sig: int) -> bool:

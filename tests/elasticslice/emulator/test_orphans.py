@@ -68,3 +68,32 @@ def test_restart_after_sigkill_kills_the_orphaned_startup_processes(tmp_path, em
             os.killpg(old_pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def test_live_groups_names_the_groups_with_a_live_member_not_a_zombie_or_a_gone_one():
+    """A node's shutdown asks which of its process groups still run, in one pass over
+    /proc: a group whose only member is a zombie (nobody reaped it) is not running, nor is
+    one whose processes are gone; a group with a live member is."""
+    import subprocess
+    import time
+
+    from elasticslice.emulator.orphans import live_groups
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    zombie = subprocess.Popen(["true"], start_new_session=True)
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    try:
+        gone.wait()
+        wait_for(lambda: not _alive(zombie.pid), 10, what="the zombie")   # not reaped yet
+        assert Path(f"/proc/{zombie.pid}").exists()
+        groups = [sleeper.pid, zombie.pid, gone.pid]
+        assert live_groups(groups) == {sleeper.pid}
+        assert live_groups([]) == set()
+        sleeper.kill()
+        sleeper.wait()
+        time.sleep(0.05)
+        assert live_groups(groups) == set()
+    finally:
+        for proc in (sleeper, zombie):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
