@@ -7,7 +7,6 @@ Callbacks registered with ``add_callback`` run on every change, in the pushing t
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import threading
 import time
@@ -16,12 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from troy.descriptions import ComputeUnitDescription
-from troy.states import FINAL_STATES, State
+from troy.states import FINAL_STATES, Observable, State
 
 if TYPE_CHECKING:
     from troy.frameworks.base import PilotFramework
-
-log = logging.getLogger(__name__)
 
 UnitCallback = Callable[["ComputeUnit", State], Any]
 
@@ -82,7 +79,7 @@ class UnitResult:
         return self.error is None and (self.exit_code in (None, 0))
 
 
-class ComputeUnit:
+class ComputeUnit(Observable):
     """One unit of work (seed 001's ``ComputeUnit``).
 
     Attributes the user reads: ``id``, ``description``, ``state``, ``framework`` (name of the
@@ -118,10 +115,6 @@ class ComputeUnit:
     def __repr__(self) -> str:
         return f"<ComputeUnit {self.id} {self._state.value} pilot={self.pilot}>"
 
-    @property
-    def state(self) -> State:
-        return self._state
-
     def member_index(self, task_id: str) -> int | None:
         """Where task ``task_id`` is among the members of this (bundle) unit, or None."""
         cached = self.__dict__.get("_member_index")
@@ -136,13 +129,6 @@ class ComputeUnit:
         finds it queued for the store)."""
         with self._lock:
             self._callbacks = (cb, *self._callbacks) if first else (*self._callbacks, cb)
-
-    def remove_callback(self, cb: UnitCallback) -> None:
-        with self._lock:
-            if cb in self._callbacks:
-                kept = list(self._callbacks)
-                kept.remove(cb)
-                self._callbacks = tuple(kept)
 
     def _set_state(self, state: State, *, pilot: str | None = None,
                    result: UnitResult | None = None) -> bool:
@@ -172,11 +158,7 @@ class ComputeUnit:
                     self._final.set()
             else:
                 callbacks = self._callbacks
-        for cb in callbacks:
-            try:
-                cb(self, state)
-            except Exception:  # a user's callback must not break the framework
-                log.exception("callback %r on %s failed", cb, self.id)
+        self._run_callbacks(callbacks, state)   # (a user's failing callback is logged)
         return True
 
     def _requeue(self) -> None:
@@ -187,13 +169,7 @@ class ComputeUnit:
             self.start = self.end = None
             self.result = None
             callbacks = self._callbacks
-            if self._final is not None and self._final.is_set():
-                self._final = None   # (never a final unit, but waiters must not see one)
-        for cb in callbacks:  # observers (task state, the store) see the unit go back
-            try:
-                cb(self, State.DISPATCHED)
-            except Exception:
-                log.exception("callback %r on %s failed", cb, self.id)
+        self._run_callbacks(callbacks, State.DISPATCHED)   # its tasks, the store: it went back
 
     def wait(self, timeout: float | None = None) -> State:
         """Block until the unit is final (or ``timeout`` seconds pass); return its state."""

@@ -13,10 +13,12 @@ from troy import State
 def _observables():
     w = troy.Workload()
     task = w.tasks[w.add_task({"executable": "/bin/true"})]
-    return {"workload": w, "task": task, "overlay": troy.Overlay([{"size": 1}])}
+    unit = troy.ComputeUnit(troy.ComputeUnitDescription(executable="/bin/true"))
+    return {"workload": w, "task": task, "overlay": troy.Overlay([{"size": 1}]),
+            "unit": unit}
 
 
-@pytest.mark.parametrize("kind", ["workload", "task", "overlay"])
+@pytest.mark.parametrize("kind", ["workload", "task", "overlay", "unit"])
 def test_a_raising_callback_is_logged_and_the_others_still_run(kind, caplog):
     obj = _observables()[kind]
     seen: list[State] = []
@@ -30,7 +32,7 @@ def test_a_raising_callback_is_logged_and_the_others_still_run(kind, caplog):
                for r in caplog.records)
 
 
-@pytest.mark.parametrize("kind", ["workload", "task", "overlay"])
+@pytest.mark.parametrize("kind", ["workload", "task", "overlay", "unit"])
 def test_removed_callback_is_not_called(kind):
     obj = _observables()[kind]
     seen: list[State] = []

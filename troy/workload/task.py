@@ -82,9 +82,7 @@ class Task(Observable):
         if change is None:
             return
         old, new = change
-        with self._lock:
-            callbacks = self._callbacks
-        self._run_callbacks(callbacks, new)
+        self._run_callbacks(self._callbacks, new)   # (a tuple, replaced whole: no lock)
         # last, so that whoever waits on the workload sees the task's callbacks done
         if self._workload is not None:
             self._workload._task_changed(self, old, new)
@@ -150,9 +148,7 @@ def notify_tasks(changes: list[tuple[Task, tuple[State, State]]]) -> None:
     last, batch = None, None   # (a batch is one workload's tasks, but for rare cases)
     for task, (old, new) in changes:
         if task._callbacks:   # (most tasks have none: the manager watches only heads)
-            with task._lock:
-                callbacks = task._callbacks
-            task._run_callbacks(callbacks, new)
+            task._run_callbacks(task._callbacks, new)
         workload = task._workload
         if workload is None:
             continue
