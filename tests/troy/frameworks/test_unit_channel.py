@@ -92,6 +92,33 @@ def test_a_node_cannot_report_units_it_was_not_sent(plain_links) -> None:
     assert links.keys("tcp://a:1") == set()
 
 
+def test_a_cancel_waits_for_its_own_agent_s_ack_alone(plain_links) -> None:
+    """A cancel returns once the agent it went to acked it. Another node's ack of the same
+    number, or an agent's ack sent before the cancel (a node acking ahead, so that cancels
+    return before it dropped the units), does not end the wait; an ack that numbers
+    nothing closes the connection."""
+    links, seen = plain_links
+    ta, tb = links.expect("tcp://a:1", None), links.expect("tcp://b:1", None)
+    a, b = connect(links, ta), connect(links, tb)
+    assert links.send_units("tcp://a:1", [["k1", "u1", {"executable": "/bin/true"}, None]])
+    assert wire.read_frame(a)[0] == "units"
+    a.sendall(wire.pack(["events", [["ack", "", 1, ""]]]))   # ahead of any cancel
+    time.sleep(0.2)
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(links.cancel("tcp://a:1", ["u1"], 30)))
+    waiter.start()
+    assert wire.read_frame(a) == ["cancel", ["u1"], 1]
+    b.sendall(wire.pack(["events", [["ack", "", 1, ""]]]))   # not b's cancel
+    time.sleep(0.3)
+    assert not done and waiter.is_alive()
+    a.sendall(wire.pack(["events", [["ack", "", 1, ""]]]))
+    waiter.join(WAIT)
+    assert done == [True]
+    a.sendall(wire.pack(["events", [["ack", "", "1", ""]]]))
+    assert closed_by_peer(a)
+    assert not seen.events   # acks are not unit events
+
+
 def test_a_token_is_for_one_connection_and_unknown_ones_are_refused(plain_links) -> None:
     links, seen = plain_links
     token = links.expect("tcp://a:1", None)
@@ -244,6 +271,32 @@ def test_a_unit_canceled_while_it_is_sent_leaves_no_process(tmp_path) -> None:
         v = fw.submit_unit(CUD(executable="/bin/true"))   # its core is free again
         assert v.wait(WAIT) is State.DONE
         assert v.pilot == a.id
+
+
+def test_a_queued_unit_canceled_never_starts_however_late_its_cancel_travels(tmp_path) -> None:
+    """Regression (the contract's cancel test failed once in a loaded suite run): a cancel
+    was a frame written when the channel's loop got to it, and ``cancel()`` returned before.
+    The unit ahead of it ended at once, its agent started the next queued one, the canceled
+    unit, and the cancel arrived after. Now ``cancel()`` returns once the agent acked it:
+    here the channel's loop is held up for 0.5 s, as a loaded control's may be."""
+    gate, marker = tmp_path / "gate", tmp_path / "ran"
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
+        a = fw.submit_pilot({"size": 1})
+        assert a.wait_running(WAIT) is State.RUNNING
+        blocker = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
+            "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done"]))
+        queued = fw.submit_unit(CUD(executable="/bin/touch", arguments=[str(marker)]))
+        wait_for(lambda: blocker.state is State.RUNNING, WAIT, what="the blocker running")
+        wait_for(lambda: len(fw._links.unit_ids(a.native_id)) == 2, WAIT,
+                 what="both units sent to the agent")
+        fw._links._loop.call_soon_threadsafe(time.sleep, 0.5)   # the loop, busy
+        queued.cancel()
+        gate.touch()
+        assert blocker.wait(WAIT) is State.DONE
+        last = fw.submit_unit(CUD(executable="/bin/true"))
+        assert last.wait(WAIT) is State.DONE
+        assert queued.state is State.CANCELED and not marker.exists()
 
 
 def test_a_unit_the_node_cannot_read_fails_alone(tmp_path, monkeypatch) -> None:

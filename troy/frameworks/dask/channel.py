@@ -28,6 +28,7 @@ from troy.states import FINAL_STATES, State
 log = logging.getLogger(__name__)
 
 LINK_GRACE = 2.0   # seconds Dask has to say a worker whose channel closed left
+CANCEL_WAIT = 5.0  # seconds a unit's cancel waits for its agent to say it took it back
 
 
 class Sent:
@@ -38,9 +39,11 @@ class Sent:
     def __init__(self, links: Any, addr: str, unit_id: str, key: str) -> None:
         self.links, self.addr, self.unit_id, self.key = links, addr, unit_id, key
 
-    def cancel(self) -> None:
+    def cancel(self, wait: float = 0.0) -> None:
+        """Take the unit back from its agent (``wait``: until the agent said it did, at most
+        that many seconds)."""
         self.status = "cancelled"
-        self.links.cancel(self.addr, [self.unit_id])
+        self.links.cancel(self.addr, [self.unit_id], wait)
 
     def release(self) -> None:
         """Nothing to release: the agent forgets a unit once it ended."""
@@ -183,26 +186,25 @@ class UnitChannel:
         connection closed meanwhile, they are placed again (their pilot is lost, or it
         reconnects)."""
         items, sent = [], []
-        for rec in recs:
-            rec.key = f"troy-unit-{next(self._attempt)}-{self.topic}"
-            rec.keys.add(rec.key)
-            with self._cancel_lock:
+        # a cancel waits until they are on their way: its own frame follows theirs, and the
+        # agent drops them before they start (their future set, the frame not yet queued,
+        # a cancel frame would reach the agent first and the units start after it)
+        with self._cancel_lock:
+            for rec in recs:
                 if rec.unit.state in FINAL_STATES or rec.canceling:
                     continue
+                rec.key = f"troy-unit-{next(self._attempt)}-{self.topic}"
+                rec.keys.add(rec.key)
                 rec.future = Sent(self._links, addr, rec.unit.id, rec.key)
                 rec.addr = addr
-            sent.append(rec)
-            items.append([rec.key, rec.unit.id,
-                          runner.description_to_wire(rec.unit.description), self.sandbox])
-        if sent and not self._links.send_units(addr, items):
-            for rec in sent:
-                rec.future, rec.addr = None, None
-                self._unreserve(rec)
-                self._wait(rec)
-            return
-        doomed = [r.unit.id for r in sent if r.canceling]
-        if doomed:  # canceled while being sent
-            self._links.cancel(addr, doomed)
+                sent.append(rec)
+                items.append([rec.key, rec.unit.id,
+                              runner.description_to_wire(rec.unit.description), self.sandbox])
+            if sent and not self._links.send_units(addr, items):
+                for rec in sent:
+                    rec.future, rec.addr = None, None
+                    self._unreserve(rec)
+                    self._wait(rec)
 
     def _refill(self) -> None:
         """Units that found no room go to the dispatcher again, and pilots with idle cores

@@ -22,7 +22,7 @@ from troy.descriptions import PilotDescription
 from troy.errors import BadParameter, NoSuccess
 from troy.frameworks.base import Pilot, PilotFramework
 from troy.frameworks.dask import agent, forkserver
-from troy.frameworks.dask.channel import Sent, UnitChannel
+from troy.frameworks.dask.channel import CANCEL_WAIT, Sent, UnitChannel
 from troy.frameworks.dask.drain import PilotMoves
 from troy.frameworks.dask.events import UnitEvents, UnitRecord
 from troy.frameworks.dask.processes import (AgentProcess, InProcessScheduler, quiet_dask_here,
@@ -191,7 +191,7 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, Pilo
         self._tags_lock = threading.Lock()
         # a unit's future set (dispatch) and its cancel flag read, or the flag set and the
         # future read (cancel_unit), are one step: exactly one of the two kills its task
-        self._cancel_lock = threading.Lock()
+        self._cancel_lock = threading.RLock()
         self._moved: dict[str, ComputeUnit] = {}   # units requeued at least once
 
     # ------------------------------------------------------------ lifecycle ---------------
@@ -684,8 +684,8 @@ class DaskFramework(PilotMoves, SchedulerRecovery, UnitEvents, UnitChannel, Pilo
         self._unreserve(rec)
         self._unit_gone(rec, addr)   # a drain waiting for it does not wait any more
         unit._set_state(State.CANCELED, result=UnitResult(error="canceled"))
-        if isinstance(fut, Sent):   # taken back from its agent: killed there
-            fut.cancel()
+        if isinstance(fut, Sent):   # taken back from its agent: dropped or killed there,
+            fut.cancel(CANCEL_WAIT)  # before this returns (the agent acks it)
         elif fut is not None:   # else the dispatch that hands it to Dask kills it
             fut.cancel()
             if fut.status != "finished" and self.client is not None:

@@ -14,7 +14,8 @@ has the common name the worker joined the scheduler with. Anything else is close
 log line; connections not yet admitted are capped (:data:`MAX_UNKNOWN`).
 
 What a node may say. Only ``events`` frames, about units sent on its own connection (a key
-it was sent and has not ended): an event about any other unit is dropped and counted. The
+it was sent and has not ended): an event about any other unit is dropped and counted. Its
+``ack`` of a cancel releases only a wait for a cancel sent on its own connection. The
 address in every event is the connection's, never the node's word. A frame that is not
 plain msgpack data, or too large, closes the connection (its pilot is lost: its units run
 elsewhere).
@@ -51,6 +52,8 @@ class _Link:
     canceled: set[str] = field(default_factory=set)       # keys taken back: ends ignored
     closing: bool = False           # we close it (no loss to report)
     dropped: int = 0                # events about units it was not sent
+    cancels: int = 0                # cancel frames sent (each numbered)
+    acked: int = 0                  # the last of them the agent said it carried out
 
 
 def _host_port(host: str, port: int) -> str:
@@ -73,6 +76,7 @@ class Links:
         self.on_events, self.on_closed, self.deny = on_events, on_closed, deny
         self.address = ""
         self._lock = threading.Lock()
+        self._acked = threading.Condition(self._lock)   # an agent acked a cancel, or left
         self._expected: dict[str, tuple[str, str | None]] = {}  # token -> (addr, CN)
         self._links: dict[str, _Link] = {}
         self._ready: dict[str, threading.Event] = {}
@@ -104,6 +108,10 @@ class Links:
         if loop is None:
             return
         self._loop = None
+        with self._lock:   # nothing more goes out: a cancel waiting for its ack stops waiting
+            for link in self._links.values():
+                link.closing = True
+            self._acked.notify_all()
 
         async def stop() -> None:
             self._server.close()
@@ -158,21 +166,36 @@ class Links:
         loop.call_soon_threadsafe(link.writer.write, wire.pack(["units", items]))
         return True
 
-    def cancel(self, addr: str | None, unit_ids: list[str]) -> None:
+    def cancel(self, addr: str | None, unit_ids: list[str], wait: float = 0.0) -> bool:
         """Take units back from the agent at ``addr``: queued, they never start; running,
-        their processes are killed; whatever it says of them from now on is ignored."""
+        their processes are killed; whatever it says of them from now on is ignored.
+        ``wait``: seconds to wait for the agent to say it did (a cancel is then over before
+        this returns: a queued unit cannot start after it, whatever ends meanwhile on the
+        node); True when it said so, or when its connection is gone (its units with it)."""
         link = self._links.get(addr) if addr else None
         loop = self._loop
         if link is None or loop is None or not unit_ids:
-            return
+            return True
         with self._lock:
             for uid in unit_ids:
                 key = link.by_uid.pop(uid, None)
                 if key is not None:
                     link.keys.pop(key, None)
                     link.canceled.add(key)
-        if not link.closing:
-            loop.call_soon_threadsafe(link.writer.write, wire.pack(["cancel", unit_ids]))
+            if link.closing:
+                return True
+            link.cancels += 1
+            seq = link.cancels
+            loop.call_soon_threadsafe(link.writer.write, wire.pack(["cancel", unit_ids, seq]))
+            if wait <= 0:
+                return True
+            done = self._acked.wait_for(
+                lambda: link.acked >= seq or link.closing or self._links.get(addr) is not link,
+                wait)
+        if not done:
+            log.warning("framework %s: worker %s did not confirm a cancel within %.0f s",
+                        self.name, link.addr, wait)
+        return done
 
     def keys(self, addr: str) -> set[str]:
         """The keys of the units sent to ``addr`` that have not ended there."""
@@ -192,7 +215,9 @@ class Links:
         loop = self._loop
         if link is None or loop is None:
             return
-        link.closing = True
+        with self._lock:
+            link.closing = True
+            self._acked.notify_all()
 
         def bye() -> None:
             link.writer.write(wire.pack(["bye"]))
@@ -260,6 +285,7 @@ class Links:
             old = self._links.get(addr)
             self._links[addr] = link
             ready = self._ready.get(addr)
+            self._acked.notify_all()   # a cancel waiting on the old one: it goes
         if old is not None:
             old.closing = True
             old.writer.close()
@@ -273,10 +299,17 @@ class Links:
         out, dropped = [], 0
         with self._lock:
             for ev in frame[1]:
-                if not (isinstance(ev, list) and len(ev) == 4 and ev[0] in ("run", "end")
+                if not (isinstance(ev, list) and len(ev) == 4 and ev[0] in ("run", "end", "ack")
                         and isinstance(ev[1], str) and isinstance(ev[3], str)):
                     raise wire.BadFrame("an event that is not [kind, unit, payload, key]")
                 kind, uid, payload, key = ev
+                if kind == "ack":   # its cancel numbered ``payload`` is carried out
+                    if not isinstance(payload, int) or isinstance(payload, bool):
+                        raise wire.BadFrame("an ack that does not number a cancel")
+                    if link.acked < payload <= link.cancels:
+                        link.acked = payload
+                        self._acked.notify_all()
+                    continue
                 if link.keys.get(key) != uid:
                     if key not in link.canceled:
                         dropped += 1
@@ -296,6 +329,7 @@ class Links:
         with self._lock:
             if self._links.get(link.addr) is link:
                 del self._links[link.addr]
+            self._acked.notify_all()   # a cancel waiting on it: its units went with it
         if not link.closing:
             self.on_closed(link.addr, why)
 

@@ -10,8 +10,8 @@ the node's cores free up (the framework sends at most the pilot's size and backl
 in a thread of the worker's, through the same :func:`agent.run_tracked` as units that come
 as Dask tasks (so ``kill_unit``, the worker's shutdown and walltimes treat both alike).
 Their ``run`` and ``end`` events go back in one ``events`` frame per loop turn: at once when
-quiet, batched under load. A ``cancel`` frame drops queued units and kills running ones; a
-closed connection (the framework went away) does both to all of them.
+quiet, batched under load. A ``cancel`` frame drops queued units and kills running ones, then is acked (the
+control's cancel returns once it was carried out); a closed connection (the framework went away) does both to all of them.
 """
 from __future__ import annotations
 
@@ -89,6 +89,8 @@ class _AgentLink:
                     self._queue(frame[1])
                 elif frame[0] == "cancel":
                     self._cancel(frame[1])
+                    if len(frame) > 2:   # numbered: the control waits for this ack
+                        self._add(["ack", "", frame[2], ""])
         except (OSError, wire.BadFrame, asyncio.IncompleteReadError) as err:
             log.warning("troy unit channel to %s: %s", self.worker.scheduler.address, err)
         finally:

@@ -7,9 +7,11 @@ numbers, strings, bytes, lists and maps of them) before anything looks at it.
 Frames, control -> node: ``["ok"]`` (the hello was accepted), ``["units", [[key, unit id,
 description, sandbox], ...]]`` (a description is ``["fields", msgpack of its fields]``, or
 ``["pickle", bytes]`` for a unit that runs a Python function: the node decodes the control's
-pickles as Dask's workers do, never the other way round), ``["cancel", [unit id, ...]]``, ``["bye"]``.
+pickles as Dask's workers do, never the other way round), ``["cancel", [unit id, ...], n]``
+(the connection's n-th cancel), ``["bye"]``.
 Node -> control: ``["hello", token]`` (first, within :data:`HELLO_TIMEOUT`), then
-``["events", [["run", unit id, start, key] | ["end", unit id, result, key], ...]]``.
+``["events", [["run", unit id, start, key] | ["end", unit id, result, key] |
+["ack", "", n, ""], ...]]`` (``ack``: cancel n and those before it were carried out).
 """
 from __future__ import annotations
 
