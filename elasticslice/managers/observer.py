@@ -137,7 +137,11 @@ class Observer:
                 continue
             waited = True
             if cid not in in_flight and not rec.added_at > asked:
-                self.holdings.forget(rec, now, "not in the sliver any more")
+                # CloudLab's notice of it is open: taken back (its NotifyDeleteComplete,
+                # which says so, may come after this status)
+                taken = rec.node_id and state.revocations.get(rec.node_id, cm.url)
+                self.holdings.forget(rec, now, "taken back by CloudLab" if taken
+                                     else "not in the sliver any more")
                 changes += 1
         self._settled(settled)
         if not changes and not waited:

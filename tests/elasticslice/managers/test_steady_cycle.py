@@ -50,6 +50,26 @@ def test_a_change_at_the_cm_the_manager_did_not_make_is_seen(emulator, make_mana
     assert after <= before - 30   # (the tenants took 40 of them)
 
 
+def test_a_node_gone_while_cloudlab_s_notice_of_it_is_open_was_taken_back(
+        emulator, make_manager, tmp_path: Path) -> None:
+    """Regression (a loaded suite run): CloudLab took a revoked node early and the cycle's
+    SliverStatus came before NotifyDeleteComplete; the node was recorded as gone for no
+    known reason ("not in the sliver any more") where its notice said why."""
+    manager = make_manager(emulator, maxthreshold=3)
+    manager.manage_once()
+    wait_for(lambda: _ready(manager, 3), timeout=30, what="three nodes ready")
+    url = manager.cms[0].url
+    node = manager.state.node(url, "node-3")
+    # what a NotifyDeletePending of node-3 records (the endpoint's notice handler)
+    manager.state.revocations.add(url, node.node_id, "node-3", deadline=node.added_at + 600,
+                                  now=node.added_at)
+    with client_for(emulator, tmp_path / "other") as other:   # CloudLab takes it
+        other.cm().delete_nodes(["node-3"])
+    manager.update_sliver_status()
+    gone = manager.state.node(url, "node-3")
+    assert gone is not None and gone.gone_reason == "taken back by CloudLab"
+
+
 def test_a_change_in_the_managers_own_state_is_checked_against_the_same_answer(
         emulator, make_manager) -> None:
     manager = make_manager(emulator, maxthreshold=2)
