@@ -95,8 +95,9 @@ def test_a_node_cannot_report_units_it_was_not_sent(plain_links) -> None:
 def test_a_cancel_waits_for_its_own_agent_s_ack_alone(plain_links) -> None:
     """A cancel returns once the agent it went to acked it. Another node's ack of the same
     number, or an agent's ack sent before the cancel (a node acking ahead, so that cancels
-    return before it dropped the units), does not end the wait; an ack that numbers
-    nothing closes the connection."""
+    return before it dropped the units), does not end the wait; after one wait timed out,
+    that agent's cancels do not wait until it acks again; an ack that numbers nothing
+    closes the connection."""
     links, seen = plain_links
     ta, tb = links.expect("tcp://a:1", None), links.expect("tcp://b:1", None)
     a, b = connect(links, ta), connect(links, tb)
@@ -114,6 +115,24 @@ def test_a_cancel_waits_for_its_own_agent_s_ack_alone(plain_links) -> None:
     a.sendall(wire.pack(["events", [["ack", "", 1, ""]]]))
     waiter.join(WAIT)
     assert done == [True]
+    # an agent that does not ack: one cancel waits its time out, the next ones not at all
+    # (a workload's cancels on a node that hung), until it acks again
+    assert links.cancel("tcp://a:1", ["u2"], 0.3) is False
+    t0 = time.monotonic()
+    assert links.cancel("tcp://a:1", ["u3"], 30) is False
+    assert time.monotonic() - t0 < 5
+    assert [wire.read_frame(a) for _ in range(2)] == [["cancel", ["u2"], 2],
+                                                      ["cancel", ["u3"], 3]]
+    a.sendall(wire.pack(["events", [["ack", "", 3, ""]]]))
+    wait_for(lambda: not links._links["tcp://a:1"].stalled, WAIT, what="the ack read")
+    waiter = threading.Thread(target=lambda: done.append(links.cancel("tcp://a:1", ["u4"], 30)))
+    waiter.start()
+    assert wire.read_frame(a) == ["cancel", ["u4"], 4]
+    time.sleep(0.2)
+    assert waiter.is_alive()   # it waits again
+    a.sendall(wire.pack(["events", [["ack", "", 4, ""]]]))
+    waiter.join(WAIT)
+    assert done == [True, True]
     a.sendall(wire.pack(["events", [["ack", "", "1", ""]]]))
     assert closed_by_peer(a)
     assert not seen.events   # acks are not unit events

@@ -54,6 +54,7 @@ class _Link:
     dropped: int = 0                # events about units it was not sent
     cancels: int = 0                # cancel frames sent (each numbered)
     acked: int = 0                  # the last of them the agent said it carried out
+    stalled: bool = False           # a cancel's wait timed out: none waits until an ack
 
 
 def _host_port(host: str, port: int) -> str:
@@ -187,14 +188,16 @@ class Links:
             link.cancels += 1
             seq = link.cancels
             loop.call_soon_threadsafe(link.writer.write, wire.pack(["cancel", unit_ids, seq]))
-            if wait <= 0:
-                return True
+            if wait <= 0 or link.stalled:   # (an agent that stopped answering: no wait)
+                return not link.stalled
             done = self._acked.wait_for(
                 lambda: link.acked >= seq or link.closing or self._links.get(addr) is not link,
                 wait)
+            if not done:
+                link.stalled = True
         if not done:
-            log.warning("framework %s: worker %s did not confirm a cancel within %.0f s",
-                        self.name, link.addr, wait)
+            log.warning("framework %s: worker %s did not confirm a cancel within %.0f s (its "
+                        "cancels do not wait until it answers)", self.name, link.addr, wait)
         return done
 
     def keys(self, addr: str) -> set[str]:
@@ -308,6 +311,7 @@ class Links:
                         raise wire.BadFrame("an ack that does not number a cancel")
                     if link.acked < payload <= link.cancels:
                         link.acked = payload
+                        link.stalled = False
                         self._acked.notify_all()
                     continue
                 if link.keys.get(key) != uid:
