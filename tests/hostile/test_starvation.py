@@ -262,8 +262,10 @@ def test_the_stranger_gets_no_thread_and_each_listener_closes_what_it_cannot_hol
     # 5,500 connections held or tried again: the listeners' threads are the ones they had
     assert threading.active_count() <= listeners.threads_before + 12, \
         threading.active_count()
+    # (each closes them as it accepts them: on a loaded machine, some wait in its backlog)
     for name, target in listeners.targets.items():
-        assert target.closed >= IDLE + TRICKLING - HELD_AT_MOST, (name, target)
+        wait_for(lambda: target.closed >= IDLE + TRICKLING - HELD_AT_MOST, timeout=30,
+                 what=f"{name} to close what it cannot hold ({target})")
 
 
 def test_the_strangers_are_counted_not_logged_one_by_one(listeners: Listeners) -> None:
