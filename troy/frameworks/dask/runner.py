@@ -10,8 +10,9 @@ the node's cores free up (the framework sends at most the pilot's size and backl
 in a thread of the worker's, through the same :func:`agent.run_tracked` as units that come
 as Dask tasks (so ``kill_unit``, the worker's shutdown and walltimes treat both alike).
 Their ``run`` and ``end`` events go back in one ``events`` frame per loop turn: at once when
-quiet, batched under load. A ``cancel`` frame drops queued units and kills running ones, then is acked (the
-control's cancel returns once it was carried out); a closed connection (the framework went away) does both to all of them.
+quiet, batched under load. A ``cancel`` frame drops queued units and kills running ones,
+then is acked (the control's cancel returns once it was carried out); a closed connection
+(the framework went away) does both to all of them.
 """
 from __future__ import annotations
 
