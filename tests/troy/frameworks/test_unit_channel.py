@@ -9,7 +9,10 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -50,6 +53,17 @@ def plain_links():
     links.start()
     yield links, seen
     links.close()
+
+
+@contextmanager
+def one_pilot(tmp_path: Path, size: int) -> Iterator[tuple[Any, troy.Pilot]]:
+    """A session's Dask framework (units on the channel) with one running pilot of
+    ``size`` cores: ``(framework, pilot)``."""
+    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
+        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
+        pilot = fw.submit_pilot({"size": size})
+        assert pilot.wait_running(WAIT) is State.RUNNING
+        yield fw, pilot
 
 
 def connect(links: Links, token: str | None = None) -> socket.socket:
@@ -265,10 +279,7 @@ def test_over_tls_only_the_worker_itself_gets_its_units(fw, ca, tmp_path) -> Non
 @pytest.mark.slow
 def test_a_unit_canceled_while_it_is_sent_leaves_no_process(tmp_path) -> None:
     marker = tmp_path / "never"
-    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
-        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
-        a = fw.submit_pilot({"size": 1})
-        assert a.wait_running(WAIT) is State.RUNNING
+    with one_pilot(tmp_path, 1) as (fw, a):
         send = fw._links.send_units
         units: dict[str, troy.ComputeUnit] = {}
 
@@ -299,10 +310,7 @@ def test_a_queued_unit_canceled_never_starts_however_late_its_cancel_travels(tmp
     unit, and the cancel arrived after. Now ``cancel()`` returns once the agent acked it:
     here the channel's loop is held up for 0.5 s, as a loaded control's may be."""
     gate, marker = tmp_path / "gate", tmp_path / "ran"
-    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
-        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
-        a = fw.submit_pilot({"size": 1})
-        assert a.wait_running(WAIT) is State.RUNNING
+    with one_pilot(tmp_path, 1) as (fw, a):
         blocker = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
             "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done"]))
         queued = fw.submit_unit(CUD(executable="/bin/touch", arguments=[str(marker)]))
@@ -323,10 +331,7 @@ def test_a_unit_the_node_cannot_read_fails_alone(tmp_path, monkeypatch) -> None:
     unit fails, naming the module; the agent's channel stays and the next unit runs (it
     used to close the channel, and the unit went round pilots for ever)."""
     (tmp_path / "only_on_control.py").write_text("def f():\n    return 1\n")
-    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
-        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
-        a = fw.submit_pilot({"size": 1})
-        assert a.wait_running(WAIT) is State.RUNNING
+    with one_pilot(tmp_path, 1) as (fw, a):
         monkeypatch.syspath_prepend(str(tmp_path))   # after the node started: not its path
         from only_on_control import f
         u = fw.submit_unit(CUD(function=f))
@@ -345,10 +350,7 @@ def test_a_unit_taken_back_and_sent_again_to_the_same_agent_runs_there(tmp_path)
     was still being killed. Both attempts were one unit id to the agent, so the second was
     killed as canceled before it started, and nothing ever said it ended."""
     gate = tmp_path / "gate"
-    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
-        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
-        a = fw.submit_pilot({"size": 2})
-        assert a.wait_running(WAIT) is State.RUNNING
+    with one_pilot(tmp_path, 2) as (fw, a):
         u = fw.submit_unit(CUD(executable="/bin/sh", arguments=[
             "-c", f"[ -e {gate} ] && exit 0; touch {gate}; sleep 60"]))
         wait_for(lambda: u.state is State.RUNNING and gate.exists(), WAIT,
@@ -394,10 +396,7 @@ def test_queued_units_move_to_a_pilot_that_joins(tmp_path) -> None:
     """Units sent to the only pilot's agent (its backlog) run on a second pilot that joins
     while they wait: the channel takes them back, as Dask's scheduler steals work."""
     gate = tmp_path / "gate"
-    with troy.Session(store_path=tmp_path / "s.sqlite") as s:
-        fw = s.add_framework("dask", sandbox=str(tmp_path / "sb"))
-        a = fw.submit_pilot({"size": 1})
-        assert a.wait_running(WAIT) is State.RUNNING
+    with one_pilot(tmp_path, 1) as (fw, a):
         units = [fw.submit_unit(CUD(executable="/bin/sh", arguments=[
             "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])) for _ in range(3)]
         wait_for(lambda: any(u.state is State.RUNNING for u in units), WAIT,
