@@ -47,6 +47,7 @@ _procs: dict[str, list[subprocess.Popen]] = {}
 _canceled: set[str] = set()
 _procs_lock = threading.Lock()
 _stopping = threading.Event()
+KILL_ALL_WAIT = 1.0   # seconds a stopping agent waits for units that were starting
 _terminating = threading.Event()  # SIGTERM/SIGINT arrived: the worker is closing
 SHUTDOWN_GRACE = 2.0  # how long a unit killed by a signal waits for the agent's own SIGTERM
 SHUTDOWN_WAIT = 30.0  # then for the worker to have left (nothing is reported after that)
@@ -444,12 +445,14 @@ def run_tracked(cud: ComputeUnitDescription, unit_id: str, sandbox: str | None,
     with _procs_lock:
         if unit_id in _canceled:
             return None
+        if _stopping.is_set():   # the pilot is going: nothing starts here any more
+            raise Stopped("pilot stopped before the unit started")
         _procs[unit_id] = []
 
     def hook(proc: subprocess.Popen) -> None:
         with _procs_lock:
             _procs.setdefault(unit_id, []).append(proc)
-            dead = unit_id in _canceled
+            dead = unit_id in _canceled or _stopping.is_set()
         if dead:
             kill(proc)
 
@@ -630,12 +633,22 @@ def peer_common_name(worker: str, dask_scheduler=None) -> str | None:  # noqa: A
     return None
 
 
-def _kill_all() -> None:
+def _kill_all(wait: float = KILL_ALL_WAIT) -> None:
+    """Kill every unit's processes, and wait (at most ``wait`` s) for the units' threads to
+    leave :func:`run_tracked`: a thread that was starting a process as this began registers
+    it after, and its hook kills it then (the worker exiting first left it running, an
+    orphan, when a cancel had just made room for the next unit)."""
     _stopping.set()
-    with _procs_lock:
-        procs = [p for ps in _procs.values() for p in ps]
-    for p in procs:
-        kill(p)
+    deadline = time.monotonic() + wait
+    while True:
+        with _procs_lock:
+            procs = [p for ps in _procs.values() for p in ps]
+            busy = bool(_procs)
+        for p in procs:
+            kill(p)
+        if not busy or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 async def _start_worker(scheduler: str, death_timeout: float = 30,
