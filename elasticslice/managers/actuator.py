@@ -16,7 +16,6 @@ alone by a reconcile.
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -26,12 +25,11 @@ from elasticslice.errors import ElasticSliceError, RPCError, TransportError
 from elasticslice.managers.cycle import one_line
 from elasticslice.managers.deletes import DeleteJob
 from elasticslice.managers.holdings import Holdings, node_id_of
+from elasticslice.managers.keeper import SliceKeeper
 from elasticslice.managers.observer import FreeNodes
-from elasticslice.managers.ownership import own_slice
 from elasticslice.managers.policy import NodeState
 from elasticslice.managers.records import NodeRecord, Release, ReleaseSource
 from elasticslice.rpc.codes import TRANSIENT_CODES, GeniCode
-from elasticslice.rpc.credential import expires_of, parse_credential
 from elasticslice.rspec.addnodes import check_add_args, pin_add_args
 from elasticslice.rspec.parse import count_nodes
 
@@ -46,15 +44,7 @@ def _nothing(*_: Any) -> None:
     return None
 
 
-def utc(ts: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc)
-
-
-def iso_utc(ts: float | None) -> str:
-    return utc(ts).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "unknown"
-
-
-class Actuator:
+class Actuator(SliceKeeper):
     """Calls through ``server`` (a ``ProtoGeniServer``) at ``cms``; records in ``state``
     and ``holdings``; ``helper`` says what the sliver and new nodes are; ``notify(subject,
     body)`` mails; ``free``: the free nodes' names per type (the observer's), from which a
@@ -82,75 +72,7 @@ class Actuator:
         self._lock = threading.Lock()   # the set below only, never across a call
         self._in_flight: set[int] = set()
         self._waiting: set[int] = set()  # open add intents whose wait was said once
-        self._slivers: dict[str, tuple[str, Any]] = {}  # cm -> its sliver credential, read
-
-    # -- slice and sliver -------------------------------------------------------------------
-    def create_slice(self) -> int:
-        expires = utc(self.clock() + self.renew_hours * 3600)
-        cred = self.server.register_slice(expiration=expires)
-        urn = self.server.slice_urn()
-        self.state.set_slice(urn, expires_of(cred).timestamp())
-        own_slice(self.state, urn, "created", now=self.clock())
-        log.info("registered slice %s until %s", urn, expires_of(cred))
-        self.notify("slice created", f"registered slice {urn}")
-        return 1
-
-    def ensure_slice(self) -> int:
-        try:
-            cred = self.server.get_slice_credential()
-        except RPCError as err:
-            if err.code != GeniCode.SEARCHFAILED:
-                raise
-            return self.create_slice()
-        self.state.set_slice(self.server.slice_urn(), expires_of(cred).timestamp())
-        return 0
-
-    def give_back_slivers(self) -> int:
-        """At the end of a run: the slivers at every CM go back (DeleteSlice, with a pending
-        sliver's creation canceled), each CM that refuses named in a warning; how many went."""
-        gone = 0
-        for cm in self.cms:
-            try:
-                cm.delete_slice(cancel=True)
-                gone += 1
-            except ElasticSliceError as err:
-                log.warning("cannot give the slice back at %s: %s", cm.url, err)
-        return gone
-
-    def create_sliver(self, cm: Any) -> int:
-        cred, manifest = cm.create_sliver(self._request_for(cm))
-        info = parse_credential(cred)
-        self.state.set_sliver(cm.url, info.target_urn, info.expires.timestamp(), "created")
-        names = self.holdings.record_manifest(cm.url, manifest, self.clock(), initial=True)
-        log.info("created the sliver at %s: %s", cm.url, " ".join(names))
-        self.notify("sliver created", f"sliver at {cm.url}: {' '.join(names)}")
-        return 1
-
-    def _request_for(self, cm: Any) -> str:
-        """The helper's request RSpec; with several CMs, each of its nodes that names no CM
-        bound to ``cm`` (CM v2's convention for a slice across CMs: PROTOCOL.md)."""
-        rspec = self.helper.create_rspec()
-        if len(self.cms) < 2:
-            return rspec
-        from elasticslice.rspec.build import bind_to_cm
-        urn = str(cm.get_version().get("urn", ""))
-        return bind_to_cm(rspec, urn) if urn else rspec
-
-    def ensure_sliver(self, cm: Any) -> int:
-        try:
-            cred = cm.get_sliver()
-        except RPCError as err:
-            if err.code != GeniCode.SEARCHFAILED:
-                raise
-            return self.create_sliver(cm)
-        known = self._slivers.get(cm.url)
-        if known is not None and known[0] == cred:   # (the same every cycle until renewed)
-            info = known[1]
-        else:
-            info = parse_credential(cred)
-            self._slivers[cm.url] = (cred, info)
-        self.state.set_sliver(cm.url, info.target_urn, info.expires.timestamp(), "exists")
-        return 0
+        SliceKeeper.__init__(self)
 
     # -- the intent log -----------------------------------------------------------------------
     def _begin(self, kind: str, cm: Any, cids: list[str]) -> int:

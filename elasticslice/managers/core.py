@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from elasticslice.errors import ElasticSliceError
+from elasticslice.errors import ElasticSliceError, RPCError
 from elasticslice.managers.background import Background
 from elasticslice.managers.base import TrackedState
 from elasticslice.managers import cycle as seed_cycle
@@ -48,6 +48,7 @@ from elasticslice.managers.policy import Decision, Observed, PolicyConfig, decid
 from elasticslice.managers.records import ReleaseSource
 from elasticslice.managers.sites import SitesFailed
 from elasticslice.managers.state import ManagerState
+from elasticslice.rpc.codes import GeniCode
 
 log = logging.getLogger("elasticslice.managers.manager")
 
@@ -270,8 +271,14 @@ class Manager:
     def update_sliver_status(self, cm: Any = None, force: bool = False) -> Any:
         if not self._reconciled or self.state.open_intents():
             self.reconcile()
-        return self.sites.each("update_sliver_status", self._cms(cm),
-                               self.observer.sliver_status) or 0
+        def one(c: Any) -> int:
+            try:
+                return self.observer.sliver_status(c)
+            except RPCError as err:
+                if err.code == GeniCode.SEARCHFAILED:   # our sliver is gone: make it again
+                    self.wake("ensure_sliver")
+                raise
+        return self.sites.each("update_sliver_status", self._cms(cm), one) or 0
 
     def reconcile(self) -> int:
         """Close the open intents against the CMs' slivers (at start, after a crash)."""

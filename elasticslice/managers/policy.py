@@ -38,9 +38,11 @@ The rules (the seed's defaults, plus hysteresis and rate limits so it never flap
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 ALL_TYPES = "*"
 _EPS = 1e-9
@@ -187,11 +189,30 @@ def agentless(node: NodeView, observed: Observed, config: PolicyConfig) -> bool:
         and observed.now - node.agentless_since >= limit
 
 
+_HELD: tuple[Any, list[NodeView], bool] = (None, [], False)   # the last tuple _held read
+
+
+def _held(nodes: Iterable[NodeView]) -> tuple[list[NodeView], bool]:
+    """The nodes neither failed nor pending delete, and whether one may be agentless. A
+    manager passes the same tuple until its state changes, and decides twice a cycle: the
+    last tuple's answer is kept (its views are frozen; a list could change: not kept)."""
+    global _HELD
+    if _HELD[0] is nodes:
+        return _HELD[1], _HELD[2]
+    held = [n for n in nodes if n.state is not NodeState.FAILED and not n.pending_delete]
+    maybe = any(n.agentless_since is not None for n in held)
+    if isinstance(nodes, tuple):
+        _HELD = (nodes, held, maybe)
+    return held, maybe
+
+
 def counted(observed: Observed, config: PolicyConfig | None = None) -> list[NodeView]:
     """The nodes that count towards the thresholds."""
-    failed, deleting = NodeState.FAILED, observed.deleting
-    return [n for n in observed.nodes   # (a node with its agent is never agentless: no call)
-            if n.state is not failed and not n.pending_delete and n.client_id not in deleting
+    (held, maybe), deleting = _held(observed.nodes), observed.deleting
+    if not deleting and not (maybe and config is not None):
+        return list(held)
+    return [n for n in held   # (a node with its agent is never agentless: no call)
+            if n.client_id not in deleting
             and (n.agentless_since is None or config is None
                  or not agentless(n, observed, config))]
 
@@ -280,16 +301,17 @@ def _replacements(observed: Observed, config: PolicyConfig,
     refuses)."""
     out: dict[str, tuple[str, ...]] = {}
     reasons: list[str] = []
-    held: dict[str, int] = {}
     replaced: dict[str, tuple[list[str], list[str]]] = {}   # cm -> (failed, agentless)
     failed_state, deleting = NodeState.FAILED, observed.deleting
     for n in observed.nodes:   # one pass; most nodes are neither
-        held[n.cm] = held.get(n.cm, 0) + 1
         if n.state is failed_state and (not n.initial or n.startup_failed) \
                 and not n.pending_delete and n.client_id not in deleting:
             replaced.setdefault(n.cm, ([], []))[0].append(n.client_id)
         if n.agentless_since is not None and agentless(n, observed, config):
             replaced.setdefault(n.cm, ([], []))[1].append(n.client_id)
+    if not replaced:
+        return out, reasons
+    held = Counter(n.cm for n in observed.nodes)   # (counted only when some are replaced)
     for cm in (c for c in held if c in replaced):   # (the CMs in the nodes' order)
         failed, dead = replaced[cm]
         taken = set(delete.get(cm, ()))

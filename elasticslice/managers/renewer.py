@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from elasticslice.errors import ElasticSliceError
-from elasticslice.managers.actuator import iso_utc, utc
+from elasticslice.managers.keeper import iso_utc, utc
 from elasticslice.managers.cycle import one_line
 from elasticslice.rpc.credential import expires_of
 

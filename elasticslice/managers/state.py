@@ -159,7 +159,10 @@ class ManagerState:
 
     # --- slice and slivers -----------------------------------------------------------------
     def set_slice(self, urn: str, expires: float | None, *, now: float | None = None) -> None:
-        self._run("INSERT OR REPLACE INTO slice (one, urn, expires, updated) VALUES (1, ?, ?, ?)",
+        # (every cycle writes it: unchanged, the upsert changes no row and writes nothing)
+        self._run("INSERT INTO slice (one, urn, expires, updated) VALUES (1, ?1, ?2, ?3) "
+                  "ON CONFLICT (one) DO UPDATE SET urn = ?1, expires = ?2, updated = ?3 "
+                  "WHERE urn IS NOT ?1 OR expires IS NOT ?2 OR updated IS NOT ?3",
                   (urn, expires, now))
 
     def slice(self) -> SliceRecord | None:
@@ -169,8 +172,11 @@ class ManagerState:
 
     def set_sliver(self, cm: str, urn: str | None, expires: float | None, status: str | None,
                    *, now: float | None = None) -> None:
-        self._run("INSERT OR REPLACE INTO slivers (cm, urn, expires, status, updated) "
-                  "VALUES (?, ?, ?, ?, ?)", (cm, urn, expires, status, now))
+        self._run("INSERT INTO slivers (cm, urn, expires, status, updated) "
+                  "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (cm) DO UPDATE SET urn = ?2, "
+                  "expires = ?3, status = ?4, updated = ?5 WHERE urn IS NOT ?2 OR "
+                  "expires IS NOT ?3 OR status IS NOT ?4 OR updated IS NOT ?5",
+                  (cm, urn, expires, status, now))
 
     def slivers(self) -> list[SliverRecord]:
         return [SliverRecord(*r) for r in self._rows(

@@ -53,19 +53,23 @@ class CycleLog:
 
     def record_run(self, method: str, *, started: float, finished: float, error: str | None,
                    next_run: float | None) -> None:
-        run = self.state._run
-        with self.state.transaction():
-            run("INSERT OR IGNORE INTO cycle (method) VALUES (?)", (method,))
-            if error is None:
-                run("UPDATE cycle SET last_run = ?, last_ok = ?, next_run = ?, failures = 0, "
-                    "runs = runs + 1, last_duration = ? WHERE method = ?",
-                    (started, finished, next_run, finished - started, method))
-            else:
-                run("UPDATE cycle SET last_run = ?, next_run = ?, last_error = ?, "
-                    "last_error_at = ?, failures = failures + 1, runs = runs + 1, "
-                    "last_duration = ? WHERE method = ?",
-                    (started, next_run, error.splitlines()[0] if error else error,
-                     finished, finished - started, method))
+        """One statement (an upsert: atomic on its own), as every method runs each cycle."""
+        if error is None:
+            self.state._run(
+                "INSERT INTO cycle (method, last_run, last_ok, next_run, failures, runs, "
+                "last_duration) VALUES (?1, ?2, ?3, ?4, 0, 1, ?5) ON CONFLICT (method) DO "
+                "UPDATE SET last_run = ?2, last_ok = ?3, next_run = ?4, failures = 0, "
+                "runs = runs + 1, last_duration = ?5",
+                (method, started, finished, next_run, finished - started))
+        else:
+            self.state._run(
+                "INSERT INTO cycle (method, last_run, next_run, last_error, last_error_at, "
+                "failures, runs, last_duration) VALUES (?1, ?2, ?3, ?4, ?5, 1, 1, ?6) "
+                "ON CONFLICT (method) DO UPDATE SET last_run = ?2, next_run = ?3, "
+                "last_error = ?4, last_error_at = ?5, failures = failures + 1, "
+                "runs = runs + 1, last_duration = ?6",
+                (method, started, next_run, error.splitlines()[0] if error else error,
+                 finished, finished - started))
 
     def set_next_run(self, method: str, next_run: float | None) -> None:
         with self.state.transaction():

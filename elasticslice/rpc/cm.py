@@ -134,6 +134,8 @@ class ComponentManager:
         # the last SliverStatus (its value, what it was read into): an unchanged one is not
         # read again
         self._last_status: tuple[dict[str, Any], SliverStatus] | None = None
+        #: SliverStatus calls this CM answered (each: our sliver was there)
+        self.status_answers = 0
 
     def __repr__(self) -> str:
         return f"ComponentManager({self.url!r})"
@@ -227,6 +229,7 @@ class ComponentManager:
         """SliverStatus. When only its ``utc`` changed since the last one, the answer shares
         the last one's ``nodes`` list (the same object: a reader may skip what it read)."""
         value = self._slice_call("SliverStatus")
+        self.status_answers += 1
         last = self._last_status
         if last is not None and isinstance(value, dict) and _same_but_utc(value, last[0]):
             before = last[1]

@@ -103,6 +103,52 @@ def test_renews_slice_and_sliver_before_they_expire(emulator, make_manager,
     look.close()
 
 
+def test_getsliver_is_asked_again_only_when_the_sliver_may_have_changed(
+        emulator, make_manager, tmp_path: Path, monkeypatch) -> None:
+    """Each GetSliver has the CM sign a new credential: while the sliver answers
+    SliverStatus, a cycle does not ask it again. It asks once the state's expiry was written
+    since (a renewal writes what it asked), after ``SLIVER_RECHECK``, and once SliverStatus
+    finds the sliver gone, which makes it anew."""
+    from elasticslice.managers import keeper
+    manager = make_manager(emulator, maxthreshold=2, renew_hours=0.1, renew_margin=3600)
+    cm = manager.cms[0]
+    asked: list[str] = []
+    get_sliver = cm.get_sliver
+
+    def counted() -> str:
+        asked.append("GetSliver")
+        return get_sliver()
+    cm.get_sliver = counted
+    manager.manage_once()   # SEARCHFAILED, then CreateSliver
+    manager.manage_once()   # the sliver's credential read
+    assert len(asked) == 2
+    for _ in range(3):
+        assert not any(manager.manage_once().values())
+    assert len(asked) == 2
+    # the state's expiry written since (as the renewer writes what it asked): read again
+    row = manager.state.slivers()[0]
+    manager.state.set_sliver(row.cm, row.urn, row.expires - 60, row.status)
+    assert not any(manager.manage_once().values())
+    assert len(asked) == 3
+    look = client_for(emulator, tmp_path / "look")
+    truth = expires_of(look.cm().get_sliver()).timestamp()
+    assert manager.state.slivers()[0].expires == truth
+    assert not any(manager.manage_once().values())
+    assert len(asked) == 3
+    monkeypatch.setattr(keeper, "SLIVER_RECHECK", 0.0)
+    manager.manage_once()
+    assert len(asked) == 4
+    monkeypatch.undo()
+    # The sliver goes behind the manager's back (the portal's Terminate): SliverStatus fails
+    # and wakes ensure_sliver, which makes the sliver again.
+    look.delete_slice(cancel=True, blocking=True)
+    errors = manager.manage_once()
+    assert "SEARCHFAILED" in (errors["update_sliver_status"] or "")
+    assert not any(manager.manage_once().values())
+    assert len(cm_nodes(emulator, tmp_path)) == 2
+    look.close()
+
+
 def test_renewal_failure_is_loud_and_retried(emulator, make_manager, tmp_path: Path,
                                              caplog) -> None:
     manager = make_manager(emulator, maxthreshold=1, renew_hours=0.1, renew_margin=3600)

@@ -120,3 +120,25 @@ def test_resource_values_are_stored_and_the_lowest_valued_node_goes_first(
     assert manager.cycle.run_method("release_nodes"), manager.cycle.methods["release_nodes"]
     assert sorted(cm_nodes(emulator, tmp_path)) == ["node-1", "node-2", "node-4"], \
         (manager.last_decision, manager.availability)
+
+
+def test_a_sliver_gone_behind_the_manager_is_made_again_at_once(
+        emulator, make_manager, tmp_path: Path) -> None:
+    """ensure_sliver runs hourly here and does not ask GetSliver while the sliver answers
+    SliverStatus: the SliverStatus that finds it gone wakes it, and the sliver is made again
+    with the slice's nodes, long before the hour."""
+    from tests.elasticslice.managers.helpers import FAST_INTERVALS, client_for
+    manager = make_manager(emulator, maxthreshold=2,
+                           manage_intervals={**FAST_INTERVALS, "ensure_sliver": 3600.0})
+    manager.start()
+    wait_for(lambda: ready_nodes(manager, 2), timeout=60, what="2 ready nodes")
+    with client_for(emulator, tmp_path / "look") as look:
+        look.delete_slice(cancel=True, blocking=True)
+
+        def made_again() -> bool:
+            try:
+                return len(cm_nodes(emulator, tmp_path)) == 2
+            except Exception:   # (SEARCHFAILED until it is made)
+                return False
+        wait_for(made_again, timeout=60, what="the sliver made again with 2 nodes")
+    manager.stop()
