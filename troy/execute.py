@@ -14,6 +14,7 @@ from troy.planner import Planner
 from troy.session import Session
 from troy.states import State
 from troy.workload import Workload, WorkloadManager
+from troy.workload.manager import collector_paused
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +31,22 @@ def execute_workload(session: Session, workload: Workload, overlay: Overlay | No
     if not workload.tasks:
         raise BadParameter(f"workload {workload.id} has no tasks")
     planner = Planner(session)
-    if workload.state is State.DESCRIBED:
-        planner.plan(workload)
-    derived = overlay is None
-    if overlay is None:
-        overlay = planner.derive_overlay(workload)
-    if overlay.state in (State.COMPLETED, State.FAILED):
-        raise IncorrectState(f"overlay {overlay.id} is {overlay.state.value}: its pilots are "
-                             f"gone; describe a new overlay")
-    OverlayManager(session).manage_overlay(overlay)
+    with collector_paused():   # (until the units are out)
+        if workload.state is State.DESCRIBED:
+            planner.plan(workload)
+        derived = overlay is None
+        if overlay is None:
+            overlay = planner.derive_overlay(workload)
+        if overlay.state in (State.COMPLETED, State.FAILED):
+            raise IncorrectState(f"overlay {overlay.id} is {overlay.state.value}: its pilots "
+                                 f"are gone; describe a new overlay")
+        OverlayManager(session).manage_overlay(overlay)
     wm = manager or WorkloadManager(session, **manager_options)
     try:
-        wm.translate_workload(workload, overlay)
-        wm.bind_workload(workload, overlay, bind_mode=bind_mode)
-        wm.dispatch_workload(workload, overlay)
+        with collector_paused():
+            wm.translate_workload(workload, overlay)
+            wm.bind_workload(workload, overlay, bind_mode=bind_mode)
+            wm.dispatch_workload(workload, overlay)
         state = wm.wait_workload(workload, timeout)
         if not workload.finished:
             raise NoSuccess(f"workload {workload.id} not finished after {timeout:.1f} s "

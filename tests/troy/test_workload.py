@@ -273,3 +273,35 @@ def test_cancel_from_a_callback_on_concurrent_failures_does_not_deadlock(troy_se
     wm.dispatch_workload(w)
     assert w.wait(20) is State.FAILED and w.finished
     assert {w.tasks[t].state for t in slow} == {State.CANCELED}
+
+
+def test_the_collector_is_paused_until_the_units_are_out_and_runs_while_they_do(
+        troy_session, monkeypatch):
+    """execute_workload pauses Python's cyclic garbage collector from planning to dispatch
+    (a full pass over a long session's objects there held the first unit back 40-90 ms) and
+    lets it run again while the units run; a caller that paused it keeps it paused."""
+    import gc
+    from troy.workload import WorkloadManager
+    seen: dict[str, bool] = {}
+    for cls, name in ((troy.Planner, "plan"), (WorkloadManager, "translate_workload"),
+                      (WorkloadManager, "dispatch_workload"),
+                      (WorkloadManager, "wait_workload")):
+        def spy(*args, _step=getattr(cls, name), _name=name, **kwargs):
+            seen[_name] = gc.isenabled()
+            return _step(*args, **kwargs)
+        monkeypatch.setattr(cls, name, spy)
+    w = troy.Workload()
+    w.add_task([{"executable": "/bin/true"}] * 3)
+    assert gc.isenabled()
+    assert troy.execute_workload(troy_session, w) is State.DONE
+    assert seen == {"plan": False, "translate_workload": False, "dispatch_workload": False,
+                    "wait_workload": True}
+    assert gc.isenabled()
+    w = troy.Workload()
+    w.add_task({"executable": "/bin/true"})
+    gc.disable()
+    try:
+        assert troy.execute_workload(troy_session, w) is State.DONE
+        assert not gc.isenabled() and not seen["wait_workload"]
+    finally:
+        gc.enable()
