@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from troy.collector import collector_paused
 from troy.errors import BadParameter, IncorrectState, NoSuccess
 from troy.overlay import Overlay, OverlayManager
 from troy.planner import Planner
 from troy.session import Session
 from troy.states import State
 from troy.workload import Workload, WorkloadManager
-from troy.workload.manager import collector_paused
 
 log = logging.getLogger(__name__)
 

@@ -290,9 +290,16 @@ def test_the_collector_is_paused_until_the_units_are_out_and_runs_while_they_do(
             seen[_name] = gc.isenabled()
             return _step(*args, **kwargs)
         monkeypatch.setattr(cls, name, spy)
+    from troy.descriptions import TaskDescription
+    coerce = TaskDescription.coerce.__func__
+
+    def coerce_spy(cls, *args, **kwargs):
+        seen.setdefault("add_task", gc.isenabled())
+        return coerce(cls, *args, **kwargs)
+    monkeypatch.setattr(TaskDescription, "coerce", classmethod(coerce_spy))
     w = troy.Workload()
-    w.add_task([{"executable": "/bin/true"}] * 3)
-    assert gc.isenabled()
+    w.add_task([{"executable": "/bin/true"}] * 3)   # (so is adding many tasks)
+    assert seen.pop("add_task") is False and gc.isenabled()
     assert troy.execute_workload(troy_session, w) is State.DONE
     assert seen == {"plan": False, "translate_workload": False, "dispatch_workload": False,
                     "wait_workload": True}

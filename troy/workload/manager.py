@@ -14,17 +14,16 @@
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import logging
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from troy.collector import collector_paused
 from troy.descriptions import ComputeUnitDescription, TaskDescription
 from troy.errors import BadParameter, IncorrectState, NoSuccess
 from troy.frameworks.base import Pilot
@@ -60,27 +59,8 @@ class _Plan:
     overlay: Overlay | None = None  # late-bound units go to its pilots' frameworks
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused for the block: planning, translating, binding
-    and dispatching a workload make objects that live as long as it (units, their
-    descriptions, the store's records), and the collector's passes over them meanwhile find
-    nothing: a third to a half of a 5,000-task translation's time, and its spread; a full
-    pass over a long session's objects before the first unit went out held it back 40-90
-    ms (measured). It runs as usual afterwards, once the units run; paused already, it
-    stays so."""
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
-
-
 def _collector_paused(step: Callable[..., T]) -> Callable[..., T]:
-    """``step`` run with the collector paused (:func:`collector_paused`)."""
+    """``step`` run with the collector paused (:func:`troy.collector.collector_paused`)."""
     @functools.wraps(step)
     def paused(*args: Any, **kwargs: Any) -> T:
         with collector_paused():

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
+from troy.collector import collector_paused
 from troy.descriptions import TaskDescription
 from troy.errors import BadParameter, IncorrectState
 from troy.limits import MAX_TASKS
@@ -176,7 +177,7 @@ class Workload(Lockable, Observable):
         if isinstance(descr, list):
             if uid is not None:
                 raise BadParameter("add_task: uid names a single task, not a list")
-            with self._lock:
+            with self._lock, collector_paused():
                 self._check_changeable()
                 tds = [TaskDescription.coerce(d) for d in descr]
                 return [self._add(td, None) for td in tds]
