@@ -16,6 +16,11 @@ the rounds (3; 1 with ``--quick``) with its min and max. Ratios are taken within
   starts), measured before the bundled Troy figures and again after each: a bundled figure's
   ratio to the floor is to the mean of the floor just before and just after it (BRACKETS);
   the thread floor: from 2 threads of this process (where ``local`` runs units);
+- every throughput figure starts with a full garbage collection: the engines share this
+  process, and a full collection that the objects of the figures before made due fell in
+  the next one otherwise (120 ms in a 1.7 s figure; one in 4-5 whole-pipeline runs, each
+  adding 70,000 objects the collector tracks); one that a figure's own work makes due
+  counts in it, as in any run;
 - latency: back-to-back round trips of one null unit, median ms of the round;
 - memory kept: the Python memory (tracemalloc) a ``local`` session still holds per task
   after two more whole-pipeline workloads ran and were let go, bundled and unbundled (what
@@ -295,6 +300,7 @@ def measure(quick: bool) -> dict[str, list[float]]:
         for r in range(s.rounds):
             log.info("round %d of %d", r + 1, s.rounds)
             for name, n, fn in throughputs(e, s):
+                gc.collect()   # (none owed by the figures before it: see the docstring)
                 samples.setdefault(name, []).append(n / fn())
             for name, once in latencies(e):
                 once()
