@@ -31,16 +31,16 @@ def execute_workload(session: Session, workload: Workload, overlay: Overlay | No
     if not workload.tasks:
         raise BadParameter(f"workload {workload.id} has no tasks")
     planner = Planner(session)
-    with collector_paused():   # (until the units are out)
-        if workload.state is State.DESCRIBED:
-            planner.plan(workload)
-        derived = overlay is None
-        if overlay is None:
-            overlay = planner.derive_overlay(workload)
-        if overlay.state in (State.COMPLETED, State.FAILED):
-            raise IncorrectState(f"overlay {overlay.id} is {overlay.state.value}: its pilots "
-                                 f"are gone; describe a new overlay")
-        OverlayManager(session).manage_overlay(overlay)
+    if workload.state is State.DESCRIBED:
+        with collector_paused():   # (as each step up to the units' dispatch: not while the
+            planner.plan(workload)  # overlay's pilots are awaited, which may take minutes)
+    derived = overlay is None
+    if overlay is None:
+        overlay = planner.derive_overlay(workload)
+    if overlay.state in (State.COMPLETED, State.FAILED):
+        raise IncorrectState(f"overlay {overlay.id} is {overlay.state.value}: its pilots are "
+                             f"gone; describe a new overlay")
+    OverlayManager(session).manage_overlay(overlay)
     wm = manager or WorkloadManager(session, **manager_options)
     try:
         with collector_paused():
