@@ -29,13 +29,14 @@ tests/elasticslice/rpc/test_fast_xmlrpc_c.py checks the readers agree.
 """
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import xml.etree.ElementTree as ET
 import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
+
+from troy.collector import collector_paused
 
 _BOOLEANS = {"0": False, "1": True}
 
@@ -134,26 +135,21 @@ def loads_result(data: bytes) -> Any:
     # The tree's elements are many and short-lived (freed as soon as the values are made,
     # by reference counting): the cyclic collector's passes over them while they are being
     # made find nothing, and cost a third of a 5,000-node SliverStatus. Paused, as
-    # elasticslice.rspec.parse does; it runs as usual afterwards.
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
+    # elasticslice.rspec.parse and Troy's dispatch do; it runs as usual afterwards.
     try:
-        c = _c_loads
-        if c is None and _problem is None and (len(data) >= _LOAD_LXML_FROM or
-                                               "lxml.etree" in sys.modules):
-            problem()
+        with collector_paused():
             c = _c_loads
-        if c is not None:
-            got = c(data)
-            if got is not _C_UNUSUAL:
-                return got
-        return _fast(data)
+            if c is None and _problem is None and (len(data) >= _LOAD_LXML_FROM or
+                                                   "lxml.etree" in sys.modules):
+                problem()
+                c = _c_loads
+            if c is not None:
+                got = c(data)
+                if got is not _C_UNUSUAL:
+                    return got
+            return _fast(data)
     except Exception:  # noqa: BLE001 (anything unusual: the standard library decides)
         pass
-    finally:
-        if collecting:
-            gc.enable()
     (result,), _ = xmlrpc.client.loads(data, use_builtin_types=True)
     return result
 

@@ -11,11 +11,8 @@ call per element.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,6 +26,7 @@ from elasticslice.rspec.model import (
 from elasticslice.rspec.safexml import (
     DEFAULT_MAX_BYTES, SafeTarget, checked_bytes, parse_events,
 )
+from troy.collector import collector_paused
 
 log = logging.getLogger(__name__)
 
@@ -256,21 +254,6 @@ def _fast_read(data: bytes, plain: bool = False) -> RSpec | None:
     return fast.read(data, plain)
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic collector paused while records are made: every one survives the parse,
-    so its passes over them (dozens per large document) find nothing. It runs as usual
-    afterwards; if the caller had turned it off, it stays off."""
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
-
-
 def _request_with_slivers(rspec: RSpec) -> None:
     """ProtoGENI's own v2 manifest example still says type="request": one with sliver_ids
     is read as a manifest."""
@@ -293,7 +276,7 @@ def _parse(xml: str | bytes, source: str | None, max_bytes: int, *, use_c: bool)
     the two)."""
     data = checked_bytes(xml, source, max_bytes=max_bytes)
     try:
-        with _gc_paused():
+        with collector_paused():   # (every record survives the parse)
             rspec: RSpec | None = _fast_read(data) if use_c else None
             if rspec is None:   # not built, or something only the Python reader says right
                 rspec = parse_events(data, _RSpecTarget(), source, max_bytes=max_bytes)
@@ -351,7 +334,7 @@ def _counts_in_c(xml: str | bytes, source: str | None, max_bytes: int) -> NodeCo
     """:func:`count_nodes` from the C reader's records (twice as fast as the Python count,
     which builds none), or None: no C reader, or a document it leaves to Python."""
     data = checked_bytes(xml, source, max_bytes=max_bytes)
-    with _gc_paused():
+    with collector_paused():   # (every record survives the parse)
         rspec = _fast_read(data, plain=True)
     if rspec is None:
         return None
