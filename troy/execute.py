@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from troy.collector import collector_paused
 from troy.errors import BadParameter, IncorrectState, NoSuccess
 from troy.overlay import Overlay, OverlayManager
 from troy.planner import Planner
@@ -32,8 +31,7 @@ def execute_workload(session: Session, workload: Workload, overlay: Overlay | No
         raise BadParameter(f"workload {workload.id} has no tasks")
     planner = Planner(session)
     if workload.state is State.DESCRIBED:
-        with collector_paused():   # (as each step up to the units' dispatch: not while the
-            planner.plan(workload)  # overlay's pilots are awaited, which may take minutes)
+        planner.plan(workload)
     derived = overlay is None
     if overlay is None:
         overlay = planner.derive_overlay(workload)
@@ -43,10 +41,9 @@ def execute_workload(session: Session, workload: Workload, overlay: Overlay | No
     OverlayManager(session).manage_overlay(overlay)
     wm = manager or WorkloadManager(session, **manager_options)
     try:
-        with collector_paused():
-            wm.translate_workload(workload, overlay)
-            wm.bind_workload(workload, overlay, bind_mode=bind_mode)
-            wm.dispatch_workload(workload, overlay)
+        wm.translate_workload(workload, overlay)
+        wm.bind_workload(workload, overlay, bind_mode=bind_mode)
+        wm.dispatch_workload(workload, overlay)
         state = wm.wait_workload(workload, timeout)
         if not workload.finished:
             raise NoSuccess(f"workload {workload.id} not finished after {timeout:.1f} s "

@@ -20,6 +20,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from troy.collector import collector_paused
 from troy.descriptions import PilotDescription, TaskDescription
 from troy.errors import BadParameter, IncorrectState
 from troy.limits import MAX_TASKS
@@ -107,10 +108,12 @@ class Planner:
             log.info("expanded %d task(s) of %s by cardinality", len(wide), workload.id)
 
     def plan(self, workload: Workload) -> None:
-        """Expand cardinality; the workload (and its tasks) move to PLANNED."""
-        self.expand_workload(workload)
-        set_states(list(workload.tasks.values()), State.PLANNED)
-        workload._set_state(State.PLANNED)
+        """Expand cardinality; the workload (and its tasks) move to PLANNED (with the
+        collector paused, as the workload manager's steps: :mod:`troy.collector`)."""
+        with collector_paused():
+            self.expand_workload(workload)
+            set_states(list(workload.tasks.values()), State.PLANNED)
+            workload._set_state(State.PLANNED)
 
     def derive_overlay(self, workload: Workload, framework: str | None = None) -> Overlay:
         """One pilot sized for the workload's peak concurrency (see module doc)."""

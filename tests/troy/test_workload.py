@@ -277,21 +277,26 @@ def test_cancel_from_a_callback_on_concurrent_failures_does_not_deadlock(troy_se
 
 def test_the_collector_is_paused_until_the_units_are_out_and_runs_while_they_do(
         troy_session, monkeypatch):
-    """execute_workload pauses Python's cyclic garbage collector while it plans, translates
-    and dispatches (a full pass over a long session's objects there held the first unit back
-    30-90 ms), not while the overlay's pilots are awaited nor while the units run; a caller
-    that paused it keeps it paused."""
+    """Planning, translating and dispatching a workload run with Python's cyclic garbage
+    collector paused (a full pass over a long session's objects there held the first unit
+    back 30-90 ms); awaiting the overlay's pilots and the units does not; a caller that
+    paused it keeps it paused. Seen from inside each step."""
     import gc
+    from troy import planner as planner_module
     from troy.workload import WorkloadManager
+    from troy.workload import manager as manager_module
     seen: dict[str, bool] = {}
-    for cls, name in ((troy.Planner, "plan"), (troy.OverlayManager, "manage_overlay"),
-                      (WorkloadManager, "translate_workload"),
-                      (WorkloadManager, "dispatch_workload"),
-                      (WorkloadManager, "wait_workload")):
-        def spy(*args, _step=getattr(cls, name), _name=name, **kwargs):
-            seen[_name] = gc.isenabled()
-            return _step(*args, **kwargs)
-        monkeypatch.setattr(cls, name, spy)
+
+    def spying(name, step):
+        def spy(*args, **kwargs):
+            seen[name] = gc.isenabled()
+            return step(*args, **kwargs)
+        return spy
+    for owner, name in ((planner_module, "set_states"), (manager_module, "plan_bundles"),
+                        (manager_module, "workload_spec"),
+                        (troy.OverlayManager, "manage_overlay"),
+                        (WorkloadManager, "wait_workload")):
+        monkeypatch.setattr(owner, name, spying(name, getattr(owner, name)))
     from troy.descriptions import TaskDescription
     coerce = TaskDescription.coerce.__func__
 
@@ -304,8 +309,8 @@ def test_the_collector_is_paused_until_the_units_are_out_and_runs_while_they_do(
     assert seen.pop("add_task") is False and gc.isenabled()
     assert troy.execute_workload(troy_session, w) is State.DONE
     # (not while the overlay's pilots are awaited: on CloudLab, minutes)
-    assert seen == {"plan": False, "manage_overlay": True, "translate_workload": False,
-                    "dispatch_workload": False, "wait_workload": True}
+    assert seen == {"set_states": False, "manage_overlay": True, "plan_bundles": False,
+                    "workload_spec": False, "wait_workload": True}
     assert gc.isenabled()
     w = troy.Workload()
     w.add_task({"executable": "/bin/true"})
