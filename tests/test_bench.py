@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -87,3 +88,21 @@ def test_parsl_peer_listens_on_loopback_only():
     as_v4 = {getattr(ipaddress.ip_address(a), "ipv4_mapped", None) or ipaddress.ip_address(a)
              for a in addresses}
     assert as_v4 == {ipaddress.ip_address("127.0.0.1")}, addresses
+
+
+def test_the_spawn_profile_splits_a_members_cpu_between_its_process_and_its_spawner(
+        tmp_path):
+    out = tmp_path / "member.svg"
+    proc = subprocess.run([sys.executable, "bench/profile_spawn.py", "--members", "500",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == [
+        "spawn floor", "Troy bundles of 250, 2 at a time (C runner)"]
+    for line in lines[:2]:   # "...: member 490 µs + spawner 68 µs of CPU; 3,369 members/s"
+        found = re.search(r"member (\d+) µs \+ spawner (\d+) µs of CPU; [\d,]+ members/s", line)
+        assert found, line
+        member, spawner = int(found[1]), int(found[2])
+        assert member > spawner > 0   # the member's process is most of it, the spawner some
+    assert out.read_text().lstrip().startswith("<?xml") and "<svg" in out.read_text()
