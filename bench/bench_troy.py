@@ -259,6 +259,9 @@ RATIOS: dict[str, tuple[str, tuple[str, ...]]] = {
 RATIOS["ratio_troy_pipeline_dask_unbundled_over_dask_map_true"] = (
     "troy_pipeline_dask_unbundled_true_tasks_per_s",
     ("dask_map_true_tasks_per_s", "dask_map_default_saturation_true_tasks_per_s"))
+# what bounds the bundled figures against Parsl: the floor itself, over Parsl's best
+RATIOS["ratio_spawn_floor_over_parsl"] = (
+    FLOOR, ("parsl_htex_python_app_true_tasks_per_s", "parsl_htex_bash_app_true_tasks_per_s"))
 RATIOS["ratio_troy_local_bundled_true_over_thread_floor"] = (
     "troy_local_bundled_true_tasks_per_s", ("spawn_floor_threads_true_tasks_per_s",))
 for _kind in ("dask", "local"):

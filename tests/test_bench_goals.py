@@ -36,6 +36,15 @@ def test_a_goal_given_by_other_figures_takes_the_best_of_them():
     assert rows["ours_h"]["goal"] == 71.3 and rows["ours_h"]["status"] == "miss"
 
 
+def test_a_goal_shows_the_figure_that_bounds_it_when_the_run_has_it():
+    registry = {"r": Goal("t", "r", ">=", 3.5, "x", bound=("floor_over_peer", "floor / peer"))}
+    row = rows_by_key({"t": {"r": 3.2, "floor_over_peer": 3.37}}, registry)["r"]
+    assert row["status"] == "miss" and row["goal"] == 3.5   # shown, never the goal itself
+    assert row["goal_text"] == ">= 3.5 (floor / peer: 3.37)"
+    for results in ({"t": {"r": 3.2}}, {"t": {"error": "failed"}}, {}):
+        assert rows_by_key(results, registry)["r"]["goal_text"] == ">= 3.5"
+
+
 def test_a_ratio_absent_is_derived_from_the_medians_and_says_so():
     registry = {"ratio": Goal("t", "r", ">=", 1.0, "x", derive=("num", ("d1", "d2")))}
     row = rows_by_key({"t": {"num": 120.0, "d1": 506.0, "d2": 300.0}}, registry)["ratio"]
@@ -115,6 +124,11 @@ def test_a_bundled_figure_is_taken_against_the_floor_measured_on_either_side_of_
     assert figures["ratio_troy_local_bundled_true_over_floor"] == pytest.approx(0.9)
     # the thread floor and Parsl are still the best peer of the same round
     assert figures["ratio_troy_dask_bundled_true_over_parsl"] == pytest.approx(900.0)
+    # and the floor itself over Parsl, what bounds the bundled rows against Parsl
+    assert figures["ratio_spawn_floor_over_parsl"] == pytest.approx(1000.0)
+    rows = rows_by_key({"troy": figures}, goals.GOALS)
+    assert rows["ratio_troy_dask_bundled_true_over_parsl"]["goal_text"] == \
+        ">= 3.5 (spawn floor / Parsl: 1,000)"
 
 
 def test_the_memory_kept_per_task_sees_workloads_a_session_keeps(monkeypatch, tmp_path):
