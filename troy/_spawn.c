@@ -1,7 +1,7 @@
 /* A unit's process, run to its end without the GIL: troy.execution's _run_process in C.
  *
- * run() starts the process with posix_spawn (vfork and exec: nothing of this process is
- * copied), in a session of its own, in its working directory, with the signals Python
+ * run() starts the process with vfork and exec (nothing of this process is copied; see
+ * spawn()), in a session of its own, in its working directory, with the signals Python
  * ignores (SIGPIPE, SIGXFSZ) back to their defaults and every descriptor above 2 closed,
  * as subprocess.Popen(start_new_session=True) does; tells `started` its pid (with the GIL,
  * so that a cancel can kill it); then, with the GIL released, reads its stdout and stderr
@@ -17,14 +17,14 @@
  * Built by troy/native.py; optional: troy.execution runs units through subprocess where
  * it is not built, with the same results.
  */
-/* _GNU_SOURCE (posix_spawn_file_actions_addchdir_np, addclosefrom_np): Python.h defines it */
+/* _GNU_SOURCE (vfork, close_range's number): Python.h defines it */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -209,7 +209,7 @@ static int fill_argv(PyObject *seq, char ***out) {
 /* One process run to its end: what run() and run_batch() share. */
 typedef struct {
     int code, timed_out;
-    int spawn_errno;          /* posix_spawn's error (nothing ran), else 0 */
+    int spawn_errno;          /* why it could not start (nothing ran), else 0 */
     Tail out, err;
     double start, end;        /* wall clock (time.time()) around it */
 } Ran;
@@ -231,11 +231,88 @@ static void ran_free(Ran *r) {
     }
 }
 
+/* The child of spawn()'s vfork(): it runs in its parent's memory until its exec, so it
+ * touches nothing but its own stack and `err`, and calls only what a signal handler may.
+ * No handler of the parent's may run here: every signal with one goes back to its
+ * default while all are blocked (the exec would reset them too, but only at the exec), and
+ * SIGPIPE and SIGXFSZ, which Python ignores, too; then the process leads a session of its
+ * own, has `fds` as its stdin, stdout and stderr and no other descriptor, works in `cwd`,
+ * and runs `path` with no signal blocked: what subprocess.Popen(start_new_session=True)
+ * gives. A failure is its errno in `err`, and exit status 127. */
+static void child_exec(const char *path, char **argv, char **envp, const char *cwd,
+                       const int fds[3], long max_fd, volatile int *err) {
+    int f[3] = {fds[0], fds[1], fds[2]};
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction now;
+        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &now) < 0)
+            continue;   /* (the C library's own signals answer EINVAL) */
+        void *h = (now.sa_flags & SA_SIGINFO) ? (void *)now.sa_sigaction
+                                                : (void *)now.sa_handler;
+        if (h == (void *)SIG_DFL || (h == (void *)SIG_IGN && sig != SIGPIPE && sig != SIGXFSZ))
+            continue;
+        sigaction(sig, &dfl, NULL);
+    }
+    if (setsid() < 0)
+        goto fail;
+    for (int i = 0; i < 3; i++)   /* one of them on 0-2 would be overwritten before its turn */
+        if (f[i] < 3 && f[i] != i && (f[i] = fcntl(f[i], F_DUPFD, 3)) < 0)
+            goto fail;
+    for (int i = 0; i < 3; i++)
+        if (f[i] == i ? fcntl(i, F_SETFD, 0) < 0 : dup2(f[i], i) < 0)
+            goto fail;
+    if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0)   /* Linux < 5.9: one by one */
+        for (long fd = 3; fd < max_fd; fd++)
+            close((int)fd);
+    if (chdir(cwd) < 0)
+        goto fail;
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execve(path, argv, envp);
+fail:
+    *err = errno;
+    _exit(127);
+}
+
+/* Start `path` as child_exec() says, with vfork() (the parent's thread waits until the
+ * child has exec'd: nothing of this process is copied, and no stack is mapped and unmapped
+ * for it, which posix_spawn does at every call and which costs a process whose other
+ * threads run on other cores a TLB shootdown each). As CPython's _posixsubprocess does.
+ * 0 and *pid; or the errno of what failed (nothing runs: the child is reaped). */
+static int spawn(pid_t *pid, const char *path, char **argv, char **envp, const char *cwd,
+                 int in_fd, int out_fd, int err_fd) {
+    static long max_fd = 0;
+    if (max_fd == 0) {
+        max_fd = sysconf(_SC_OPEN_MAX);
+        if (max_fd < 3)
+            max_fd = 1024;
+    }
+    const int fds[3] = {in_fd, out_fd, err_fd};
+    volatile int err = 0;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t child = vfork();
+    if (child == 0)
+        child_exec(path, argv, envp, cwd, fds, max_fd, &err);
+    int failed = child < 0 ? errno : err;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (child > 0 && failed != 0)
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+            ;
+    if (failed == 0)
+        *pid = child;
+    return failed;
+}
+
 /* Start `path` (argv, envp: NULL this process's) in `cwd` with stdin `in_fd` and stdout/
  * stderr `out_fd`/`err_fd` (-1: a pipe read here, its last `tail` bytes kept), tell
  * `started(*started_args, pid)` (None: nobody) with the GIL, and wait for it without the
  * GIL, killing its group after `timeout` s (< 0: none). GIL held on entry and exit.
- * 0: it ran (or posix_spawn failed: r->spawn_errno); -1: a Python exception (a pipe or
+ * 0: it ran (or could not start: r->spawn_errno); -1: a Python exception (a pipe or
  * memory failed, or the `started` hook raised: the process is killed and reaped). */
 static int run_member(const char *path, char **argv, char **envp, const char *cwd,
                       int in_fd, int out_fd, int err_fd, double timeout, Py_ssize_t tail,
@@ -262,39 +339,12 @@ static int run_member(const char *path, char **argv, char **envp, const char *cw
             goto done;
         }
     }
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    if (posix_spawn_file_actions_init(&fa) != 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (posix_spawnattr_init(&attr) != 0) {
-        posix_spawn_file_actions_destroy(&fa);
-        PyErr_NoMemory();
-        goto done;
-    }
-    sigset_t defaults, none;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGXFSZ);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
-                                        POSIX_SPAWN_SETSIGMASK);
-    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    posix_spawn_file_actions_addchdir_np(&fa, cwd);
     pid_t pid;
     int rc;
     r->start = wall_s();
     Py_BEGIN_ALLOW_THREADS
-    rc = posix_spawn(&pid, path, &fa, &attr, argv, envp != NULL ? envp : environ);
+    rc = spawn(&pid, path, argv, envp != NULL ? envp : environ, cwd, in_fd, out_fd, err_fd);
     Py_END_ALLOW_THREADS
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
     for (int i = 0; i < 2; i++)   /* the child has its write ends (or never started) */
         if (pipes[i][1] >= 0) {
             close(pipes[i][1]);

@@ -2,7 +2,7 @@
 it as part of the set-up).
 
 Troy's own is ``troy/_spawn.c``: a unit's process run to its end without the GIL
-(posix_spawn, its pipes read and its exit watched in C), which :mod:`troy.execution` uses
+(vfork and execve, its pipes read and its exit watched in C), which :mod:`troy.execution` uses
 where it is built and replaces with ``subprocess`` where it is not, with the same results.
 (``elasticslice.rspec.fastbuild`` builds the C RSpec reader the same way.)
 

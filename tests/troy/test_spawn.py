@@ -3,6 +3,7 @@ exit codes, errors, output tails, files, environment, working directory, walltim
 and hooks that can kill what it started. Each case runs both ways and compares."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import REPO
 from troy import ComputeUnitDescription as CUD
 from troy import execution
 from troy.capture import TAIL_BYTES
@@ -67,6 +69,10 @@ CASES = {
                            arguments=["-c", "test $(ps -o sid= -p $$) -eq $$ && echo leader"]),
     "stdin from a missing file": CUD(executable="/bin/cat", stdin="missing.txt"),
     "no descriptor of ours": CUD(executable="/bin/sh", arguments=["-c", "ls /proc/$$/fd"]),
+    # blocked, ignored and caught signals as the program starts: none blocked, none of the
+    # parent's handlers, SIGPIPE and SIGXFSZ back to their defaults
+    "signals as subprocess leaves them": CUD(
+        executable="/bin/grep", arguments=["-E", "^Sig(Blk|Ign|Cgt)", "/proc/self/status"]),
 }
 
 
@@ -238,3 +244,30 @@ def test_subprocess_is_used_when_the_runner_is_turned_off(tmp_path: Path) -> Non
         [sys.executable, "-c", "from troy import execution; print(execution._spawn, "
          "execution.native_problem())"], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.startswith("None not built or not loadable (turned off")
+
+
+@needs_c
+def test_a_process_without_its_stdio_gives_its_units_theirs(tmp_path: Path) -> None:
+    """An agent started with stdin, stdout and stderr closed: a unit's output file then
+    opens as descriptor 0, its stderr pipe as 1 and 2, and each still ends where it belongs
+    (the file is not overwritten by the unit's stdin on its way to 0)."""
+    program = (
+        "import json, os, sys\n"
+        "from troy import ComputeUnitDescription as CUD, execution\n"
+        "execution._null_input()\n"
+        "out = os.dup(1)\n"
+        "for fd in (0, 1, 2): os.close(fd)\n"
+        "facts = []\n"
+        "for i, runner in enumerate((execution._spawn, None)):\n"
+        "    execution._spawn = runner\n"
+        "    cud = CUD(executable='/bin/sh', stdout=f'out-{i}.txt', arguments=['-c', "
+        "'echo out; echo err >&2; read x || echo no-input; ls /proc/$$/fd'])\n"
+        "    r = execution.execute(cud, sandbox=sys.argv[1])\n"
+        "    with open(os.path.join(sys.argv[1], f'out-{i}.txt')) as f:\n"
+        "        facts.append([r.exit_code, r.error, f.read(), r.stderr.data.decode()])\n"
+        "os.write(out, json.dumps(facts).encode())\n")
+    proc = subprocess.run([sys.executable, "-c", program, str(tmp_path)], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    ours, theirs = json.loads(proc.stdout)
+    assert ours == theirs
+    assert ours == [0, None, "out\nno-input\n0\n1\n2\n", "err\n"]
