@@ -333,8 +333,8 @@ class LocalFramework(PilotFramework):
             unit._set_state(State.RUNNING, pilot=run.pilot.id)
 
         def on_start(proc: subprocess.Popen) -> None:
-            with self._lock:
-                run.procs.append(proc)
+            with self._lock:   # the process running now (see the Dask agent's run_tracked)
+                run.procs[:] = [proc]
                 doomed = run.canceled or run.requeued
             if doomed:
                 execution.kill(proc)

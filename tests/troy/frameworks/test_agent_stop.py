@@ -55,3 +55,28 @@ def test_a_unit_starting_as_the_agent_stops_is_killed_before_the_stop_returns(
     with pytest.raises(agent.Stopped):
         agent.run_tracked(CUD(executable="/bin/true"), "u2", str(tmp_path), lambda: None)
     assert "u2" not in agent._procs
+
+
+def test_a_bundle_is_known_by_the_member_running_now_not_by_those_reaped(
+        tmp_path: Path, agent_state) -> None:
+    """A member that ended was reaped, and its pid may belong to another process by the
+    time a cancel comes: the agent keeps only the running member for ``kill_unit``, which
+    then stops the bundle."""
+    marker = str(tmp_path / "member")
+    bundle = CUD(bundle=[CUD(executable="/bin/true")] * 5 + [
+        CUD(executable="/bin/sh", arguments=["-c", f"sleep 60 # {marker}"])] * 2)
+    outcome: list[object] = []
+    t = threading.Thread(target=lambda: outcome.append(
+        agent.run_tracked(bundle, "u1", str(tmp_path), lambda: None)))
+    t.start()
+    wait_for(lambda: processes_of(marker), 30, what="the sleeping member")
+    with agent._procs_lock:
+        tracked = list(agent._procs["u1"])
+    assert len(tracked) == 1 and list(processes_of(marker)) == [tracked[0].pid]
+    assert agent.kill_unit("u1")
+    t.join(30)
+    result = outcome[0]
+    assert [m.ok for m in result.members] == [True] * 5 + [False, False]
+    assert result.members[5].error == "killed by signal 9"
+    assert result.members[6].error == "canceled"
+    assert not processes_of(marker)

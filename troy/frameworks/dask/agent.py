@@ -450,8 +450,10 @@ def run_tracked(cud: ComputeUnitDescription, unit_id: str, sandbox: str | None,
         _procs[unit_id] = []
 
     def hook(proc: subprocess.Popen) -> None:
+        # only the process running now: a bundle's members run one after another, and one
+        # that ended was reaped, its pid free for another process (a kill must not reach it)
         with _procs_lock:
-            _procs.setdefault(unit_id, []).append(proc)
+            _procs[unit_id] = [proc]
             dead = unit_id in _canceled or _stopping.is_set()
         if dead:
             kill(proc)
