@@ -239,8 +239,9 @@ static void ran_free(Ran *r) {
  * own, has `fds` as its stdin, stdout and stderr and no other descriptor, works in `cwd`,
  * and runs `path` with no signal blocked: what subprocess.Popen(start_new_session=True)
  * gives. A failure is its errno in `err`, and exit status 127. */
-static void child_exec(const char *path, char **argv, char **envp, const char *cwd,
-                       const int fds[3], long max_fd, volatile int *err) {
+static __attribute__((noreturn)) void child_exec(const char *path, char **argv, char **envp,
+                                                 const char *cwd, const int fds[3],
+                                                 long max_fd, volatile int *err) {
     int f[3] = {fds[0], fds[1], fds[2]};
     struct sigaction dfl;
     memset(&dfl, 0, sizeof(dfl));
@@ -263,7 +264,9 @@ static void child_exec(const char *path, char **argv, char **envp, const char *c
     for (int i = 0; i < 3; i++)
         if (f[i] == i ? fcntl(i, F_SETFD, 0) < 0 : dup2(f[i], i) < 0)
             goto fail;
+#ifdef SYS_close_range
     if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0)   /* Linux < 5.9: one by one */
+#endif
         for (long fd = 3; fd < max_fd; fd++)
             close((int)fd);
     if (chdir(cwd) < 0)
