@@ -66,6 +66,24 @@ def test_cancel_unit_kills_its_process(local_fw, tmp_path):
     wait_for(lambda: local_fw.list_pilots()[0].free_cores == 4, 10, what="cores back")
 
 
+def test_a_bundle_is_tracked_by_the_member_running_now(local_fw, tmp_path):
+    """The members that ended were reaped (their pids free for other processes): a cancel
+    kills the running member alone, and the rest of the bundle never starts."""
+    pidfile = tmp_path / "pid"
+    bundle = CUD(bundle=[CUD(executable="/bin/true")] * 5 + [
+        CUD(executable="/bin/sh", arguments=["-c", f"echo $$ > {pidfile}; exec sleep 30"])] * 2)
+    u = local_fw.submit_unit(bundle)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, what="pid file")
+    pid = int(pidfile.read_text())
+    with local_fw._lock:
+        tracked = [p.pid for p in local_fw._running[u.id].procs]
+    assert tracked == [pid]
+    u.cancel()
+    wait_for(lambda: not process_alive(pid), 10, what="the running member killed")
+    wait_for(lambda: local_fw.list_pilots()[0].free_cores == 4, 10, what="cores back")
+    assert pidfile.read_text().strip() == str(pid)   # the last member did not start
+
+
 def test_cancel_pilot_requeues_its_units_onto_other_pilots(troy_session, tmp_path):
     fw = troy_session.add_framework("local")
     first = fw.submit_pilot(PilotDescription(size=1))
