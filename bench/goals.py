@@ -44,7 +44,7 @@ class Goal:
 
 
 #: a bundle runs each member as a process of its own, as the spawn floor does; a member's
-#: own process is some 87 % of its CPU (bench/profile_spawn.py): the floor bounds bundles
+#: own process is 86-89 % of its CPU (bench/profile_spawn.py): the floor bounds bundles
 _FLOOR_OVER_PARSL = ("ratio_spawn_floor_over_parsl", "spawn floor / Parsl")
 _DASK_MAP_TRUE = ("dask_map_true_tasks_per_s", "dask_map_default_saturation_true_tasks_per_s")
 

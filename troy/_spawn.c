@@ -282,8 +282,8 @@ fail:
 
 /* Start `path` as child_exec() says, with vfork() (the parent's thread waits until the
  * child has exec'd: nothing of this process is copied, and no stack is mapped and unmapped
- * for it, which posix_spawn does at every call and which costs a process whose other
- * threads run on other cores a TLB shootdown each). As CPython's _posixsubprocess does.
+ * for it, as posix_spawn does at every call, at a cost that grows when the process's other
+ * threads run on other cores). As CPython's _posixsubprocess does.
  * 0 and *pid; or the errno of what failed (nothing runs: the child is reaped). */
 static int spawn(pid_t *pid, const char *path, char **argv, char **envp, const char *cwd,
                  int in_fd, int out_fd, int err_fd) {
